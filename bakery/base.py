@@ -1,0 +1,96 @@
+"""The pinned base: read image/base.yaml, resolve the digest to one platform's image."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import inputs
+from .errors import InputError, IntegrityError, RegistryError
+from .refs import Descriptor, Digest, Reference
+from .registry import INDEX_TYPES, MANIFEST_TYPES, Registry
+
+BASE_KEYS = {"image": str, "platform": str, "mirror": str}
+
+
+@dataclass(frozen=True)
+class BaseSpec:
+    image: Reference  # the upstream name, pinned by digest
+    platform: str
+    mirror: Reference | None  # where to read the same digest from, if mirrored
+
+    @property
+    def source(self) -> Reference:
+        """The reference builds read from: the mirror when there is one."""
+        if self.mirror:
+            return Reference(self.mirror.registry, self.mirror.repository, None, self.image.digest)
+        return self.image
+
+
+def load_spec(path: Path, override: str | None = None) -> BaseSpec:
+    """Read base.yaml; --base REF@DIGEST replaces the image (and drops the mirror)."""
+    data = inputs.load_yaml(path, BASE_KEYS, required={"image", "platform"})
+    if data["platform"].count("/") != 1:
+        raise InputError(f"{path}: platform must look like os/arch, e.g. linux/amd64")
+    if override:
+        return BaseSpec(Reference.parse_pinned(override, "--base"), data["platform"], None)
+    image = Reference.parse_pinned(data["image"], f"{path}: image")
+    mirror = Reference.parse(data["mirror"]) if data.get("mirror") else None
+    if mirror and (mirror.tag or mirror.digest):
+        raise InputError(f"{path}: mirror names a repository only (REGISTRY/REPO), got {data['mirror']!r}")
+    return BaseSpec(image, data["platform"], mirror)
+
+
+@dataclass(frozen=True)
+class Image:
+    """A resolved image: the exact manifest and config bytes, verified, plus their parsed forms."""
+
+    ref: Reference  # repository it was read from, with the manifest digest
+    index_digest: Digest | None  # when the pin named an index
+    manifest_bytes: bytes
+    manifest_media_type: str
+    config_bytes: bytes
+    config_descriptor: Descriptor
+    layers: tuple[Descriptor, ...]
+
+    @property
+    def manifest_digest(self) -> Digest:
+        return Digest.of(self.manifest_bytes)
+
+    @property
+    def config(self) -> dict:
+        return json.loads(self.config_bytes)
+
+
+def select_platform(index: dict, platform: str, where: str) -> Descriptor:
+    """Pick the manifest for os/arch from an index; refuse if it is not there."""
+    os_name, arch = platform.split("/")
+    offered = []
+    for entry in index.get("manifests", []):
+        p = entry.get("platform") or {}
+        offered.append(f"{p.get('os')}/{p.get('architecture')}")
+        if p.get("os") == os_name and p.get("architecture") == arch:
+            return Descriptor.from_json(entry)
+    raise InputError(f"{where} has no {platform} image (it offers {', '.join(offered) or 'none'})")
+
+
+def resolve(registry: Registry, ref: Reference, platform: str) -> Image:
+    """Fetch manifest (through an index if need be) and config, each checked by digest."""
+    body, media_type, digest = registry.get_manifest(ref)
+    index_digest = None
+    if media_type in INDEX_TYPES:
+        index_digest = digest
+        chosen = select_platform(json.loads(body), platform, str(ref))
+        ref = ref.with_digest(chosen.digest)
+        body, media_type, digest = registry.get_manifest(ref)
+    if media_type not in MANIFEST_TYPES:
+        raise RegistryError(f"{ref}: unsupported manifest type {media_type!r}")
+    manifest = json.loads(body)
+    config_desc = Descriptor.from_json(manifest["config"])
+    config = registry.fetch_blob(ref.repository, config_desc)
+    layers = tuple(Descriptor.from_json(layer) for layer in manifest.get("layers", []))
+    diff_ids = json.loads(config).get("rootfs", {}).get("diff_ids", [])
+    if len(diff_ids) != len(layers):
+        raise IntegrityError(f"{ref}: config lists {len(diff_ids)} diff_ids for {len(layers)} layers")
+    return Image(ref.with_digest(digest), index_digest, body, media_type, config, config_desc, layers)

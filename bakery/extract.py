@@ -1,0 +1,242 @@
+"""Read files out of a base image without unpacking it: stream layers, honour whiteouts.
+
+Each layer is streamed at most once per set of missing files; what a layer holds (its index)
+and every file taken from it are cached by digest, so a warm build downloads nothing.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import gzip
+import hashlib
+import io
+import json
+import os
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Iterable, Iterator
+
+import zstandard
+
+from .base import Image
+from .errors import EnvironmentProblem, InputError
+from .refs import Descriptor
+from .registry import Registry
+
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
+_KIND = {tarfile.REGTYPE: "file", tarfile.AREGTYPE: "file", tarfile.DIRTYPE: "dir", tarfile.SYMTYPE: "symlink",
+         tarfile.LNKTYPE: "hardlink"}
+
+
+def normalize(path: str) -> str:
+    """'/usr/x', './usr/x' and 'usr/x/' all name 'usr/x'."""
+    parts = [p for p in PurePosixPath(path).parts if p not in ("/", ".")]
+    if ".." in parts:
+        raise InputError(f"path {path!r} contains '..'")
+    return "/".join(parts)
+
+
+@dataclass(frozen=True)
+class BaseFile:
+    """A file as the merged base filesystem shows it."""
+
+    path: str
+    kind: str  # file | symlink | hardlink | dir | other
+    mode: int
+    size: int
+    linkname: str
+    layer: str  # digest of the layer it comes from
+    sha256: str | None = None  # set for extracted regular files
+    data: bytes | None = None
+
+
+class LayerCache:
+    """layers/<hex>.json: what a layer holds; files/<sha256>: contents taken from layers."""
+
+    def __init__(self, root: Path | None = None):
+        self.root = root or Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery"))
+        (self.root / "layers").mkdir(parents=True, exist_ok=True)
+        (self.root / "files").mkdir(parents=True, exist_ok=True)
+        self.downloads = 0  # layers streamed by this process: a warm build keeps it at 0
+
+    def index(self, desc: Descriptor) -> dict | None:
+        try:
+            return json.loads((self.root / "layers" / f"{desc.digest.hex}.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def save_index(self, desc: Descriptor, index: dict) -> None:
+        _atomic_write(self.root / "layers" / f"{desc.digest.hex}.json",
+                      json.dumps(index, sort_keys=True).encode())
+
+    def content(self, sha256: str) -> bytes:
+        return (self.root / "files" / sha256).read_bytes()
+
+    def has_content(self, sha256: str) -> bool:
+        return (self.root / "files" / sha256).exists()
+
+    def store(self, data: bytes) -> str:
+        digest = hashlib.sha256(data).hexdigest()
+        path = self.root / "files" / digest
+        if not path.exists():
+            _atomic_write(path, data)
+        return digest
+
+
+class _IterReader(io.RawIOBase):
+    """A file object over an iterator of byte chunks."""
+
+    def __init__(self, chunks: Iterator[bytes]):
+        self.chunks, self.buf = chunks, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, out) -> int:
+        while not self.buf:
+            try:
+                self.buf = next(self.chunks)
+            except StopIteration:
+                return 0
+        n = min(len(out), len(self.buf))
+        out[:n], self.buf = self.buf[:n], self.buf[n:]
+        return n
+
+
+def decompressed(media_type: str, raw) -> io.IOBase:
+    if "zstd" in media_type:
+        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+    if media_type.endswith(("gzip", "+gzip")):
+        return gzip.GzipFile(fileobj=raw)
+    if media_type.endswith(("tar", ".tar")):
+        return raw
+    raise InputError(f"unsupported layer media type {media_type!r}")
+
+
+def scan_layer(registry: Registry, repo: str, desc: Descriptor, wanted: set[str],
+               cache: LayerCache) -> tuple[dict, dict[str, str]]:
+    """Stream one layer: list everything in it, keep the contents of `wanted` regular files.
+
+    Returns (index, {path: sha256}); nothing is recorded in the cache until the layer's digest
+    has been checked, so a corrupt download leaves no trace.
+    """
+    cache.downloads += 1
+    entries, whiteouts, opaque, found = {}, [], [], {}
+    chunks = registry.stream_blob(repo, desc, label=f"layer {desc.digest.hex[:12]}")
+    raw = _IterReader(chunks)
+    stream = decompressed(desc.media_type, io.BufferedReader(raw, 1 << 20))
+    with tarfile.open(fileobj=stream, mode="r|") as tar:
+        for member in tar:
+            path = normalize(member.name)
+            name = PurePosixPath(path).name
+            parent = path.rpartition("/")[0]
+            if name == OPAQUE:
+                opaque.append(parent)
+                continue
+            if name.startswith(WHITEOUT):
+                whiteouts.append(f"{parent}/{name[len(WHITEOUT):]}" if parent else name[len(WHITEOUT):])
+                continue
+            kind = _KIND.get(member.type, "other")
+            entries[path] = [kind, member.size, member.mode, normalize(member.linkname) if kind == "hardlink"
+                             else member.linkname]
+            if kind == "file" and path in wanted:
+                found[path] = cache.store(tar.extractfile(member).read())
+    for _ in chunks:  # drain: the digest check runs when the iterator ends
+        pass
+    index = {"entries": entries, "whiteouts": sorted(whiteouts), "opaque": sorted(opaque), "files": {}}
+    return index, found
+
+
+def _hidden_by(index: dict, path: str) -> bool:
+    """Does this layer delete `path`, or hide the directory it lives in?"""
+    if path in index["whiteouts"]:
+        return True
+    parents = [str(p) for p in PurePosixPath(path).parents if str(p) != "."]
+    return any(p in index["whiteouts"] or p in index["opaque"] or
+               (p in index["entries"] and index["entries"][p][0] != "dir") for p in parents)
+
+
+class BaseFilesystem:
+    """The merged view of an image's layers, read lazily through the cache."""
+
+    def __init__(self, registry: Registry, image: Image, cache: LayerCache | None = None):
+        self.registry, self.image = registry, image
+        self.cache = cache or LayerCache()
+
+    def _index(self, desc: Descriptor, wanted: set[str]) -> dict:
+        index = self.cache.index(desc)
+        missing = {p for p in wanted if index is None or
+                   (p in index["entries"] and index["entries"][p][0] == "file" and
+                    not self.cache.has_content(index["files"].get(p, "-")))}
+        if index is not None and not missing:
+            return index
+        fresh, found = scan_layer(self.registry, self.image.ref.repository, desc, missing or set(), self.cache)
+        if index is not None:
+            fresh["files"] = {k: v for k, v in index["files"].items() if self.cache.has_content(v)}
+        fresh["files"].update(found)
+        self.cache.save_index(desc, fresh)
+        return fresh
+
+    def _locate(self, path: str) -> tuple[Descriptor, list] | None:
+        """Top-down: the first layer that holds `path` or hides it decides."""
+        for desc in reversed(self.image.layers):
+            index = self._index(desc, set())
+            if path in index["entries"]:
+                return desc, index["entries"][path]
+            if _hidden_by(index, path):
+                return None
+        return None
+
+    def read(self, paths: Iterable[str]) -> dict[str, BaseFile | None]:
+        """Resolve each path through the layers; regular files come back with their bytes."""
+        wanted = {normalize(p) for p in paths}
+        located = {p: self._locate(p) for p in wanted}
+        for _ in range(2):  # a hardlink's target is fetched in a second pass
+            by_layer: dict[Descriptor, set[str]] = {}
+            for p, hit in located.items():
+                if hit and hit[1][0] in ("file", "hardlink"):
+                    target = p if hit[1][0] == "file" else hit[1][3]
+                    by_layer.setdefault(hit[0], set()).add(target)
+            for desc, want in by_layer.items():
+                self._index(desc, want)
+        out = {}
+        for p in sorted(wanted):
+            hit = located[p]
+            if hit is None:
+                out[p] = None
+                continue
+            desc, (kind, size, mode, link) = hit
+            index = self._index(desc, set())
+            sha = index["files"].get(link if kind == "hardlink" else p) if kind in ("file", "hardlink") else None
+            data = self.cache.content(sha) if sha else None
+            out[p] = BaseFile(p, kind, mode, len(data) if data is not None else size, link, str(desc.digest),
+                              sha, data)
+        return out
+
+    def glob(self, pattern: str) -> list[str]:
+        """Paths present in the merged filesystem that match a shell pattern."""
+        present: dict[str, bool] = {}
+        hidden_indexes = []
+        for desc in reversed(self.image.layers):
+            index = self._index(desc, set())
+            for path in index["entries"]:
+                if path not in present and fnmatch.fnmatchcase(path, pattern) and \
+                        not any(_hidden_by(h, path) or path in h["whiteouts"] for h in hidden_indexes):
+                    present[path] = True
+            hidden_indexes.append(index)
+        return sorted(present)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".partial-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise EnvironmentProblem(f"cannot write {path}: {e.strerror}; free space or set BAKERY_CACHE") from None

@@ -1,0 +1,45 @@
+"""Strict reading of checked-in YAML: unknown keys and wrong types are errors, not warnings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from .errors import InputError
+
+
+def load_yaml(path: Path, schema: dict, required: set | None = None) -> dict:
+    """Load a YAML mapping and check it against {key: type}; every key is required unless listed."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: cannot read: {e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        line = f" line {where.line + 1}" if where else ""
+        raise InputError(f"{path}:{line} is not valid YAML: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a mapping at the top level")
+    check_keys(data, schema, str(path), required)
+    return data
+
+
+def check_keys(data: dict, schema: dict, where: str, required: set | None = None) -> None:
+    unknown = sorted(set(data) - set(schema))
+    if unknown:
+        raise InputError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}; "
+                         f"allowed: {', '.join(sorted(schema))}")
+    needed = set(schema) if required is None else required
+    missing = sorted(needed - set(data))
+    if missing:
+        raise InputError(f"{where}: missing key(s) {', '.join(missing)}")
+    for key, value in data.items():
+        expected = schema[key]
+        if value is not None and not isinstance(value, expected):
+            name = expected.__name__ if isinstance(expected, type) else "/".join(t.__name__ for t in expected)
+            raise InputError(f"{where}: {key} must be a {name}, got {type(value).__name__}")

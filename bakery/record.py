@@ -1,0 +1,41 @@
+"""The build record: every input and output by digest. SBOM and provenance are views of it."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import zlib
+from pathlib import Path
+
+from . import __version__
+from .layer import write_blob
+
+SCHEMA = "https://github.com/dsv4-mi300x/bakery/build-record/v1"
+
+
+def tools() -> dict:
+    """Versions that can change output bytes (zlib: gzip streams) or explain a build."""
+    import requests
+    import yaml
+
+    return {"bakery": __version__, "python": platform.python_version(), "zlib": zlib.ZLIB_RUNTIME_VERSION,
+            "requests": requests.__version__, "pyyaml": yaml.__version__, "platform": sys.platform}
+
+
+def write(path: Path, record: dict) -> None:
+    write_blob(path, json.dumps(record, indent=2, sort_keys=True).encode() + b"\n")
+
+
+def read(path: Path) -> dict:
+    from .errors import InputError
+
+    try:
+        record = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError(f"build record {path} not found: run `invoke build` first") from None
+    except ValueError as e:
+        raise InputError(f"build record {path} is not JSON: {e}") from None
+    if record.get("schema") != SCHEMA:
+        raise InputError(f"{path} is not a bakery build record (schema {record.get('schema')!r})")
+    return record

@@ -1,0 +1,210 @@
+"""OCI distribution API client: every blob read is checked against its digest."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterator
+
+from .errors import IntegrityError, RegistryError
+from .progress import Progress
+from .refs import Descriptor, Digest, Reference
+from .transport import Transport
+
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+INDEX_TYPES = (OCI_INDEX, DOCKER_LIST)
+MANIFEST_TYPES = (OCI_MANIFEST, DOCKER_MANIFEST)
+ACCEPT = ", ".join(MANIFEST_TYPES + INDEX_TYPES)
+
+CHUNK = 1 << 20
+MONOLITHIC_LIMIT = 8 << 20  # larger blobs go up in PATCH chunks
+UPLOAD_CHUNK = 32 << 20
+
+
+def pull(repo: str) -> tuple[str, ...]:
+    return (f"repository:{repo}:pull",)
+
+
+def push(repo: str, *also_pull: str) -> tuple[str, ...]:
+    return (f"repository:{repo}:pull,push",) + tuple(f"repository:{r}:pull" for r in also_pull)
+
+
+class Registry:
+    """One registry host. Repositories are passed per call; the transport is shared."""
+
+    def __init__(self, registry: str, transport: Transport | None = None):
+        self.name = registry
+        self.transport = transport or Transport(registry)
+
+    # -- manifests -----------------------------------------------------------------------
+    def get_manifest(self, ref: Reference) -> tuple[bytes, str, Digest]:
+        """Fetch a manifest or index by tag or digest; a digest reference is verified."""
+        where = str(ref.digest or ref.tag or "latest")
+        resp = self.transport.request("GET", f"/v2/{ref.repository}/manifests/{where}",
+                                      scopes=pull(ref.repository), headers={"Accept": ACCEPT}, ok=(200, 404))
+        if resp.status_code == 404:
+            raise RegistryError(f"manifest {ref} not found on {self.name}: check the name and digest, "
+                                f"or mirror it with `invoke mirror`")
+        body = resp.content
+        digest = Digest.of(body)
+        if ref.digest and digest != ref.digest:
+            raise IntegrityError(f"manifest {ref}: registry returned bytes with digest {digest}, "
+                                 f"expected {ref.digest}; the registry or a proxy is serving wrong content")
+        media_type = resp.headers.get("Content-Type", "").split(";")[0].strip()
+        try:
+            media_type = json.loads(body).get("mediaType") or media_type
+        except ValueError:
+            raise IntegrityError(f"manifest {ref} is not JSON") from None
+        return body, media_type, digest
+
+    def manifest_exists(self, repo: str, digest: Digest) -> bool:
+        resp = self.transport.request("HEAD", f"/v2/{repo}/manifests/{digest}", scopes=pull(repo),
+                                      headers={"Accept": ACCEPT}, ok=(200, 404))
+        return resp.status_code == 200
+
+    def put_manifest(self, repo: str, reference: str, body: bytes, media_type: str,
+                     also_pull: tuple[str, ...] = ()) -> Digest:
+        """PUT a manifest under a tag or its digest; call only after every blob it names exists."""
+        digest = Digest.of(body)
+        resp = self.transport.request("PUT", f"/v2/{repo}/manifests/{reference}", scopes=push(repo, *also_pull),
+                                      headers={"Content-Type": media_type}, body=body, ok=(201, 202))
+        echoed = resp.headers.get("Docker-Content-Digest")
+        if echoed and echoed != str(digest):
+            raise IntegrityError(f"registry stored manifest as {echoed}, we sent {digest}")
+        return digest
+
+    # -- blobs ---------------------------------------------------------------------------
+    def blob_exists(self, repo: str, digest: Digest) -> bool:
+        resp = self.transport.request("HEAD", f"/v2/{repo}/blobs/{digest}", scopes=pull(repo), ok=(200, 404))
+        return resp.status_code == 200
+
+    def stream_blob(self, repo: str, desc: Descriptor, label: str | None = None) -> Iterator[bytes]:
+        """Yield a blob's bytes; raise IntegrityError at the end if digest or size is wrong."""
+        resp = self.transport.request("GET", f"/v2/{repo}/blobs/{desc.digest}", scopes=pull(repo),
+                                      stream=True, ok=(200, 404))
+        if resp.status_code == 404:
+            raise RegistryError(f"blob {desc.digest} not found in {self.name}/{repo}")
+        hasher, size = hashlib.sha256(), 0
+        progress = Progress(label or f"{self.name}/{repo} {desc.digest.hex[:12]}", desc.size)
+        try:
+            for chunk in resp.iter_content(CHUNK):
+                hasher.update(chunk)
+                size += len(chunk)
+                progress.update(len(chunk))
+                yield chunk
+        finally:
+            resp.close()
+            progress.close()
+        check_digest(desc, hasher.hexdigest(), size, f"{self.name}/{repo}")
+
+    def fetch_blob(self, repo: str, desc: Descriptor) -> bytes:
+        return b"".join(self.stream_blob(repo, desc))
+
+    def download_blob(self, repo: str, desc: Descriptor, dest: Path) -> Path:
+        """Download to a temporary file beside dest, then rename: dest is whole or absent."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".partial-")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                for chunk in self.stream_blob(repo, desc):
+                    out.write(chunk)
+            os.replace(tmp, dest)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return dest
+
+    def mount_blob(self, repo: str, digest: Digest, from_repo: str) -> bool:
+        """Ask the registry to link a blob from another repository; True if it did."""
+        resp = self.transport.request("POST", f"/v2/{repo}/blobs/uploads/?mount={digest}&from={from_repo}",
+                                      scopes=push(repo, from_repo), ok=(201, 202))
+        if resp.status_code == 201:
+            return True
+        self._cancel(resp, repo)  # the registry opened an upload instead; we upload ourselves
+        return False
+
+    def upload_blob(self, repo: str, desc: Descriptor, open_source: Callable[[], Iterator[bytes]]) -> None:
+        """Upload a blob unless present: one PUT when small, PATCH chunks when large.
+
+        open_source returns a fresh iterator of the blob's bytes, so a failed upload can start over.
+        """
+        if self.blob_exists(repo, desc.digest):
+            return
+        if desc.size <= MONOLITHIC_LIMIT:
+            data = b"".join(open_source())
+            check_digest(desc, hashlib.sha256(data).hexdigest(), len(data), "upload source")
+            location = self._start_upload(repo)
+            self.transport.request("PUT", _add_query(location, f"digest={desc.digest}"), scopes=push(repo),
+                                   headers={"Content-Type": "application/octet-stream"}, body=data, ok=(201,))
+            return
+        self._upload_chunked(repo, desc, open_source)
+
+    def _upload_chunked(self, repo: str, desc: Descriptor, open_source) -> None:
+        location = self._start_upload(repo)
+        hasher, offset = hashlib.sha256(), 0
+        progress = Progress(f"upload {repo} {desc.digest.hex[:12]}", desc.size)
+        try:
+            for chunk in _rechunk(open_source(), UPLOAD_CHUNK):
+                hasher.update(chunk)
+                end = offset + len(chunk) - 1
+                resp = self.transport.request(
+                    "PATCH", location, scopes=push(repo), body=chunk, ok=(202,),
+                    headers={"Content-Type": "application/octet-stream",
+                             "Content-Range": f"{offset}-{end}", "Content-Length": str(len(chunk))})
+                location = _absolute(self.transport, resp.headers["Location"])
+                offset = end + 1
+                progress.update(len(chunk))
+            check_digest(desc, hasher.hexdigest(), offset, "upload source")
+            self.transport.request("PUT", _add_query(location, f"digest={desc.digest}"), scopes=push(repo),
+                                   headers={"Content-Length": "0"}, body=b"", ok=(201,))
+        except BaseException:
+            self._cancel_location(location, repo)
+            raise
+        finally:
+            progress.close()
+
+    def _start_upload(self, repo: str) -> str:
+        resp = self.transport.request("POST", f"/v2/{repo}/blobs/uploads/", scopes=push(repo), ok=(202,))
+        return _absolute(self.transport, resp.headers["Location"])
+
+    def _cancel(self, resp, repo: str) -> None:
+        if "Location" in resp.headers:
+            self._cancel_location(_absolute(self.transport, resp.headers["Location"]), repo)
+
+    def _cancel_location(self, location: str, repo: str) -> None:
+        try:
+            self.transport.request("DELETE", location, scopes=push(repo), ok=(204, 404, 405))
+        except RegistryError:
+            pass  # best effort: the registry expires abandoned uploads itself
+
+
+def check_digest(desc: Descriptor, hexdigest: str, size: int, where: str) -> None:
+    if hexdigest != desc.digest.hex or size != desc.size:
+        raise IntegrityError(
+            f"blob from {where} does not match its descriptor: expected {desc.digest} ({desc.size} bytes), "
+            f"got sha256:{hexdigest} ({size} bytes); nothing was kept. Retry; if it persists the source is corrupt")
+
+
+def _absolute(transport: Transport, location: str) -> str:
+    return location if location.startswith("http") else transport.base + location
+
+
+def _add_query(url: str, query: str) -> str:
+    return url + ("&" if "?" in url else "?") + query
+
+
+def _rechunk(chunks: Iterator[bytes], size: int) -> Iterator[bytes]:
+    buf = bytearray()
+    for chunk in chunks:
+        buf += chunk
+        while len(buf) >= size:
+            yield bytes(buf[:size])
+            del buf[:size]
+    if buf:
+        yield bytes(buf)

@@ -1,0 +1,192 @@
+"""HTTP to one registry host: auth challenges, retries, nothing about images."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from .errors import AuthError, RegistryError
+
+RETRY_STATUSES = {429, 500, 502, 503, 504}
+ATTEMPTS = 5
+TIMEOUT = (10, 300)  # connect, read
+
+
+@dataclass(frozen=True)
+class Credentials:
+    username: str
+    password: str
+
+
+def api_host(registry: str) -> str:
+    """The host serving the API: Docker Hub's name differs from its API host."""
+    return "registry-1.docker.io" if registry == "docker.io" else registry
+
+
+def _is_local(host: str) -> bool:
+    name = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"
+    return name in ("localhost", "127.0.0.1", "[::1]") or name.startswith("127.")
+
+
+def scheme_for(registry: str) -> str:
+    """Loopback registries and those listed in BAKERY_INSECURE_REGISTRIES speak plain HTTP."""
+    insecure = {h for h in os.environ.get("BAKERY_INSECURE_REGISTRIES", "").split(",") if h}
+    return "http" if _is_local(registry) or registry in insecure else "https"
+
+
+def load_credentials(registry: str) -> Credentials | None:
+    """Credentials from the environment, else from ~/.docker/config.json (auths or a helper)."""
+    user, password = os.environ.get("BAKERY_REGISTRY_USER"), os.environ.get("BAKERY_REGISTRY_PASSWORD")
+    hosts = os.environ.get("BAKERY_REGISTRY_HOSTS")  # optional: limit env creds to these hosts
+    if user and password and (not hosts or registry in hosts.split(",")):
+        return Credentials(user, password)
+    config_dir = Path(os.environ.get("DOCKER_CONFIG", Path.home() / ".docker"))
+    try:
+        config = json.loads((config_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    keys = [registry, f"https://{registry}", f"http://{registry}"]
+    if registry == "docker.io":
+        keys += ["https://index.docker.io/v1/", "index.docker.io"]
+    for key in keys:
+        entry = (config.get("auths") or {}).get(key) or {}
+        if entry.get("auth"):
+            user, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
+            return Credentials(user, password)
+    helper = (config.get("credHelpers") or {}).get(registry) or config.get("credsStore")
+    if helper:
+        return _from_helper(helper, keys[0] if registry != "docker.io" else "https://index.docker.io/v1/")
+    return None
+
+
+def _from_helper(helper: str, server: str) -> Credentials | None:
+    try:
+        out = subprocess.run([f"docker-credential-{helper}", "get"], input=server.encode(),
+                             capture_output=True, timeout=30, check=True).stdout
+        data = json.loads(out)
+        return Credentials(data["Username"], data["Secret"])
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError):
+        return None
+
+
+def parse_challenge(header: str) -> tuple[str, dict]:
+    """Split 'Bearer realm="x",service="y"' into ('bearer', {...})."""
+    scheme, _, rest = header.strip().partition(" ")
+    params = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+    return scheme.lower(), params
+
+
+class Transport:
+    """Requests to one registry, authenticating on demand and retrying transient failures."""
+
+    def __init__(self, registry: str, credentials: Credentials | None = None, session=None):
+        self.registry = registry
+        self.base = f"{scheme_for(registry)}://{api_host(registry)}"
+        self.credentials = credentials if credentials is not None else load_credentials(registry)
+        self.session = session or requests.Session()
+        self._tokens: dict[str, str] = {}
+        self._basic = False
+
+    def request(self, method: str, path: str, *, scopes: tuple[str, ...] = (), ok=(200,),
+                headers: dict | None = None, body=None, stream: bool = False) -> requests.Response:
+        """Send one request; body may be bytes or a callable returning a fresh body per attempt."""
+        url = path if path.startswith("http") else self.base + path
+        for attempt in range(ATTEMPTS):
+            resp = self._send(method, url, scopes, headers, body, stream)
+            if resp is not None and resp.status_code == 401:
+                resp.close()
+                self._authenticate(resp, scopes)
+                resp = self._send(method, url, scopes, headers, body, stream)
+                if resp is not None and resp.status_code == 401:
+                    raise AuthError(
+                        f"{method} {url}: access denied by {self.registry}: log in with "
+                        f"`docker login {self.registry}` or set BAKERY_REGISTRY_USER/BAKERY_REGISTRY_PASSWORD")
+            if resp is not None and resp.status_code not in RETRY_STATUSES:
+                if resp.status_code not in ok:
+                    raise RegistryError(self._describe(method, url, resp))
+                return resp
+            if attempt + 1 < ATTEMPTS:
+                time.sleep(min(0.25 * 2 ** attempt, 4.0))
+        if resp is None:
+            raise RegistryError(f"{method} {url}: {self.registry} unreachable after {ATTEMPTS} attempts: "
+                                f"{self._last_error}; is the registry running and the name right?")
+        raise RegistryError(self._describe(method, url, resp) + f" (after {ATTEMPTS} attempts)")
+
+    def _send(self, method, url, scopes, headers, body, stream):
+        hdrs = dict(headers or {})
+        auth = self._auth_header(scopes)
+        if auth:
+            hdrs["Authorization"] = auth
+        data = body() if callable(body) else body
+        try:
+            return self.session.request(method, url, headers=hdrs, data=data, stream=stream,
+                                        timeout=TIMEOUT, allow_redirects=True)
+        except (requests.ConnectionError, requests.Timeout) as e:
+            self._last_error = type(e).__name__ + ": " + str(e).split("(Caused by")[0].strip()
+            return None
+
+    def _auth_header(self, scopes) -> str | None:
+        token = self._tokens.get(" ".join(scopes))
+        if token:
+            return f"Bearer {token}"
+        if self._basic and self.credentials:
+            raw = f"{self.credentials.username}:{self.credentials.password}".encode()
+            return "Basic " + base64.b64encode(raw).decode()
+        return None
+
+    def _authenticate(self, resp, scopes) -> None:
+        scheme, params = parse_challenge(resp.headers.get("WWW-Authenticate", ""))
+        if scheme == "basic":
+            if not self.credentials:
+                raise AuthError(f"{self.registry} requires a login: run `docker login {self.registry}` "
+                                f"or set BAKERY_REGISTRY_USER and BAKERY_REGISTRY_PASSWORD")
+            self._basic = True
+        elif scheme == "bearer" and "realm" in params:
+            self._tokens[" ".join(scopes)] = self._fetch_token(params, scopes)
+        else:
+            raise AuthError(f"{self.registry} asked for unsupported authentication {scheme!r}")
+
+    def _fetch_token(self, params: dict, scopes) -> str:
+        query = [("service", params["service"])] if "service" in params else []
+        wanted = list(scopes) or ([params["scope"]] if "scope" in params else [])
+        query += [("scope", s) for s in wanted]
+        auth = (self.credentials.username, self.credentials.password) if self.credentials else None
+        for attempt in range(ATTEMPTS):
+            try:
+                resp = self.session.get(params["realm"], params=query, auth=auth, timeout=TIMEOUT)
+            except (requests.ConnectionError, requests.Timeout) as e:
+                resp, err = None, e
+            if resp is not None and resp.status_code not in RETRY_STATUSES:
+                break
+            time.sleep(min(0.25 * 2 ** attempt, 4.0))
+        if resp is None:
+            raise RegistryError(f"token service {params['realm']} unreachable: {err}")
+        if resp.status_code in (401, 403):
+            raise AuthError(f"token service for {self.registry} refused "
+                            f"{'our credentials' if auth else 'anonymous access'} for {' '.join(wanted)}: "
+                            f"check `docker login {self.registry}` or BAKERY_REGISTRY_USER/PASSWORD")
+        if resp.status_code != 200:
+            raise RegistryError(f"token service {params['realm']} answered HTTP {resp.status_code}")
+        data = resp.json()
+        token = data.get("token") or data.get("access_token")
+        if not token:
+            raise AuthError(f"token service {params['realm']} returned no token")
+        return token
+
+    @staticmethod
+    def _describe(method: str, url: str, resp) -> str:
+        detail = ""
+        try:
+            errors = resp.json().get("errors") or []
+            detail = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors)
+        except ValueError:
+            detail = (resp.text or "")[:200].strip()
+        return f"{method} {url}: HTTP {resp.status_code}" + (f" ({detail})" if detail else "")

@@ -1,0 +1,116 @@
+"""Tasks: parse arguments, call one bakery function, turn bakery errors into one line and an exit code."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from pathlib import Path
+
+from invoke import Exit, task
+
+PROJECT = Path(__file__).resolve().parent
+FIXTURE_SPEC = PROJECT / "tests" / "fixture" / "fixture.yaml"
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def reports_errors(fn):
+    """Only here do errors become exit codes: one line on stderr, no traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from bakery.errors import BakeryError
+
+        try:
+            return fn(*args, **kwargs)
+        except BakeryError as e:
+            raise Exit(f"error: {e}", code=e.exit_code) from None
+        except KeyboardInterrupt:
+            raise Exit("interrupted; nothing was tagged", code=130) from None
+
+    return wrapper
+
+
+@task(help={"base": "base image REF@sha256:DIGEST, overriding image/base.yaml",
+            "push": "push to REGISTRY/REPO[:TAG]",
+            "layout": "also write an OCI image layout directory (air-gapped hand-off)",
+            "out": "directory for blobs and build-record.json (default: out/)"})
+@reports_errors
+def build(c, base=None, push=None, layout=None, out=None):
+    """Build the derived image; print its REPO@sha256:DIGEST as the last line."""
+    from bakery.build import Options, build as run
+
+    ref, rec = run(Options(PROJECT, base, push, Path(layout) if layout else None,
+                           Path(out) if out else None), log=_log)
+    _log(f"build record: {(Path(out) if out else PROJECT / 'out') / 'build-record.json'}")
+    print(ref)
+
+
+@task(help={"to": "destination REGISTRY/REPO[:TAG]", "base": "source REF@sha256:DIGEST (default: image/base.yaml)"})
+@reports_errors
+def mirror(c, to, base=None):
+    """Copy the pinned base, by digest, into your own registry; print the mirrored REF@DIGEST."""
+    from bakery import base as base_mod, mirror as mirror_mod
+    from bakery.refs import Reference
+
+    spec = base_mod.load_spec(PROJECT / "image" / "base.yaml", base)
+    dest = Reference.parse(to)
+    _log(f"mirroring {spec.image} to {dest.name}")
+    print(mirror_mod.copy(spec.image, dest, log=_log))
+
+
+@task(help={"registry": "registry host:port to push the fixture to (default: the local stack's)"})
+@reports_errors
+def fixture(c, registry=None):
+    """Build the fixture base (Debian + vLLM 0.26.0 + AITER sources) with Docker, push it, print REF@DIGEST."""
+    from bakery import fixture as fixture_mod, stack
+
+    registry = registry or stack.up()
+    print(fixture_mod.build(FIXTURE_SPEC, registry, log=_log))
+
+
+@task
+@reports_errors
+def stack(c):
+    """Start the local Docker engine and registry (127.0.0.1:5000) if they are not running."""
+    from bakery import stack as stack_mod
+
+    print(stack_mod.up())
+
+
+@task
+@reports_errors
+def demo(c):
+    """Stack up, fixture base, build + push, docker pull + run the result; print its digest."""
+    import docker
+
+    from bakery import fixture as fixture_mod, stack as stack_mod
+    from bakery.build import Options, build as run
+
+    registry = stack_mod.up()
+    base = fixture_mod.build(FIXTURE_SPEC, registry, log=_log)
+    _log(f"fixture base: {base}")
+    ref, _ = run(Options(PROJECT, str(base), f"{registry}/demo/dsv4-flash-mi300x:latest"), log=_log)
+    _log(f"docker pull {ref}")
+    client = docker.from_env()
+    client.images.pull(str(ref))
+    out = client.containers.run(str(ref), entrypoint=["/usr/local/bin/bakery-selfcheck"], remove=True,
+                                stdout=True, stderr=True)
+    _log(out.decode().strip())
+    print(ref)
+
+
+@task(help={"k": "only tests matching this pytest -k expression", "x": "stop at the first failure"})
+def test(c, k=None, x=False):
+    """Run the whole test suite against the real engine and registry (started if need be)."""
+    args = [sys.executable, "-m", "pytest", "-ra", "tests"]
+    if k:
+        args += ["-k", k]
+    if x:
+        args.append("-x")
+    os.chdir(PROJECT)
+    result = c.run(" ".join(f"'{a}'" for a in args), pty=False, warn=True)
+    raise Exit(code=result.exited)
