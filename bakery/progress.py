@@ -23,7 +23,8 @@ class Progress:
     def __init__(self, label: str, total: int | None, stream=None):
         self.label, self.total, self.done = label, total, 0
         self.stream = stream or sys.stderr
-        self.started = self._last = time.monotonic()
+        self.started = time.monotonic()
+        self._last = self.started - self.EVERY  # first line as soon as QUIET_FOR has passed
         self.shown = False
 
     def update(self, n: int) -> None:

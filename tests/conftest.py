@@ -1,0 +1,65 @@
+"""The real test stack: Docker engine, distribution registries on 127.0.0.1, the fixture base.
+
+Nothing here is mocked. Where a misbehaving network is needed, a proxy in front of the real
+registry misbehaves (tests/proxy.py); the registry behind it is still real.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bakery import fixture as fixture_mod  # noqa: E402
+from bakery import stack  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def registry() -> str:
+    """host:port of the plain (anonymous) local registry; the engine is up too."""
+    return stack.up()
+
+
+@pytest.fixture(scope="session")
+def fixture_base(registry):
+    """The fixture base, built by Docker from debootstrap + vLLM/AITER wheels, as a pinned Reference."""
+    return fixture_mod.build(ROOT / "tests" / "fixture" / "fixture.yaml", registry, log=lambda m: None)
+
+
+def copy_project(dest: Path) -> Path:
+    """A copy of this checkout (with .git, without outputs) somewhere else."""
+    ignore = shutil.ignore_patterns("out", ".venv", "__pycache__", ".pytest_cache", "*.egg-info")
+    shutil.copytree(ROOT, dest, ignore=ignore, symlinks=True)
+    return dest
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    return copy_project(tmp_path / "project")
+
+
+def invoke(project: Path, *args: str, env: dict | None = None, cwd: Path | None = None,
+           umask: int | None = None) -> subprocess.CompletedProcess:
+    """Run `invoke` the way a user does, in a fresh process."""
+    full_env = {**os.environ, **(env or {})}
+    preexec = (lambda: os.umask(umask)) if umask is not None else None
+    return subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(project), *args],
+                          cwd=cwd or project, env=full_env, capture_output=True, text=True,
+                          preexec_fn=preexec, timeout=900)
+
+
+def last_line(result: subprocess.CompletedProcess) -> str:
+    lines = [l for l in result.stdout.splitlines() if l.strip()]
+    assert lines, f"no stdout; stderr:\n{result.stderr}"
+    return lines[-1]
+
+
+def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, check=check, timeout=600)

@@ -1,0 +1,92 @@
+"""A deliberately unreliable HTTP proxy in front of a real registry, for retry and integrity tests.
+
+faults is a list of (method, path-substring, action) consumed in order of matching:
+  "503"     answer 503 once
+  "drop"    close the connection without answering
+  "corrupt" forward, but flip one byte of the body
+  "slow"    forward the body in small pieces over ~2 seconds
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import requests
+
+
+class FaultyProxy:
+    def __init__(self, upstream: str, faults: list[tuple[str, str, str]]):
+        self.upstream, self.faults, self.seen = upstream, list(faults), []
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _handle(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                proxy.seen.append((self.command, self.path))
+                action = proxy._take(self.command, self.path)
+                if action == "503":
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if action == "drop":
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+                resp = requests.request(self.command, f"http://{proxy.upstream}{self.path}", headers=headers,
+                                        data=body, allow_redirects=False, timeout=60)
+                data = resp.content if self.command != "HEAD" else b""
+                if action == "corrupt" and data:
+                    data = data[:-1] + bytes([data[-1] ^ 0xFF])
+                self.send_response(resp.status_code)
+                for k, v in resp.headers.items():
+                    if k.lower() in ("content-length", "transfer-encoding", "connection", "content-encoding"):
+                        continue
+                    if k.lower() == "location":
+                        v = v.replace(proxy.upstream, f"127.0.0.1:{proxy.port}")
+                    self.send_header(k, v)
+                size = resp.headers.get("Content-Length") if self.command == "HEAD" else str(len(data))
+                self.send_header("Content-Length", size or "0")
+                self.end_headers()
+                if action == "slow":
+                    step = max(1, len(data) // 10)
+                    for i in range(0, len(data), step):
+                        self.wfile.write(data[i:i + step])
+                        self.wfile.flush()
+                        time.sleep(0.2)
+                else:
+                    self.wfile.write(data)
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_PATCH = do_DELETE = _handle
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _take(self, method: str, path: str) -> str | None:
+        for i, (m, sub, action) in enumerate(self.faults):
+            if m == method and sub in path:
+                del self.faults[i]
+                return action
+        return None
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
