@@ -1,0 +1,151 @@
+"""Reading base files out of real images, checked against what Docker itself shows in a container."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import subprocess
+import tarfile
+
+import pytest
+
+from bakery import base as base_mod
+from bakery.extract import BaseFilesystem, LayerCache
+from bakery.refs import Descriptor, Reference
+from bakery.registry import OCI_MANIFEST, Registry
+
+from conftest import docker
+
+SITE = "usr/local/lib/python3.12/dist-packages"
+WORKER = f"{SITE}/vllm/v1/kv_offload/cpu/gpu_worker.py"
+
+
+def tar_layer(entries: list[tuple[str, bytes | None]]) -> bytes:
+    """A test-made layer; None content means a directory."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in entries:
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            else:
+                info.size, info.mode = len(data), 0o644
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def whiteout_image(registry, fixture_base):
+    """The fixture plus two layers exercising whiteouts and an opaque directory, pushed to the registry.
+
+    The layers are made here with tarfile; Docker then pulls the image and is the judge of what a
+    container sees.
+    """
+    reg = Registry(registry)
+    base = base_mod.resolve(reg, fixture_base, "linux/amd64")
+    cpu = f"{SITE}/vllm/v1/kv_offload/cpu"
+    layer1 = tar_layer([(f"{SITE}/vllm/.wh.version.py", b""),  # delete a file
+                        (f"{cpu}/.wh..wh..opq", b""),  # hide everything below cpu/ ...
+                        (f"{cpu}/only_new.py", b"NEW = True\n"),  # ... except what this layer adds
+                        (f"{SITE}/vllm/envs.py", b"REPLACED = 1\n")])  # replace a file
+    layer2 = tar_layer([(f"{SITE}/vllm/.wh.envs.py", b""), (f"{SITE}/vllm/envs.py", b"REPLACED = 2\n")])
+    repo = "test/whiteouts"
+    config = base.config
+    layers = list(base.layers)
+    for raw in (layer1, layer2):
+        blob = gzip.compress(raw, mtime=0)
+        desc = Descriptor.of("application/vnd.oci.image.layer.v1.tar+gzip", blob)
+        reg.upload_blob(repo, desc, lambda b=blob: iter([b]))
+        layers.append(desc)
+        config["rootfs"]["diff_ids"].append(str(Descriptor.of("", raw).digest))
+    for d in base.layers:
+        reg.mount_blob(repo, d.digest, base.ref.repository)
+    cfg = json.dumps(config).encode()
+    cfg_desc = Descriptor.of("application/vnd.oci.image.config.v1+json", cfg)
+    reg.upload_blob(repo, cfg_desc, lambda: iter([cfg]))
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": cfg_desc.to_json(),
+                           "layers": [Descriptor(
+                               "application/vnd.oci.image.layer.v1.tar+gzip", d.digest, d.size).to_json()
+                               for d in layers]}).encode()
+    digest = reg.put_manifest(repo, "latest", manifest, OCI_MANIFEST)
+    return Reference(registry, repo, None, digest)
+
+
+def in_container(ref: Reference, paths: list[str]) -> dict[str, str | None]:
+    """What Docker's own container filesystem holds at each path (None: absent)."""
+    docker("pull", "-q", str(ref))
+    script = "; ".join(f'if [ -f "/{p}" ]; then echo "{p}=$(sha256sum < "/{p}" | cut -c1-64)"; '
+                       f'else echo "{p}=-"; fi' for p in paths)
+    out = docker("run", "--rm", "--entrypoint", "/bin/sh", str(ref), "-c", script).stdout
+    found = dict(line.split("=", 1) for line in out.splitlines())
+    return {p: (None if found[p] == "-" else found[p]) for p in paths}
+
+
+def test_whiteouts_and_opaque_dirs_match_docker(registry, whiteout_image, tmp_path):
+    paths = [f"{SITE}/vllm/version.py", WORKER, f"{SITE}/vllm/v1/kv_offload/cpu/only_new.py",
+             f"{SITE}/vllm/envs.py", f"{SITE}/vllm/__init__.py", "etc/debian_version"]
+    reg = Registry(registry)
+    image = base_mod.resolve(reg, whiteout_image, "linux/amd64")
+    ours = BaseFilesystem(reg, image, LayerCache(tmp_path)).read(paths)
+    truth = in_container(whiteout_image, paths)
+    assert truth[WORKER] is None and truth[f"{SITE}/vllm/envs.py"] is not None  # the case is real
+    assert {p: (f.sha256 if f else None) for p, f in ours.items()} == truth
+    assert ours[f"{SITE}/vllm/envs.py"].data == b"REPLACED = 2\n"
+
+
+def test_rm_in_a_docker_build_is_honoured(registry, fixture_base, tmp_path):
+    """Whiteouts as Docker's own builder writes them (RUN rm / rm -rf + mkdir)."""
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {fixture_base}\n"
+        f"RUN rm /{WORKER} && rm -rf /{SITE}/aiter/configs && mkdir /{SITE}/aiter/configs "
+        f"&& echo tuned > /{SITE}/aiter/configs/only.csv\n")
+    tag = f"{registry}/test/docker-rm:latest"
+    docker("build", "-q", "-t", tag, str(tmp_path))
+    push = docker("push", tag).stdout
+    digest = [w for w in push.split() if w.startswith("sha256:")][0]
+    ref = Reference.parse(f"{registry}/test/docker-rm@{digest}")
+    paths = [WORKER, f"{SITE}/aiter/configs/only.csv", f"{SITE}/aiter/configs/a8w8_tuned_gemm.csv",
+             f"{SITE}/vllm/v1/kv_offload/cpu/spec.py"]
+    reg = Registry(registry)
+    ours = BaseFilesystem(reg, base_mod.resolve(reg, ref, "linux/amd64"), LayerCache(tmp_path / "c")).read(paths)
+    assert {p: (f.sha256 if f else None) for p, f in ours.items()} == in_container(ref, paths)
+
+
+def test_zstd_layers(registry, fixture_base, tmp_path):
+    """skopeo recompresses the fixture with zstd; the same files come out."""
+    dest = f"{registry}/test/zstd:latest"
+    subprocess.run(["skopeo", "copy", "-q", "--format", "oci", "--dest-compress-format", "zstd",
+                    "--src-tls-verify=false", "--dest-tls-verify=false",
+                    f"docker://{fixture_base}", f"docker://{dest}"], check=True, capture_output=True)
+    reg = Registry(registry)
+    zimage = base_mod.resolve(reg, Reference.parse(dest), "linux/amd64")
+    assert all("zstd" in d.media_type for d in zimage.layers)
+    gimage = base_mod.resolve(reg, fixture_base, "linux/amd64")
+    a = BaseFilesystem(reg, zimage, LayerCache(tmp_path / "z")).read([WORKER])[WORKER]
+    b = BaseFilesystem(reg, gimage, LayerCache(tmp_path / "g")).read([WORKER])[WORKER]
+    assert a.data == b.data and b"wait_stream" in a.data
+
+
+def test_warm_cache_downloads_nothing(registry, fixture_base, tmp_path):
+    reg = Registry(registry)
+    image = base_mod.resolve(reg, fixture_base, "linux/amd64")
+    cold = BaseFilesystem(reg, image, LayerCache(tmp_path))
+    first = cold.read([WORKER, "etc/os-release"])
+    assert cold.cache.downloads > 0
+    warm = BaseFilesystem(reg, image, LayerCache(tmp_path))
+    assert warm.read([WORKER, "etc/os-release"]) == first
+    assert warm.glob(f"{SITE}/*.dist-info/METADATA")
+    assert warm.cache.downloads == 0
+    # a file not asked for before: only its layer is streamed again
+    warm.read([f"{SITE}/vllm/envs.py"])
+    assert warm.cache.downloads == 1
+
+
+def test_symlinks_are_reported_as_such(registry, fixture_base, tmp_path):
+    reg = Registry(registry)
+    fs = BaseFilesystem(reg, base_mod.resolve(reg, fixture_base, "linux/amd64"), LayerCache(tmp_path))
+    found = fs.read(["usr/bin/python3", "bin"])
+    assert found["usr/bin/python3"].kind == "symlink"
+    assert found["bin"].kind == "symlink"  # bookworm's merged /usr
