@@ -1,0 +1,112 @@
+"""`invoke build` end to end: fixture base -> derived image -> real registry -> real Docker engine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from bakery import stack
+from bakery.refs import Reference
+from bakery.registry import Registry
+
+from conftest import docker, invoke, last_line
+
+
+@pytest.fixture(scope="module")
+def built(registry, fixture_base, tmp_path_factory):
+    from conftest import copy_project
+
+    project = copy_project(tmp_path_factory.mktemp("build") / "project")
+    out = project / "out"
+    result = invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/test/derived:v1",
+                    "--layout", str(project / "layout"))
+    assert result.returncode == 0, result.stderr
+    return Reference.parse(last_line(result)), json.loads((out / "build-record.json").read_text()), project
+
+
+def test_last_line_is_the_pushed_digest_and_docker_runs_it(built, registry):
+    ref, record, _ = built
+    assert ref.name == f"{registry}/test/derived" and ref.digest
+    assert str(ref.digest) == record["manifest"]["digest"]
+    docker("pull", "-q", str(ref))
+    run = docker("run", "--rm", "--entrypoint", "/usr/local/bin/bakery-selfcheck", str(ref))
+    assert "2 baked files verified" in run.stderr
+    # the real entrypoint: self-check, stale mmap cleanup, then exec vllm serve (absent in the fixture)
+    run = docker("run", "--rm", str(ref), check=False)
+    assert "baked files verified" in run.stderr and "vllm: not found" in run.stderr
+
+
+def test_tag_points_at_the_same_digest(built, registry):
+    ref, _, _ = built
+    _, _, digest = Registry(registry).get_manifest(Reference(registry, "test/derived", "v1"))
+    assert digest == ref.digest
+
+
+def test_config_env_entrypoint_annotations(built, fixture_base):
+    ref, record, _ = built
+    inspect = json.loads(docker("inspect", str(ref)).stdout)[0]["Config"]
+    for pair in ("VLLM_ROCM_USE_AITER=1", "PYTHONHASHSEED=0", "VLLM_ROCM_USE_SKINNY_GEMM=0",
+                 "HSA_COREDUMP_PATTERN=/var/crash/vllm/gpucore.%p"):
+        assert pair in inspect["Env"]
+    assert inspect["Entrypoint"] == ["/usr/local/bin/bakery-entrypoint"]
+    assert "--kv-offloading-backend=native" in inspect["Cmd"]
+    raw = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{ref}"],
+                         capture_output=True, text=True, check=True).stdout
+    notes = json.loads(raw)["annotations"]
+    assert notes["org.opencontainers.image.base.digest"] == str(fixture_base.digest)
+    assert notes["org.opencontainers.image.base.name"] == fixture_base.name
+    assert notes["org.opencontainers.image.revision"] == record["source"]["revision"]
+    assert notes["org.opencontainers.image.source"].startswith("https://")
+    assert notes["org.opencontainers.image.created"].endswith("Z")
+
+
+def test_base_layers_are_mounted_not_uploaded(built):
+    _, record, _ = built
+    assert record["push"]["base_bytes_uploaded"] == 0
+    assert record["push"]["base_layers_mounted"] + record["push"]["base_layers_present"] == \
+        len(record["base"]["layers"])
+
+
+def test_other_registry_gets_base_layers_copied_once(built, fixture_base):
+    """A target on another registry has no mount source: the base is copied, and only once."""
+    _, _, project = built
+    other = stack.ensure_registry(5004, name="registry-other")
+    first = invoke(project, "build", "--base", str(fixture_base), "--push", f"{other}/copy/derived:1",
+                   "--out", str(project / "out-other"))
+    assert first.returncode == 0, first.stderr
+    rec = json.loads((project / "out-other" / "build-record.json").read_text())
+    assert rec["push"]["base_layers_copied"] + rec["push"]["base_layers_present"] == len(rec["base"]["layers"])
+    second = invoke(project, "build", "--base", str(fixture_base), "--push", f"{other}/copy/derived:1",
+                    "--out", str(project / "out-other"))
+    rec2 = json.loads((project / "out-other" / "build-record.json").read_text())
+    assert rec2["push"]["base_bytes_uploaded"] == 0 and rec2["push"]["base_layers_copied"] == 0
+    assert last_line(first) == last_line(second)
+
+
+def test_record_lists_every_input_and_output_by_digest(built, fixture_base):
+    _, record, _ = built
+    assert record["base"]["manifest"]["digest"] == str(fixture_base.digest)
+    assert {d["name"]: d["version"] for d in record["base"]["python_distributions"]} == \
+        {"vllm": "0.26.0", "amd-aiter": "0.1.7.post2.dev18"}
+    paths = {f["path"] for f in record["files"]}
+    assert {"/usr/local/bin/bakery-entrypoint", "/usr/local/bin/bakery-selfcheck",
+            "/etc/bakery/manifest.json"} <= paths
+    assert all(len(f["sha256"]) == 64 for f in record["files"])
+    assert all(l["digest"].startswith("sha256:") and l["diff_id"].startswith("sha256:") for l in record["layers"])
+    assert {i["path"] for i in record["inputs"]} >= {"image/image.yaml", "image/base.yaml"}
+    assert record["config"]["digest"].startswith("sha256:")
+    assert record["tools"]["zlib"]
+
+
+def test_layout_is_read_by_skopeo_and_runs_in_docker(built):
+    ref, _, project = built
+    layout = project / "layout"
+    inspect = json.loads(subprocess.run(["skopeo", "inspect", f"oci:{layout}"], capture_output=True,
+                                        text=True, check=True).stdout)
+    assert inspect["Digest"] == str(ref.digest)
+    subprocess.run(["skopeo", "copy", "-q", f"oci:{layout}", "docker-daemon:bakery-layout/test:1"],
+                   check=True, capture_output=True)
+    run = docker("run", "--rm", "--entrypoint", "bakery-selfcheck", "bakery-layout/test:1")
+    assert "baked files verified" in run.stderr
