@@ -1,0 +1,22 @@
+"""The CLI contract release automation relies on: every task listed and documented."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import ROOT, invoke
+
+TASKS = ["build", "mirror", "fixture", "stack", "demo", "test"]
+
+
+def test_every_task_is_listed_with_a_summary():
+    listing = invoke(ROOT, "--list").stdout
+    for name in TASKS:
+        assert re.search(rf"^\s+{name}\s+\S", listing, re.M), f"{name} missing from:\n{listing}"
+
+
+def test_every_task_has_help():
+    for name in TASKS:
+        result = invoke(ROOT, "--help", name)
+        assert result.returncode == 0 and "Usage: inv[oke] [--core-opts] " + name in result.stdout
+    assert "REPO@sha256" in invoke(ROOT, "--help", "build").stdout

@@ -1,0 +1,43 @@
+"""Same inputs, same digest: whatever the directory, TMPDIR, umask, TZ or wall-clock time."""
+
+from __future__ import annotations
+
+import time
+
+from conftest import copy_project, invoke, last_line
+
+
+def test_same_inputs_same_digest_different_everything_else(fixture_base, tmp_path):
+    a = copy_project(tmp_path / "one" / "checkout")
+    b = copy_project(tmp_path / "two" / "deeper" / "other-name")
+    (tmp_path / "tmp-a").mkdir()
+    (tmp_path / "tmp-b").mkdir()
+    first = invoke(a, "build", "--base", str(fixture_base),
+                   env={"TMPDIR": str(tmp_path / "tmp-a"), "TZ": "UTC"}, umask=0o022)
+    time.sleep(1.5)  # a different second on the wall clock
+    second = invoke(b, "build", "--base", str(fixture_base),
+                    env={"TMPDIR": str(tmp_path / "tmp-b"), "TZ": "Asia/Shanghai", "LC_ALL": "C"}, umask=0o077,
+                    cwd=tmp_path)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert last_line(first) == last_line(second)
+    assert (a / "out" / "blobs").exists() and sorted(p.name for p in (a / "out" / "blobs" / "sha256").iterdir()) \
+        == sorted(p.name for p in (b / "out" / "blobs" / "sha256").iterdir())
+
+
+def test_one_changed_input_byte_changes_the_digest(fixture_base, tmp_path):
+    a = copy_project(tmp_path / "a")
+    before = invoke(a, "build", "--base", str(fixture_base))
+    script = a / "image" / "entrypoint.sh"
+    script.write_bytes(script.read_bytes().replace(b"set -eu", b"set -eu "))
+    after = invoke(a, "build", "--base", str(fixture_base))
+    assert before.returncode == after.returncode == 0, after.stderr
+    assert last_line(before) != last_line(after)
+
+
+def test_source_date_epoch_is_the_only_clock(fixture_base, tmp_path):
+    a = copy_project(tmp_path / "a")
+    one = invoke(a, "build", "--base", str(fixture_base), env={"SOURCE_DATE_EPOCH": "1700000000"})
+    two = invoke(a, "build", "--base", str(fixture_base), env={"SOURCE_DATE_EPOCH": "1700000001"})
+    assert last_line(one) != last_line(two)
+    bad = invoke(a, "build", "--base", str(fixture_base), env={"SOURCE_DATE_EPOCH": "yesterday"})
+    assert bad.returncode == 2 and "SOURCE_DATE_EPOCH" in bad.stderr
