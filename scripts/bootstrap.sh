@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Set up a fresh Debian 12 machine, as root, for bakery: system packages, a virtualenv with the
+# project installed, and the local stack (Docker engine + registry on 127.0.0.1:5000).
+# Safe to run again: it installs only what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(docker.io docker-registry skopeo debootstrap apache2-utils python3-venv git ca-certificates)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "bootstrap: installing ${missing[*]}" >&2
+  apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/invoke ] || [ pyproject.toml -nt .venv/.installed ]; then
+  echo "bootstrap: creating .venv" >&2
+  python3 -m venv .venv
+  .venv/bin/pip install -q --upgrade pip >/dev/null
+  .venv/bin/pip install -q -e '.[test]' >.venv/install.log 2>&1 || { cat .venv/install.log >&2; exit 1; }
+  touch .venv/.installed
+fi
+
+.venv/bin/invoke stack >/dev/null
+echo "bootstrap: ready (engine up, registry on 127.0.0.1:5000)" >&2
