@@ -83,7 +83,7 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
     registries = {source.registry: Registry(source.registry)}
     log(f"resolving base {source}")
     base = base_mod.resolve(registries[source.registry], source, base_spec.platform)
-    fs = BaseFilesystem(registries[source.registry], base, LayerCache())
+    fs = BaseFilesystem(registries[source.registry], base, LayerCache(), keep=(DIST_INFO,))
     dists = python_distributions(fs)
 
     files = spec.files

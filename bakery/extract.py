@@ -117,8 +117,9 @@ def decompressed(media_type: str, raw) -> io.IOBase:
 
 
 def scan_layer(registry: Registry, repo: str, desc: Descriptor, wanted: set[str],
-               cache: LayerCache) -> tuple[dict, dict[str, str]]:
-    """Stream one layer: list everything in it, keep the contents of `wanted` regular files.
+               cache: LayerCache, keep: tuple[str, ...] = ()) -> tuple[dict, dict[str, str]]:
+    """Stream one layer: list everything in it, keep the contents of `wanted` regular files
+    and of those matching a `keep` pattern (files known to be needed later, e.g. dist-info).
 
     Returns (index, {path: sha256}); nothing is recorded in the cache until the layer's digest
     has been checked, so a corrupt download leaves no trace.
@@ -142,7 +143,7 @@ def scan_layer(registry: Registry, repo: str, desc: Descriptor, wanted: set[str]
             kind = _KIND.get(member.type, "other")
             entries[path] = [kind, member.size, member.mode, normalize(member.linkname) if kind == "hardlink"
                              else member.linkname]
-            if kind == "file" and path in wanted:
+            if kind == "file" and (path in wanted or any(fnmatch.fnmatchcase(path, k) for k in keep)):
                 found[path] = cache.store(tar.extractfile(member).read())
     for _ in chunks:  # drain: the digest check runs when the iterator ends
         pass
@@ -162,9 +163,11 @@ def _hidden_by(index: dict, path: str) -> bool:
 class BaseFilesystem:
     """The merged view of an image's layers, read lazily through the cache."""
 
-    def __init__(self, registry: Registry, image: Image, cache: LayerCache | None = None):
+    def __init__(self, registry: Registry, image: Image, cache: LayerCache | None = None,
+                 keep: tuple[str, ...] = ()):
         self.registry, self.image = registry, image
         self.cache = cache or LayerCache()
+        self.keep = keep  # patterns worth keeping on a layer's first pass
 
     def _index(self, desc: Descriptor, wanted: set[str]) -> dict:
         index = self.cache.index(desc)
@@ -173,7 +176,8 @@ class BaseFilesystem:
                     not self.cache.has_content(index["files"].get(p, "-")))}
         if index is not None and not missing:
             return index
-        fresh, found = scan_layer(self.registry, self.image.ref.repository, desc, missing or set(), self.cache)
+        fresh, found = scan_layer(self.registry, self.image.ref.repository, desc, missing or set(), self.cache,
+                                  self.keep if index is None else ())
         if index is not None:
             fresh["files"] = {k: v for k, v in index["files"].items() if self.cache.has_content(v)}
         fresh["files"].update(found)

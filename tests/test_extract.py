@@ -5,8 +5,10 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import subprocess
 import tarfile
+import time
 
 import pytest
 
@@ -115,10 +117,15 @@ def test_rm_in_a_docker_build_is_honoured(registry, fixture_base, tmp_path):
 
 def test_zstd_layers(registry, fixture_base, tmp_path):
     """skopeo recompresses the fixture with zstd; the same files come out."""
-    dest = f"{registry}/test/zstd:latest"
+    dest = f"{registry}/test/zstd-{time.time_ns()}:latest"
+    # skopeo's blob-info cache would reuse the gzip blobs it knows the registry has: start it empty
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    for cache in ("/var/lib/containers/cache/blob-info-cache-v1.boltdb",):
+        if os.path.exists(cache):
+            os.unlink(cache)
     subprocess.run(["skopeo", "copy", "-q", "--format", "oci", "--dest-compress-format", "zstd",
                     "--src-tls-verify=false", "--dest-tls-verify=false",
-                    f"docker://{fixture_base}", f"docker://{dest}"], check=True, capture_output=True)
+                    f"docker://{fixture_base}", f"docker://{dest}"], check=True, capture_output=True, env=env)
     reg = Registry(registry)
     zimage = base_mod.resolve(reg, Reference.parse(dest), "linux/amd64")
     assert all("zstd" in d.media_type for d in zimage.layers)
