@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -159,8 +160,9 @@ def test_bearer_token_flow_push_and_pull(token_registry, monkeypatch):
     monkeypatch.setenv("BAKERY_REGISTRY_USER", "bob")
     monkeypatch.setenv("BAKERY_REGISTRY_PASSWORD", "hunter2")
     reg = Registry(host)
-    desc = upload(reg, "test/token", b"bearer works")
-    assert reg.fetch_blob("test/token", desc) == b"bearer works"
+    data = b"bearer works %d" % time.time_ns()  # new bytes: the registry's storage outlives a run
+    desc = upload(reg, "test/token", data)
+    assert reg.fetch_blob("test/token", desc) == data
     assert ("bob", ["repository:test/token:pull,push"]) in server.requests
 
 
@@ -169,4 +171,4 @@ def test_bearer_token_anonymous_cannot_push(token_registry, monkeypatch):
     monkeypatch.delenv("BAKERY_REGISTRY_USER", raising=False)
     monkeypatch.setenv("DOCKER_CONFIG", "/nonexistent")
     with pytest.raises(AuthError):
-        upload(Registry(host), "test/token-anon", b"should not land")
+        upload(Registry(host), "test/token-anon", b"should not land %d" % time.time_ns())
