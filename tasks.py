@@ -37,14 +37,15 @@ def reports_errors(fn):
 @task(help={"base": "base image REF@sha256:DIGEST, overriding image/base.yaml",
             "push": "push to REGISTRY/REPO[:TAG]",
             "layout": "also write an OCI image layout directory (air-gapped hand-off)",
-            "out": "directory for blobs and build-record.json (default: out/)"})
+            "out": "directory for blobs and build-record.json (default: out/)",
+            "lock": "overlays lock to verify against (default: overlays/overlays.lock)"})
 @reports_errors
-def build(c, base=None, push=None, layout=None, out=None):
+def build(c, base=None, push=None, layout=None, out=None, lock=None):
     """Build the derived image; print its REPO@sha256:DIGEST as the last line."""
     from bakery.build import Options, build as run
 
     ref, rec = run(Options(PROJECT, base, push, Path(layout) if layout else None,
-                           Path(out) if out else None), log=_log)
+                           Path(out) if out else None, Path(lock) if lock else None), log=_log)
     _log(f"build record: {(Path(out) if out else PROJECT / 'out') / 'build-record.json'}")
     print(ref)
 
@@ -88,12 +89,16 @@ def demo(c):
     import docker
 
     from bakery import fixture as fixture_mod, stack as stack_mod
-    from bakery.build import Options, build as run
+    from bakery.build import Options, build as run, lock as lock_overlays
 
     registry = stack_mod.up()
     base = fixture_mod.build(FIXTURE_SPEC, registry, log=_log)
     _log(f"fixture base: {base}")
-    ref, _ = run(Options(PROJECT, str(base), f"{registry}/demo/dsv4-flash-mi300x:latest"), log=_log)
+    # the fixture's digest is this machine's own: lock the overlays against it, beside the build
+    demo_lock = PROJECT / "out" / "demo-overlays.lock"
+    lock_overlays(Options(PROJECT, str(base), lock=demo_lock), log=_log)
+    ref, _ = run(Options(PROJECT, str(base), f"{registry}/demo/dsv4-flash-mi300x:latest", lock=demo_lock),
+                 log=_log)
     _log(f"docker pull {ref}")
     client = docker.from_env()
     client.images.pull(str(ref))
@@ -114,3 +119,36 @@ def test(c, k=None, x=False):
     os.chdir(PROJECT)
     result = c.run(" ".join(f"'{a}'" for a in args), pty=False, warn=True)
     raise Exit(code=result.exited)
+
+
+@task(help={"base": "base image REF@sha256:DIGEST, overriding image/base.yaml",
+            "lock": "lock file to write (default: overlays/overlays.lock)"})
+@reports_errors
+def lock(c, base=None, lock=None):
+    """Apply every required overlay to the base exactly and write overlays.lock (base and result sha256)."""
+    from bakery.build import Options, lock as run
+
+    document = run(Options(PROJECT, base, lock=Path(lock) if lock else None), log=_log)
+    for entry in document["overlays"]:
+        _log(f"  {entry['id']:<45} base {(entry['base_sha256'] or 'new file')[:12]}  "
+             f"result {entry['result_sha256'][:12]}")
+    print(Path(lock) if lock else PROJECT / "overlays" / "overlays.lock")
+
+
+@task(help={"base": "the new base REF@sha256:DIGEST (the nightly you are moving to)",
+            "lock": "lock file to write (default: overlays/overlays.lock)",
+            "refresh": "rewrite patches that only moved (applies-with-offset) for the new line numbers"})
+@reports_errors
+def rebase(c, base, lock=None, refresh=False):
+    """Nightly bump: report how each overlay applies to a new base; re-lock only if all required apply."""
+    from bakery.build import Options, rebase as run
+
+    rows, ok = run(Options(PROJECT, base, lock=Path(lock) if lock else None), refresh=refresh, log=_log)
+    width = max(len(o.id) for o, _, _ in rows)
+    print(f"{'overlay':<{width}}  {'status':<20} {'required':<8}  detail")
+    for o, status, detail in rows:
+        print(f"{o.id:<{width}}  {status:<20} {'yes' if o.baked else 'no':<8}  {detail}")
+    if not ok:
+        raise Exit("error: not every required overlay applies exactly; lock left unchanged. "
+                   "Fix the patches (or --refresh moved ones) and run again", code=2)
+    print(f"lock written for {base}: now set image: in image/base.yaml to it and commit both")

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import email.parser
 import os
 import subprocess
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from . import base as base_mod
 from . import image as image_mod
+from . import overlays as overlays_mod
+from . import patch as patch_mod
 from . import record
 from .errors import InputError
 from .extract import BaseFilesystem, LayerCache
@@ -29,10 +32,15 @@ class Options:
     push: str | None = None  # REGISTRY/REPO[:TAG]
     layout: Path | None = None
     out: Path | None = None  # where blobs and the record go; default PROJECT/out
+    lock: Path | None = None  # overlays lock; default PROJECT/overlays/overlays.lock
 
     @property
     def out_dir(self) -> Path:
         return self.out or self.project / "out"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.lock or self.project / "overlays" / "overlays.lock"
 
 
 def _git(project: Path, *args: str) -> str:
@@ -55,7 +63,70 @@ def source_date_epoch(project: Path) -> int:
 
 def input_files(project: Path) -> list[Path]:
     """Every checked-in file that can change the image."""
-    return sorted(p for p in (project / "image").rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    return sorted(p for folder in ("image", "overlays") for p in (project / folder).rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts)
+
+
+@dataclass(frozen=True)
+class OpenBase:
+    spec: base_mod.BaseSpec
+    registry: Registry
+    image: base_mod.Image
+    fs: BaseFilesystem
+
+
+def open_base(project: Path, override: str | None, log=print) -> OpenBase:
+    """Resolve the pinned base (or --base) and open its filesystem through the layer cache."""
+    spec = base_mod.load_spec(project / "image" / "base.yaml", override)
+    registry = Registry(spec.source.registry)
+    log(f"resolving base {spec.source}")
+    image = base_mod.resolve(registry, spec.source, spec.platform)
+    return OpenBase(spec, registry, image, BaseFilesystem(registry, image, LayerCache(), keep=(DIST_INFO,)))
+
+
+def overlay_inputs(project: Path, base: OpenBase) -> tuple[list, list]:
+    """Required overlays applied exactly to the base bytes, and the stale bytecode to delete."""
+    overlays = overlays_mod.load(project / "overlays" / "overlays.yaml")
+    targets = [o.target for o in overlays if o.baked]
+    applied = overlays_mod.apply_all(overlays, base.fs.read(targets))
+    caches = sorted({str(PurePosixPath(t).parent / "__pycache__").lstrip("/") + "/*.pyc" for t in targets})
+    present = [p for pattern in caches for p in base.fs.glob(pattern)]
+    return applied, overlays_mod.stale_bytecode(targets, present)
+
+
+def lock(opts: Options, log=print) -> dict:
+    """`invoke lock`: apply every required overlay to the base and pin both hashes."""
+    project = opts.project.resolve()
+    base = open_base(project, opts.base, log)
+    applied, _ = overlay_inputs(project, base)
+    document = overlays_mod.lock_document(str(base.spec.image), [a.lock_entry() for a in applied])
+    overlays_mod.write_lock(opts.lock_path, document)
+    return document
+
+
+def rebase(opts: Options, refresh: bool = False, log=print) -> tuple[list, bool]:
+    """`invoke rebase`: how each overlay fares on a new base; re-lock only if all required apply."""
+    project = opts.project.resolve()
+    base = open_base(project, opts.base, log)
+    overlays = [o for o in overlays_mod.load(project / "overlays" / "overlays.yaml") if o.patch_bytes]
+    found = base.fs.read([o.target for o in overlays])
+    rows, applied = [], []
+    for o in overlays:
+        status, detail, result = overlays_mod.rebase_status(o, found.get(o.target.lstrip("/")))
+        if status == overlays_mod.OFFSET and refresh:
+            original = found[o.target.lstrip("/")].data
+            o.patch_path.write_bytes(patch_mod.unified_diff(original, result.result, o.relative))
+            status, detail = overlays_mod.APPLIES, "patch refreshed for the new line numbers"
+            o = dataclasses.replace(o, patch_bytes=o.patch_path.read_bytes())
+            result = overlays_mod.Applied(o, result.base_sha256, result.result)
+        rows.append((o, status, detail))
+        if o.baked and result is not None and status == overlays_mod.APPLIES:
+            applied.append(result)
+    ok = all(status == overlays_mod.APPLIES for o, status, _ in rows if o.baked)
+    if ok:
+        document = overlays_mod.lock_document(str(base.spec.image), [a.lock_entry() for a in applied])
+        overlays_mod.write_lock(opts.lock_path, document)
+    return rows, ok
 
 
 def python_distributions(fs: BaseFilesystem) -> list[dict]:
@@ -70,6 +141,20 @@ def python_distributions(fs: BaseFilesystem) -> list[dict]:
     return dists
 
 
+def overlay_records(project: Path, applied: list, lock_path: Path) -> list[dict]:
+    """Every registered overlay (baked or not) with its hashes, for the record and the SBOM."""
+    by_id = {a.overlay.id: a for a in applied}
+    out = []
+    for o in overlays_mod.load(project / "overlays" / "overlays.yaml"):
+        a = by_id.get(o.id)
+        out.append({"id": o.id, "target": o.target, "kind": o.kind, "status": o.status, "baked": a is not None,
+                    "upstream": o.upstream, "reason": o.reason, "platforms": list(o.platforms),
+                    "patch": str(o.patch_path.relative_to(project)) if o.patch_path else None,
+                    "patch_sha256": o.patch_sha256,
+                    "base_sha256": a.base_sha256 if a else None, "result_sha256": a.result_sha256 if a else None})
+    return out
+
+
 def build(opts: Options, log=print) -> tuple[Reference, dict]:
     project = opts.project.resolve()
     started = datetime.now(timezone.utc)
@@ -77,25 +162,30 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
     revision = _git(project, "rev-parse", "HEAD")
     dirty = bool(_git(project, "status", "--porcelain", "--untracked-files=no"))
     spec = image_mod.load_spec(project / "image" / "image.yaml")
-    base_spec = base_mod.load_spec(project / "image" / "base.yaml", opts.base)
-
-    source = base_spec.source
-    registries = {source.registry: Registry(source.registry)}
-    log(f"resolving base {source}")
-    base = base_mod.resolve(registries[source.registry], source, base_spec.platform)
-    fs = BaseFilesystem(registries[source.registry], base, LayerCache(), keep=(DIST_INFO,))
+    opened = open_base(project, opts.base, log)
+    base_spec, base, fs = opened.spec, opened.image, opened.fs
+    registries = {base_spec.source.registry: opened.registry}
     dists = python_distributions(fs)
 
+    applied, stale = overlay_inputs(project, opened)
+    overlays_mod.verify_against_lock(applied, overlays_mod.read_lock(opts.lock_path), str(base_spec.image),
+                                     opts.lock_path)
+    overlay_files = tuple(FileEntry(a.overlay.target, a.result) for a in applied)
+
     files = spec.files
-    manifest_entry = image_mod.in_image_manifest(files)
+    manifest_entry = image_mod.in_image_manifest(overlay_files + files)
     blobs = opts.out_dir / "blobs"
-    layers = [write_layer(files + (manifest_entry,), epoch, blobs, "entrypoint, self-check and in-image manifest")]
+    layers = []
+    if overlay_files:
+        layers.append(write_layer(overlay_files, epoch, blobs, "overlays: " + ", ".join(a.overlay.id for a in applied),
+                                  deletions=tuple(stale)))
+    layers.append(write_layer(files + (manifest_entry,), epoch, blobs, "entrypoint, self-check and in-image manifest"))
 
     notes = image_mod.annotations(base_spec.image.name, base, spec, revision, epoch)
     config = image_mod.derive_config(base, layers, spec, epoch, notes)
     config_desc = Descriptor.of(image_mod.OCI_CONFIG, config)
     manifest = image_mod.derive_manifest(base, config_desc, layers, notes)
-    derived = Derived(base, registries[source.registry], manifest, config, config_desc, tuple(layers))
+    derived = Derived(base, opened.registry, manifest, config, config_desc, tuple(layers))
     write_blob(blobs / "sha256" / config_desc.digest.hex, config)
     write_blob(blobs / "sha256" / derived.digest.hex, manifest)
 
@@ -132,6 +222,9 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
         },
         "files": [{"path": f.path, "sha256": f.sha256, "size": len(f.data), "mode": oct(f.mode), "layer": i}
                   for i, l in enumerate(layers) for f in l.files],
+        "deleted": [{"path": d, "layer": i, "why": "stale bytecode of an overlaid module"}
+                    for i, l in enumerate(layers) for d in l.deletions],
+        "overlays": overlay_records(project, applied, opts.lock_path),
         "layers": [{**l.descriptor.to_json(), "diff_id": str(l.diff_id), "comment": l.comment} for l in layers],
         "config": config_desc.to_json(),
         "manifest": {"digest": str(derived.digest), "mediaType": image_mod.OCI_MANIFEST, "size": len(manifest),

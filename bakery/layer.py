@@ -49,6 +49,7 @@ class Layer:
     path: Path
     comment: str
     files: tuple[FileEntry, ...]
+    deletions: tuple[str, ...] = ()
 
 
 def _info(name: str, epoch: int, mode: int, kind=tarfile.REGTYPE, size: int = 0) -> tarfile.TarInfo:
@@ -59,13 +60,23 @@ def _info(name: str, epoch: int, mode: int, kind=tarfile.REGTYPE, size: int = 0)
     return info
 
 
-def tar_bytes(files: tuple[FileEntry, ...], epoch: int) -> bytes:
-    """An uncompressed tar: parents first, sorted, fixed owner/mode/mtime, no PAX records."""
+def whiteout_name(path: str) -> str:
+    """The OCI whiteout entry that deletes `path` from lower layers."""
+    p = PurePosixPath(path)
+    return str(p.parent / f".wh.{p.name}")[1:]
+
+
+def tar_bytes(files: tuple[FileEntry, ...], epoch: int, deletions: tuple[str, ...] = ()) -> bytes:
+    """An uncompressed tar: parents first, sorted, fixed owner/mode/mtime, no PAX records.
+
+    `deletions` are absolute paths removed from lower layers (as OCI whiteouts)."""
     paths = sorted(f.path for f in files)
     if len(set(paths)) != len(paths):
         raise InputError(f"two files claim the same image path: {sorted({p for p in paths if paths.count(p) > 1})}")
-    dirs = sorted({str(parent)[1:] for f in files for parent in PurePosixPath(f.path).parents if str(parent) != "/"})
+    every = [f.path for f in files] + list(deletions)
+    dirs = sorted({str(parent)[1:] for path in every for parent in PurePosixPath(path).parents if str(parent) != "/"})
     by_path = {f.path[1:]: f for f in files}
+    by_path.update({whiteout_name(d): FileEntry("/" + whiteout_name(d), b"") for d in deletions})
     buf = io.BytesIO()
     # GNU format: long names without PAX headers (which would carry host timestamps).
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
@@ -86,14 +97,16 @@ def gzip_bytes(data: bytes) -> bytes:
     return out.getvalue()
 
 
-def write_layer(files: tuple[FileEntry, ...], epoch: int, blobs: Path, comment: str) -> Layer:
+def write_layer(files: tuple[FileEntry, ...], epoch: int, blobs: Path, comment: str,
+                deletions: tuple[str, ...] = ()) -> Layer:
     """Build a layer and store it as blobs/sha256/<hex>; a failed write leaves nothing behind."""
-    raw = tar_bytes(files, epoch)
+    raw = tar_bytes(files, epoch, deletions)
     blob = gzip_bytes(raw)
     desc = Descriptor.of(OCI_LAYER_GZIP, blob)
     path = blobs / "sha256" / desc.digest.hex
     write_blob(path, blob)
-    return Layer(desc, Digest.of(raw), path, comment, tuple(sorted(files, key=lambda f: f.path)))
+    return Layer(desc, Digest.of(raw), path, comment, tuple(sorted(files, key=lambda f: f.path)),
+                 tuple(sorted(deletions)))
 
 
 def write_blob(path: Path, data: bytes) -> None:

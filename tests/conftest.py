@@ -33,16 +33,28 @@ def fixture_base(registry):
     return fixture_mod.build(ROOT / "tests" / "fixture" / "fixture.yaml", registry, log=lambda m: None)
 
 
-def copy_project(dest: Path) -> Path:
-    """A copy of this checkout (with .git, without outputs) somewhere else."""
+@pytest.fixture(scope="session")
+def fixture_lock(fixture_base, tmp_path_factory) -> bytes:
+    """overlays.lock for this machine's fixture base (its digest differs per machine: Docker
+    builds are not reproducible), computed by `invoke lock` from the committed overlays."""
+    lock = tmp_path_factory.mktemp("lock") / "overlays.lock"
+    result = invoke(ROOT, "lock", "--base", str(fixture_base), "--lock", str(lock))
+    assert result.returncode == 0, result.stderr
+    return lock.read_bytes()
+
+
+def copy_project(dest: Path, lock: bytes | None = None) -> Path:
+    """A copy of this checkout (with .git, without outputs) somewhere else, locked to `lock`."""
     ignore = shutil.ignore_patterns("out", ".venv", "__pycache__", ".pytest_cache", "*.egg-info")
     shutil.copytree(ROOT, dest, ignore=ignore, symlinks=True)
+    if lock is not None:
+        (dest / "overlays" / "overlays.lock").write_bytes(lock)
     return dest
 
 
 @pytest.fixture
-def project(tmp_path) -> Path:
-    return copy_project(tmp_path / "project")
+def project(tmp_path, fixture_lock) -> Path:
+    return copy_project(tmp_path / "project", fixture_lock)
 
 
 def invoke(project: Path, *args: str, env: dict | None = None, cwd: Path | None = None,

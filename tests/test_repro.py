@@ -7,9 +7,9 @@ import time
 from conftest import copy_project, invoke, last_line
 
 
-def test_same_inputs_same_digest_different_everything_else(fixture_base, tmp_path):
-    a = copy_project(tmp_path / "one" / "checkout")
-    b = copy_project(tmp_path / "two" / "deeper" / "other-name")
+def test_same_inputs_same_digest_different_everything_else(fixture_base, fixture_lock, tmp_path):
+    a = copy_project(tmp_path / "one" / "checkout", fixture_lock)
+    b = copy_project(tmp_path / "two" / "deeper" / "other-name", fixture_lock)
     (tmp_path / "tmp-a").mkdir()
     (tmp_path / "tmp-b").mkdir()
     first = invoke(a, "build", "--base", str(fixture_base),
@@ -24,8 +24,8 @@ def test_same_inputs_same_digest_different_everything_else(fixture_base, tmp_pat
         == sorted(p.name for p in (b / "out" / "blobs" / "sha256").iterdir())
 
 
-def test_one_changed_input_byte_changes_the_digest(fixture_base, tmp_path):
-    a = copy_project(tmp_path / "a")
+def test_one_changed_input_byte_changes_the_digest(project, fixture_base):
+    a = project
     before = invoke(a, "build", "--base", str(fixture_base))
     script = a / "image" / "entrypoint.sh"
     script.write_bytes(script.read_bytes().replace(b"set -eu", b"set -eu "))
@@ -34,8 +34,8 @@ def test_one_changed_input_byte_changes_the_digest(fixture_base, tmp_path):
     assert last_line(before) != last_line(after)
 
 
-def test_source_date_epoch_is_the_only_clock(fixture_base, tmp_path):
-    a = copy_project(tmp_path / "a")
+def test_source_date_epoch_is_the_only_clock(project, fixture_base):
+    a = project
     one = invoke(a, "build", "--base", str(fixture_base), env={"SOURCE_DATE_EPOCH": "1700000000"})
     two = invoke(a, "build", "--base", str(fixture_base), env={"SOURCE_DATE_EPOCH": "1700000001"})
     assert last_line(one) != last_line(two)
