@@ -152,3 +152,65 @@ def rebase(c, base, lock=None, refresh=False):
         raise Exit("error: not every required overlay applies exactly; lock left unchanged. "
                    "Fix the patches (or --refresh moved ones) and run again", code=2)
     print(f"lock written for {base}: now set image: in image/base.yaml to it and commit both")
+
+
+@task(help={"out": "directory for bakery.key (encrypted) and bakery.pub (default: .)"})
+@reports_errors
+def keygen(c, out="."):
+    """Make an ECDSA P-256 signing key pair; the private key is encrypted with BAKERY_KEY_PASSWORD."""
+    from bakery import keys
+
+    key, pub = keys.generate(Path(out))
+    _log(f"private key (encrypted): {key}")
+    print(pub)
+
+
+@task(help={"image": "the image REGISTRY/REPO@sha256:DIGEST to sign",
+            "record": "its build record (default: out/build-record.json)",
+            "key": "encrypted private key file (default: BAKERY_SIGNING_KEY from the environment)",
+            "layout": "attest inside this OCI layout directory instead of a registry"})
+@reports_errors
+def attest(c, image, record=None, key=None, layout=None):
+    """Sign IMAGE@DIGEST and attach its SBOM (SPDX 2.3) and SLSA provenance; idempotent."""
+    from bakery import attest as attest_mod, keys, record as record_mod, sign, store
+    from bakery.refs import Reference
+
+    ref = Reference.parse_pinned(image, "image")
+    rec = record_mod.read(Path(record) if record else PROJECT / "out" / "build-record.json")
+    signer = sign.Signer(keys.load_private(Path(key) if key else None))
+    written = attest_mod.attest(store.open_store(ref, Path(layout) if layout else None), ref, rec, signer)
+    _log(f"signature   {store.signature_tag(ref.digest, 'sig')} -> {written['signature']}")
+    _log(f"attestations {store.signature_tag(ref.digest, 'att')} -> {written['attestations']}")
+    print(ref)
+
+
+@task(help={"image": "REGISTRY/REPO@sha256:DIGEST (or :TAG, resolved and reported)",
+            "key": "public key PEM (bakery.pub)",
+            "policy": "verification policy (default: provenance/policy.yaml)",
+            "layout": "verify an OCI layout directory (offline) instead of a registry",
+            "require_smoke": "also demand a passing MI300X smoke attestation",
+            "skip_blobs": "do not download and hash every layer (faster, weaker)"})
+@reports_errors
+def verify(c, image, key, policy=None, layout=None, require_smoke=False, skip_blobs=False):
+    """For ops: prove IMAGE is ours, what is in it and how it was made; exit 0 only if all checks hold."""
+    from bakery import keys, provenance, store, verify as verify_mod
+    from bakery.refs import Reference
+
+    ref = Reference.parse(image)
+    where = store.open_store(ref, Path(layout) if layout else None)
+    if ref.digest is None:
+        body = where.manifest(ref.tag or "latest")
+        if body is None:
+            raise Exit(f"error: {image} not found", code=3)
+        from bakery.refs import Digest
+
+        ref = ref.with_digest(Digest.of(body))
+        _log(f"{image} is {ref.digest}")
+    pol = provenance.load_policy(Path(policy) if policy else PROJECT / "provenance" / "policy.yaml", PROJECT)
+    report = verify_mod.verify(where, ref, keys.load_public(Path(key)), pol, require_smoke, not skip_blobs)
+    for ok, what in report.checks:
+        print(f"{'ok  ' if ok else 'FAIL'} {what}")
+    for k, v in report.summary.items():
+        print(f"{k}: {', '.join(v) if isinstance(v, list) else v}")
+    verify_mod.require(report)
+    print(f"verified {ref}")

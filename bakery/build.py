@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import email.parser
+import hashlib
 import os
 import subprocess
 from dataclasses import dataclass
@@ -233,6 +234,9 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
                   "cmd": list(spec.cmd)},
         "outputs": outputs,
         "push": vars(stats) if stats else None,
+        "overlays_lock": {"path": str(opts.lock_path), "base": str(base_spec.image),
+                          "sha256": hashlib.sha256(opts.lock_path.read_bytes()).hexdigest()},
+        "builder": record.builder(),
         "tools": record.tools(),
         "started": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "finished": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import zlib
@@ -21,6 +22,18 @@ def tools() -> dict:
 
     return {"bakery": __version__, "python": platform.python_version(), "zlib": zlib.ZLIB_RUNTIME_VERSION,
             "requests": requests.__version__, "pyyaml": yaml.__version__, "platform": sys.platform}
+
+
+def builder() -> dict:
+    """Who ran the build: the GitHub workflow run when in Actions, else `local`."""
+    env = os.environ
+    if env.get("GITHUB_ACTIONS") == "true":
+        server, repo = env.get("GITHUB_SERVER_URL", "https://github.com"), env.get("GITHUB_REPOSITORY", "")
+        workflow = env.get("GITHUB_WORKFLOW_REF", f"{repo}/.github/workflows/release.yml@{env.get('GITHUB_REF', '')}")
+        return {"id": f"{server}/{workflow}",
+                "invocation": f"{server}/{repo}/actions/runs/{env.get('GITHUB_RUN_ID')}/attempts/"
+                              f"{env.get('GITHUB_RUN_ATTEMPT', '1')}"}
+    return {"id": "local", "invocation": "local"}
 
 
 def write(path: Path, record: dict) -> None:

@@ -1,0 +1,113 @@
+"""Where an image and its signatures live: a registry repository or an OCI layout directory.
+
+Both read every blob and manifest through a digest check; attest and verify use only this.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+from .errors import InputError, IntegrityError, RegistryError
+from .layer import write_blob
+from .refs import Descriptor, Digest, Reference
+from .registry import OCI_INDEX, OCI_MANIFEST, Registry, check_digest
+
+REF_NAME = "org.opencontainers.image.ref.name"
+
+
+def signature_tag(digest: Digest, suffix: str) -> str:
+    """cosign's tag scheme: sha256-<hex>.sig / .att"""
+    return f"{digest.algorithm}-{digest.hex}.{suffix}"
+
+
+class RegistryStore:
+    def __init__(self, ref: Reference, registry: Registry | None = None):
+        self.ref, self.repo = ref, ref.repository
+        self.registry = registry or Registry(ref.registry)
+
+    def manifest(self, reference: str) -> bytes | None:
+        ref = Reference(self.ref.registry, self.repo, None, Digest.parse(reference)) if reference.startswith("sha256:") \
+            else Reference(self.ref.registry, self.repo, reference)
+        try:
+            return self.registry.get_manifest(ref)[0]
+        except RegistryError as e:
+            if "not found" in str(e):
+                return None
+            raise
+
+    def stream(self, desc: Descriptor) -> Iterator[bytes]:
+        return self.registry.stream_blob(self.repo, desc)
+
+    def blob(self, desc: Descriptor) -> bytes:
+        return self.registry.fetch_blob(self.repo, desc)
+
+    def put_blob(self, data: bytes, media_type: str) -> Descriptor:
+        desc = Descriptor.of(media_type, data)
+        self.registry.upload_blob(self.repo, desc, lambda: iter([data]))
+        return desc
+
+    def put_manifest(self, tag: str, body: bytes) -> Digest:
+        self.registry.put_manifest(self.repo, str(Digest.of(body)), body, OCI_MANIFEST)
+        return self.registry.put_manifest(self.repo, tag, body, OCI_MANIFEST)
+
+
+class LayoutStore:
+    """An OCI image layout; tags are index.json entries named by org.opencontainers.image.ref.name."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        if not (self.path / "oci-layout").exists():
+            raise InputError(f"{self.path} is not an OCI image layout (no oci-layout file)")
+
+    def _index(self) -> dict:
+        return json.loads((self.path / "index.json").read_text())
+
+    def _blob_path(self, digest: Digest) -> Path:
+        return self.path / "blobs" / digest.algorithm / digest.hex
+
+    def manifest(self, reference: str) -> bytes | None:
+        if reference.startswith("sha256:"):
+            digest = Digest.parse(reference)
+        else:
+            named = [m for m in self._index()["manifests"] if (m.get("annotations") or {}).get(REF_NAME) == reference]
+            if not named:
+                return None
+            digest = Digest.parse(named[0]["digest"])
+        path = self._blob_path(digest)
+        if not path.exists():
+            return None
+        data = path.read_bytes()
+        if Digest.of(data) != digest:
+            raise IntegrityError(f"{path}: content does not match its digest {digest}")
+        return data
+
+    def stream(self, desc: Descriptor) -> Iterator[bytes]:
+        yield self.blob(desc)
+
+    def blob(self, desc: Descriptor) -> bytes:
+        try:
+            data = self._blob_path(desc.digest).read_bytes()
+        except FileNotFoundError:
+            raise IntegrityError(f"blob {desc.digest} missing from layout {self.path}") from None
+        check_digest(desc, Digest.of(data).hex, len(data), str(self.path))
+        return data
+
+    def put_blob(self, data: bytes, media_type: str) -> Descriptor:
+        desc = Descriptor.of(media_type, data)
+        write_blob(self._blob_path(desc.digest), data)
+        return desc
+
+    def put_manifest(self, tag: str, body: bytes) -> Digest:
+        desc = self.put_blob(body, OCI_MANIFEST)
+        index = self._index()
+        index["manifests"] = [m for m in index["manifests"] if (m.get("annotations") or {}).get(REF_NAME) != tag]
+        index["manifests"].append(Descriptor(OCI_MANIFEST, desc.digest, desc.size, {REF_NAME: tag}).to_json())
+        index.setdefault("mediaType", OCI_INDEX)
+        write_blob(self.path / "index.json", json.dumps(index, sort_keys=True, indent=1).encode())
+        return desc.digest
+
+
+def open_store(ref: Reference, layout: Path | None):
+    return LayoutStore(layout) if layout else RegistryStore(ref)
