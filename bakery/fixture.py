@@ -7,12 +7,10 @@ independent, real image for the build to consume.
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import zipfile
 from pathlib import Path
 

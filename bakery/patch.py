@@ -108,7 +108,7 @@ def _fits_elsewhere(lines: list[bytes], at: int, old: tuple[bytes, ...]) -> int 
 def apply(patch: Patch, original: bytes, allow_offset: bool = False) -> tuple[bytes, int]:
     """Apply hunks in order; return (result, largest |offset| used). Raises PatchConflict."""
     lines = original.splitlines(keepends=True)
-    out, cursor, shift, worst = [], 0, 0, 0
+    out, cursor, worst = [], 0, 0
     for n, hunk in enumerate(patch.hunks, 1):
         at = (hunk.old_start - 1 if hunk.old_start > 0 else 0) if hunk.old else hunk.old_start
         if not _matches(lines, at, hunk.old):

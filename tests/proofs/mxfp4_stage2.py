@@ -13,8 +13,6 @@ import textwrap
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: jit then builds interpreted kernels
 
 import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 
 def function_source(path: str, name: str) -> str:

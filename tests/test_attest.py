@@ -1,0 +1,371 @@
+"""Signatures, SBOM and provenance, checked by someone else's verifiers: Debian 13's cosign,
+securesystemslib's DSSE, spdx-tools. Each must accept ours and reject what it should."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import gzip
+import json
+import os
+import subprocess
+
+import pytest
+
+from bakery import attest as attest_mod, keys, sign
+from bakery.refs import Descriptor, Digest, Reference
+from bakery.registry import OCI_MANIFEST, Registry
+from bakery.store import RegistryStore, signature_tag
+
+from conftest import ROOT, invoke, last_line
+
+COSIGN = ROOT / ".tools" / "bin" / "cosign"
+PASSWORD = {"BAKERY_KEY_PASSWORD": "correct horse battery staple"}
+
+
+@pytest.fixture(scope="module")
+def keypair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("keys")
+    result = invoke(ROOT, "keygen", "--out", str(d), env=PASSWORD)
+    assert result.returncode == 0, result.stderr
+    return d / "bakery.key", d / "bakery.pub"
+
+
+@pytest.fixture(scope="module")
+def other_keypair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("other-keys")
+    assert invoke(ROOT, "keygen", "--out", str(d), env=PASSWORD).returncode == 0
+    return d / "bakery.key", d / "bakery.pub"
+
+
+@pytest.fixture(scope="module")
+def policy(fixture_base, tmp_path_factory):
+    path = tmp_path_factory.mktemp("policy") / "policy.yaml"
+    path.write_text(f"allowed_sources: [https://github.com/dsv4-mi300x/bakery]\nbase: {fixture_base}\n")
+    return path
+
+
+def build_and_attest(project, registry, fixture_base, keypair, repo, epoch, logs):
+    out = project / f"out-{repo.replace('/', '-')}"
+    built = invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/{repo}:1", "--out", str(out),
+                   env={"SOURCE_DATE_EPOCH": str(epoch)})
+    assert built.returncode == 0, built.stderr
+    ref = last_line(built)
+    attested = invoke(project, "attest", ref, "--record", str(out / "build-record.json"), "--key", str(keypair[0]),
+                      env=PASSWORD)
+    assert attested.returncode == 0, attested.stderr
+    logs += [built.stdout, built.stderr, attested.stdout, attested.stderr]
+    return Reference.parse(ref), out / "build-record.json"
+
+
+@pytest.fixture(scope="module")
+def signed(registry, fixture_base, fixture_lock, keypair, tmp_path_factory):
+    """Two signed images (A and B differ only in SOURCE_DATE_EPOCH), their records and the logs."""
+    from conftest import copy_project
+
+    project = copy_project(tmp_path_factory.mktemp("attest") / "project", fixture_lock)
+    logs: list[str] = []
+    a = build_and_attest(project, registry, fixture_base, keypair, "signed/a", 1700000000, logs)
+    b = build_and_attest(project, registry, fixture_base, keypair, "signed/b", 1700000001, logs)
+    return {"project": project, "a": a, "b": b, "logs": logs}
+
+
+def cosign(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(COSIGN), *args, "--insecure-ignore-tlog=true", "--allow-http-registry"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": "/tmp"})
+
+
+def verify(project, ref, pub, policy, *extra) -> subprocess.CompletedProcess:
+    return invoke(project, "verify", str(ref), "--key", str(pub), "--policy", str(policy), *extra)
+
+
+# -- keys -----------------------------------------------------------------------------------------
+
+def test_private_key_is_encrypted_and_private(keypair):
+    key, pub = keypair
+    assert b"ENCRYPTED PRIVATE KEY" in key.read_bytes()
+    assert oct(key.stat().st_mode & 0o777) == "0o600"
+    assert b"BEGIN PUBLIC KEY" in pub.read_bytes()
+    with pytest.raises(Exception, match="wrong password"):
+        os.environ["BAKERY_KEY_PASSWORD"] = "wrong"
+        try:
+            keys.load_private(key)
+        finally:
+            del os.environ["BAKERY_KEY_PASSWORD"]
+
+
+def test_keygen_refuses_to_overwrite(keypair):
+    result = invoke(ROOT, "keygen", "--out", str(keypair[0].parent), env=PASSWORD)
+    assert result.returncode == 2 and "refusing to overwrite" in result.stderr
+
+
+def test_private_key_never_leaks(signed, keypair, registry):
+    """Scan the image's layers, the logs, the build record and the attestations for the key."""
+    os.environ.update(PASSWORD)
+    try:
+        private = keys.load_private(keypair[0])
+    finally:
+        del os.environ["BAKERY_KEY_PASSWORD"]
+    from cryptography.hazmat.primitives import serialization
+
+    secrets = [private.private_numbers().private_value.to_bytes(32, "big"),
+               private.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
+                                     serialization.NoEncryption()),
+               keypair[0].read_bytes().splitlines()[1]]  # a line of the encrypted PEM
+    secrets += [base64.b64encode(s) for s in secrets[:2]] + [secrets[0].hex().encode()]
+    ref, record = signed["a"]
+    haystacks = [record.read_bytes()] + [s.encode() for s in signed["logs"]]
+    reg = Registry(registry)
+    for tag in (str(ref.digest), signature_tag(ref.digest, "sig"), signature_tag(ref.digest, "att")):
+        body, _, _ = reg.get_manifest(Reference(registry, ref.repository, None if tag.startswith("sha256:") else tag,
+                                                Digest.parse(tag) if tag.startswith("sha256:") else None))
+        manifest = json.loads(body)
+        for d in [manifest["config"]] + manifest["layers"]:
+            blob = reg.fetch_blob(ref.repository, Descriptor.from_json(d))
+            haystacks.append(gzip.decompress(blob) if blob[:2] == b"\x1f\x8b" else blob)
+    for secret in secrets:
+        assert not any(secret in h for h in haystacks)
+
+
+# -- our own verify, and idempotence -------------------------------------------------------------------
+
+def test_verify_accepts_and_summarizes(signed, keypair, policy):
+    ref, _ = signed["a"]
+    result = verify(signed["project"], ref, keypair[1], policy)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "FAIL" not in result.stdout and last_line(result) == f"verified {ref}"
+    assert "overlays: /usr/local/lib/python3.12/dist-packages/vllm/" in result.stdout
+    assert "python: amd-aiter 0.1.7.post2.dev18, vllm 0.26.0" in result.stdout
+
+
+def test_attest_is_idempotent(signed, keypair, registry):
+    ref, record = signed["a"]
+    reg = Registry(registry)
+    before = [reg.get_manifest(Reference(registry, ref.repository, signature_tag(ref.digest, s)))[2] for s in ("sig", "att")]
+    again = invoke(signed["project"], "attest", str(ref), "--record", str(record), "--key", str(keypair[0]), env=PASSWORD)
+    assert again.returncode == 0, again.stderr
+    after = [reg.get_manifest(Reference(registry, ref.repository, signature_tag(ref.digest, s)))[2] for s in ("sig", "att")]
+    assert before == after
+
+
+def test_attest_refuses_a_record_of_another_image(signed, keypair):
+    ref_a, _ = signed["a"]
+    _, record_b = signed["b"]
+    result = invoke(signed["project"], "attest", str(ref_a), "--record", str(record_b), "--key", str(keypair[0]),
+                    env=PASSWORD)
+    assert result.returncode == 2 and "build record describes" in result.stderr
+
+
+def test_offline_verify_of_an_oci_layout(signed, keypair, policy, fixture_base, tmp_path):
+    """Air-gapped: build into a layout, attest inside it, verify it with no registry involved."""
+    project = signed["project"]
+    layout = tmp_path / "layout"
+    built = invoke(project, "build", "--base", str(fixture_base), "--layout", str(layout), "--out", str(tmp_path / "o"))
+    ref = last_line(built)
+    assert invoke(project, "attest", ref, "--record", str(tmp_path / "o" / "build-record.json"), "--layout", str(layout),
+                  "--key", str(keypair[0]), env=PASSWORD).returncode == 0
+    ok = verify(project, ref, keypair[1], policy, "--layout", str(layout))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    sig = layout / "blobs" / "sha256"
+    payload = next(p for p in sig.iterdir() if b"cosign container image signature" in p.read_bytes())
+    payload.write_bytes(payload.read_bytes().replace(b"image signature", b"image signaturf"))
+    bad = verify(project, ref, keypair[1], policy, "--layout", str(layout))
+    assert bad.returncode == 5 and "FAIL signature valid" in bad.stdout
+
+
+# -- independent verifiers --------------------------------------------------------------------------
+
+def test_cosign_accepts_signature_and_both_attestations(signed, keypair):
+    ref, _ = signed["a"]
+    assert cosign("verify", "--key", str(keypair[1]), str(ref)).returncode == 0
+    for kind in ("slsaprovenance1", "spdxjson"):
+        result = cosign("verify-attestation", "--key", str(keypair[1]), "--type", kind, str(ref))
+        assert result.returncode == 0, result.stderr
+
+
+def envelopes(registry, ref) -> dict:
+    reg = Registry(registry)
+    body, _, _ = reg.get_manifest(Reference(registry, ref.repository, signature_tag(ref.digest, "att")))
+    return {l["annotations"]["predicateType"]: reg.fetch_blob(ref.repository, Descriptor.from_json(l))
+            for l in json.loads(body)["layers"]}
+
+
+def test_securesystemslib_verifies_our_dsse(signed, keypair, other_keypair, registry):
+    from securesystemslib.dsse import Envelope
+    from securesystemslib.exceptions import VerificationError
+    from securesystemslib.signer import SSlibKey
+
+    def sslib_key(pub):
+        public = keys.load_public(pub)
+        return SSlibKey(keys.keyid(public), "ecdsa", "ecdsa-sha2-nistp256", {"public": keys.public_pem(public).decode()})
+
+    ref, _ = signed["a"]
+    for blob in envelopes(registry, ref).values():
+        env = Envelope.from_dict(json.loads(blob))
+        accepted = env.verify([sslib_key(keypair[1])], 1)
+        assert list(accepted) == [keys.keyid(keys.load_public(keypair[1]))]
+        with pytest.raises(VerificationError):
+            env.verify([sslib_key(other_keypair[1])], 1)
+        tampered = json.loads(blob)
+        tampered["payload"] = base64.b64encode(base64.b64decode(tampered["payload"]) + b" ").decode()
+        with pytest.raises(VerificationError):
+            Envelope.from_dict(tampered).verify([sslib_key(keypair[1])], 1)
+
+
+def test_spdx_tools_validate_our_sbom(signed, registry, tmp_path):
+    ref, _ = signed["a"]
+    statement = json.loads(base64.b64decode(json.loads(envelopes(registry, ref)["https://spdx.dev/Document"])["payload"]))
+    sbom = statement["predicate"]
+    rels = {(r["spdxElementId"].split("-")[1], r["relationshipType"]) for r in sbom["relationships"]}
+    assert {("Patch", "PATCH_FOR"), ("Overlay", "GENERATED_FROM"), ("Image", "CONTAINS")} <= rels
+    path = tmp_path / "sbom.spdx.json"
+    path.write_text(json.dumps(sbom))
+    ok = subprocess.run([str(ROOT / ".venv" / "bin" / "pyspdxtools"), "-i", str(path)], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    broken = copy.deepcopy(sbom)
+    broken["relationships"].append({"spdxElementId": "SPDXRef-Image", "relationshipType": "CONTAINS",
+                                    "relatedSpdxElement": "SPDXRef-Nowhere"})
+    path.write_text(json.dumps(broken))
+    bad = subprocess.run([str(ROOT / ".venv" / "bin" / "pyspdxtools"), "-i", str(path)], capture_output=True, text=True)
+    assert bad.returncode != 0
+
+
+def test_sbom_and_provenance_are_deterministic(signed, registry, keypair):
+    """Attesting the same record twice gives byte-identical envelopes (RFC 6979 signatures)."""
+    ref, record = signed["a"]
+    os.environ.update(PASSWORD)
+    try:
+        signer = sign.Signer(keys.load_private(keypair[0]))
+    finally:
+        del os.environ["BAKERY_KEY_PASSWORD"]
+    first = envelopes(registry, ref)
+    attest_mod.attest(RegistryStore(ref), ref, json.loads(record.read_text()), signer)
+    assert envelopes(registry, ref) == first
+
+
+# -- tampering: each must fail our verify and cosign, with a reason ------------------------------------
+
+def expect_failure(project, ref, pub, policy, reason):
+    result = verify(project, ref, pub, policy)
+    assert result.returncode == 5, result.stdout + result.stderr
+    assert reason in result.stdout + result.stderr, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_tamper_retagged_image(signed, keypair, policy, registry, fixture_base):
+    ref, _ = signed["a"]
+    reg = Registry(registry)
+    body, media_type, _ = reg.get_manifest(fixture_base)
+    for d in [json.loads(body)["config"]] + json.loads(body)["layers"]:
+        reg.mount_blob("signed/retag", Digest.parse(d["digest"]), fixture_base.repository)
+    reg.put_manifest("signed/retag", "1", body, media_type)  # someone else's image under our name
+    tagged = f"{registry}/signed/retag:1"
+    expect_failure(signed["project"], tagged, keypair[1], policy, "FAIL signature manifest")
+    assert cosign("verify", "--key", str(keypair[1]), tagged).returncode != 0
+
+
+def test_tamper_one_byte_in_one_layer(signed, keypair, policy, registry):
+    ref, _ = signed["a"]
+    reg = Registry(registry)
+    manifest = json.loads(reg.get_manifest(ref)[0])
+    config = json.loads(reg.fetch_blob(ref.repository, Descriptor.from_json(manifest["config"])))
+    last = Descriptor.from_json(manifest["layers"][-1])
+    raw = bytearray(gzip.decompress(reg.fetch_blob(ref.repository, last)))
+    at = raw.index(b"set -eu")  # inside the entrypoint script
+    raw[at] ^= 0x01
+    blob = gzip.compress(bytes(raw), mtime=0)
+    layer = Descriptor.of(last.media_type, blob)
+    reg.upload_blob(ref.repository, layer, lambda: iter([blob]))
+    config["rootfs"]["diff_ids"][-1] = str(Digest.of(bytes(raw)))
+    cfg = json.dumps(config).encode()
+    cfg_desc = Descriptor.of(manifest["config"]["mediaType"], cfg)
+    reg.upload_blob(ref.repository, cfg_desc, lambda: iter([cfg]))
+    manifest["layers"][-1], manifest["config"] = layer.to_json(), cfg_desc.to_json()
+    reg.put_manifest(ref.repository, "tampered", json.dumps(manifest).encode(), OCI_MANIFEST)
+    tampered = f"{ref.name}:tampered"
+    expect_failure(signed["project"], tampered, keypair[1], policy, "FAIL signature manifest")
+    assert cosign("verify", "--key", str(keypair[1]), tampered).returncode != 0
+
+
+def test_tamper_signed_with_another_key(signed, keypair, other_keypair, policy):
+    ref, record = signed["b"]
+    assert invoke(signed["project"], "attest", str(ref), "--record", str(record), "--key", str(other_keypair[0]),
+                  env=PASSWORD).returncode == 0
+    try:
+        expect_failure(signed["project"], ref, keypair[1], policy, "does not verify with the given public key")
+        assert cosign("verify", "--key", str(keypair[1]), str(ref)).returncode != 0
+    finally:  # restore B's good signature for the tests after this one
+        assert invoke(signed["project"], "attest", str(ref), "--record", str(record), "--key", str(keypair[0]),
+                      env=PASSWORD).returncode == 0
+
+
+def copy_tag(registry, ref_from, ref_to, suffix):
+    reg = Registry(registry)
+    body, media_type, _ = reg.get_manifest(Reference(registry, ref_from.repository, signature_tag(ref_from.digest, suffix)))
+    for d in [json.loads(body)["config"]] + json.loads(body)["layers"]:
+        reg.mount_blob(ref_to.repository, Digest.parse(d["digest"]), ref_from.repository)
+    reg.put_manifest(ref_to.repository, signature_tag(ref_to.digest, suffix), body, media_type)
+
+
+def test_tamper_signature_copied_from_another_digest(signed, keypair, policy, registry, fixture_base, tmp_path):
+    ref_a, _ = signed["a"]
+    project = signed["project"]
+    # C: an unsigned build; A's signature copied onto it
+    built = invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/signed/a:c",
+                   "--out", str(tmp_path / "c"), env={"SOURCE_DATE_EPOCH": "1700000002"})
+    ref_c = Reference.parse(last_line(built))
+    copy_tag(registry, ref_a, ref_c, "sig")
+    expect_failure(project, ref_c, keypair[1], policy, f"signature is for {ref_a.digest}")
+    assert cosign("verify", "--key", str(keypair[1]), str(ref_c)).returncode != 0
+
+
+def test_tamper_attestation_about_another_subject(signed, keypair, policy, registry):
+    ref_a, _ = signed["a"]
+    ref_b, record_b = signed["b"]
+    good = Registry(registry).get_manifest(Reference(registry, ref_b.repository, signature_tag(ref_b.digest, "att")))[0]
+    copy_tag(registry, ref_a, ref_b, "att")
+    try:
+        expect_failure(signed["project"], ref_b, keypair[1], policy, f"(it names sha256:{ref_a.digest.hex})")
+        assert cosign("verify-attestation", "--key", str(keypair[1]), "--type", "slsaprovenance1",
+                      str(ref_b)).returncode != 0
+    finally:
+        Registry(registry).put_manifest(ref_b.repository, signature_tag(ref_b.digest, "att"), good, OCI_MANIFEST)
+
+
+def test_tamper_sbom_missing(signed, keypair, policy, registry):
+    ref_b, _ = signed["b"]
+    reg = Registry(registry)
+    tag = signature_tag(ref_b.digest, "att")
+    good = reg.get_manifest(Reference(registry, ref_b.repository, tag))[0]
+    manifest = json.loads(good)
+    manifest["layers"] = [l for l in manifest["layers"] if l["annotations"]["predicateType"] != "https://spdx.dev/Document"]
+    reg.put_manifest(ref_b.repository, tag, json.dumps(manifest).encode(), OCI_MANIFEST)
+    try:
+        expect_failure(signed["project"], ref_b, keypair[1], policy, "FAIL SBOM (SPDX 2.3) attestation present")
+        assert cosign("verify-attestation", "--key", str(keypair[1]), "--type", "spdxjson", str(ref_b)).returncode != 0
+    finally:
+        reg.put_manifest(ref_b.repository, tag, good, OCI_MANIFEST)
+
+
+def test_tamper_provenance_naming_another_base(signed, keypair, policy, registry, tmp_path):
+    ref_b, record_b = signed["b"]
+    record = json.loads(record_b.read_text())
+    other = "docker.io/vllm/vllm-openai-rocm@sha256:" + "0" * 64
+    record["base"]["pinned"] = other
+    forged = tmp_path / "record.json"
+    forged.write_text(json.dumps(record))
+    assert invoke(signed["project"], "attest", str(ref_b), "--record", str(forged), "--key", str(keypair[0]),
+                  env=PASSWORD).returncode == 0
+    try:
+        expect_failure(signed["project"], ref_b, keypair[1], policy, f"(it names {other})")
+        cue = tmp_path / "policy.cue"
+        cue.write_text(f'predicate: buildDefinition: externalParameters: base: "{json.loads(record_b.read_text())["base"]["pinned"]}"\n')
+        result = cosign("verify-attestation", "--key", str(keypair[1]), "--type", "slsaprovenance1", "--policy", str(cue),
+                        str(ref_b))
+        assert result.returncode != 0
+    finally:
+        assert invoke(signed["project"], "attest", str(ref_b), "--record", str(record_b), "--key", str(keypair[0]),
+                      env=PASSWORD).returncode == 0
+    # and with the honest provenance the same cosign policy passes
+    assert cosign("verify-attestation", "--key", str(keypair[1]), "--type", "slsaprovenance1", "--policy", str(cue),
+                  str(ref_b)).returncode == 0
