@@ -16,6 +16,7 @@ from . import image as image_mod
 from . import overlays as overlays_mod
 from . import patch as patch_mod
 from . import record
+from . import tuning as tuning_mod
 from .errors import InputError
 from .extract import BaseFilesystem, LayerCache
 from .layer import FileEntry, write_blob, write_layer
@@ -64,8 +65,8 @@ def source_date_epoch(project: Path) -> int:
 
 def input_files(project: Path) -> list[Path]:
     """Every checked-in file that can change the image."""
-    return sorted(p for folder in ("image", "overlays") for p in (project / folder).rglob("*")
-                  if p.is_file() and "__pycache__" not in p.parts)
+    return sorted(p for folder in ("image", "overlays", "tuning", "hip") if (project / folder).is_dir()
+                  for p in (project / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
 
 
 @dataclass(frozen=True)
@@ -173,10 +174,16 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
                                      opts.lock_path)
     overlay_files = tuple(FileEntry(a.overlay.target, a.result) for a in applied)
 
+    tables = tuning_mod.load(project / "tuning")
+    table_files = tuning_mod.files(tables)
+    spec = dataclasses.replace(spec, env=spec.env + tuple(tuning_mod.env(tables).items()))
+
     files = spec.files
-    manifest_entry = image_mod.in_image_manifest(overlay_files + files)
+    manifest_entry = image_mod.in_image_manifest(table_files + overlay_files + files)
     blobs = opts.out_dir / "blobs"
     layers = []
+    if table_files:
+        layers.append(write_layer(table_files, epoch, blobs, "AITER tuning tables: " + ", ".join(t.name for t in tables)))
     if overlay_files:
         layers.append(write_layer(overlay_files, epoch, blobs, "overlays: " + ", ".join(a.overlay.id for a in applied),
                                   deletions=tuple(stale)))
@@ -226,6 +233,8 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
         "deleted": [{"path": d, "layer": i, "why": "stale bytecode of an overlaid module"}
                     for i, l in enumerate(layers) for d in l.deletions],
         "overlays": overlay_records(project, applied, opts.lock_path),
+        "tuning": [{"name": t.name, "path": t.path, "sha256": t.sha256, "rows": t.rows, "env": t.env,
+                    "source": t.source.name} for t in tables],
         "layers": [{**l.descriptor.to_json(), "diff_id": str(l.diff_id), "comment": l.comment} for l in layers],
         "config": config_desc.to_json(),
         "manifest": {"digest": str(derived.digest), "mediaType": image_mod.OCI_MANIFEST, "size": len(manifest),
