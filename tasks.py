@@ -214,3 +214,36 @@ def verify(c, image, key, policy=None, layout=None, require_smoke=False, skip_bl
         print(f"{k}: {', '.join(v) if isinstance(v, list) else v}")
     verify_mod.require(report)
     print(f"verified {ref}")
+
+
+@task(help={"image": "REGISTRY/REPO@sha256:DIGEST to smoke-test",
+            "model_dir": "the model snapshot directory (.../snapshots/<revision>), mounted read-only",
+            "port": "host port for the API on 127.0.0.1 (default 8000)",
+            "report": "where to write the JSON report (default: out/smoke-report.json)",
+            "record": "record the regression outputs (first run on MI300X) instead of comparing",
+            "attest": "sign the report onto the digest (needs the key: --key or BAKERY_SIGNING_KEY)",
+            "key": "encrypted private key file for --attest"})
+@reports_errors
+def smoke(c, image, model_dir, port=8000, report=None, record=False, attest=False, key=None):
+    """MI300X smoke gate: production launch, ordered health lines, API checks, VRAM; JSON report."""
+    import json as json_mod
+
+    from bakery import keys, sign, smoke as smoke_mod, store
+    from bakery.refs import Reference
+
+    ref = Reference.parse_pinned(image, "image")
+    spec_path = PROJECT / "provenance" / "smoke.yaml"
+    spec = smoke_mod.load_spec(spec_path)
+    result = smoke_mod.run(str(ref), spec, Path(model_dir), int(port), record, log=_log)
+    out = Path(report) if report else PROJECT / "out" / "smoke-report.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json_mod.dumps(result, indent=2, sort_keys=True))
+    _log(f"report: {out}")
+    if attest:
+        signer = sign.Signer(keys.load_private(Path(key) if key else None))
+        smoke_mod.attach_report(store.RegistryStore(ref), ref, result, spec_path.read_bytes(), signer)
+        _log(f"smoke attestation ({result['result']}) attached to {ref}")
+    print(f"{result['result']} {ref}")
+    if result["result"] != "PASSED":
+        raise Exit(f"error: smoke failed: {', '.join(result['failed'])}"
+                   + (f" ({result['failure']})" if result.get("failure") else ""), code=7)

@@ -11,7 +11,7 @@ from .errors import IntegrityError
 from .refs import Descriptor, Reference
 from .store import signature_tag
 
-SMOKE_PREDICATE = "https://in-toto.io/attestation/test-result/v0.1"
+SMOKE_PREDICATE = "https://in-toto.io/attestation/test-result/v0.1"  # bakery.smoke.TEST_RESULT
 
 
 @dataclass
