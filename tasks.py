@@ -247,3 +247,22 @@ def smoke(c, image, model_dir, port=8000, report=None, record=False, attest=Fals
     if result["result"] != "PASSED":
         raise Exit(f"error: smoke failed: {', '.join(result['failed'])}"
                    + (f" ({result['failure']})" if result.get("failure") else ""), code=7)
+
+
+@task(help={"image": "the smoke-tested REGISTRY/REPO@sha256:DIGEST",
+            "tag": "the release tag to point at it (e.g. v1.2.0)",
+            "key": "public key PEM the signatures must verify with",
+            "policy": "verification policy (default: provenance/policy.yaml)"})
+@reports_errors
+def promote(c, image, tag, key, policy=None):
+    """Tag a digest for release, only if it verifies with a passing MI300X smoke attestation."""
+    from bakery import keys, provenance, store, verify as verify_mod
+    from bakery.refs import Reference
+
+    ref = Reference.parse_pinned(image, "image")
+    where = store.RegistryStore(ref)
+    pol = provenance.load_policy(Path(policy) if policy else PROJECT / "provenance" / "policy.yaml", PROJECT)
+    report = verify_mod.verify(where, ref, keys.load_public(Path(key)), pol, require_smoke=True, blobs=False)
+    verify_mod.require(report)
+    where.put_manifest(tag, where.manifest(str(ref.digest)))
+    print(f"{ref.name}:{tag} -> {ref.digest}")

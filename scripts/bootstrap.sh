@@ -24,6 +24,6 @@ if [ ! -x .venv/bin/invoke ] || [ pyproject.toml -nt .venv/.installed ]; then
   touch .venv/.installed
 fi
 
-scripts/fetch-cosign.sh
+scripts/fetch-tools.sh
 .venv/bin/invoke stack >/dev/null
 echo "bootstrap: ready (engine up, registry on 127.0.0.1:5000)" >&2

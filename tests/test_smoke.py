@@ -236,10 +236,18 @@ def test_smoke_attestation_gates_verify(tmp_path, registry, fixture_base, fixtur
     failing = {"image": ref, "result": "FAILED", "passed": ["health"], "failed": ["vram"]}
     smoke.attach_report(RegistryStore(r), r, failing, spec_bytes, signer)
     assert invoke(project, *args).returncode == 5
+    promote = ["promote", ref, "--tag", "v0.0.1", "--key", str(tmp_path / "k" / "bakery.pub"), "--policy", str(policy)]
+    refused = invoke(project, *promote)
+    assert refused.returncode == 5 and "a passing MI300X smoke attestation" in refused.stderr
     passing = {"image": ref, "result": "PASSED", "passed": ["health", "http", "regression", "vram"], "failed": []}
     smoke.attach_report(RegistryStore(r), r, passing, spec_bytes, signer)
     ok = invoke(project, *args)
     assert ok.returncode == 0, ok.stdout
+    promoted = invoke(project, *promote)
+    assert promoted.returncode == 0, promoted.stderr
+    from bakery.registry import Registry
+
+    assert Registry(registry).get_manifest(Reference(registry, r.repository, "v0.0.1"))[2] == r.digest
     # the SBOM and provenance attestations survived the smoke attestation being added
     assert "ok   SBOM (SPDX 2.3) attestation present and signed" in ok.stdout
     with pytest.raises(Exception, match="is about"):
