@@ -38,14 +38,15 @@ def reports_errors(fn):
             "push": "push to REGISTRY/REPO[:TAG]",
             "layout": "also write an OCI image layout directory (air-gapped hand-off)",
             "out": "directory for blobs and build-record.json (default: out/)",
-            "lock": "overlays lock to verify against (default: overlays/overlays.lock)"})
+            "lock": "overlays lock to verify against (default: overlays/overlays.lock)",
+            "toolchain": "image to compile hip/ in (default: BAKERY_TOOLCHAIN, else the base itself)"})
 @reports_errors
-def build(c, base=None, push=None, layout=None, out=None, lock=None):
+def build(c, base=None, push=None, layout=None, out=None, lock=None, toolchain=None):
     """Build the derived image; print its REPO@sha256:DIGEST as the last line."""
     from bakery.build import Options, build as run
 
     ref, rec = run(Options(PROJECT, base, push, Path(layout) if layout else None,
-                           Path(out) if out else None, Path(lock) if lock else None), log=_log)
+                           Path(out) if out else None, Path(lock) if lock else None, toolchain), log=_log)
     _log(f"build record: {(Path(out) if out else PROJECT / 'out') / 'build-record.json'}")
     print(ref)
 
@@ -97,8 +98,10 @@ def demo(c):
     # the fixture's digest is this machine's own: lock the overlays against it, beside the build
     demo_lock = PROJECT / "out" / "demo-overlays.lock"
     lock_overlays(Options(PROJECT, str(base), lock=demo_lock), log=_log)
-    ref, _ = run(Options(PROJECT, str(base), f"{registry}/demo/dsv4-flash-mi300x:latest", lock=demo_lock),
-                 log=_log)
+    # the fixture has no ROCm: compile hip/ in the stand-in toolchain
+    tools = fixture_mod.toolchain(PROJECT / "hip" / "toolchain", FIXTURE_SPEC, log=_log)
+    ref, _ = run(Options(PROJECT, str(base), f"{registry}/demo/dsv4-flash-mi300x:latest", lock=demo_lock,
+                         toolchain=tools), log=_log)
     _log(f"docker pull {ref}")
     client = docker.from_env()
     client.images.pull(str(ref))
@@ -266,3 +269,29 @@ def promote(c, image, tag, key, policy=None):
     verify_mod.require(report)
     where.put_manifest(tag, where.manifest(str(ref.digest)))
     print(f"{ref.name}:{tag} -> {ref.digest}")
+
+
+@task
+@reports_errors
+def toolchain(c):
+    """Build the stand-in HIP toolchain image (Debian clang-19, ROCm device libs, CPU torch); print its tag."""
+    from bakery import fixture as fixture_mod
+
+    print(fixture_mod.toolchain(PROJECT / "hip" / "toolchain", FIXTURE_SPEC, log=_log))
+
+
+@task(help={"toolchain": "image to compile in (default: BAKERY_TOOLCHAIN, else the pinned base)"})
+@reports_errors
+def compile(c, toolchain=None):
+    """Compile hip/ for gfx942 in the toolchain image, check the device code, print each output's sha256."""
+    import hashlib
+
+    from bakery import base as base_mod, hip
+    from bakery.build import _cache_dir
+
+    tools = toolchain or os.environ.get("BAKERY_TOOLCHAIN") or \
+        str(base_mod.load_spec(PROJECT / "image" / "base.yaml").source)
+    recipe = hip.load(PROJECT / "hip")
+    for a in hip.compile_recipe(recipe, tools, _cache_dir() / "hip", log=_log):
+        _log(f"  {a.name}: {a.arch}, kernels {', '.join(a.code_objects[0]['kernels'])}; {a.toolchain}")
+        print(f"{hashlib.sha256(a.data).hexdigest()}  {a.dest}")

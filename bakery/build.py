@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 
 from . import base as base_mod
+from . import hip as hip_mod
 from . import image as image_mod
 from . import overlays as overlays_mod
 from . import patch as patch_mod
@@ -35,6 +36,10 @@ class Options:
     layout: Path | None = None
     out: Path | None = None  # where blobs and the record go; default PROJECT/out
     lock: Path | None = None  # overlays lock; default PROJECT/overlays/overlays.lock
+    toolchain: str | None = None  # image to compile hip/ in; default BAKERY_TOOLCHAIN, else the base
+
+    def toolchain_for(self, base: base_mod.BaseSpec) -> str:
+        return self.toolchain or os.environ.get("BAKERY_TOOLCHAIN") or str(base.source)
 
     @property
     def out_dir(self) -> Path:
@@ -51,6 +56,12 @@ def _git(project: Path, *args: str) -> str:
         raise InputError(f"{project} is not a git checkout with a commit ({result.stderr.strip()}): "
                          f"bakery records the source revision; commit first")
     return result.stdout.strip()
+
+
+def _cache_dir() -> Path:
+    path = Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def source_date_epoch(project: Path) -> int:
@@ -174,14 +185,19 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
                                      opts.lock_path)
     overlay_files = tuple(FileEntry(a.overlay.target, a.result) for a in applied)
 
+    recipe = hip_mod.load(project / "hip")
+    artifacts = hip_mod.compile_recipe(recipe, opts.toolchain_for(base_spec), _cache_dir() / "hip", log)
+    kernel_files = hip_mod.files(recipe, artifacts)
+
     tables = tuning_mod.load(project / "tuning")
     table_files = tuning_mod.files(tables)
     spec = dataclasses.replace(spec, env=spec.env + tuple(tuning_mod.env(tables).items()))
 
     files = spec.files
-    manifest_entry = image_mod.in_image_manifest(table_files + overlay_files + files)
+    manifest_entry = image_mod.in_image_manifest(kernel_files + table_files + overlay_files + files)
     blobs = opts.out_dir / "blobs"
-    layers = []
+    layers = [write_layer(kernel_files, epoch, blobs, "kernels for " + recipe.arch + ": "
+                          + ", ".join(a.name for a in artifacts))]
     if table_files:
         layers.append(write_layer(table_files, epoch, blobs, "AITER tuning tables: " + ", ".join(t.name for t in tables)))
     if overlay_files:
@@ -233,6 +249,7 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
         "deleted": [{"path": d, "layer": i, "why": "stale bytecode of an overlaid module"}
                     for i, l in enumerate(layers) for d in l.deletions],
         "overlays": overlay_records(project, applied, opts.lock_path),
+        "artifacts": [a.record() for a in artifacts],
         "tuning": [{"name": t.name, "path": t.path, "sha256": t.sha256, "rows": t.rows, "env": t.env,
                     "source": t.source.name} for t in tables],
         "layers": [{**l.descriptor.to_json(), "diff_id": str(l.diff_id), "comment": l.comment} for l in layers],

@@ -165,3 +165,48 @@ def _docker():
     except Exception as e:  # the SDK raises several unrelated types for "no engine"
         raise EnvironmentProblem(f"no Docker engine answers ({type(e).__name__}): start one with "
                                  f"`invoke stack` or `dockerd &`") from None
+
+
+def toolchain(dockerfile_dir: Path, spec_path: Path, log=print) -> str:
+    """Build the stand-in HIP toolchain image (Debian clang-19 + ROCm device libs + CPU torch)."""
+    import docker
+
+    spec = load_spec(spec_path)
+    rootfs = rootfs_tar(spec, log)
+    # torch and what it imports, downloaded here: build containers may not reach PyPI over TLS
+    wheels = cache_dir() / "toolchain-wheels"
+    if not list(wheels.glob("torch-2.13.0*.whl")):
+        log("pip download torch==2.13.0 and its dependencies (for headers and libraries)")
+        result = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary", ":all:",
+                                 "-d", str(wheels), "torch==2.13.0"], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise EnvironmentProblem(f"pip download torch==2.13.0 failed: {result.stderr.strip()[-400:]}")
+    torch_wheel = sorted(wheels.glob("torch-2.13.0*.whl"))[0]
+    dockerfile = dockerfile_dir / "Dockerfile"
+    key = hashlib.sha256(dockerfile.read_bytes() + rootfs.name.encode() + torch_wheel.name.encode()).hexdigest()[:16]
+    tag = f"bakery-toolchain:{key}"
+    client = _docker()
+    try:
+        client.images.get(tag)
+        return tag
+    except docker.errors.ImageNotFound:
+        pass
+    context = cache_dir() / f"toolchain-{key}"
+    shutil.rmtree(context, ignore_errors=True)
+    context.mkdir(parents=True)
+    (context / "wheels").mkdir()
+    for src, name in [(rootfs, "rootfs.tar")] + [(w, f"wheels/{w.name}") for w in wheels.glob("*.whl")]:
+        try:
+            os.link(src, context / name)
+        except OSError:
+            shutil.copy(src, context / name)
+    shutil.copy(dockerfile, context / "Dockerfile")
+    log(f"docker build {tag} (clang-19, ROCm device libs, torch headers: a few minutes, once)")
+    try:
+        client.images.build(path=str(context), tag=tag, rm=True, forcerm=True)
+    except docker.errors.BuildError as e:
+        tail = "".join(chunk.get("stream", "") for chunk in e.build_log).strip().splitlines()[-15:]
+        raise EnvironmentProblem(f"docker build of the toolchain failed: {e}\n" + "\n".join(tail)) from None
+    finally:
+        shutil.rmtree(context, ignore_errors=True)
+    return tag

@@ -34,7 +34,18 @@ def fixture_base(registry):
 
 
 @pytest.fixture(scope="session")
-def fixture_lock(fixture_base, tmp_path_factory) -> bytes:
+def toolchain() -> str:
+    """The stand-in HIP toolchain image (Debian clang-19, ROCm device libs, CPU torch), built by
+    Docker; every build in the suite compiles hip/ in it (BAKERY_TOOLCHAIN), as the fixture base
+    has no ROCm."""
+    image = fixture_mod.toolchain(ROOT / "hip" / "toolchain", ROOT / "tests" / "fixture" / "fixture.yaml",
+                                  log=lambda m: None)
+    os.environ["BAKERY_TOOLCHAIN"] = image
+    return image
+
+
+@pytest.fixture(scope="session")
+def fixture_lock(fixture_base, toolchain, tmp_path_factory) -> bytes:
     """overlays.lock for this machine's fixture base (its digest differs per machine: Docker
     builds are not reproducible), computed by `invoke lock` from the committed overlays."""
     lock = tmp_path_factory.mktemp("lock") / "overlays.lock"

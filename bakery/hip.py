@@ -1,0 +1,281 @@
+"""hip/: this project's GPU sources, compiled for gfx942 inside a toolchain image, reproducibly,
+and checked without a GPU: every device code object must be an AMDGPU ELF for the recipe's arch
+carrying the recipe's kernels."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import shutil
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import inputs
+from .errors import EnvironmentProblem, InputError, IntegrityError
+from .layer import FileEntry
+
+# EF_AMDGPU_MACH values (LLVM's ELF.h) of the archs a recipe may name.
+ARCHS = {"gfx90a": 0x3F, "gfx940": 0x40, "gfx941": 0x4B, "gfx942": 0x4C, "gfx950": 0x4F}
+EM_AMDGPU = 224
+BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
+RECIPE_KEYS = {"arch": str, "extensions": list, "python": list}
+EXT_KEYS = {"name": str, "hip_sources": list, "cxx_sources": list, "headers": list, "hip_flags": list,
+            "cxx_flags": list, "libs": list, "kernels": list, "dest": str}
+PY_KEYS = {"src": str, "dest": str}
+NO_TOOLCHAIN = 42
+
+
+@dataclass(frozen=True)
+class Recipe:
+    root: Path
+    arch: str
+    extensions: tuple[dict, ...]
+    python: tuple[dict, ...]
+
+    def sources(self) -> list[Path]:
+        names = sorted({s for e in self.extensions for key in ("hip_sources", "cxx_sources", "headers")
+                        for s in e.get(key, [])} | {p["src"] for p in self.python})
+        return [self.root / n for n in names]
+
+    def key(self, toolchain_id: str) -> str:
+        """Same recipe, sources and toolchain: same outputs (so they can be cached)."""
+        h = hashlib.sha256((self.root / "extensions.yaml").read_bytes() + toolchain_id.encode())
+        for src in self.sources():
+            h.update(str(src.relative_to(self.root)).encode() + b"\0" + src.read_bytes())
+        return h.hexdigest()[:24]
+
+
+def load(root: Path) -> Recipe:
+    spec = inputs.load_yaml(root / "extensions.yaml", RECIPE_KEYS, required={"arch", "extensions"})
+    if spec["arch"] not in ARCHS:
+        raise InputError(f"{root / 'extensions.yaml'}: unknown arch {spec['arch']!r}; known: {', '.join(ARCHS)}")
+    for i, ext in enumerate(spec["extensions"]):
+        inputs.check_keys(ext, EXT_KEYS, f"{root / 'extensions.yaml'}: extensions[{i}]",
+                          required={"name", "hip_sources", "kernels", "dest"})
+    for i, py in enumerate(spec.get("python") or []):
+        inputs.check_keys(py, PY_KEYS, f"{root / 'extensions.yaml'}: python[{i}]")
+    recipe = Recipe(root, spec["arch"], tuple(spec["extensions"]), tuple(spec.get("python") or []))
+    for src in recipe.sources():
+        if ".." in src.relative_to(root).parts or not src.is_file():
+            raise InputError(f"{root / 'extensions.yaml'}: source {src.relative_to(root)} does not exist")
+    return recipe
+
+
+def script(recipe: Recipe) -> str:
+    """The shell run inside the toolchain container: sources at /src (read-only), outputs to /out.
+
+    Reproducibility: -cuid fixes HIP's compilation-unit id (otherwise derived from random temporary
+    paths), -ffile-prefix-map drops /src and the build directory, --build-id=none drops the linker's
+    build id; sources are compiled in a fixed directory."""
+    q = shlex.quote
+    lines = [
+        "set -eu",
+        'CXX="${BAKERY_CXX:-/opt/rocm/llvm/bin/clang++}"',
+        'ROCM="${ROCM_PATH:-/opt/rocm}"',
+        'command -v "$CXX" >/dev/null 2>&1 || { echo "no HIP compiler: $CXX not found in this image" >&2; '
+        f'exit {NO_TOOLCHAIN}; }}',
+        'TORCH="${TORCH_DIR:-$(python3 -c "import os, torch; print(os.path.dirname(torch.__file__))")}"',
+        'DEVLIB="${HIP_DEVICE_LIB_PATH:+--rocm-device-lib-path=$HIP_DEVICE_LIB_PATH}"',
+        'LIBDIR="${HIP_LIB_PATH:-$ROCM/lib}"',
+        '"$CXX" --version | head -n 1 > /out/toolchain.txt',
+        "mkdir -p /build && cd /build",
+        'MAP="-ffile-prefix-map=/src=hip -ffile-prefix-map=/build=."',
+    ]
+    for ext in recipe.extensions:
+        name, objs = ext["name"], []
+        for i, src in enumerate(ext["hip_sources"]):
+            obj = f"{name}.hip{i}.o"
+            lines.append(f'"$CXX" -x hip --offload-arch={recipe.arch} --rocm-path="$ROCM" $DEVLIB '
+                         f'-cuid={q(name)}-{i} $MAP -fPIC {" ".join(map(q, ext.get("hip_flags", [])))} '
+                         f'-c {q("/src/" + src)} -o {obj}')
+            objs.append(obj)
+        for i, src in enumerate(ext.get("cxx_sources", [])):
+            obj = f"{name}.cxx{i}.o"
+            lines.append(f'"$CXX" -x c++ $MAP -fPIC -I"$TORCH/include" {" ".join(map(q, ext.get("cxx_flags", [])))} '
+                         f'-c {q("/src/" + src)} -o {obj}')
+            objs.append(obj)
+        libs = " ".join(f"-l{q(lib)}" for lib in ext.get("libs", []))
+        lines.append(f'"$CXX" -shared -fuse-ld=lld -Wl,--build-id=none {" ".join(objs)} -L"$LIBDIR" '
+                     f'-L"$TORCH/lib" {libs} -o /out/{q(name)}.so')
+        # it must load in the image's torch and register its operators (on CPU, too)
+        lines.append(f'python3 -W ignore -c "import torch; torch.ops.load_library(\'/out/{name}.so\'); '
+                     f'print(torch.ops.bakery.topk.default._schema); '
+                     f'print(torch.ops.bakery.swiglu_clamp.default._schema)" > /out/{q(name)}.schema')
+    return "\n".join(lines) + "\n"
+
+
+# -- checking device code without a GPU --------------------------------------------------------------
+
+def _sections(elf: bytes) -> dict[str, tuple[int, int, int, int]]:
+    """{name: (type, offset, size, link)} of an ELF64 little-endian file."""
+    if elf[:4] != b"\x7fELF" or elf[4] != 2 or elf[5] != 1:
+        raise IntegrityError("not a 64-bit little-endian ELF file")
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
+    strtab = headers[shstrndx]
+    names = elf[strtab[4]:strtab[4] + strtab[5]]
+    out = {}
+    for h in headers:
+        name = names[h[0]:names.index(b"\0", h[0])].decode()
+        out[name] = (h[1], h[4], h[5], h[6])
+    return out
+
+
+def _symbols(elf: bytes) -> set[str]:
+    secs = _sections(elf)
+    found = set()
+    for table, strings in ((".symtab", ".strtab"), (".dynsym", ".dynstr")):
+        if table not in secs or strings not in secs:
+            continue
+        _, off, size, _ = secs[table]
+        _, soff, ssize, _ = secs[strings]
+        strs = elf[soff:soff + ssize]
+        for i in range(0, size, 24):
+            name_off, = struct.unpack_from("<I", elf, off + i)
+            if name_off:
+                found.add(strs[name_off:strs.index(b"\0", name_off)].decode())
+    return found
+
+
+def code_objects(shared_object: bytes) -> dict[str, bytes]:
+    """{bundle entry id: code object} from a host object's .hip_fatbin offload bundle."""
+    secs = _sections(shared_object)
+    if ".hip_fatbin" not in secs:
+        raise IntegrityError("no .hip_fatbin section: the library carries no HIP device code")
+    _, off, size, _ = secs[".hip_fatbin"]
+    bundle = shared_object[off:off + size]
+    if not bundle.startswith(BUNDLE_MAGIC):
+        raise IntegrityError(".hip_fatbin is not a clang offload bundle")
+    count, = struct.unpack_from("<Q", bundle, 24)
+    entries, pos = {}, 32
+    for _ in range(count):
+        e_off, e_size, id_len = struct.unpack_from("<QQQ", bundle, pos)
+        ident = bundle[pos + 24:pos + 24 + id_len].decode()
+        pos += 24 + id_len
+        entries[ident] = bundle[e_off:e_off + e_size]
+    return entries
+
+
+def check_device_code(shared_object: bytes, arch: str, kernels: list[str]) -> list[dict]:
+    """Every AMDGPU code object must be for `arch` and define every kernel; returns what was found."""
+    found = []
+    for ident, blob in code_objects(shared_object).items():
+        if not ident.startswith("hip"):
+            continue  # the host entry of the bundle
+        machine, = struct.unpack_from("<H", blob, 0x12)
+        flags, = struct.unpack_from("<I", blob, 0x30)
+        if machine != EM_AMDGPU:
+            raise IntegrityError(f"device code object {ident} is not an AMDGPU ELF (e_machine {machine})")
+        if flags & 0xFF != ARCHS[arch]:
+            named = {v: k for k, v in ARCHS.items()}.get(flags & 0xFF, hex(flags & 0xFF))
+            raise IntegrityError(f"device code object {ident} is for {named}, the recipe asks for {arch}")
+        symbols = _symbols(blob)
+        missing = [k for k in kernels if k not in symbols or f"{k}.kd" not in symbols]
+        if missing:
+            raise IntegrityError(f"device code object {ident} lacks kernel(s) {', '.join(missing)}")
+        found.append({"bundle_entry": ident, "mach": hex(flags & 0xFF), "kernels": sorted(kernels)})
+    if not found:
+        raise IntegrityError(f"no AMDGPU code object for {arch} in the library")
+    return found
+
+
+# -- running the toolchain ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Artifact:
+    name: str
+    dest: str
+    data: bytes
+    arch: str
+    toolchain: str
+    sources: tuple[dict, ...]
+    schema: str
+    code_objects: tuple[dict, ...]
+
+    def record(self) -> dict:
+        return {"name": self.name, "path": self.dest, "sha256": hashlib.sha256(self.data).hexdigest(),
+                "arch": self.arch, "toolchain": self.toolchain, "sources": list(self.sources),
+                "schema": self.schema.splitlines(), "code_objects": list(self.code_objects)}
+
+
+def _docker():
+    import docker
+
+    try:
+        client = docker.from_env(timeout=900)
+        client.ping()
+        return client
+    except Exception as e:  # the SDK raises several unrelated types for "no engine"
+        raise EnvironmentProblem(f"no Docker engine answers ({type(e).__name__}): start one with `invoke stack`") from None
+
+
+def toolchain_identity(client, image: str) -> str:
+    """The toolchain image by content: its image ID (and registry digest when it has one)."""
+    import docker
+
+    try:
+        img = client.images.get(image)
+    except docker.errors.ImageNotFound:
+        try:
+            img = client.images.pull(image)
+        except docker.errors.APIError as e:
+            raise EnvironmentProblem(f"toolchain image {image} is not available: {e.explanation or e}") from None
+    return img.id
+
+
+def run_toolchain(client, toolchain: str, root: Path, shell: str, out: Path) -> None:
+    """Run `shell` in a container of `toolchain`: root at /src read-only, `out` at /out, no network."""
+    container = client.containers.run(toolchain, [shell], entrypoint=["/bin/sh", "-c"], detach=True,
+                                      volumes={str(root): {"bind": "/src", "mode": "ro"},
+                                               str(out): {"bind": "/out", "mode": "rw"}},
+                                      network_disabled=True)
+    try:
+        status = container.wait()["StatusCode"]
+        logs = container.logs().decode(errors="replace").strip()
+    finally:
+        container.remove(force=True)
+    if status == NO_TOOLCHAIN:
+        raise EnvironmentProblem(f"toolchain image {toolchain} has no HIP compiler ({logs.splitlines()[-1]}): "
+                                 f"compile in the ROCm base, or build the stand-in with `invoke toolchain`")
+    if status != 0:
+        raise EnvironmentProblem(f"compiling hip/ failed (exit {status}); nothing was baked. Compiler said:\n"
+                                 + "\n".join(logs.splitlines()[-25:]))
+
+
+def compile_recipe(recipe: Recipe, toolchain: str, cache: Path, log=print) -> list[Artifact]:
+    """Compile in a container of `toolchain` (sources read-only); cached by recipe, sources, toolchain."""
+    client = _docker()
+    image_id = toolchain_identity(client, toolchain)
+    out = cache / recipe.key(image_id)
+    cache.mkdir(parents=True, exist_ok=True)
+    if not (out / "done.json").exists():
+        tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".partial-"))
+        try:
+            log(f"compiling hip/ for {recipe.arch} in {toolchain}")
+            run_toolchain(client, toolchain, recipe.root, script(recipe), tmp)
+            (tmp / "done.json").write_text(json.dumps({"toolchain_image": image_id}))
+            if out.exists():
+                shutil.rmtree(out)
+            tmp.rename(out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    compiler = (out / "toolchain.txt").read_text().strip()
+    artifacts = []
+    for ext in recipe.extensions:
+        data = (out / f"{ext['name']}.so").read_bytes()
+        objects = check_device_code(data, recipe.arch, ext["kernels"])
+        sources = tuple({"path": f"hip/{s}", "sha256": hashlib.sha256((recipe.root / s).read_bytes()).hexdigest()}
+                        for key in ("hip_sources", "cxx_sources", "headers") for s in ext.get(key, []))
+        artifacts.append(Artifact(ext["name"], ext["dest"], data, recipe.arch, f"{compiler}; image {image_id}",
+                                  sources, (out / f"{ext['name']}.schema").read_text(), tuple(objects)))
+    return artifacts
+
+
+def files(recipe: Recipe, artifacts: list[Artifact]) -> tuple[FileEntry, ...]:
+    return tuple(FileEntry(a.dest, a.data) for a in artifacts) + \
+        tuple(FileEntry(p["dest"], (recipe.root / p["src"]).read_bytes()) for p in recipe.python)

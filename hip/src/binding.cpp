@@ -1,0 +1,74 @@
+// Torch operators bakery::swiglu_clamp and bakery::topk on LibTorch's stable ABI: one build serves
+// any torch that keeps that ABI, without matching its private C++ ABI. Plain C++: torch's headers
+// stay out of HIP translation units (in HIP mode they pull thrust/complex.h).
+#include <dlfcn.h>
+#include <stdint.h>
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/util/Exception.h>
+
+extern "C" int bakery_swiglu_clamp_bf16(const void* x, void* out, int64_t rows, int64_t d, float limit,
+                                        void* stream);
+extern "C" int bakery_topk_f32(const float* logits, int64_t rows, int64_t n, int64_t k, int64_t* indices,
+                               void* stream);
+
+namespace {
+
+using torch::stable::Tensor;
+using torch::headeronly::ScalarType;
+
+// The caller's current GPU stream (CUDA graphs capture on it). Looked up at run time: a CPU-only
+// torch does not export it, and the library must still load there.
+void* current_stream(const Tensor& t) {
+  using Fn = AOTITorchError (*)(int32_t, void**);
+  static Fn fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "aoti_torch_get_current_cuda_stream"));
+  void* stream = nullptr;
+  if (fn != nullptr) fn(t.get_device_index(), &stream);
+  return stream;
+}
+
+Tensor swiglu_clamp(Tensor x, double limit) {
+  STD_TORCH_CHECK(x.is_cuda(), "bakery::swiglu_clamp: x must be on the GPU");
+  STD_TORCH_CHECK(x.scalar_type() == ScalarType::BFloat16, "bakery::swiglu_clamp: x must be bfloat16");
+  STD_TORCH_CHECK(x.is_contiguous() && x.dim() >= 1 && x.size(x.dim() - 1) % 2 == 0,
+                  "bakery::swiglu_clamp: x must be contiguous with an even last dimension [gate | up]");
+  int64_t d = x.size(x.dim() - 1) / 2;
+  int64_t rows = d == 0 ? 0 : x.numel() / (2 * d);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = d;
+  Tensor out = torch::stable::new_empty(x, shape);
+  int rc = bakery_swiglu_clamp_bf16(x.data_ptr(), out.data_ptr(), rows, d, static_cast<float>(limit),
+                                    current_stream(x));
+  STD_TORCH_CHECK(rc == 0, "bakery::swiglu_clamp: kernel launch failed");
+  return out;
+}
+
+Tensor topk(Tensor logits, int64_t k) {
+  STD_TORCH_CHECK(logits.is_cuda(), "bakery::topk: logits must be on the GPU");
+  STD_TORCH_CHECK(logits.scalar_type() == ScalarType::Float, "bakery::topk: logits must be float32");
+  STD_TORCH_CHECK(logits.is_contiguous() && logits.dim() == 2, "bakery::topk: logits must be a contiguous [rows, n]");
+  int64_t rows = logits.size(0), n = logits.size(1);
+  STD_TORCH_CHECK(k >= 0 && k <= n, "bakery::topk: k must be in [0, n]");
+  Tensor indices = torch::stable::new_empty(logits, {rows, k}, ScalarType::Long);
+  int rc = bakery_topk_f32(static_cast<const float*>(logits.data_ptr()), rows, n, k,
+                           static_cast<int64_t*>(indices.data_ptr()), current_stream(logits));
+  STD_TORCH_CHECK(rc == 0, "bakery::topk: kernel launch failed");
+  return indices;
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY(bakery, m) {
+  m.def("swiglu_clamp(Tensor x, float limit) -> Tensor");
+  m.def("topk(Tensor logits, int k) -> Tensor");
+}
+
+// ROCm builds of torch dispatch HIP tensors under the CUDA key.
+STABLE_TORCH_LIBRARY_IMPL(bakery, CUDA, m) {
+  m.impl("swiglu_clamp", TORCH_BOX(&swiglu_clamp));
+  m.impl("topk", TORCH_BOX(&topk));
+}

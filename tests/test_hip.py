@@ -1,0 +1,139 @@
+"""hip/: compiled for gfx942 in a toolchain image (here the Debian stand-in: the ROCm base cannot be
+pulled), bit-reproducible, checked without a GPU, baked into the image and its record."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import shutil
+
+import pytest
+
+from bakery import hip
+from bakery.errors import EnvironmentProblem, InputError, IntegrityError
+
+from conftest import ROOT, docker, invoke, last_line
+
+KERNELS = ["swiglu_clamp_bf16_kernel", "topk_f32_kernel"]
+
+
+@pytest.fixture(scope="module")
+def compiled(toolchain, tmp_path_factory):
+    cache = tmp_path_factory.mktemp("hip-cache")
+    recipe = hip.load(ROOT / "hip")
+    return recipe, hip.compile_recipe(recipe, toolchain, cache, log=lambda m: None)[0], cache
+
+
+def copy_hip(tmp_path):
+    dest = tmp_path / "hip"
+    shutil.copytree(ROOT / "hip", dest)
+    return dest
+
+
+def test_device_code_is_gfx942_with_the_kernels(compiled):
+    _, artifact, _ = compiled
+    assert [o["mach"] for o in artifact.code_objects] == ["0x4c"]
+    assert artifact.code_objects[0]["bundle_entry"].endswith("gfx942")
+    assert "Debian clang version 19" in artifact.toolchain and "image sha256:" in artifact.toolchain
+
+
+def test_it_loads_in_cpu_torch_and_registers_its_operators(compiled):
+    _, artifact, _ = compiled
+    assert artifact.schema.splitlines() == ["bakery::topk(Tensor logits, int k) -> Tensor",
+                                            "bakery::swiglu_clamp(Tensor x, float limit) -> Tensor"]
+
+
+def test_wrong_arch_or_missing_kernel_fails(compiled):
+    _, artifact, _ = compiled
+    with pytest.raises(IntegrityError, match="is for gfx942, the recipe asks for gfx90a"):
+        hip.check_device_code(artifact.data, "gfx90a", KERNELS)
+    with pytest.raises(IntegrityError, match="lacks kernel.s. flash_attention_kernel"):
+        hip.check_device_code(artifact.data, "gfx942", KERNELS + ["flash_attention_kernel"])
+    with pytest.raises(IntegrityError, match="no .hip_fatbin"):
+        hip.check_device_code((ROOT / ".venv" / "bin" / "python3").resolve().read_bytes(), "gfx942", KERNELS)
+
+
+def test_two_compiles_are_bit_identical(compiled, toolchain, tmp_path):
+    recipe, artifact, _ = compiled
+    again = hip.compile_recipe(recipe, toolchain, tmp_path / "other-cache", log=lambda m: None)[0]
+    assert hashlib.sha256(again.data).digest() == hashlib.sha256(artifact.data).digest()
+
+
+def test_fixed_cuid_makes_object_names_irrelevant(compiled, toolchain, tmp_path):
+    """HIP's default compilation-unit id hashes the compile command, object name included: another
+    build tree gives other bytes. With the recipe's fixed -cuid the library does not change."""
+    recipe, _, _ = compiled
+    fixed = hip.script(recipe)
+    unfixed = "\n".join(l.replace("-cuid=", "-D_no_cuid=") for l in fixed.splitlines())
+
+    def build(shell: str, name: str) -> bytes:
+        out = tmp_path / name
+        out.mkdir()
+        hip.run_toolchain(hip._docker(), toolchain, recipe.root, shell, out)
+        return (out / "_C_stable_libtorch.so").read_bytes()
+
+    def elsewhere(shell: str) -> str:  # the same compile with other object names
+        return shell.replace(".hip0.o", ".hip0.elsewhere.o").replace(".cxx0.o", ".cxx0.elsewhere.o")
+
+    assert build(fixed, "a") == build(elsewhere(fixed), "b")
+    assert build(unfixed, "c") != build(elsewhere(unfixed), "d")
+
+
+def test_recipe_errors(tmp_path):
+    root = copy_hip(tmp_path)
+    recipe = root / "extensions.yaml"
+    original = recipe.read_text()
+    recipe.write_text(original.replace("arch: gfx942", "arch: gfx9000"))
+    with pytest.raises(InputError, match="unknown arch 'gfx9000'; known: gfx90a"):
+        hip.load(root)
+    recipe.write_text(original.replace("src/kernels.hip", "src/missing.hip"))
+    with pytest.raises(InputError, match="source src/missing.hip does not exist"):
+        hip.load(root)
+
+
+def test_compiler_failure_shows_its_stderr_and_bakes_nothing(project, fixture_base):
+    kernels = project / "hip" / "src" / "kernels.hip"
+    kernels.write_text(kernels.read_text().replace("return gpu_get_last_error()", "return gpu_get_last_eror()", 1))
+    result = invoke(project, "build", "--base", str(fixture_base), "--push", "127.0.0.1:5000/test/broken:1")
+    assert result.returncode == 6
+    assert "compiling hip/ failed" in result.stderr and "gpu_get_last_eror" in result.stderr
+    assert not (project / "out" / "build-record.json").exists()
+
+
+def test_a_base_without_a_toolchain_is_refused(project, fixture_base):
+    result = invoke(project, "compile", "--toolchain", str(fixture_base))
+    assert result.returncode == 6
+    assert "has no HIP compiler" in result.stderr and "invoke toolchain" in result.stderr
+
+
+def test_build_bakes_the_outputs_and_records_them(project, registry, fixture_base, compiled):
+    _, artifact, _ = compiled
+    result = invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/test/kernels:1")
+    assert result.returncode == 0, result.stderr
+    record = json.loads((project / "out" / "build-record.json").read_text())
+    [baked] = record["artifacts"]
+    assert baked["sha256"] == hashlib.sha256(artifact.data).hexdigest()
+    assert baked["path"] == "/usr/local/lib/python3.12/dist-packages/bakery_kernels/_C_stable_libtorch.so"
+    assert {s["path"] for s in baked["sources"]} == {"hip/src/kernels.hip", "hip/src/binding.cpp", "hip/src/gpu_compat.h"}
+    ref = last_line(result)
+    docker("pull", "-q", ref)
+    out = docker("run", "--rm", "--entrypoint", "sh", ref, "-c",
+                 "sha256sum /usr/local/lib/python3.12/dist-packages/bakery_kernels/*; "
+                 "grep -c _C_stable_libtorch /etc/bakery/manifest.json").stdout
+    assert baked["sha256"] in out and out.strip().endswith("1")
+
+
+def test_python_glue_falls_back_without_the_extension():
+    """On a machine without the compiled library (or on CPU tensors) the glue uses PyTorch."""
+    torch = pytest.importorskip("torch")
+    spec = importlib.util.spec_from_file_location("glue", ROOT / "hip" / "bakery_kernels" / "__init__.py")
+    glue = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(glue)
+    assert glue.HAVE_EXTENSION is False
+    logits = torch.tensor([[float("nan"), 1.0, float("inf"), float("-inf"), 1.0]])
+    values, indices = glue.topk(logits, 3)
+    assert indices.tolist() == [[2, 1, 4]] and torch.isfinite(values).all()
+    x = torch.tensor([[12.0, -3.0, 20.0, -15.0]], dtype=torch.bfloat16)
+    want = torch.nn.functional.silu(torch.tensor([10.0, -3.0])) * torch.tensor([10.0, -10.0])
+    assert torch.allclose(glue.swiglu_clamp(x, 10.0).float(), want.to(torch.bfloat16).float())
