@@ -26,6 +26,7 @@ torch = pytest.importorskip("torch", reason="the overlay proofs need CPU torch (
 
 SITE = "usr/local/lib/python3.12/dist-packages"
 KEYED_ADD = f"{SITE}/vllm/third_party/triton_kernels/routing_details/_routing_compute.py"
+GUMBEL = f"{SITE}/vllm/v1/worker/gpu/sample/gumbel.py"
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ def versions(registry, fixture_base, tmp_path_factory):
     reg = Registry(registry)
     fs = BaseFilesystem(reg, base_mod.resolve(reg, fixture_base, "linux/amd64"))
     overlays = [o for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml") if o.baked]
-    found = fs.read([o.target for o in overlays] + [KEYED_ADD])
+    found = fs.read([o.target for o in overlays] + [KEYED_ADD, GUMBEL])
     out = tmp_path_factory.mktemp("versions")
     paths = {}
     for o in overlays:
@@ -45,6 +46,8 @@ def versions(registry, fixture_base, tmp_path_factory):
         paths[o.id] = (out / f"{o.id}.stock.py", out / f"{o.id}.patched.py")
     (out / "keyed_add.py").write_bytes(found[KEYED_ADD].data)
     paths["keyed_add"] = out / "keyed_add.py"
+    (out / "gumbel.py").write_bytes(found[GUMBEL].data)
+    paths["gumbel"] = out / "gumbel.py"
     return paths
 
 
@@ -188,3 +191,32 @@ def test_shared_expert_swiglu_is_exact(versions, which):
     got = namespace["forward_native"](layer, x)
     exact = torch.equal(got.view(torch.int16), exact_reference(x, 10.0).view(torch.int16))
     assert exact is (which == 1)
+
+
+# -- (f) independent Gumbel noise for probabilistic drafts -----------------------------------------
+
+@pytest.fixture(scope="module")
+def speculative_sampling(versions):
+    """Both versions at once (each takes about a minute in the interpreter), one result each."""
+    pytest.importorskip("triton", reason="needs triton for its interpreter")
+    script = ROOT / "tests" / "proofs" / "spec_decode_gumbel.py"
+    runs = [subprocess.Popen([sys.executable, str(script), str(versions["gumbel"]), str(path)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for path in versions["independent-draft-gumbel"]]
+    results = []
+    for run in runs:
+        out, err = run.communicate(timeout=900)
+        assert run.returncode == 0, err[-2000:]
+        results.append(json.loads(out.splitlines()[-1]))
+    return results
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["stock", "overlaid"])
+def test_speculative_sampling_follows_the_target(speculative_sampling, which):
+    """Draft, accept with min(1, p/q), else recover from max(0, p - q): the output must follow p.
+    With the draft keyed like the recovery (stock) it does not (chi-square far past the 0.001
+    critical value of 13.8 for 2 degrees of freedom); with independent draft noise it does.
+    vLLM's own Gumbel kernel runs in the interpreter; the sampling is deterministic (fixed seeds)."""
+    result = speculative_sampling[which]
+    assert result["draft_seeds_equal_target_seeds"] is (which == 0)
+    assert (result["chi2"] < 13.8) is (which == 1), result

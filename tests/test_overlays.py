@@ -158,7 +158,7 @@ def test_rebase_reports_each_status_and_relocks_only_when_all_apply(project, reg
     table = {line.split()[0]: line.split()[1] for line in result.stdout.splitlines()[1:] if line.strip()}
     assert table == {"mxfp4-bitmatrix-padding-mask": "applies-with-offset", "cpu-kv-transfer-fence": "conflicts",
                      "sparse-mla-prefill-bh64-deterministic-topk": "target-missing",
-                     "exact-swiglu-clamp-kernel": "applies"}
+                     "exact-swiglu-clamp-kernel": "applies", "independent-draft-gumbel": "applies"}
     assert (project / "overlays" / "overlays.lock").read_bytes() == lock_before
 
     upstreamed = docker_base(registry, "nightly-fixed", fixture_base, [
@@ -180,7 +180,7 @@ def test_rebase_refresh_moves_patches_and_writes_the_lock(project, registry, fix
                       [f"sed -i '1i # moved\\n# by two' {MXFP4} {FENCE} {SPARSE}"], tmp_path)
     result = invoke(project, "rebase", "--base", str(new), "--refresh")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("applies ") == 4
+    assert result.stdout.count("applies ") == 5
     lock = json.loads((project / "overlays" / "overlays.lock").read_text())
     assert lock["base"] == str(new)
     built = invoke(project, "build", "--base", str(new))
