@@ -31,10 +31,14 @@ def _config(layers: list[Descriptor]) -> bytes:
                            "rootfs": {"type": "layers", "diff_ids": [str(l.digest) for l in layers]}})
 
 
-def _manifest(store, layers: list[Descriptor]) -> bytes:
+def _manifest(store, layers: list[Descriptor], subject: Reference, artifact_type: str) -> bytes:
+    """An OCI manifest stored under cosign's tag; its `subject` also makes registries with the OCI
+    1.1 referrers API list it as a referrer of the image (registries without one ignore it)."""
     config = store.put_blob(_config(layers), OCI_CONFIG)
-    return canonical_json({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": config.to_json(),
-                           "layers": [l.to_json() for l in layers]})
+    image = store.manifest(str(subject.digest))
+    return canonical_json({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": artifact_type,
+                           "config": config.to_json(), "layers": [l.to_json() for l in layers],
+                           "subject": Descriptor(OCI_MANIFEST, subject.digest, len(image)).to_json()})
 
 
 def sign_image(store, subject: Reference, signer: sign.Signer) -> Digest:
@@ -42,7 +46,7 @@ def sign_image(store, subject: Reference, signer: sign.Signer) -> Digest:
     desc = store.put_blob(payload, SIMPLE_SIGNING)
     signature = base64.b64encode(signer.sign(payload)).decode()
     layer = Descriptor(desc.media_type, desc.digest, desc.size, {SIGNATURE_ANNOTATION: signature})
-    return store.put_manifest(signature_tag(subject.digest, "sig"), _manifest(store, [layer]))
+    return store.put_manifest(signature_tag(subject.digest, "sig"), _manifest(store, [layer], subject, SIMPLE_SIGNING))
 
 
 def attach(store, subject: Reference, statements: dict[str, bytes], signer: sign.Signer) -> Digest:
@@ -59,7 +63,7 @@ def attach(store, subject: Reference, statements: dict[str, bytes], signer: sign
         desc = store.put_blob(sign.envelope(signer, statement), DSSE)
         layers[predicate_type] = Descriptor(DSSE, desc.digest, desc.size,
                                             {SIGNATURE_ANNOTATION: "", "predicateType": predicate_type})
-    return store.put_manifest(tag, _manifest(store, [layers[k] for k in sorted(layers)]))
+    return store.put_manifest(tag, _manifest(store, [layers[k] for k in sorted(layers)], subject, DSSE))
 
 
 def attest(store, subject: Reference, record: dict, signer: sign.Signer) -> dict:

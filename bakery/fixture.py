@@ -17,6 +17,7 @@ from pathlib import Path
 from . import inputs
 from .errors import EnvironmentProblem, IntegrityError
 from .refs import Reference
+from .stack import docker_client
 
 SPEC_KEYS = {"suite": str, "debian_mirror": str, "include": list, "site_packages": str,
              "wheels": list, "keep_suffixes": list, "repository": str}
@@ -122,7 +123,7 @@ def build(spec_path: Path, registry: str, log=print) -> Reference:
         key.update(part)
     tag = key.hexdigest()[:16]
     target = f"{registry}/{spec['repository']}"
-    client = _docker()
+    client = docker_client()
     try:
         client.images.get(f"{target}:{tag}")
         log(f"fixture image {target}:{tag} is cached")
@@ -155,18 +156,6 @@ def build(spec_path: Path, registry: str, log=print) -> Reference:
     return Reference.parse(f"{target}@{digest}")
 
 
-def _docker():
-    import docker
-
-    try:
-        client = docker.from_env(timeout=600)
-        client.ping()
-        return client
-    except Exception as e:  # the SDK raises several unrelated types for "no engine"
-        raise EnvironmentProblem(f"no Docker engine answers ({type(e).__name__}): start one with "
-                                 f"`invoke stack` or `dockerd &`") from None
-
-
 def toolchain(dockerfile_dir: Path, spec_path: Path, log=print) -> str:
     """Build the stand-in HIP toolchain image (Debian clang-19 + ROCm device libs + CPU torch)."""
     import docker
@@ -185,7 +174,7 @@ def toolchain(dockerfile_dir: Path, spec_path: Path, log=print) -> str:
     dockerfile = dockerfile_dir / "Dockerfile"
     key = hashlib.sha256(dockerfile.read_bytes() + rootfs.name.encode() + torch_wheel.name.encode()).hexdigest()[:16]
     tag = f"bakery-toolchain:{key}"
-    client = _docker()
+    client = docker_client()
     try:
         client.images.get(tag)
         return tag

@@ -16,6 +16,7 @@ from pathlib import Path
 from . import inputs
 from .errors import EnvironmentProblem, InputError, IntegrityError
 from .layer import FileEntry
+from .stack import docker_client
 
 # EF_AMDGPU_MACH values (LLVM's ELF.h) of the archs a recipe may name.
 ARCHS = {"gfx90a": 0x3F, "gfx940": 0x40, "gfx941": 0x4B, "gfx942": 0x4C, "gfx950": 0x4F}
@@ -202,17 +203,6 @@ class Artifact:
                 "schema": self.schema.splitlines(), "code_objects": list(self.code_objects)}
 
 
-def _docker():
-    import docker
-
-    try:
-        client = docker.from_env(timeout=900)
-        client.ping()
-        return client
-    except Exception as e:  # the SDK raises several unrelated types for "no engine"
-        raise EnvironmentProblem(f"no Docker engine answers ({type(e).__name__}): start one with `invoke stack`") from None
-
-
 def toolchain_identity(client, image: str) -> str:
     """The toolchain image by content: its image ID (and registry digest when it has one)."""
     import docker
@@ -248,7 +238,7 @@ def run_toolchain(client, toolchain: str, root: Path, shell: str, out: Path) -> 
 
 def compile_recipe(recipe: Recipe, toolchain: str, cache: Path, log=print) -> list[Artifact]:
     """Compile in a container of `toolchain` (sources read-only); cached by recipe, sources, toolchain."""
-    client = _docker()
+    client = docker_client()
     image_id = toolchain_identity(client, toolchain)
     out = cache / recipe.key(image_id)
     cache.mkdir(parents=True, exist_ok=True)

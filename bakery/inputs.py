@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import json
+
 import yaml
 
 from .errors import InputError
@@ -43,3 +45,17 @@ def check_keys(data: dict, schema: dict, where: str, required: set | None = None
         if value is not None and not isinstance(value, expected):
             name = expected.__name__ if isinstance(expected, type) else "/".join(t.__name__ for t in expected)
             raise InputError(f"{where}: {key} must be a {name}, got {type(value).__name__}")
+
+
+def load_json(path: Path, schema: str, what: str, remedy: str) -> dict:
+    """Read a JSON document we generated; say what to run when it is missing, broken or foreign."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError(f"{what} {path} not found: {remedy}") from None
+    except (ValueError, OSError) as e:
+        raise InputError(f"{what} {path} is not readable JSON ({e}): {remedy}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != schema:
+        found = doc.get("schema") if isinstance(doc, dict) else None
+        raise InputError(f"{path} is not a {what} (schema {found!r}): {remedy}")
+    return doc

@@ -124,15 +124,7 @@ def write_lock(path: Path, document: dict) -> None:
 
 
 def read_lock(path: Path) -> dict:
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path} not found: run `invoke lock` to create it from the pinned base") from None
-    except ValueError as e:
-        raise InputError(f"{path} is not valid JSON ({e}): regenerate it with `invoke lock`") from None
-    if doc.get("schema") != LOCK_SCHEMA:
-        raise InputError(f"{path}: not an overlays lock (schema {doc.get('schema')!r}); run `invoke lock`")
-    return doc
+    return inputs.load_json(path, LOCK_SCHEMA, "overlays lock", "create it from the pinned base with `invoke lock`")
 
 
 @dataclass(frozen=True)

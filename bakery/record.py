@@ -41,14 +41,6 @@ def write(path: Path, record: dict) -> None:
 
 
 def read(path: Path) -> dict:
-    from .errors import InputError
+    from .inputs import load_json
 
-    try:
-        record = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise InputError(f"build record {path} not found: run `invoke build` first") from None
-    except ValueError as e:
-        raise InputError(f"build record {path} is not JSON: {e}") from None
-    if record.get("schema") != SCHEMA:
-        raise InputError(f"{path} is not a bakery build record (schema {record.get('schema')!r})")
-    return record
+    return load_json(path, SCHEMA, "build record", "run `invoke build` first (or pass --record)")

@@ -31,6 +31,19 @@ def _docker_ok() -> bool:
         return False
 
 
+def docker_client(timeout: int = 900):
+    """A Docker SDK client for the running engine, or one clear error."""
+    import docker
+
+    try:
+        client = docker.from_env(timeout=timeout)
+        client.ping()
+        return client
+    except Exception as e:  # the SDK raises several unrelated types for "no engine"
+        raise EnvironmentProblem(f"no Docker engine answers ({type(e).__name__}): start one with "
+                                 f"`invoke stack` or `dockerd &`") from None
+
+
 def ensure_dockerd(timeout: float = 60) -> None:
     """Start dockerd (detached) unless an engine already answers."""
     if _docker_ok():

@@ -56,7 +56,7 @@ def validate(data: bytes, where: str) -> int:
             continue
         if len(row) != len(header):
             raise InputError(f"{where}:{line}: {len(row)} fields, the header has {len(header)}")
-        r = dict(zip(header, row))
+        r = dict(zip(header, row, strict=True))
         if r.get("gfx", GFX) != GFX or r["cu_num"] != str(CU_NUM):
             foreign.append((line, r.get("gfx", "?"), r["cu_num"]))
             continue

@@ -138,6 +138,19 @@ def test_verify_accepts_and_summarizes(signed, keypair, policy):
     assert "python: amd-aiter 0.1.7.post2.dev18, vllm 0.26.0" in result.stdout
 
 
+def test_signature_and_attestations_name_the_image_as_their_subject(signed, registry):
+    """What registries with the OCI 1.1 referrers API index (the local one has none: 404)."""
+    ref, _ = signed["a"]
+    reg = Registry(registry)
+    image = reg.get_manifest(ref)[0]
+    for suffix, artifact_type in (("sig", "application/vnd.dev.cosign.simplesigning.v1+json"),
+                                  ("att", "application/vnd.dsse.envelope.v1+json")):
+        body = json.loads(reg.get_manifest(Reference(registry, ref.repository, signature_tag(ref.digest, suffix)))[0])
+        assert body["subject"] == {"mediaType": OCI_MANIFEST, "digest": str(ref.digest), "size": len(image)}
+        assert body["artifactType"] == artifact_type
+    assert reg.transport.request("GET", f"/v2/{ref.repository}/referrers/{ref.digest}", ok=(200, 404)).status_code == 404
+
+
 def test_attest_is_idempotent(signed, keypair, registry):
     ref, record = signed["a"]
     reg = Registry(registry)

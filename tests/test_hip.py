@@ -11,7 +11,8 @@ import shutil
 import pytest
 
 from bakery import hip
-from bakery.errors import EnvironmentProblem, InputError, IntegrityError
+from bakery.stack import docker_client
+from bakery.errors import InputError, IntegrityError
 
 from conftest import ROOT, docker, invoke, last_line
 
@@ -70,7 +71,7 @@ def test_fixed_cuid_makes_object_names_irrelevant(compiled, toolchain, tmp_path)
     def build(shell: str, name: str) -> bytes:
         out = tmp_path / name
         out.mkdir()
-        hip.run_toolchain(hip._docker(), toolchain, recipe.root, shell, out)
+        hip.run_toolchain(docker_client(), toolchain, recipe.root, shell, out)
         return (out / "_C_stable_libtorch.so").read_bytes()
 
     def elsewhere(shell: str) -> str:  # the same compile with other object names
