@@ -19,7 +19,7 @@ from .layer import write_blob
 SITE = "/usr/local/lib/python3.12/dist-packages"
 PACKAGE_ROOTS = (f"{SITE}/vllm/", f"{SITE}/aiter/")
 KINDS = ("patch", "new-file", "upstream-backport")
-STATUSES = ("required", "superseded", "already-upstream")
+STATUSES = ("required", "superseded", "already-upstream", "absent")
 ENTRY_KEYS = {"id": str, "target": str, "upstream": dict, "patch": str, "kind": str, "reason": str,
               "status": str, "platforms": list, "note": str}
 UPSTREAM_KEYS = {"repo": str, "ref": str, "path": str}
@@ -93,8 +93,8 @@ def load(path: Path) -> list[Overlay]:
                 patch_bytes = patch_path.read_bytes()
             except FileNotFoundError:
                 raise InputError(f"{where}: patch file {patch_path} is missing") from None
-        elif entry["status"] != "already-upstream":
-            raise InputError(f"{where}: needs a patch file (only status already-upstream has none)")
+        elif entry["status"] not in ("already-upstream", "absent"):
+            raise InputError(f"{where}: needs a patch file (only already-upstream and absent have none)")
         overlay = Overlay(entry["id"], target, entry["upstream"], patch_path, patch_bytes, entry["kind"],
                           entry["reason"], entry["status"], tuple(entry["platforms"]))
         if patch_bytes is not None:
