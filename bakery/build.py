@@ -154,7 +154,7 @@ def python_distributions(fs: BaseFilesystem) -> list[dict]:
     return dists
 
 
-def overlay_records(project: Path, applied: list, lock_path: Path) -> list[dict]:
+def overlay_records(project: Path, applied: list) -> list[dict]:
     """Every registered overlay (baked or not) with its hashes, for the record and the SBOM."""
     by_id = {a.overlay.id: a for a in applied}
     out = []
@@ -248,7 +248,7 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
                   for i, l in enumerate(layers) for f in l.files],
         "deleted": [{"path": d, "layer": i, "why": "stale bytecode of an overlaid module"}
                     for i, l in enumerate(layers) for d in l.deletions],
-        "overlays": overlay_records(project, applied, opts.lock_path),
+        "overlays": overlay_records(project, applied),
         "artifacts": [a.record() for a in artifacts],
         "tuning": [{"name": t.name, "path": t.path, "sha256": t.sha256, "rows": t.rows, "env": t.env,
                     "source": t.source.name} for t in tables],
