@@ -110,7 +110,6 @@ def test_kv_transfers_wait_for_compute_in_both_directions(versions, which, expec
     """The race itself needs two GPU streams (there is no GPU here); what decides it is whether the
     transfer stream waits for compute on loads (CPU->GPU) too. Stock waits only on stores."""
     assert fence_guards(versions["cpu-kv-transfer-fence"][which]) == expected
-    assert expected == ["always"] or which == 0
 
 
 # -- (c) sparse MLA prefill: deterministic top-k, BLOCK_H 64 ---------------------------------------
