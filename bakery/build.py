@@ -97,21 +97,22 @@ def open_base(project: Path, override: str | None, log=print) -> OpenBase:
     return OpenBase(spec, registry, image, BaseFilesystem(registry, image, LayerCache(), keep=(DIST_INFO,)))
 
 
-def overlay_inputs(project: Path, base: OpenBase) -> tuple[list, list]:
-    """Required overlays applied exactly to the base bytes, and the stale bytecode to delete."""
+def overlay_inputs(project: Path, base: OpenBase) -> tuple[list, list, list]:
+    """Registered overlays, the required ones applied exactly to the base bytes, and the stale
+    bytecode to delete."""
     overlays = overlays_mod.load(project / "overlays" / "overlays.yaml")
     targets = [o.target for o in overlays if o.baked]
     applied = overlays_mod.apply_all(overlays, base.fs.read(targets))
     caches = sorted({str(PurePosixPath(t).parent / "__pycache__").lstrip("/") + "/*.pyc" for t in targets})
     present = [p for pattern in caches for p in base.fs.glob(pattern)]
-    return applied, overlays_mod.stale_bytecode(targets, present)
+    return overlays, applied, overlays_mod.stale_bytecode(targets, present)
 
 
 def lock(opts: Options, log=print) -> dict:
     """`invoke lock`: apply every required overlay to the base and pin both hashes."""
     project = opts.project.resolve()
     base = open_base(project, opts.base, log)
-    applied, _ = overlay_inputs(project, base)
+    _, applied, _ = overlay_inputs(project, base)
     document = overlays_mod.lock_document(str(base.spec.image), [a.lock_entry() for a in applied])
     overlays_mod.write_lock(opts.lock_path, document)
     return document
@@ -154,11 +155,11 @@ def python_distributions(fs: BaseFilesystem) -> list[dict]:
     return dists
 
 
-def overlay_records(project: Path, applied: list) -> list[dict]:
+def overlay_records(project: Path, overlays: list, applied: list) -> list[dict]:
     """Every registered overlay (baked or not) with its hashes, for the record and the SBOM."""
     by_id = {a.overlay.id: a for a in applied}
     out = []
-    for o in overlays_mod.load(project / "overlays" / "overlays.yaml"):
+    for o in overlays:
         a = by_id.get(o.id)
         out.append({"id": o.id, "target": o.target, "kind": o.kind, "status": o.status, "baked": a is not None,
                     "upstream": o.upstream, "reason": o.reason, "platforms": list(o.platforms),
@@ -180,7 +181,7 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
     registries = {base_spec.source.registry: opened.registry}
     dists = python_distributions(fs)
 
-    applied, stale = overlay_inputs(project, opened)
+    overlays, applied, stale = overlay_inputs(project, opened)
     overlays_mod.verify_against_lock(applied, overlays_mod.read_lock(opts.lock_path), str(base_spec.image),
                                      opts.lock_path)
     overlay_files = tuple(FileEntry(a.overlay.target, a.result) for a in applied)
@@ -248,7 +249,7 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
                   for i, l in enumerate(layers) for f in l.files],
         "deleted": [{"path": d, "layer": i, "why": "stale bytecode of an overlaid module"}
                     for i, l in enumerate(layers) for d in l.deletions],
-        "overlays": overlay_records(project, applied),
+        "overlays": overlay_records(project, overlays, applied),
         "artifacts": [a.record() for a in artifacts],
         "tuning": [{"name": t.name, "path": t.path, "sha256": t.sha256, "rows": t.rows, "env": t.env,
                     "source": t.source.name} for t in tables],

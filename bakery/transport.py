@@ -113,6 +113,8 @@ class Transport:
                 if resp.status_code not in ok:
                     raise RegistryError(self._describe(method, url, resp))
                 return resp
+            if resp is not None and attempt + 1 < ATTEMPTS:
+                resp.close()  # a retried 5xx may be streaming: give its connection back
             if attempt + 1 < ATTEMPTS:
                 time.sleep(min(0.25 * 2 ** attempt, 4.0))
         if resp is None:
