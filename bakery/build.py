@@ -122,7 +122,8 @@ def rebase(opts: Options, refresh: bool = False, log=print) -> tuple[list, bool]
     """`invoke rebase`: how each overlay fares on a new base; re-lock only if all required apply."""
     project = opts.project.resolve()
     base = open_base(project, opts.base, log)
-    overlays = [o for o in overlays_mod.load(project / "overlays" / "overlays.yaml") if o.patch_bytes]
+    registered = overlays_mod.load(project / "overlays" / "overlays.yaml")
+    overlays = [o for o in registered if o.patch_bytes]
     found = base.fs.read([o.target for o in overlays])
     rows, applied = [], []
     for o in overlays:
@@ -136,6 +137,9 @@ def rebase(opts: Options, refresh: bool = False, log=print) -> tuple[list, bool]
         rows.append((o, status, detail))
         if o.baked and result is not None and status == overlays_mod.APPLIES:
             applied.append(result)
+    # audit records carry no patch to try: list them so the bump re-checks them by hand
+    rows += [(o, overlays_mod.BY_HAND, f"recorded {o.status}; re-check on this base (reason in overlays.yaml)")
+             for o in registered if not o.patch_bytes]
     ok = all(status == overlays_mod.APPLIES for o, status, _ in rows if o.baked)
     if ok:
         document = overlays_mod.lock_document(str(base.spec.image), [a.lock_entry() for a in applied])

@@ -19,7 +19,8 @@ from .layer import write_blob
 SITE = "/usr/local/lib/python3.12/dist-packages"
 PACKAGE_ROOTS = (f"{SITE}/vllm/", f"{SITE}/aiter/")
 KINDS = ("patch", "new-file", "upstream-backport")
-STATUSES = ("required", "superseded", "already-upstream", "absent")
+STATUSES = ("required", "superseded", "already-upstream", "absent", "not-applicable")
+UNPATCHED = ("already-upstream", "absent", "not-applicable")  # audit records: no patch file
 ENTRY_KEYS = {"id": str, "target": str, "upstream": dict, "patch": str, "kind": str, "reason": str,
               "status": str, "platforms": list, "note": str}
 UPSTREAM_KEYS = {"repo": str, "ref": str, "path": str}
@@ -93,8 +94,8 @@ def load(path: Path) -> list[Overlay]:
                 patch_bytes = patch_path.read_bytes()
             except FileNotFoundError:
                 raise InputError(f"{where}: patch file {patch_path} is missing") from None
-        elif entry["status"] not in ("already-upstream", "absent"):
-            raise InputError(f"{where}: needs a patch file (only already-upstream and absent have none)")
+        elif entry["status"] not in UNPATCHED:
+            raise InputError(f"{where}: needs a patch file (only {', '.join(UNPATCHED)} have none)")
         overlay = Overlay(entry["id"], target, entry["upstream"], patch_path, patch_bytes, entry["kind"],
                           entry["reason"], entry["status"], tuple(entry["platforms"]))
         if patch_bytes is not None:
@@ -220,6 +221,7 @@ def stale_bytecode(targets: list[str], present: list[str]) -> list[str]:
 
 APPLIES, OFFSET, CONFLICTS, MISSING, UPSTREAM = ("applies", "applies-with-offset", "conflicts",
                                                  "target-missing", "already-upstream")
+BY_HAND = "check-by-hand"  # an audit record: no patch, so nothing to apply
 
 
 def rebase_status(overlay: Overlay, found) -> tuple[str, str, Applied | None]:

@@ -56,6 +56,16 @@ def test_bad_registry(project, entries, message):
         overlays_mod.load(project / "overlays" / "overlays.yaml")
 
 
+def test_audit_records_need_no_patch_and_are_never_baked(project):
+    audit = [entry(id=status, status=status, patch=None) for status in overlays_mod.UNPATCHED]
+    write_registry(project, [{k: v for k, v in e.items() if v is not None} for e in audit])
+    loaded = overlays_mod.load(project / "overlays" / "overlays.yaml")
+    assert [(o.status, o.baked) for o in loaded] == [(s, False) for s in overlays_mod.UNPATCHED]
+    write_registry(project, [{k: v for k, v in entry().items() if k != "patch"}])
+    with pytest.raises(InputError, match="needs a patch file"):
+        overlays_mod.load(project / "overlays" / "overlays.yaml")
+
+
 def test_bad_patch_files_through_the_cli(project, fixture_base):
     patch = project / "overlays" / "patches" / "cpu-kv-transfer-fence.patch"
     patch.write_bytes(patch.read_bytes().replace(b"\n", b"\r\n"))
@@ -158,7 +168,10 @@ def test_rebase_reports_each_status_and_relocks_only_when_all_apply(project, reg
     table = {line.split()[0]: line.split()[1] for line in result.stdout.splitlines()[1:] if line.strip()}
     assert table == {"mxfp4-bitmatrix-padding-mask": "applies-with-offset", "cpu-kv-transfer-fence": "conflicts",
                      "sparse-mla-prefill-bh64-deterministic-topk": "target-missing",
-                     "exact-swiglu-clamp-kernel": "applies", "independent-draft-gumbel": "applies"}
+                     "exact-swiglu-clamp-kernel": "applies", "independent-draft-gumbel": "applies",
+                     "fnuz-indexer-cache-writer": "applies",
+                     "dspark-causal-verify-flatten": "check-by-hand", "moe-expert-mask-by-backend": "check-by-hand",
+                     "aiter-paged-mqa-logits-64bit-offsets": "check-by-hand", "gfx942-aiter-fast-paths": "check-by-hand"}
     assert (project / "overlays" / "overlays.lock").read_bytes() == lock_before
 
     upstreamed = docker_base(registry, "nightly-fixed", fixture_base, [
@@ -180,7 +193,7 @@ def test_rebase_refresh_moves_patches_and_writes_the_lock(project, registry, fix
                       [f"sed -i '1i # moved\\n# by two' {MXFP4} {FENCE} {SPARSE}"], tmp_path)
     result = invoke(project, "rebase", "--base", str(new), "--refresh")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("applies ") == 5
+    assert result.stdout.count("applies ") == 6
     lock = json.loads((project / "overlays" / "overlays.lock").read_text())
     assert lock["base"] == str(new)
     built = invoke(project, "build", "--base", str(new))
