@@ -160,6 +160,59 @@ def test_sparse_prefill_tile_is_64_heads(versions, which, block_h):
     assert values == [block_h]
 
 
+# -- (d) FNUZ FP8 writer for the indexer K cache -------------------------------------------------
+
+@pytest.fixture(scope="module")
+def indexer_cache(versions):
+    """Both versions of the compressor, written and read back in the interpreter, one result each.
+    The reader is the image's rocm_aiter_mla_sparse.py (the overlay of (c) leaves it as it was)."""
+    pytest.importorskip("triton", reason="needs triton for its interpreter")
+    script = ROOT / "tests" / "proofs" / "indexer_fp8_cache.py"
+    reader = versions["sparse-mla-prefill-bh64-deterministic-topk"][1]
+    results = []
+    for writer in versions["fnuz-indexer-cache-writer"]:
+        run = subprocess.run([sys.executable, str(script), str(writer), str(reader)],
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-2000:]
+        results.append(json.loads(run.stdout.splitlines()[-1]))
+    return results
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["stock", "overlaid"])
+def test_gfx942_reads_the_indexer_keys_that_were_written(indexer_cache, which):
+    """80 compressed keys across two cache blocks, written by the compressor kernel on a platform
+    whose FP8 is FNUZ and read back by vLLM's ROCm prefill reader: the stock OCP row-major bytes come
+    back scrambled and halved; the overlaid ones are exactly what OCP hardware reads from the stock
+    bytes. AITER's decode reader (a Gluon kernel for gfx942) cannot run here: what is checked instead
+    is that the overlaid bytes equal those of V3.2's FNUZ writer, whose layout AITER reads."""
+    result = indexer_cache[which]
+    assert result["reference_finite"]
+    assert result["gfx942_reads_what_ocp_reads"] is (which == 1), result
+    if which == 0:
+        assert result["gfx942_max_abs_error"] > result["reference_max_abs"] / 2, result
+    else:
+        assert result["v32_entries_compared"] >= 70 and result["bytes_as_v32_fnuz_writer"], result
+
+
+def test_the_base_reads_the_indexer_cache_shuffled(versions):
+    """The contract the overlay writes to, as the base's ROCm indexer states it: decode hands the
+    cache to AITER with Preshuffle=block_size > 1, prefill gathers it SHUFFLE for blocks above 1.
+    A base that reads DeepSeek V4's cache flat instead (vLLM PR #50455) fails here: supersede the
+    overlay then."""
+    tree = ast.parse(versions["sparse-mla-prefill-bh64-deterministic-topk"][1].read_text())
+    calls = [ast.unparse(k.value) for n in ast.walk(tree) if isinstance(n, ast.Call)
+             for k in n.keywords if k.arg == "Preshuffle"]
+    layouts = [ast.unparse(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
+               and ast.unparse(n.targets[0]) == "layout"]
+    assert calls == ["block_size > 1"]
+    assert set(layouts) == {"'NORMAL' if block_size == 1 else 'SHUFFLE'"}
+
+
+def test_ocp_hardware_keeps_the_stock_bytes(indexer_cache):
+    stock, overlaid = indexer_cache
+    assert stock["ocp_bytes_sha256"] == overlaid["ocp_bytes_sha256"]
+
+
 # -- (e) exact SwiGLU with the clamp --------------------------------------------------------------
 
 def exact_reference(x, limit):
