@@ -213,6 +213,31 @@ def test_ocp_hardware_keeps_the_stock_bytes(indexer_cache):
     assert stock["ocp_bytes_sha256"] == overlaid["ocp_bytes_sha256"]
 
 
+def amdgcn(writer: Path, *args: str) -> dict:
+    pytest.importorskip("triton", reason="needs triton's compiler")
+    run = subprocess.run([sys.executable, str(ROOT / "tests" / "proofs" / "indexer_writer_isa.py"), str(writer), *args],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["stock", "overlaid"])
+def test_gfx942_writer_converts_with_the_hardware_fnuz_instruction(versions, which):
+    """Triton's real compiler, ahead of time for gfx942 (no GPU needed), flags as the launcher sets
+    them on an MI300X: the overlaid writer converts with v_cvt_pk_fp8_f32, the MI300X's own FP8
+    (FNUZ) conversion; the stock one's OCP E4M3 has no gfx942 instruction, Triton emulates it."""
+    writer = versions["fnuz-indexer-cache-writer"][which]
+    code = amdgcn(writer, "gfx942", "224", "1", "1") if which else amdgcn(writer, "gfx942", "448")
+    assert ("v_cvt_pk_fp8_f32" in code["fp8_instructions"]) is (which == 1), code
+
+
+def test_ocp_hardware_runs_the_stock_machine_code(versions):
+    """For gfx950 (MI355X, OCP FP8), with its flags at the default the launcher leaves them at
+    there, the overlaid writer compiles to exactly the stock machine code."""
+    stock, overlaid = versions["fnuz-indexer-cache-writer"]
+    assert amdgcn(overlaid, "gfx950", "448", "0", "0") == amdgcn(stock, "gfx950", "448")
+
+
 # -- (e) exact SwiGLU with the clamp --------------------------------------------------------------
 
 def exact_reference(x, limit):

@@ -1,0 +1,69 @@
+"""Compile vLLM 0.26.0's FP8 indexer-cache writer kernel for an AMD GPU with Triton's real
+compiler (ahead of time: no GPU needed) and report what the machine code does with FP8.
+
+Usage: python indexer_writer_isa.py WRITER_FILE ARCH FP8_MAX [FNUZ PRESHUFFLE]
+  ARCH: gfx942 (MI300X, FNUZ FP8) or gfx950 (MI355X, OCP FP8)
+  FNUZ, PRESHUFFLE: the overlaid kernel's flags (0 or 1), as its launcher passes them on FNUZ
+  hardware; elsewhere the launcher leaves them at their default, False, which is what 0 0 gives.
+Prints JSON: the sha256 of the AMDGCN assembly (line info off, so only the code counts) and the
+FP8 conversion instructions in it.
+"""
+
+import ast
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+os.environ["TRITON_DISABLE_LINE_INFO"] = "1"  # the source's line numbers differ between versions
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+KERNEL = "_fused_kv_compress_norm_rope_insert_indexer_attn"
+# the launcher's argument types for DeepSeek V4's indexer (head 128, one float32 scale per token)
+SIGNATURE = {
+    "state_cache_ptr": "*fp32", "state_cache_stride0": "i32", "state_cache_stride1": "i32",
+    "token_to_req_indices_ptr": "*i32", "positions_ptr": "*i64", "slot_mapping_ptr": "*i64",
+    "block_table_ptr": "*i32", "block_table_stride": "i32", "block_size": "i32",
+    "rms_norm_weight_ptr": "*bf16", "rms_norm_eps": "fp32", "cos_sin_cache_ptr": "*fp32",
+    "cos_sin_stride": "i32", "k_cache_ptr": "*u8", "kv_slot_mapping_ptr": "*i64", "kv_cache_block_size": "i32",
+}
+
+
+def kernel(path: str):
+    text = Path(path).read_text()
+    node = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name == KERNEL)
+    start = min(d.lineno for d in node.decorator_list) - 1
+    module_path = Path(tempfile.mkdtemp()) / "writer_under_test.py"
+    module_path.write_text("import triton\nimport triton.language as tl\n\n\n"
+                           + textwrap.dedent("\n".join(text.splitlines()[start:node.end_lineno])) + "\n")
+    spec = importlib.util.spec_from_file_location("writer_under_test", module_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, KERNEL)
+
+
+def main() -> None:
+    path, arch, fp8_max = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    constants = dict(HEAD_SIZE=128, TRITON_BLOCK_SIZE=128, STATE_WIDTH=256, COMPRESS_RATIO=4, OVERLAP=True,
+                     ROPE_HEAD_DIM=64, FP8_MAX=fp8_max, QUANT_BLOCK=128, TOKEN_STRIDE=128, SCALE_DIM=4,
+                     KV_BLOCK_STRIDE=64 * 132)
+    if len(sys.argv) > 4:  # the overlaid kernel's flags
+        constants.update(FNUZ=sys.argv[4] == "1", PRESHUFFLE=sys.argv[5] == "1")
+    signature = dict(SIGNATURE, **{name: "constexpr" for name in constants})
+    compiled = triton.compile(ASTSource(kernel(path), signature, constexprs=constants),
+                              target=GPUTarget("hip", arch, 64), options={"num_warps": 1})
+    asm = compiled.asm["amdgcn"]
+    print(json.dumps({"sha256": hashlib.sha256(asm.encode()).hexdigest(),
+                      "fp8_instructions": sorted(set(re.findall(r"\bv_cvt\w*_fp8_\w*", asm)))}))
+
+
+if __name__ == "__main__":
+    main()
