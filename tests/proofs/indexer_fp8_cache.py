@@ -18,7 +18,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: jit then builds interpreted kernels
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: jit then builds interpreted kernels
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
