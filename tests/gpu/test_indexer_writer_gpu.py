@@ -26,6 +26,7 @@ READER = "/usr/local/lib/python3.12/dist-packages/vllm/v1/attention/ops/rocm_ait
 def proof_module():
     """tests/proofs/indexer_fp8_cache.py with Triton's real JIT instead of its interpreter."""
     os.environ["TRITON_INTERPRET"] = "0"
+    sys.path.insert(0, str(ROOT / "tests" / "proofs"))  # its helper, lift.py
     spec = importlib.util.spec_from_file_location("indexer_fp8_cache", ROOT / "tests" / "proofs" / "indexer_fp8_cache.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -10,13 +10,10 @@ Prints JSON. `current_platform` is a stand-in whose FP8 flavour the script picks
 OCP hardware. AITER's own gfx942 reader is a Gluon kernel that cannot run on a CPU.
 """
 
-import ast
 import hashlib
 import json
 import os
 import sys
-import textwrap
-from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: jit then builds interpreted kernels
 
@@ -24,6 +21,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
+
+import lift  # noqa: E402  (beside this script)
 
 # Triton's interpreter hands some scalar masks broadcast to a block (the reader's `valid_block`) to
 # its store as int32, which it then refuses; on the GPU they are i1. Give it the booleans it wants.
@@ -53,32 +52,16 @@ class Platform:
         return torch.float8_e4m3fnuz if self.fnuz else torch.float8_e4m3fn
 
 
-def function_source(path: str, name: str) -> str:
-    text = Path(path).read_text()
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.FunctionDef) and node.name == name:
-            start = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
-            return textwrap.dedent("\n".join(text.splitlines()[start:node.end_lineno]))
-    raise SystemExit(f"{name} not found in {path}")
-
-
 def load(writer: str, reader: str):
-    """One real module file holding the functions under test (Triton re-reads kernel source)."""
-    import importlib.util
-    import tempfile
-
-    parts = ["from typing import Any\n\nimport torch\nimport triton\nimport triton.language as tl\ncurrent_platform = None"]
-    parts += [function_source(writer, n) for n in
+    """The writer's launcher and kernel, and the ROCm reader and V3.2 writer, as one real module."""
+    parts = ["from typing import Any\n\nimport torch\nimport triton\nimport triton.language as tl\n"
+             "current_platform = None"]
+    parts += [lift.function_source(writer, n) for n in
               ("compress_norm_rope_store_triton", "_fused_kv_compress_norm_rope_insert_indexer_attn")]
-    parts += [function_source(reader, n) for n in
+    parts += [lift.function_source(reader, n) for n in
               ("_cp_gather_indexer_quant_cache_kernel", "cp_gather_indexer_k_quant_cache_triton",
                "_indexer_k_quant_and_cache_kernel", "indexer_k_quant_and_cache_triton")]
-    path = os.path.join(tempfile.mkdtemp(), "indexer_cache_under_test.py")
-    with open(path, "w") as f:
-        f.write("\n\n".join(parts) + "\n")
-    spec = importlib.util.spec_from_file_location("indexer_cache_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = lift.module("indexer_cache_under_test", parts)
     module.current_platform = Platform()
     return module
 

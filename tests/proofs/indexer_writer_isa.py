@@ -9,22 +9,19 @@ Prints JSON: the sha256 of the AMDGCN assembly (line info off, so only the code 
 FP8 conversion instructions in it.
 """
 
-import ast
 import hashlib
-import importlib.util
 import json
 import os
 import re
 import sys
-import tempfile
-import textwrap
-from pathlib import Path
 
 os.environ["TRITON_DISABLE_LINE_INFO"] = "1"  # the source's line numbers differ between versions
 
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
+
+import lift  # noqa: E402  (beside this script)
 
 KERNEL = "_fused_kv_compress_norm_rope_insert_indexer_attn"
 # the launcher's argument types for DeepSeek V4's indexer (head 128, one float32 scale per token)
@@ -38,16 +35,8 @@ SIGNATURE = {
 
 
 def kernel(path: str):
-    text = Path(path).read_text()
-    node = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name == KERNEL)
-    start = min(d.lineno for d in node.decorator_list) - 1
-    module_path = Path(tempfile.mkdtemp()) / "writer_under_test.py"
-    module_path.write_text("import triton\nimport triton.language as tl\n\n\n"
-                           + textwrap.dedent("\n".join(text.splitlines()[start:node.end_lineno])) + "\n")
-    spec = importlib.util.spec_from_file_location("writer_under_test", module_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, KERNEL)
+    return getattr(lift.module("writer_under_test", ["import triton\nimport triton.language as tl",
+                                                      lift.function_source(path, KERNEL)]), KERNEL)
 
 
 def main() -> None:

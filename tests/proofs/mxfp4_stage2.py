@@ -4,42 +4,22 @@ Usage: python mxfp4_stage2.py KERNEL_FILE KEYED_ADD_FILE   (the module sources, 
 Prints JSON: what one program (block 0) wrote, and the full result against a reference.
 """
 
-import ast
 import json
 import os
 import sys
-import textwrap
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: jit then builds interpreted kernels
 
 import torch  # noqa: E402
 
-
-def function_source(path: str, name: str) -> str:
-    """The source of a (possibly nested) function definition, decorators included, dedented."""
-    text = open(path).read()
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.FunctionDef) and node.name == name:
-            start = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
-            return textwrap.dedent("\n".join(text.splitlines()[start:node.end_lineno]))
-    raise SystemExit(f"{name} not found in {path}")
+import lift  # noqa: E402  (beside this script)
 
 
 def load(kernel_file: str, keyed_add_file: str):
-    """Write the two functions into a real module (Triton re-reads kernel source from its file)."""
-    import importlib.util
-    import tempfile
-
-    source = "\n\n".join(["import triton\nimport triton.language as tl",
-                           function_source(keyed_add_file, "_keyed_add"),
-                           function_source(kernel_file, "_stage2_pow2")]) + "\n"
-    path = os.path.join(tempfile.mkdtemp(), "stage2_under_test.py")
-    with open(path, "w") as f:
-        f.write(source)
-    spec = importlib.util.spec_from_file_location("stage2_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module._stage2_pow2
+    """The stage-2 kernel with the helper it calls, as one real module."""
+    return lift.module("stage2_under_test", ["import triton\nimport triton.language as tl",
+                                             lift.function_source(keyed_add_file, "_keyed_add"),
+                                             lift.function_source(kernel_file, "_stage2_pow2")])._stage2_pow2
 
 
 def main() -> None:

@@ -13,15 +13,14 @@ import ast
 import json
 import os
 import sys
-import tempfile
 import textwrap
 from types import SimpleNamespace
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-import importlib.util  # noqa: E402
-
 import torch  # noqa: E402
+
+import lift  # noqa: E402  (beside this script)
 
 
 def gumbel_module(path: str):
@@ -32,13 +31,7 @@ def gumbel_module(path: str):
     # Triton's interpreter has no libdevice log1p: log(1 - u) stands in for it. Only the precision of
     # the Gumbel transform changes; how the noise is keyed, (seed, position), is the code as shipped.
     source = source.replace("tldevice.log1p(-u)", "tl.log(1.0 - u)")
-    target = os.path.join(tempfile.mkdtemp(), "gumbel_under_test.py")
-    with open(target, "w") as f:
-        f.write(source)
-    spec = importlib.util.spec_from_file_location("gumbel_under_test", target)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return lift.module("gumbel_under_test", [source])
 
 
 def copy_request_inputs(path: str):
