@@ -24,7 +24,7 @@ SPEC_KEYS = {"model": str, "revision": str, "model_mount": str, "speculative": b
              "shm_size": str, "vram_limit_bytes": int, "prefill_min_tokens": int, "regression": list}
 CASE_KEYS = {"prompt": str, "seed": int, "max_tokens": int, "temperature": float, "expected": str}
 
-# The healthy start, in order (../shared/ARCHITECTURE.md); the DSpark line only with speculation.
+# The healthy start, in order, as the production deployment logs it; the DSpark line only with speculation.
 HEALTH = [
     ("model loaded", re.compile(r"Model loading took [\d.]+ GiB")),
     ("DSpark draft loaded", re.compile(r"DSpark draft model loaded: \d+ params")),

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import inputs
-from .errors import InputError
+from .errors import InputError, IntegrityError
 from .layer import FileEntry
 
 HEADER = ["gfx", "cu_num", "M", "N", "K", "libtype", "kernelId", "splitK", "us", "kernelName", "tflops", "bw", "errRatio"]
@@ -18,7 +18,7 @@ OLD_HEADER = [h for h in HEADER if h not in ("gfx", "libtype")]
 GFX, CU_NUM = "gfx942", 304
 ENV_DIR = "/opt/bakery/tuning"
 MODEL_CONFIGS = "/usr/local/lib/python3.12/dist-packages/aiter/configs/model_configs"
-TABLE_KEYS = {"name": str, "file": str, "env": str}
+TABLE_KEYS = {"name": str, "file": str, "env": str, "sha256": str, "source": str, "original_sha256": str}
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,10 @@ def load(directory: Path) -> list[Table]:
             data = source.read_bytes()
         except OSError as e:
             raise InputError(f"{where}: cannot read {source}: {e.strerror}") from None
+        if entry.get("sha256") and hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise IntegrityError(f"{where}: {source.name} has sha256 {hashlib.sha256(data).hexdigest()}, "
+                                 f"tuning.yaml says {entry['sha256']}: restore the file or update sha256 "
+                                 f"(and source) on purpose")
         if entry["name"] in names or source.name in {t.source.name for t in tables}:
             raise InputError(f"{where}: duplicate table {entry['name']!r} / {source.name}")
         names.add(entry["name"])

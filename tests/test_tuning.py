@@ -1,4 +1,5 @@
-"""AITER tuning tables: real MI300X tables from ../shared/reference/tuning validate and bake."""
+"""AITER tuning tables: the committed production MI300X tables validate and bake; the published
+original with its gfx950 rows (tests/data/tuning, source and sha256 in tuning/tuning.yaml) is refused."""
 
 from __future__ import annotations
 
@@ -12,9 +13,8 @@ from bakery.errors import InputError
 
 from conftest import ROOT, docker, invoke, last_line
 
-REFERENCE = ROOT.parent / "shared" / "reference" / "tuning"
-BPRESHUFFLE = REFERENCE / "dsv4-mi300x-a8w8-blockscale-bpreshuffle-ck.prefill-m2688.csv"
-BLOCKSCALE = REFERENCE / "dsv4-a8w8-blockscale-tuned-gemm.mi300x.prefill-m2688.csv"
+BPRESHUFFLE = ROOT / "tuning" / "dsv4-mi300x-a8w8-blockscale-bpreshuffle-ck.prefill-m2688.csv"
+BLOCKSCALE = ROOT / "tests" / "data" / "tuning" / "dsv4-a8w8-blockscale-tuned-gemm.mi300x.prefill-m2688.csv"
 
 
 def gfx942_rows(path) -> bytes:
