@@ -64,14 +64,20 @@ def mirror(c, to, base=None):
     print(mirror_mod.copy(spec.image, dest, log=_log))
 
 
-@task(help={"registry": "registry host:port to push the fixture to (default: the local stack's)"})
+@task(help={"registry": "registry host:port to push the fixture to (default: the local stack's)",
+            "vllm": "vLLM release to build it from: 0.26.0 (default) or 0.27.0, the nightly's two neighbours"})
 @reports_errors
-def fixture(c, registry=None):
-    """Build the fixture base (Debian + vLLM 0.26.0 + AITER sources) with Docker, push it, print REF@DIGEST."""
+def fixture(c, registry=None, vllm="0.26.0"):
+    """Build the fixture base (Debian + vLLM + AITER sources) with Docker, push it, print REF@DIGEST."""
     from bakery import fixture as fixture_mod, stack
+    from bakery.errors import InputError
 
+    spec = FIXTURE_SPEC if vllm == "0.26.0" else FIXTURE_SPEC.with_name(f"fixture-vllm-{vllm}.yaml")
+    if not spec.is_file():
+        raise InputError(f"--vllm {vllm}: no fixture spec for it; known: 0.26.0, "
+                         + ", ".join(p.stem.removeprefix("fixture-vllm-") for p in spec.parent.glob("fixture-vllm-*.yaml")))
     registry = registry or stack.up()
-    print(fixture_mod.build(FIXTURE_SPEC, registry, log=_log))
+    print(fixture_mod.build(spec, registry, log=_log))
 
 
 @task
@@ -138,23 +144,48 @@ def lock(c, base=None, lock=None):
     print(Path(lock) if lock else PROJECT / "overlays" / "overlays.lock")
 
 
+@task(help={"base": "base image REF@sha256:DIGEST, overriding image/base.yaml"})
+@reports_errors
+def prove(c, base=None):
+    """Run each overlay's behavioural proof on the base's stock target and on the overlaid one."""
+    from bakery.build import Options
+    from bakery.rebase import prove_base
+
+    rows = prove_base(Options(PROJECT, base), log=_log)
+    width = max(len(r.overlay.id) for r in rows)
+    print(f"{'overlay':<{width}}  {'stock':<13} {'overlaid':<13} {'seconds':>7}  detail")
+    for r in rows:
+        over = r.overlaid.verdict if r.overlaid else "(audit)"
+        seconds = r.stock.seconds + (r.overlaid.seconds if r.overlaid else 0)
+        detail = r.overlay.proof.hardware if r.overlay.proof.script is None else \
+            (r.overlaid.reason if r.overlaid else r.stock.reason)
+        print(f"{r.overlay.id:<{width}}  {r.stock.verdict:<13} {over:<13} {seconds:>7.1f}  {detail}")
+    bad = [r.overlay.id for r in rows if not r.ok]
+    if bad:
+        raise Exit(f"error: not proven (a required overlay must be BROKEN on stock and FIXED overlaid): "
+                   f"{', '.join(bad)}", code=5)
+
+
 @task(help={"base": "the new base REF@sha256:DIGEST (the nightly you are moving to)",
             "lock": "lock file to write (default: overlays/overlays.lock)",
-            "refresh": "rewrite patches that only moved (applies-with-offset) for the new line numbers"})
+            "out": "where overlays that need porting by hand are written (default: out/, as out/rebase/ID/)"})
 @reports_errors
-def rebase(c, base, lock=None, refresh=False):
-    """Nightly bump: report how each overlay applies to a new base; re-lock only if all required apply."""
-    from bakery.build import Options, rebase as run
+def rebase(c, base, lock=None, out=None):
+    """Nightly bump: carry each overlay to a new base and prove it there; re-lock only if all are proven."""
+    from bakery.build import Options
+    from bakery.rebase import rebase as run
 
-    rows, ok = run(Options(PROJECT, base, lock=Path(lock) if lock else None), refresh=refresh, log=_log)
-    width = max(len(o.id) for o, _, _ in rows)
-    print(f"{'overlay':<{width}}  {'status':<20} {'required':<8}  detail")
-    for o, status, detail in rows:
-        print(f"{o.id:<{width}}  {status:<20} {'yes' if o.baked else 'no':<8}  {detail}")
+    rows, ok = run(Options(PROJECT, base, lock=Path(lock) if lock else None, out=Path(out) if out else None),
+                   log=_log)
+    width = max(len(r.overlay.id) for r in rows)
+    print(f"{'overlay':<{width}}  {'status':<34} {'required':<8}  detail")
+    for r in rows:
+        print(f"{r.overlay.id:<{width}}  {r.status:<34} {'yes' if r.overlay.baked else 'no':<8}  {r.detail}")
     if not ok:
-        raise Exit("error: not every required overlay applies exactly; lock left unchanged. "
-                   "Fix the patches (or --refresh moved ones) and run again", code=2)
-    print(f"lock written for {base}: now set image: in image/base.yaml to it and commit both")
+        raise Exit("error: not every required overlay is carried and proven on the new base; lock, patches and "
+                   "overlays.yaml left unchanged. Port the ones marked `needs porting` (see their folder) and run "
+                   "again", code=2)
+    print(f"lock written for {base}: now set image: in image/base.yaml to it and commit overlays/ and the lock")
 
 
 @task(help={"out": "directory for bakery.key (encrypted) and bakery.pub (default: .)"})

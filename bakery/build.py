@@ -15,10 +15,10 @@ from . import base as base_mod
 from . import hip as hip_mod
 from . import image as image_mod
 from . import overlays as overlays_mod
-from . import patch as patch_mod
+from . import prove as prove_mod
 from . import record
 from . import tuning as tuning_mod
-from .errors import InputError
+from .errors import InputError, IntegrityError
 from .extract import BaseFilesystem, LayerCache
 from .layer import FileEntry, write_blob, write_layer
 from .publish import Derived, push, write_layout
@@ -113,38 +113,45 @@ def lock(opts: Options, log=print) -> dict:
     project = opts.project.resolve()
     base = open_base(project, opts.base, log)
     _, applied, _ = overlay_inputs(project, base)
+    for a in applied:
+        if a.original is not None:
+            overlays_mod.store_stock(project / "overlays", a.original)
     document = overlays_mod.lock_document(str(base.spec.image), [a.lock_entry() for a in applied])
     overlays_mod.write_lock(opts.lock_path, document)
     return document
 
 
-def rebase(opts: Options, refresh: bool = False, log=print) -> tuple[list, bool]:
-    """`invoke rebase`: how each overlay fares on a new base; re-lock only if all required apply."""
-    project = opts.project.resolve()
-    base = open_base(project, opts.base, log)
-    registered = overlays_mod.load(project / "overlays" / "overlays.yaml")
-    overlays = [o for o in registered if o.patch_bytes]
-    found = base.fs.read([o.target for o in overlays])
-    rows, applied = [], []
-    for o in overlays:
-        status, detail, result = overlays_mod.rebase_status(o, found.get(o.target.lstrip("/")))
-        if status == overlays_mod.OFFSET and refresh:
-            original = found[o.target.lstrip("/")].data
-            o.patch_path.write_bytes(patch_mod.unified_diff(original, result.result, o.relative))
-            status, detail = overlays_mod.APPLIES, "patch refreshed for the new line numbers"
-            o = dataclasses.replace(o, patch_bytes=o.patch_path.read_bytes())
-            result = overlays_mod.Applied(o, result.base_sha256, result.result)
-        rows.append((o, status, detail))
-        if o.baked and result is not None and status == overlays_mod.APPLIES:
-            applied.append(result)
-    # audit records carry no patch to try: list them so the bump re-checks them by hand
-    rows += [(o, overlays_mod.BY_HAND, f"recorded {o.status}; re-check on this base (reason in overlays.yaml)")
-             for o in registered if not o.patch_bytes]
-    ok = all(status == overlays_mod.APPLIES for o, status, _ in rows if o.baked)
-    if ok:
-        document = overlays_mod.lock_document(str(base.spec.image), [a.lock_entry() for a in applied])
-        overlays_mod.write_lock(opts.lock_path, document)
-    return rows, ok
+def overlay_proofs(base: OpenBase, applied: list, log=print) -> dict:
+    """Each baked overlay's proof on the base's stock target and on the overlaid one (cached by
+    their inputs); refuses a build whose overlaid target does not prove FIXED."""
+    specs = [a.overlay.proof for a in applied if a.overlay.proof and a.overlay.proof.script]
+    found = base.fs.read(sorted({r for spec in specs for r in spec.reads}))
+    reads = {r: (f.data if f is not None else None) for r, f in ((r, found.get(r.lstrip("/"))) for spec in specs
+                                                                  for r in spec.reads)}
+    jobs = {}
+    for a in applied:
+        if a.overlay.proof and a.overlay.proof.script:
+            jobs[(a.overlay.id, "stock")] = (a.overlay.proof, a.original, reads)
+            jobs[(a.overlay.id, "overlaid")] = (a.overlay.proof, a.result, reads)
+    if jobs:
+        log(f"proving {len(jobs) // 2} overlays on stock and overlaid bytes (cached by their inputs)")
+    verdicts = prove_mod.run_many(jobs)
+    out = {}
+    for a in applied:
+        spec = a.overlay.proof
+        if spec is None:
+            raise InputError(f"overlay {a.overlay.id!r} has no proof: give it proof: {{script: ...}} in "
+                             f"overlays.yaml, or {{hardware: WHY}} where only hardware can tell")
+        if spec.script is None:
+            out[a.overlay.id] = {"hardware": spec.hardware}
+            continue
+        stock, overlaid = verdicts[(a.overlay.id, "stock")], verdicts[(a.overlay.id, "overlaid")]
+        if overlaid.verdict != prove_mod.FIXED:
+            raise IntegrityError(f"overlay {a.overlay.id!r}: its proof says {overlaid.verdict} on the overlaid "
+                                 f"target ({overlaid.reason}); run `invoke prove` for the table")
+        out[a.overlay.id] = {"script": str(spec.script.name), "code_sha256": spec.code_sha256,
+                             "stock": stock.verdict, "overlaid": overlaid.verdict, "reason": overlaid.reason}
+    return out
 
 
 def python_distributions(fs: BaseFilesystem) -> list[dict]:
@@ -159,7 +166,7 @@ def python_distributions(fs: BaseFilesystem) -> list[dict]:
     return dists
 
 
-def overlay_records(project: Path, overlays: list, applied: list) -> list[dict]:
+def overlay_records(project: Path, overlays: list, applied: list, proofs: dict) -> list[dict]:
     """Every registered overlay (baked or not) with its hashes, for the record and the SBOM."""
     by_id = {a.overlay.id: a for a in applied}
     out = []
@@ -167,8 +174,9 @@ def overlay_records(project: Path, overlays: list, applied: list) -> list[dict]:
         a = by_id.get(o.id)
         out.append({"id": o.id, "target": o.target, "kind": o.kind, "status": o.status, "baked": a is not None,
                     "upstream": o.upstream, "reason": o.reason, "platforms": list(o.platforms),
-                    "patch": str(o.patch_path.relative_to(project)) if o.patch_path else None,
-                    "patch_sha256": o.patch_sha256,
+                    "patch": str(a.overlay.patch_path.relative_to(project)) if a else
+                    (str(o.patch_path.relative_to(project)) if o.patch_path else None),
+                    "patch_sha256": a.overlay.patch_sha256 if a else o.patch_sha256, "proof": proofs.get(o.id),
                     "base_sha256": a.base_sha256 if a else None, "result_sha256": a.result_sha256 if a else None})
     return out
 
@@ -186,8 +194,10 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
     dists = python_distributions(fs)
 
     overlays, applied, stale = overlay_inputs(project, opened)
-    overlays_mod.verify_against_lock(applied, overlays_mod.read_lock(opts.lock_path), str(base_spec.image),
-                                     opts.lock_path)
+    locked = overlays_mod.read_lock(opts.lock_path)
+    overlays_mod.verify_against_lock(applied, locked, str(base_spec.image), opts.lock_path)
+    overlays_mod.check_stock(project / "overlays", locked, opts.lock_path)
+    proofs = overlay_proofs(opened, applied, log)
     overlay_files = tuple(FileEntry(a.overlay.target, a.result) for a in applied)
 
     recipe = hip_mod.load(project / "hip")
@@ -253,7 +263,7 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
                   for i, l in enumerate(layers) for f in l.files],
         "deleted": [{"path": d, "layer": i, "why": "stale bytecode of an overlaid module"}
                     for i, l in enumerate(layers) for d in l.deletions],
-        "overlays": overlay_records(project, overlays, applied),
+        "overlays": overlay_records(project, overlays, applied, proofs),
         "artifacts": [a.record() for a in artifacts],
         "tuning": [{"name": t.name, "path": t.path, "sha256": t.sha256, "rows": t.rows, "env": t.env,
                     "source": t.source.name} for t in tables],

@@ -7,12 +7,13 @@ overlay, the target, both hashes and the next command to run.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from . import inputs, patch as patch_mod
+from . import inputs, patch as patch_mod, prove
 from .errors import InputError, IntegrityError
 from .layer import write_blob
 
@@ -22,7 +23,7 @@ KINDS = ("patch", "new-file", "upstream-backport")
 STATUSES = ("required", "superseded", "already-upstream", "absent", "not-applicable")
 UNPATCHED = ("already-upstream", "absent", "not-applicable")  # audit records: no patch file
 ENTRY_KEYS = {"id": str, "target": str, "upstream": dict, "patch": str, "kind": str, "reason": str,
-              "status": str, "platforms": list, "note": str}
+              "status": str, "platforms": list, "note": str, "proof": dict}
 UPSTREAM_KEYS = {"repo": str, "ref": str, "path": str}
 LOCK_SCHEMA = "bakery.overlays.lock/v1"
 
@@ -38,6 +39,8 @@ class Overlay:
     reason: str
     status: str
     platforms: tuple[str, ...]
+    proof: prove.ProofSpec | None = None
+    ports: tuple[tuple[str, Path, bytes], ...] = ()  # (target sha256 it applies to, patch file, bytes)
 
     @property
     def baked(self) -> bool:
@@ -54,6 +57,15 @@ class Overlay:
 
     def parsed(self) -> patch_mod.Patch:
         return patch_mod.parse(self.patch_bytes, str(self.patch_path))
+
+    def for_target(self, original: bytes | None) -> "Overlay":
+        """This overlay with the patch written for these target bytes: a port whose file is named
+        by their sha256, else the main patch."""
+        sha = hashlib.sha256(original).hexdigest() if original is not None else None
+        for port_sha, path, data in self.ports:
+            if port_sha == sha:
+                return dataclasses.replace(self, patch_path=path, patch_bytes=data)
+        return self
 
 
 def load(path: Path) -> list[Overlay]:
@@ -97,11 +109,29 @@ def load(path: Path) -> list[Overlay]:
         elif entry["status"] not in UNPATCHED:
             raise InputError(f"{where}: needs a patch file (only {', '.join(UNPATCHED)} have none)")
         overlay = Overlay(entry["id"], target, entry["upstream"], patch_path, patch_bytes, entry["kind"],
-                          entry["reason"], entry["status"], tuple(entry["platforms"]))
+                          entry["reason"], entry["status"], tuple(entry["platforms"]),
+                          prove.load_spec(entry.get("proof"), path.parent, f"{where}: proof"),
+                          _ports(path.parent, entry["id"], where))
         if patch_bytes is not None:
             _check_patch_names_target(overlay)
+        for _, port_path, port_bytes in overlay.ports:
+            _check_patch_names_target(dataclasses.replace(overlay, patch_path=port_path, patch_bytes=port_bytes))
         out.append(overlay)
     return out
+
+
+PORTS = "patches/ports"  # patches/ports/<id>/<sha256 of the target bytes it applies to>.patch
+
+
+def _ports(folder: Path, overlay_id: str, where: str) -> tuple:
+    """The overlay's ports: one patch per target version, named by that version's sha256."""
+    ports = []
+    for path in sorted((folder / PORTS / overlay_id).glob("*")):
+        sha = path.name.removesuffix(".patch")
+        if not path.name.endswith(".patch") or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+            raise InputError(f"{where}: port {path} must be named <sha256 of the target it applies to>.patch")
+        ports.append((sha, path, path.read_bytes()))
+    return tuple(ports)
 
 
 def _check_patch_names_target(overlay: Overlay) -> None:
@@ -130,9 +160,10 @@ def read_lock(path: Path) -> dict:
 
 @dataclass(frozen=True)
 class Applied:
-    overlay: Overlay
+    overlay: Overlay  # with the patch that was applied (a port, where one matched the bytes)
     base_sha256: str | None  # None for a new file
     result: bytes
+    original: bytes | None = None
 
     @property
     def result_sha256(self) -> str:
@@ -166,12 +197,14 @@ def apply_all(overlays: list[Overlay], base_files: dict) -> list[Applied]:
                              f"run `invoke rebase --base NEW@DIGEST` to see what changed")
         if original is not None and o.kind == "new-file":
             raise InputError(f"overlay {o.id!r}: new-file target {o.target} already exists in the base")
+        o = o.for_target(original)
         try:
             result, _ = patch_mod.apply(o.parsed(), original or b"")
         except patch_mod.PatchConflict as e:
             raise IntegrityError(f"overlay {o.id!r}: patch {o.patch_path.name} does not apply exactly to "
                                  f"{o.target} ({e}); run `invoke rebase --base REF@DIGEST` and refresh the patch") from None
-        applied.append(Applied(o, hashlib.sha256(original).hexdigest() if original is not None else None, result))
+        applied.append(Applied(o, hashlib.sha256(original).hexdigest() if original is not None else None, result,
+                               original))
     return applied
 
 
@@ -202,6 +235,46 @@ def verify_against_lock(applied: list[Applied], lock: dict, base_ref: str, lock_
                              f"run `invoke lock`")
 
 
+# -- stock bytes ----------------------------------------------------------------------------------
+
+STOCK = "stock"  # overlays/stock/<sha256>: the stock bytes of every target a lock or a port names
+
+
+def store_stock(folder: Path, data: bytes) -> str:
+    """Keep one version of a target's stock bytes, named by its sha256 (so rebase and prove need
+    no old base, which upstream may have deleted)."""
+    sha = hashlib.sha256(data).hexdigest()
+    path = folder / STOCK / sha
+    if not (path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == sha):
+        write_blob(path, data)
+    return sha
+
+
+def read_stock(folder: Path, sha: str) -> bytes | None:
+    """Stored stock bytes by sha256, checked against their name; None if not stored."""
+    path = folder / STOCK / sha
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    found = hashlib.sha256(data).hexdigest()
+    if found != sha:
+        raise IntegrityError(f"{path} holds bytes with sha256 {found}: a stored file's name must be its sha256; "
+                             f"restore it with `git checkout -- {path}` or re-run `invoke lock` on its base")
+    return data
+
+
+def check_stock(folder: Path, lock: dict, lock_path: Path) -> None:
+    """The build's check of the stored stock bytes: every file is named by its sha256, and every
+    locked target's stock bytes are there."""
+    for path in sorted((folder / STOCK).glob("*")):
+        read_stock(folder, path.name)
+    for entry in lock["overlays"]:
+        if entry["base_sha256"] and read_stock(folder, entry["base_sha256"]) is None:
+            raise IntegrityError(f"overlay {entry['id']!r}: {lock_path} names stock bytes {entry['base_sha256']} "
+                                 f"that {folder / STOCK} does not hold: run `invoke lock` (or rebase) on the base")
+
+
 # -- bytecode -------------------------------------------------------------------------------------
 
 def stale_bytecode(targets: list[str], present: list[str]) -> list[str]:
@@ -217,39 +290,56 @@ def stale_bytecode(targets: list[str], present: list[str]) -> list[str]:
     return sorted(out)
 
 
-# -- rebase -------------------------------------------------------------------------------------
+# -- rebase: ways to carry an overlay onto new bytes ---------------------------------------------
 
-APPLIES, OFFSET, CONFLICTS, MISSING, UPSTREAM = ("applies", "applies-with-offset", "conflicts",
-                                                 "target-missing", "already-upstream")
-BY_HAND = "check-by-hand"  # an audit record: no patch, so nothing to apply
+EXACT, OFFSET, KNOWN_PORT, MERGED = "exact", "offset", "known port", "merged"
+BY_HAND = "check-by-hand"  # an audit record: no patch, so nothing to carry or prove
 
 
-def rebase_status(overlay: Overlay, found) -> tuple[str, str, Applied | None]:
-    """How one overlay fares on a new base: (status, detail, applied result if it applies exactly)."""
-    try:
-        original = _base_bytes(overlay, found)
-    except InputError as e:
-        return CONFLICTS, str(e), None
-    if original is None and overlay.kind != "new-file":
-        return MISSING, "target not in the new base", None
-    p = overlay.parsed()
-    try:
-        result, _ = patch_mod.apply(p, original or b"")
-        applied = Applied(overlay, hashlib.sha256(original).hexdigest() if original is not None else None, result)
-        return APPLIES, "", applied
-    except patch_mod.PatchConflict as exact:
+def merge3(ours: bytes, old: bytes, new: bytes) -> tuple[bytes, int]:
+    """git merge-file: (merged bytes, number of conflicts; the bytes then carry the markers)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bakery-merge-") as tmp:
+        paths = [Path(tmp) / n for n in ("ours", "old", "new")]
+        for path, data in zip(paths, (ours, old, new)):
+            path.write_bytes(data)
+        done = subprocess.run(["git", "merge-file", "-p", "-L", "ours", "-L", "old base", "-L", "new base",
+                               *map(str, paths)], capture_output=True)
+    if done.returncode < 0 or done.returncode > 127:
+        raise InputError(f"git merge-file failed: {done.stderr.decode(errors='replace').strip()}")
+    return done.stdout, done.returncode
+
+
+def candidates(overlay: Overlay, new: bytes, old: bytes | None) -> tuple[list[tuple[str, bytes]], bytes | None]:
+    """Ways to carry `overlay` onto the new target bytes, in the order rebase tries them: the main
+    patch and every known port exactly, then with offsets, then a 3-way merge from the old target
+    bytes. Returns the distinct results and, if the merge conflicted, its marked-up text."""
+    found: list[tuple[str, bytes]] = []
+
+    def add(how: str, result: bytes) -> None:
+        if all(result != r for _, r in found):
+            found.append((how, result))
+
+    patches = [(None, overlay.patch_path, overlay.patch_bytes)] + list(overlay.ports)
+    for allow_offset in (False, True):  # every patch exactly (a port written for these bytes fits), then moved
+        for n, (_, path, data) in enumerate(patches):
+            try:
+                result, _ = patch_mod.apply(patch_mod.parse(data, str(path)), new, allow_offset=allow_offset)
+            except patch_mod.PatchConflict:
+                continue
+            add(KNOWN_PORT if n else (OFFSET if allow_offset else EXACT), result)
+    conflicted = None
+    if old is not None:
         try:
-            result, worst = patch_mod.apply(p, original or b"", allow_offset=True)
-        except patch_mod.PatchConflict as e:
-            if original is not None and _already_applied(p, original):
-                return UPSTREAM, "the new base already contains the change", None
-            return CONFLICTS, str(e), None
-        return OFFSET, f"{exact}; refresh with `invoke rebase --refresh`", \
-            Applied(overlay, hashlib.sha256(original).hexdigest(), result)
-
-
-def _already_applied(p: patch_mod.Patch, original: bytes) -> bool:
-    """Does the base already hold every hunk's new side?"""
-    lines = original.splitlines(keepends=True)
-    return all(any(tuple(lines[i:i + len(h.new)]) == h.new for i in range(len(lines) - len(h.new) + 1))
-               for h in p.hunks)
+            ours, _ = patch_mod.apply(overlay.for_target(old).parsed(), old)
+        except patch_mod.PatchConflict:
+            ours = None
+        if ours is not None:
+            merged, conflicts = merge3(ours, old, new)
+            if conflicts:
+                conflicted = merged
+            else:
+                add(MERGED, merged)
+    return found, conflicted

@@ -1,7 +1,7 @@
 """Unified diffs, applied exactly: every hunk at its stated line, every context line equal.
 
 Pure functions over bytes. `locate` also finds where a hunk would fit elsewhere, which is what
-`invoke rebase` reports as applies-with-offset; a build never accepts an offset.
+`invoke rebase` tries as a candidate (then proves); a build never accepts an offset.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def apply(patch: Patch, original: bytes, allow_offset: bool = False) -> tuple[by
 
 
 def unified_diff(old: bytes, new: bytes, path: str) -> bytes:
-    """A unified diff with 3 lines of context, as `diff -u` writes it (used by rebase --refresh)."""
+    """A unified diff with 3 lines of context, as `diff -u` writes it (rebase writes ported patches with it)."""
     import difflib
 
     a = [l.decode("utf-8") for l in old.splitlines(keepends=True)]

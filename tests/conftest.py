@@ -34,6 +34,12 @@ def fixture_base(registry):
 
 
 @pytest.fixture(scope="session")
+def fixture_base_027(registry):
+    """The same fixture built from vLLM 0.27.0, the release after the pinned nightly."""
+    return fixture_mod.build(ROOT / "tests" / "fixture" / "fixture-vllm-0.27.0.yaml", registry, log=lambda m: None)
+
+
+@pytest.fixture(scope="session")
 def toolchain() -> str:
     """The stand-in HIP toolchain image (Debian clang-19, ROCm device libs, CPU torch), built by
     Docker; every build in the suite compiles hip/ in it (BAKERY_TOOLCHAIN), as the fixture base

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 import subprocess
 
@@ -13,7 +14,7 @@ from bakery.errors import InputError
 from bakery.patch import unified_diff
 from bakery.refs import Reference
 
-from conftest import docker, invoke, last_line
+from conftest import ROOT, docker, invoke, last_line
 from test_errors import one_clear_line
 
 SITE = "/usr/local/lib/python3.12/dist-packages"
@@ -145,59 +146,126 @@ def test_symlinked_target_is_refused(project, registry, fixture_base, tmp_path):
 
 # -- rebase: the nightly bump ----------------------------------------------------------------------
 
-def test_rebase_reports_each_status_and_relocks_only_when_all_apply(project, registry, fixture_base, tmp_path):
-    patched_fence = project / "fence.py"
-    from bakery.patch import apply, parse
-    from bakery import base as base_mod
+GUMBEL = f"{SITE}/vllm/v1/worker/gpu/spec_decode/speculator.py"
+
+
+def rebase_table(result) -> dict:
+    rows = {}
+    for line in result.stdout.splitlines()[1:]:
+        if line.strip() and not line.startswith("lock written"):
+            words = line.split()
+            status = " ".join(words[1:words.index("yes") if "yes" in words else words.index("no")])
+            rows[words[0]] = status
+    return rows
+
+
+def test_rebase_026_to_027_end_to_end_without_the_old_base(project, fixture_base_027, registry):
+    """The nightly bump onto vLLM 0.27.0 with the old base gone (the lock names a digest no
+    registry has) and no known ports: the old side comes from overlays/stock, every overlay is
+    carried and proven, and the result bakes."""
+    shutil.rmtree(project / "overlays" / "patches" / "ports")
+    lock = json.loads((project / "overlays" / "overlays.lock").read_text())
+    lock["base"] = f"{registry}/gone/vllm-openai-rocm@sha256:" + "0" * 64
+    (project / "overlays" / "overlays.lock").write_text(json.dumps(lock))
+    result = invoke(project, "rebase", "--base", str(fixture_base_027))
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = rebase_table(result)
+    assert table["independent-draft-gumbel"] == "ported (merged), proven"
+    assert table["cpu-kv-transfer-fence"] == "ported (exact), proven"
+    assert table["exact-swiglu-clamp-kernel"] == "ported (offset), proven"
+    assert table["sparse-mla-prefill-bh64"] == "ported (offset), not proven here"
+    assert "[6/6] independent-draft-gumbel" in result.stderr
+    assert json.loads((project / "overlays" / "overlays.lock").read_text())["base"] == str(fixture_base_027)
+    old_sha = next(e["base_sha256"] for e in lock["overlays"] if e["id"] == "independent-draft-gumbel")
+    assert (project / "overlays" / "patches" / "ports" / "independent-draft-gumbel" / f"{old_sha}.patch").is_file()
+    built = invoke(project, "build", "--base", str(fixture_base_027), "--push", f"{registry}/test/rebased:027")
+    assert built.returncode == 0, built.stderr
+    record = json.loads((project / "out" / "build-record.json").read_text())
+    proofs = {o["id"]: o["proof"] for o in record["overlays"] if o["baked"]}
+    assert {k: (v.get("stock"), v.get("overlaid")) for k, v in proofs.items() if "script" in v} == \
+        {k: ("BROKEN", "FIXED") for k in ("mxfp4-bitmatrix-padding-mask", "cpu-kv-transfer-fence",
+                                          "fnuz-indexer-cache-writer", "exact-swiglu-clamp-kernel",
+                                          "independent-draft-gumbel")}
+    assert all(len(v.get("code_sha256", "x" * 64)) == 64 for v in proofs.values())
+
+
+def test_committed_ports_carry_every_overlay_to_027(project, fixture_base_027):
+    result = invoke(project, "rebase", "--base", str(fixture_base_027))
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = rebase_table(result)
+    assert {k: v for k, v in table.items() if v.startswith("ported")} == {
+        "mxfp4-bitmatrix-padding-mask": "ported (known port), proven",
+        "cpu-kv-transfer-fence": "ported (exact), proven", "fnuz-indexer-cache-writer": "ported (exact), proven",
+        "exact-swiglu-clamp-kernel": "ported (known port), proven",
+        "independent-draft-gumbel": "ported (known port), proven",
+        "sparse-mla-prefill-bh64": "ported (known port), not proven here"}
+
+
+def test_rebase_needs_porting_writes_a_kit_and_nothing_else(project, registry, fixture_base, tmp_path):
+    """The fence's guarded line changed upstream: no patch applies, the merge conflicts, and the
+    stock is still BROKEN. Nothing is written but out/rebase/<id>/."""
+    new = docker_base(registry, "nightly-conflict", fixture_base,
+                      [f"sed -i 's/        if self.gpu_to_cpu:/        if self.gpu_to_cpu and True:/' {FENCE}"], tmp_path)
+    before = {p: p.read_bytes() for p in (project / "overlays").rglob("*") if p.is_file()}
+    result = invoke(project, "rebase", "--base", str(new))
+    assert result.returncode == 2 and "lock, patches and overlays.yaml left unchanged" in result.stderr
+    assert rebase_table(result)["cpu-kv-transfer-fence"] == "needs porting"
+    kit = project / "out" / "rebase" / "cpu-kv-transfer-fence"
+    assert b"<<<<<<< ours" in (kit / "ours.py").read_bytes() and (kit / "stock.py").is_file()
+    run = subprocess.run(["sh", str(kit / "prove.sh")], capture_output=True, text=True)  # the markers do not parse
+    assert run.returncode != 0 or "CANNOT-PROVE" in run.stdout
+    after = {p: p.read_bytes() for p in (project / "overlays").rglob("*") if p.is_file()}
+    assert after == before
+
+
+def test_rebase_retires_an_overlay_that_upstream_fixed(project, registry, fixture_base, tmp_path, versions_dir):
+    """The new base ships the Gumbel fix itself: its own code proves FIXED, so the overlay is
+    recorded as already-upstream and no longer baked; the rest are re-locked."""
+    ctx = tmp_path / "fixed"
+    ctx.mkdir()
+    (ctx / "speculator.py").write_bytes((versions_dir / "independent-draft-gumbel.patched.py").read_bytes())
+    (ctx / "Dockerfile").write_text(f"FROM {fixture_base}\nCOPY speculator.py {GUMBEL}\n")
+    tag = f"{registry}/test/nightly-upstreamed:latest"
+    docker("build", "-q", "-t", tag, str(ctx))
+    digest = [w for w in docker("push", tag).stdout.split() if w.startswith("sha256:")][0]
+    result = invoke(project, "rebase", "--base", f"{registry}/test/nightly-upstreamed@{digest}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert rebase_table(result)["independent-draft-gumbel"] == "fixed-upstream"
+    gumbel = next(o for o in overlays_mod.load(project / "overlays" / "overlays.yaml") if o.id == "independent-draft-gumbel")
+    assert gumbel.status == "already-upstream" and not gumbel.baked
+    lock = json.loads((project / "overlays" / "overlays.lock").read_text())
+    assert "independent-draft-gumbel" not in {e["id"] for e in lock["overlays"]} and len(lock["overlays"]) == 5
+
+
+@pytest.fixture
+def versions_dir(registry, fixture_base, tmp_path):
+    from bakery import base as base_mod, patch as patch_mod
     from bakery.extract import BaseFilesystem
     from bakery.registry import Registry
 
     reg = Registry(registry)
-    stock = BaseFilesystem(reg, base_mod.resolve(reg, fixture_base, "linux/amd64")).read([FENCE])[FENCE.lstrip("/")]
-    patch = parse((project / "overlays" / "patches" / "cpu-kv-transfer-fence.patch").read_bytes(), "p")
-    patched_fence.write_bytes(apply(patch, stock.data)[0])
-    (tmp_path / "ctx").mkdir()
-    new = docker_base(registry, "nightly-next", fixture_base, [
-        f"sed -i '1i # two new lines\\n# at the top' {MXFP4}",  # moved: applies-with-offset
-        f"sed -i 's/if self.gpu_to_cpu:/if self.gpu_to_cpu or True:/' {FENCE}",  # context changed
-        f"rm {SPARSE}",  # gone
-    ], tmp_path)
-    lock_before = (project / "overlays" / "overlays.lock").read_bytes()
-    result = invoke(project, "rebase", "--base", str(new))
-    assert result.returncode == 2
-    table = {line.split()[0]: line.split()[1] for line in result.stdout.splitlines()[1:] if line.strip()}
-    assert table == {"mxfp4-bitmatrix-padding-mask": "applies-with-offset", "cpu-kv-transfer-fence": "conflicts",
-                     "sparse-mla-prefill-bh64-deterministic-topk": "target-missing",
-                     "exact-swiglu-clamp-kernel": "applies", "independent-draft-gumbel": "applies",
-                     "fnuz-indexer-cache-writer": "applies",
-                     "dspark-causal-verify-flatten": "check-by-hand", "moe-expert-mask-by-backend": "check-by-hand",
-                     "aiter-paged-mqa-logits-64bit-offsets": "check-by-hand", "gfx942-aiter-fast-paths": "check-by-hand"}
-    assert (project / "overlays" / "overlays.lock").read_bytes() == lock_before
-
-    upstreamed = docker_base(registry, "nightly-fixed", fixture_base, [
-        f"sed -i '1i # moved down by two\\n# lines' {MXFP4}"], tmp_path)
-    (tmp_path / "fixed").mkdir()
-    (tmp_path / "fixed" / "Dockerfile").write_text(f"FROM {upstreamed}\nCOPY fence.py {FENCE}\n")
-    subprocess.run(["cp", str(patched_fence), str(tmp_path / "fixed" / "fence.py")], check=True)
-    tag = f"{registry}/test/nightly-fixed2:latest"
-    docker("build", "-q", "-t", tag, str(tmp_path / "fixed"))
-    digest = [w for w in docker("push", tag).stdout.split() if w.startswith("sha256:")][0]
-    fixed = f"{registry}/test/nightly-fixed2@{digest}"
-    result = invoke(project, "rebase", "--base", fixed)
-    assert "cpu-kv-transfer-fence" in result.stdout and "already-upstream" in result.stdout
-    assert result.returncode == 2
+    fs = BaseFilesystem(reg, base_mod.resolve(reg, fixture_base, "linux/amd64"))
+    o = next(o for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml") if o.id == "independent-draft-gumbel")
+    stock = fs.read([o.target])[o.target.lstrip("/")].data
+    (tmp_path / "independent-draft-gumbel.patched.py").write_bytes(patch_mod.apply(o.parsed(), stock)[0])
+    return tmp_path
 
 
-def test_rebase_refresh_moves_patches_and_writes_the_lock(project, registry, fixture_base, tmp_path):
-    new = docker_base(registry, "nightly-moved", fixture_base,
-                      [f"sed -i '1i # moved\\n# by two' {MXFP4} {FENCE} {SPARSE}"], tmp_path)
-    result = invoke(project, "rebase", "--base", str(new), "--refresh")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("applies ") == 6
+# -- stored stock bytes ------------------------------------------------------------------------------
+
+def test_build_refuses_stock_bytes_whose_name_is_not_their_sha256(project, fixture_base):
+    stored = sorted((project / "overlays" / "stock").iterdir())[0]
+    stored.write_bytes(stored.read_bytes() + b"# edited\n")
+    line = one_clear_line(invoke(project, "build", "--base", str(fixture_base)))
+    assert f"{stored.name} holds bytes with sha256" in line and "name must be its sha256" in line
+
+
+def test_build_refuses_a_lock_whose_stock_bytes_are_not_stored(project, fixture_base):
     lock = json.loads((project / "overlays" / "overlays.lock").read_text())
-    assert lock["base"] == str(new)
-    built = invoke(project, "build", "--base", str(new))
-    assert built.returncode == 0, built.stderr
+    sha = next(e["base_sha256"] for e in lock["overlays"] if e["id"] == "cpu-kv-transfer-fence")
+    (project / "overlays" / "stock" / sha).unlink()
+    line = one_clear_line(invoke(project, "build", "--base", str(fixture_base)))
+    assert f"names stock bytes {sha}" in line and "invoke lock" in line
 
 
 # -- what runs in the container ------------------------------------------------------------------------

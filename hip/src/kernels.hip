@@ -16,11 +16,31 @@ __device__ inline uint16_t float_to_bf16(float f) {
   return uint16_t((u + ((u >> 16) & 1u) + 0x7FFFu) >> 16);
 }
 
-__device__ inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+// double -> bf16 rounded once: to float rounding to odd (truncate, then set the last bit if
+// inexact), then to bf16 to nearest even. float keeps 16 more significand bits than bf16, so the
+// odd bit tells the second rounding which side of a midpoint the double lay.
+__device__ inline uint16_t double_to_bf16(double y) {
+  if (y != y) return 0x7FC0;
+  float t = float(y);
+  uint32_t u = __float_as_uint(t);
+  if (fabs(double(t)) > fabs(y)) u -= 1;  // rounded away from zero (or overflowed): step back
+  if (double(__uint_as_float(u)) != y) u |= 1u;
+  return float_to_bf16(__uint_as_float(u));
+}
 
-// out = silu(min(gate, limit)) * clamp(up, -limit, limit), every step rounded to bf16 exactly where
-// PyTorch's bf16 reference rounds: clamp -> bf16, silu in float -> bf16, product in float -> bf16.
-// NaN propagates as torch.clamp propagates it (fminf would drop it).
+// a + b rounded to odd (|a| >= |b|): the rounding error of the sum survives as a sticky bit.
+__device__ inline double sum_to_odd(double a, double b) {
+  double s = a + b;
+  double err = (a - s) + b;
+  if (err == 0.0) return s;
+  unsigned long long bits = __double_as_longlong(s);
+  if ((err > 0.0) != (s > 0.0)) bits -= 1;
+  return __longlong_as_double(bits | 1ull);
+}
+
+// out = silu(min(gate, limit)) * clamp(up, -limit, limit), in double and rounded once to bf16;
+// silu(-inf) is its limit, -0. For |g| < 1, silu(g)*u = h*u + h*tanh(h)*u with h = g/2: h*u is
+// exact, the correction smaller, so a tiny gate's g^2 term still decides the rounding.
 }  // namespace
 
 extern "C" __global__ void swiglu_clamp_bf16_kernel(const uint16_t* __restrict__ x, uint16_t* __restrict__ out,
@@ -28,12 +48,22 @@ extern "C" __global__ void swiglu_clamp_bf16_kernel(const uint16_t* __restrict__
   int64_t total = rows * d;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     int64_t r = i / d, c = i % d;
-    float g = bf16_to_float(x[r * 2 * d + c]);
-    float u = bf16_to_float(x[r * 2 * d + d + c]);
-    g = (g != g) ? g : round_bf16(g < limit ? g : limit);
-    u = (u != u) ? u : round_bf16(u < -limit ? -limit : (u > limit ? limit : u));
-    float s = round_bf16(g / (1.0f + expf(-g)));
-    out[i] = float_to_bf16(s * u);
+    double g = bf16_to_float(x[r * 2 * d + c]);
+    double u = bf16_to_float(x[r * 2 * d + d + c]);
+    double lim = limit;
+    g = (g != g) ? g : (g < lim ? g : lim);  // NaN propagates as torch.clamp propagates it
+    u = (u != u) ? u : (u < -lim ? -lim : (u > lim ? lim : u));
+    double y;
+    if (g == -INFINITY) {
+      y = -0.0 * u;
+    } else if (fabs(g) < 1.0) {
+      double h = g * 0.5, exact = h * u;
+      y = sum_to_odd(exact, h * tanh(h) * u);
+      if (y == 0.0) y = exact;
+    } else {
+      y = g / (1.0 + exp(-g)) * u;
+    }
+    out[i] = double_to_bf16(y);
   }
 }
 

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import sys
+from pathlib import Path
 
 os.environ["TRITON_DISABLE_LINE_INFO"] = "1"  # the source's line numbers differ between versions
 
@@ -21,7 +22,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-import lift  # noqa: E402  (beside this script)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "overlays" / "proofs"))
+import _proof as lift  # noqa: E402  (the overlay proofs' helper)
 
 KERNEL = "_fused_kv_compress_norm_rope_insert_indexer_attn"
 # the launcher's argument types for DeepSeek V4's indexer (head 128, one float32 scale per token)

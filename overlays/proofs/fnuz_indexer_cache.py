@@ -1,13 +1,17 @@
-"""Write DeepSeek V4's FP8 indexer K cache with vLLM 0.26.0's fused compressor kernel and read it
+"""(d) Write DeepSeek V4's FP8 indexer K cache with the target's fused compressor kernel and read it
 back with the reader vLLM itself uses on ROCm, under Triton's interpreter.
 
-Usage: python indexer_fp8_cache.py WRITER_FILE READER_FILE
+Usage: python fnuz_indexer_cache.py WRITER_FILE READER_FILE
   WRITER_FILE: fused_compress_quant_cache.py (stock or patched)
   READER_FILE: rocm_aiter_mla_sparse.py (cp_gather_indexer_k_quant_cache_triton, and V3.2's
                indexer_k_quant_and_cache_triton, the writer that pairs with AITER's preshuffled
                paged-MQA-logits reader)
-Prints JSON. `current_platform` is a stand-in whose FP8 flavour the script picks: gfx942 (FNUZ) or
-OCP hardware. AITER's own gfx942 reader is a Gluon kernel that cannot run on a CPU.
+`current_platform` is a stand-in whose FP8 flavour the script picks: gfx942 (FNUZ) or OCP hardware.
+Reference, from the defect: a gfx942 reader must read back what OCP hardware reads from the same
+writer's OCP bytes (the keys the model computed). FIXED: the FNUZ write reads back exactly that.
+BROKEN: it reads back other values (scrambled tiles, halved magnitudes). AITER's own gfx942 reader
+is a Gluon kernel that cannot run on a CPU; the bytes are also compared, where the scales agree,
+with V3.2's FNUZ writer, whose layout that reader takes (measured, not part of the verdict).
 """
 
 import hashlib
@@ -22,7 +26,7 @@ import torch  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 
-import lift  # noqa: E402  (beside this script)
+import _proof  # noqa: E402  (beside this script)
 
 # Triton's interpreter hands some scalar masks broadcast to a block (the reader's `valid_block`) to
 # its store as int32, which it then refuses; on the GPU they are i1. Give it the booleans it wants.
@@ -56,12 +60,12 @@ def load(writer: str, reader: str):
     """The writer's launcher and kernel, and the ROCm reader and V3.2 writer, as one real module."""
     parts = ["from typing import Any\n\nimport torch\nimport triton\nimport triton.language as tl\n"
              "current_platform = None"]
-    parts += [lift.function_source(writer, n) for n in
+    parts += [_proof.function_source(writer, n) for n in
               ("compress_norm_rope_store_triton", "_fused_kv_compress_norm_rope_insert_indexer_attn")]
-    parts += [lift.function_source(reader, n) for n in
+    parts += [_proof.function_source(reader, n) for n in
               ("_cp_gather_indexer_quant_cache_kernel", "cp_gather_indexer_k_quant_cache_triton",
                "_indexer_k_quant_and_cache_kernel", "indexer_k_quant_and_cache_triton")]
-    module = lift.module("indexer_cache_under_test", parts)
+    module = _proof.module("indexer_cache_under_test", parts)
     module.current_platform = Platform()
     return module
 
@@ -145,22 +149,20 @@ def same_bytes_as_v32_writer(module, reference: torch.Tensor, cache: torch.Tenso
     return {"v32_entries_compared": int(keep.sum()), "bytes_as_v32_fnuz_writer": bool(torch.equal(ours, theirs))}
 
 
-def main() -> None:
-    module = load(sys.argv[1], sys.argv[2])
+def prove(args):
+    module = load(*args)
     ocp_cache = write(module, fnuz=False)
     reference = row_major(ocp_cache, torch.float8_e4m3fn)  # what OCP hardware reads
-    cache = write(module, fnuz=True)
-    seen = gather(module, cache)
-    error = (seen - reference).abs()
-    print(json.dumps({
-        "ocp_bytes_sha256": hashlib.sha256(ocp_cache.numpy().tobytes()).hexdigest(),
-        "reference_finite": bool(torch.isfinite(reference).all()),
-        "gfx942_reads_what_ocp_reads": bool(torch.equal(seen, reference)),
-        "gfx942_max_abs_error": float(error.nan_to_num(float("inf")).max()),
-        "reference_max_abs": float(reference.abs().max()),
-        **same_bytes_as_v32_writer(module, reference, cache),
-    }))
+    if not bool(torch.isfinite(reference).all()):
+        raise _proof.CannotProve("the OCP write does not read back finite keys: the writer changed its contract")
+    seen = gather(module, write(module, fnuz=True))
+    error = float((seen - reference).abs().nan_to_num(float("inf")).max())
+    same = bool(torch.equal(seen, reference))
+    _proof.report(same, "gfx942 reads back exactly the keys OCP hardware reads" if same else
+                  f"gfx942 reads back other keys: max error {error:g} on keys up to {float(reference.abs().max()):g}",
+                  ocp_bytes_sha256=hashlib.sha256(ocp_cache.numpy().tobytes()).hexdigest(), max_abs_error=error,
+                  **same_bytes_as_v32_writer(module, reference, write(module, fnuz=True)))
 
 
 if __name__ == "__main__":
-    main()
+    _proof.main(prove)

@@ -1,0 +1,214 @@
+"""`invoke prove` and `invoke rebase`: decide with each overlay's proof, not with patch text.
+
+prove: every overlay's proof on the base's stock target and on the overlaid one.
+rebase: per required overlay, the new base's stock first (FIXED there: fixed upstream), then every
+way to carry the overlay (exact, offset, known port, 3-way merge from the stock bytes the lock
+names, kept in overlays/stock/), each proven on the new base; the first that proves FIXED wins.
+The lock, the patches and the stock bytes are written only when every required overlay is carried.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import overlays as overlays_mod, patch as patch_mod, prove
+from .build import Options, open_base
+from .overlays import Overlay
+
+FIXED_UPSTREAM, NEEDS_PORTING = "fixed-upstream", "needs porting"
+
+
+@dataclass(frozen=True)
+class ProofRow:
+    overlay: Overlay
+    stock: prove.Verdict
+    overlaid: prove.Verdict | None  # None for an audit record (nothing is overlaid)
+
+    @property
+    def ok(self) -> bool:
+        """A required overlay must be BROKEN on stock and FIXED overlaid, or say why no proof runs."""
+        if not self.overlay.baked:
+            return True
+        if self.overlay.proof is None or self.overlay.proof.script is None:
+            return self.overlay.proof is not None  # marked hardware-only, with its reason
+        return self.stock.verdict == prove.BROKEN and self.overlaid.verdict == prove.FIXED
+
+
+def _reads(base, overlays: list[Overlay]) -> dict:
+    paths = {o.target for o in overlays} | {r for o in overlays if o.proof for r in o.proof.reads}
+    found = base.fs.read(sorted(paths))
+    return {p: (f.data if f is not None and f.kind in ("file", "hardlink") else None)
+            for p, f in ((p, found.get(p.lstrip("/"))) for p in paths)}
+
+
+def prove_base(opts: Options, log=print) -> list[ProofRow]:
+    """`invoke prove`: each overlay's proof on the base's stock target and on the overlaid target."""
+    project = opts.project.resolve()
+    base = open_base(project, opts.base, log)
+    registered = [o for o in overlays_mod.load(project / "overlays" / "overlays.yaml") if o.proof]
+    files = _reads(base, registered)
+    jobs = {}
+    for o in registered:
+        stock = files.get(o.target)
+        if stock is None:
+            continue
+        jobs[(o.id, "stock")] = (o.proof, stock, files)
+        if o.baked:
+            o = o.for_target(stock)
+            try:
+                jobs[(o.id, "overlaid")] = (o.proof, patch_mod.apply(o.parsed(), stock)[0], files)
+            except patch_mod.PatchConflict as e:
+                jobs[(o.id, "overlaid")] = None
+                log(f"{o.id}: the patch does not apply to this base ({e}); run `invoke rebase`")
+    log(f"running {sum(1 for j in jobs.values() if j and j[0].script)} proofs on {len(registered)} overlays")
+    verdicts = prove.run_many({k: j for k, j in jobs.items() if j})
+    missing = prove.Verdict(prove.CANNOT, "the target is not in this base")
+    no_patch = prove.Verdict(prove.CANNOT, "the patch does not apply to this base: run `invoke rebase`")
+    return [ProofRow(o, verdicts.get((o.id, "stock"), missing),
+                     (verdicts.get((o.id, "overlaid"), no_patch if (o.id, "overlaid") in jobs else missing)
+                      if o.baked else None))
+            for o in registered]
+
+
+# -- rebase ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RebaseRow:
+    overlay: Overlay
+    status: str  # "ported (how), proven" | "ported (how), not proven here" | fixed-upstream | needs porting | ...
+    detail: str
+    result: bytes | None = None  # the overlaid bytes for the new base, when carried
+    new_stock: bytes | None = None
+
+    @property
+    def carried(self) -> bool:
+        return self.status.startswith("ported") or self.status == FIXED_UPSTREAM
+
+
+def _old_stock(project: Path, overlay: Overlay, lock: dict | None) -> bytes | None:
+    entry = next((e for e in (lock or {}).get("overlays", []) if e["id"] == overlay.id), None)
+    if entry is None or not entry["base_sha256"]:
+        return None
+    return overlays_mod.read_stock(project / "overlays", entry["base_sha256"])
+
+
+def _decide(overlay: Overlay, new: bytes | None, old: bytes | None, files: dict, out: Path, log) -> RebaseRow:
+    """One required overlay on the new base's bytes."""
+    if new is None:
+        return RebaseRow(overlay, NEEDS_PORTING, "the target is not in the new base (moved or removed upstream?)")
+    spec = overlay.proof
+    if spec is not None and spec.script is not None:
+        stock = prove.run(spec, new, files)
+        log(f"  {overlay.id}: stock {stock.verdict} ({stock.reason})")
+        if stock.verdict == prove.FIXED:
+            return RebaseRow(overlay, FIXED_UPSTREAM, f"the new base's own code proves FIXED: {stock.reason}",
+                             None, new)
+    found, conflicted = overlays_mod.candidates(overlay, new, old)
+    tried = []
+    for how, result in found:
+        if spec is None or spec.script is None:
+            why = spec.hardware if spec else "the overlay has no proof"
+            log(f"  {overlay.id}: {how}; not proven here ({why})")
+            return RebaseRow(overlay, f"ported ({how}), not proven here", why, result, new)
+        verdict = prove.run(spec, result, files)
+        log(f"  {overlay.id}: {how} -> {verdict.verdict} ({verdict.reason})")
+        if verdict.verdict == prove.FIXED:
+            return RebaseRow(overlay, f"ported ({how}), proven", verdict.reason, result, new)
+        tried.append(f"{how}: {verdict.verdict}")
+    where = _write_porting_kit(out / overlay.id, overlay, new, old, conflicted or (found[0][1] if found else None))
+    return RebaseRow(overlay, NEEDS_PORTING, "; ".join(tried + (["merge: conflicts"] if conflicted else []))
+                     + f"; edit {where / 'ours.py'}, then run {where / 'prove.sh'}", None, new)
+
+
+def _write_porting_kit(folder: Path, overlay: Overlay, new: bytes, old: bytes | None, draft: bytes | None) -> Path:
+    """out/rebase/<id>/: the new stock file, ours (a draft to edit: the merge with its conflict
+    markers, or the best candidate), the old stock, and the command that re-runs the proof."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "stock.py").write_bytes(new)
+    (folder / "ours.py").write_bytes(draft if draft is not None else new)
+    if old is not None:
+        (folder / "old-stock.py").write_bytes(old)
+    reads = " ".join(f"\"$(dirname \"$0\")/reads/{Path(r).name}\"" for r in (overlay.proof.reads if overlay.proof else ()))
+    script = overlay.proof.script if overlay.proof and overlay.proof.script else None
+    (folder / "prove.sh").write_text(
+        "#!/bin/sh\n# re-run the overlay's proof on ours.py after editing it; then save it as the patch with\n"
+        f"#   diff -u stock.py ours.py, paths a/{overlay.relative} b/{overlay.relative}\n"
+        + (f"exec python3 {script} \"$(dirname \"$0\")/ours.py\" {reads}\n" if script
+           else "echo 'this overlay has no CPU proof: check it on the hardware'\n"))
+    (folder / "prove.sh").chmod(0o755)
+    return folder
+
+
+def _keep_reads(folder: Path, overlay: Overlay, files: dict) -> None:
+    if overlay.proof:
+        for r in overlay.proof.reads:
+            if files.get(r) is not None:
+                (folder / "reads").mkdir(parents=True, exist_ok=True)
+                (folder / "reads" / Path(r).name).write_bytes(files[r])
+
+
+def rebase(opts: Options, log=print) -> tuple[list, bool]:
+    """`invoke rebase --base NEW@DIGEST`: rows for every overlay; lock only if all required carried."""
+    project = opts.project.resolve()
+    base = open_base(project, opts.base, log)
+    registered = overlays_mod.load(project / "overlays" / "overlays.yaml")
+    required = [o for o in registered if o.baked]
+    files = _reads(base, required)
+    try:
+        old_lock = overlays_mod.read_lock(opts.lock_path)
+    except Exception:  # no lock yet, or an unreadable one: rebase then works without the old side
+        old_lock = None
+    out = opts.out_dir / "rebase"
+    rows = []
+    for n, o in enumerate(required, 1):
+        log(f"[{n}/{len(required)}] {o.id}")
+        row = _decide(o, files.get(o.target), _old_stock(project, o, old_lock), files, out, log)
+        if row.status == NEEDS_PORTING:
+            _keep_reads(out / o.id, o, files)
+        rows.append(row)
+    ok = all(r.carried for r in rows)
+    if ok:
+        _commit(project, opts, str(base.spec.image), rows, old_lock, log)
+    audit = [RebaseRow(o, overlays_mod.BY_HAND, f"recorded {o.status}; re-check on this base (reason in overlays.yaml)")
+             for o in registered if not o.baked]
+    return rows + audit, ok
+
+
+def _commit(project: Path, opts: Options, base_ref: str, rows: list[RebaseRow], old_lock, log) -> None:
+    """Everything proven: rewrite the patches against the new base (the old one stays as a port of
+    the old bytes), mark what upstream fixed, keep the stock bytes, write the lock."""
+    folder = project / "overlays"
+    entries = []
+    for row in rows:
+        o = row.overlay
+        old_sha = next((e["base_sha256"] for e in (old_lock or {}).get("overlays", []) if e["id"] == o.id), None)
+        new_sha = overlays_mod.store_stock(folder, row.new_stock)
+        if row.status == FIXED_UPSTREAM:
+            _mark_fixed_upstream(folder / "overlays.yaml", o.id, base_ref)
+            log(f"  {o.id}: fixed upstream in {base_ref}: recorded as already-upstream, no longer baked")
+            continue
+        patch_bytes = patch_mod.unified_diff(row.new_stock, row.result, o.relative)
+        if not row.status.startswith(f"ported ({overlays_mod.EXACT})") and o.for_target(row.new_stock) is o:
+            if old_sha and not any(sha == old_sha for sha, _, _ in o.ports):
+                port = folder / overlays_mod.PORTS / o.id / f"{old_sha}.patch"
+                port.parent.mkdir(parents=True, exist_ok=True)
+                port.write_bytes(o.patch_bytes)  # the old base's patch stays, chosen by its bytes
+            o.patch_path.write_bytes(patch_bytes)
+            o = dataclasses.replace(o, patch_bytes=patch_bytes)
+        chosen = o.for_target(row.new_stock)
+        entries.append(overlays_mod.Applied(chosen, new_sha, row.result, row.new_stock).lock_entry())
+    overlays_mod.write_lock(opts.lock_path, overlays_mod.lock_document(base_ref, entries))
+
+
+def _mark_fixed_upstream(registry: Path, overlay_id: str, base_ref: str) -> None:
+    """Edit the one entry in place (comments and layout of overlays.yaml stay as they are)."""
+    text = registry.read_text()
+    start = text.index(f"  - id: {overlay_id}\n")
+    end = text.find("\n  - id: ", start + 1)
+    end = len(text) if end < 0 else end
+    block = re.sub(r"\n    status: required\n", f"\n    status: already-upstream\n    note: >-\n      fixed upstream in "
+                   f"{base_ref} (its own code proves FIXED; found by invoke rebase)\n", text[start:end], count=1)
+    registry.write_text(text[:start] + block + text[end:])

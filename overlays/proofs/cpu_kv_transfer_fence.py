@@ -1,0 +1,229 @@
+"""(b) CPU-KV offload: does every transfer wait for the compute work queued before it?
+
+Usage: python cpu_kv_transfer_fence.py TARGET   (.../v1/kv_offload/cpu/gpu_worker.py, stock or overlaid)
+The target's module runs as shipped: its SingleDirectionOffloadingHandler.transfer_async does the
+stream and event calls it makes on a GPU, but against a recording model of streams and events
+(no GPU here): each stream is an ordered queue; wait_stream / wait_event / Event.record add the
+happens-before edges CUDA and HIP define for them. The copy itself is recorded on the stream
+that is current when it is issued.
+Reference, from the defect: compute queued a kernel that uses KV block 3 before the transfer was
+submitted; a store (GPU->CPU) reads that block and a load (CPU->GPU) overwrites it, so in both
+directions the copy must happen after that kernel. FIXED: both do. BROKEN: a direction does not.
+"""
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import types
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+import _proof  # beside this script
+
+
+class Op:
+    def __init__(self, name, deps):
+        self.name, self.deps = name, deps
+
+
+class Stream:
+    """A queue: each op runs after the one before it and after whatever was waited on since."""
+
+    def __init__(self, name):
+        self.name, self.last, self.pending = name, None, []
+
+    def enqueue(self, name):
+        op = Op(f"{self.name}: {name}", [d for d in [self.last, *self.pending] if d is not None])
+        self.last, self.pending = op, []
+        return op
+
+    def wait_stream(self, other):
+        self.pending.append(other.last)
+
+    def wait_event(self, event):
+        self.pending.append(event.op)
+
+
+class Event:
+    def __init__(self, *args, **kwargs):
+        self.op = None
+
+    def record(self, stream=None):
+        self.op = (stream or PLATFORM.current).enqueue("event recorded")
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return 0.0
+
+
+def happens_before(a, b):
+    seen, todo = set(), [b]
+    while todo:
+        op = todo.pop()
+        if op is a:
+            return True
+        if id(op) not in seen:
+            seen.add(id(op))
+            todo += op.deps
+    return False
+
+
+class Platform:
+    def __init__(self):
+        self.compute = Stream("compute")
+        self.current, self.count = self.compute, 0
+
+    def current_stream(self):
+        return self.current
+
+    def Stream(self):  # noqa: N802 (the platform's own name)
+        self.count += 1
+        return Stream(f"transfer {self.count}")
+
+    @contextmanager
+    def stream(self, s):
+        before, self.current = self.current, s
+        try:
+            yield
+        finally:
+            self.current = before
+
+    def __getattr__(self, name):  # is_xpu, is_rocm, is_cuda_alike, ...: a ROCm GPU
+        return lambda *a, **k: name in ("is_rocm", "is_cuda_alike")
+
+
+PLATFORM = Platform()
+COPIES = []
+
+
+def swap_blocks_batch(src, dst, sizes, *args, **kwargs):
+    COPIES.append(PLATFORM.current.enqueue(f"copy of {len(sizes)} blocks"))
+
+
+class Anything:
+    """Stands for any name the module imports that this proof does not model."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __call__(self, *args, **kwargs):
+        return Anything()
+
+    def __getattr__(self, name):
+        return Anything()
+
+
+class BlockIDsLoadStoreSpec:
+    def __init__(self, block_ids):
+        self.block_ids = np.array(block_ids, dtype=np.int64)
+
+
+class GPULoadStoreSpec(BlockIDsLoadStoreSpec):
+    def __init__(self, block_ids, group_sizes, block_indices):
+        super().__init__(block_ids)
+        self.group_sizes, self.block_indices = group_sizes, block_indices
+
+
+class KVRef:
+    def __init__(self, tensor_idx, page_size_bytes):
+        self.tensor_idx, self.page_size_bytes = tensor_idx, page_size_bytes
+
+
+MODELED = {
+    "vllm.platforms": {"current_platform": PLATFORM},
+    "vllm._custom_ops": {"swap_blocks_batch": swap_blocks_batch},
+    "vllm.triton_utils": {"HAS_TRITON": False, "triton": Anything(), "tl": Anything()},
+    "vllm.utils.math_utils": {"cdiv": lambda a, b: -(-a // b)},
+    "vllm.utils.torch_utils": {"PIN_MEMORY": False},
+    "vllm.v1.kv_offload.base": {"BlockIDsLoadStoreSpec": BlockIDsLoadStoreSpec, "GPULoadStoreSpec": GPULoadStoreSpec,
+                                "LoadStoreSpec": BlockIDsLoadStoreSpec, "OffloadingWorker": object},
+}
+
+
+class StubModule(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return type(name, (Anything,), {})
+
+
+class StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Every vllm.* import resolves to a stub; the names the proof models are real."""
+
+    def find_spec(self, name, path, target=None):
+        if name == "vllm" or name.startswith("vllm."):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = StubModule(spec.name)
+        module.__path__ = []
+        module.__dict__.update(MODELED.get(spec.name, {}))
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+class GpuTensor(torch.Tensor):
+    """A CPU tensor that says it is on the GPU: the handler's own checks pass, its pointers are real."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def load(target):
+    sys.meta_path.insert(0, StubFinder())
+    for name in MODELED:  # `from vllm import _custom_ops` reads an attribute of the parent first
+        parent, _, child = name.rpartition(".")
+        setattr(importlib.import_module(parent), child, importlib.import_module(name))
+    torch.Event = Event
+    spec = importlib.util.spec_from_file_location("gpu_worker_under_test", target)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        raise _proof.CannotProve(f"the target does not load against the model: {type(e).__name__}: {e}")
+    if not hasattr(module, "SingleDirectionOffloadingHandler"):
+        raise _proof.CannotProve("SingleDirectionOffloadingHandler is not in the target (renamed or removed upstream?)")
+    return module
+
+
+def transfer(module, gpu_to_cpu):
+    """Queue a compute kernel that uses KV block 3, then submit one transfer of it; is it ordered?"""
+    page = 64
+    gpu = [torch.zeros(8, page, dtype=torch.int8).as_subclass(GpuTensor)]
+    cpu = [torch.zeros(8, page, dtype=torch.int8)]
+    try:
+        handler = module.SingleDirectionOffloadingHandler(gpu, cpu, 1, [[KVRef(0, page)]], gpu_to_cpu)
+    except TypeError as e:
+        raise _proof.CannotProve(f"SingleDirectionOffloadingHandler takes other arguments now: {e}")
+    kernel = PLATFORM.compute.enqueue("attention kernel using KV block 3")
+    gpu_spec, cpu_spec = GPULoadStoreSpec([3], [1], [0]), BlockIDsLoadStoreSpec([5])
+    before = len(COPIES)
+    handler.transfer_async(1, *((gpu_spec, cpu_spec) if gpu_to_cpu else (cpu_spec, gpu_spec)))
+    if len(COPIES) != before + 1:
+        raise _proof.CannotProve(f"transfer_async issued {len(COPIES) - before} copies, expected 1")
+    return happens_before(kernel, COPIES[-1])
+
+
+def prove(args):
+    module = load(args[0])
+    store, load_ = transfer(module, gpu_to_cpu=True), transfer(module, gpu_to_cpu=False)
+    unordered = [what for what, ok in (("a store (GPU->CPU)", store), ("a load (CPU->GPU)", load_)) if not ok]
+    _proof.report(not unordered, (" and ".join(unordered) + " can run before the compute kernel queued ahead of it")
+                  if unordered else "stores and loads both wait for the compute queued before them",
+                  store_waits_for_compute=store, load_waits_for_compute=load_)
+
+
+if __name__ == "__main__":
+    _proof.main(prove)

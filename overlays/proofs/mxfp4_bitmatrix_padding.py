@@ -1,0 +1,61 @@
+"""(a) MXFP4 routing bitmatrix: run the target's _stage2_pow2 under Triton's interpreter.
+
+Usage: python mxfp4_bitmatrix_padding.py TARGET KEYED_ADD
+  TARGET: .../fused_moe/experts/gpt_oss_triton_kernels_moe.py (stock or overlaid)
+  KEYED_ADD: .../third_party/triton_kernels/routing_details/_routing_compute.py from the same base
+Reference, from the defect: with top_k 6 a block holds 32 * 6 = 192 entries, padded to 256 lanes;
+each program may write only its own block's entries, and the sorted result groups entries by
+expert in flat order. FIXED: program 0 alone writes nothing past entry 191 and every program
+together gives the reference. BROKEN: otherwise.
+"""
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: jit then builds interpreted kernels
+
+import torch  # noqa: E402
+
+import _proof  # noqa: E402  (beside this script)
+
+
+def prove(args):
+    target, keyed_add = args
+    kernel = _proof.module("stage2_under_test", [
+        "import triton\nimport triton.language as tl",
+        _proof.function_source(keyed_add, "_keyed_add"),
+        _proof.function_source(target, "_stage2_pow2")])._stage2_pow2
+    top_k, block_m, n_experts, n_tokens = 6, 32, 16, 80  # 3 blocks of 32 tokens, the last partial
+    block_size = block_m * top_k
+    padded = 1 << (block_size - 1).bit_length()
+    gen = torch.Generator().manual_seed(7)
+    experts = torch.stack([torch.randperm(n_experts, generator=gen)[:top_k] for _ in range(n_tokens)]).to(torch.int16)
+    flat = experts.flatten().long()
+    n_blocks = -(-n_tokens // block_m)
+    counts = torch.stack([torch.bincount(flat[b * block_size:(b + 1) * block_size], minlength=n_experts)
+                          for b in range(n_blocks)]).to(torch.int32)
+    partial = (torch.cumsum(counts, 0) - counts).to(torch.int32).contiguous()  # exclusive, per block
+    col_offs = (torch.cumsum(counts.sum(0), 0) - counts.sum(0)).to(torch.int32)
+    order = sorted(range(flat.numel()), key=lambda i: (int(flat[i]), i))
+    ref_col = torch.tensor(order, dtype=torch.int32)
+    ref_row = torch.empty_like(ref_col)
+    ref_row[ref_col.long()] = torch.arange(flat.numel(), dtype=torch.int32)
+
+    def run(grid):
+        col_sorted = torch.full((flat.numel(),), -1, dtype=torch.int32)
+        row_sorted = torch.full((flat.numel(),), -1, dtype=torch.int32)
+        kernel[grid](col_sorted, row_sorted, experts, n_tokens, partial, partial.stride(0), partial.stride(1),
+                     col_offs, TOKS_PER_ROW=top_k, BLOCK_PER_TOK=block_m, BLOCK_SIZE_PADDED=padded)
+        return col_sorted, row_sorted
+
+    _, row_block0 = run((1,))  # program 0 alone
+    outside = [i for i in (row_block0 >= 0).nonzero().flatten().tolist() if i >= block_size]
+    col_all, row_all = run((n_blocks,))
+    matches = bool(torch.equal(row_all, ref_row) and torch.equal(col_all, ref_col))
+    reason = (f"program 0 wrote {len(outside)} entries of block 1 ({outside[0]}..{outside[-1]})" if outside
+              else "every program stays in its block") + ("" if matches else "; sorted result differs from the reference")
+    _proof.report(not outside and matches, reason, block_size=block_size, padded=padded,
+                  block0_wrote_outside=len(outside), result_matches_reference=matches)
+
+
+if __name__ == "__main__":
+    _proof.main(prove)
