@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -23,7 +24,8 @@ KINDS = ("patch", "new-file", "upstream-backport")
 STATUSES = ("required", "superseded", "already-upstream", "absent", "not-applicable")
 UNPATCHED = ("already-upstream", "absent", "not-applicable")  # audit records: no patch file
 ENTRY_KEYS = {"id": str, "target": str, "upstream": dict, "patch": str, "kind": str, "reason": str,
-              "status": str, "platforms": list, "note": str, "proof": dict}
+              "status": str, "platforms": list, "note": str, "proof": dict, "probe": list, "by_hand": str}
+PROBE_KEYS = {"present": str, "absent": str, "file": str, "path": str, "why": str}
 UPSTREAM_KEYS = {"repo": str, "ref": str, "path": str}
 LOCK_SCHEMA = "bakery.overlays.lock/v1"
 
@@ -41,6 +43,8 @@ class Overlay:
     platforms: tuple[str, ...]
     proof: prove.ProofSpec | None = None
     ports: tuple[tuple[str, Path, bytes], ...] = ()  # (target sha256 it applies to, patch file, bytes)
+    probe: tuple[dict, ...] = ()  # an audit record's conditions: what must be true of a base for it to hold
+    by_hand: str | None = None  # what of the record only a person (or the hardware) can check
 
     @property
     def baked(self) -> bool:
@@ -111,16 +115,33 @@ def load(path: Path) -> list[Overlay]:
         overlay = Overlay(entry["id"], target, entry["upstream"], patch_path, patch_bytes, entry["kind"],
                           entry["reason"], entry["status"], tuple(entry["platforms"]),
                           prove.load_spec(entry.get("proof"), path.parent, f"{where}: proof"),
-                          _ports(path.parent, entry["id"], where))
+                          _ports(path.parent, entry["id"], where), _probe(entry.get("probe"), target, where),
+                          entry.get("by_hand"))
         if patch_bytes is not None:
             _check_patch_names_target(overlay)
-        for _, port_path, port_bytes in overlay.ports:
-            _check_patch_names_target(dataclasses.replace(overlay, patch_path=port_path, patch_bytes=port_bytes))
+        for port_sha, port_path, port_bytes in overlay.ports:
+            _check_port(path.parent, dataclasses.replace(overlay, patch_path=port_path, patch_bytes=port_bytes), port_sha)
         out.append(overlay)
     return out
 
 
 PORTS = "patches/ports"  # patches/ports/<id>/<sha256 of the target bytes it applies to>.patch
+
+
+def _check_port(folder: Path, port: Overlay, sha: str) -> None:
+    """A port must name stored stock bytes and apply exactly to them: else nothing is built with it."""
+    _check_patch_names_target(port)
+    stock = read_stock(folder, sha)
+    if stock is None:
+        raise InputError(f"overlay {port.id!r}: port {port.patch_path.name} names target bytes {sha} that "
+                         f"{folder / STOCK} does not hold: an unknown base; add them with `invoke lock --base "
+                         f"REF@DIGEST` on that base, or delete the port")
+    try:
+        patch_mod.apply(port.parsed(), stock)
+    except patch_mod.PatchConflict as e:
+        raise IntegrityError(f"overlay {port.id!r}: port {port.patch_path.name} does not apply exactly to the bytes "
+                             f"it is named for ({e}): its name must be the sha256 of the target it was written "
+                             f"against") from None
 
 
 def _ports(folder: Path, overlay_id: str, where: str) -> tuple:
@@ -132,6 +153,43 @@ def _ports(folder: Path, overlay_id: str, where: str) -> tuple:
             raise InputError(f"{where}: port {path} must be named <sha256 of the target it applies to>.patch")
         ports.append((sha, path, path.read_bytes()))
     return tuple(ports)
+
+
+def _probe(conditions: list | None, target: str, where: str) -> tuple[dict, ...]:
+    """probe: [{present|absent: REGEX | file: present|absent, path: IMAGE PATH (default: the target),
+    why: THE FACT IT CHECKS}]."""
+    out = []
+    for i, c in enumerate(conditions or []):
+        here = f"{where}: probe[{i}]"
+        if not isinstance(c, dict):
+            raise InputError(f"{here}: expected a mapping")
+        inputs.check_keys(c, PROBE_KEYS, here, required={"why"})
+        kinds = [k for k in ("present", "absent", "file") if k in c]
+        if len(kinds) != 1 or c.get("file", "present") not in ("present", "absent"):
+            raise InputError(f"{here}: give exactly one of present: REGEX, absent: REGEX, file: present|absent")
+        try:
+            re.compile(c.get("present") or c.get("absent") or "")
+        except re.error as e:
+            raise InputError(f"{here}: not a regular expression: {e}") from None
+        out.append({"path": c.get("path", target), **c})
+    return tuple(out)
+
+
+def probe_holds(overlay: Overlay, files: dict) -> tuple[bool, str]:
+    """Does an audit record still hold on a base? files: {image path: bytes or None}."""
+    failed = []
+    for c in overlay.probe:
+        data = files.get(c["path"])
+        if "file" in c:
+            ok = (data is not None) == (c["file"] == "present")
+        else:
+            found = data is not None and re.search((c.get("present") or c["absent"]).encode(), data, re.M) is not None
+            ok = found if "present" in c else not found
+        if not ok:
+            failed.append(c["why"])
+    if failed:
+        return False, "no longer true on this base: " + "; ".join(failed)
+    return True, "; ".join(c["why"] for c in overlay.probe)
 
 
 def _check_patch_names_target(overlay: Overlay) -> None:

@@ -41,6 +41,11 @@ def predicate(record: dict) -> dict:
                    "annotations": {"arch": a["arch"], "toolchain": a["toolchain"]}} for a in record.get("artifacts", [])]
     byproducts += [{"name": f"layer: {l['comment']}", "digest": {"sha256": l["digest"].split(":")[1]},
                     "mediaType": l["mediaType"]} for l in record["layers"]]
+    # each baked overlay's proof: the code that judged it, and what it said on stock and overlaid bytes
+    byproducts += [{"name": f"proof: {o['id']}", "digest": {"sha256": o["proof"]["code_sha256"]},
+                    "annotations": {"stock": o["proof"]["stock"], "overlaid": o["proof"]["overlaid"],
+                                    "script": o["proof"]["script"], "reason": o["proof"]["reason"]}}
+                   for o in record["overlays"] if o["baked"] and (o.get("proof") or {}).get("code_sha256")]
     return {
         "buildDefinition": {
             "buildType": BUILD_TYPE,

@@ -172,9 +172,28 @@ def rebase(opts: Options, log=print) -> tuple[list, bool]:
     ok = all(r.carried for r in rows)
     if ok:
         _commit(project, opts, str(base.spec.image), rows, old_lock, log)
-    audit = [RebaseRow(o, overlays_mod.BY_HAND, f"recorded {o.status}; re-check on this base (reason in overlays.yaml)")
-             for o in registered if not o.baked]
-    return rows + audit, ok
+    return rows + audit_rows(base, registered), ok
+
+
+AUDIT_HOLDS, AUDIT_CHANGED = "audit holds", "audit changed: re-check"
+
+
+def audit_rows(base, registered: list[Overlay]) -> list[RebaseRow]:
+    """The audit records (no patch baked): each probe run on the new base; what stays by hand says so."""
+    records = [o for o in registered if not o.baked]
+    paths = sorted({c["path"] for o in records for c in o.probe})
+    found = base.fs.read(paths) if paths else {}
+    files = {p: (f.data if f is not None and f.kind in ("file", "hardlink") else None)
+             for p, f in ((p, found.get(p.lstrip("/"))) for p in paths)}
+    rows = []
+    for o in records:
+        by_hand = f"; by hand: {o.by_hand}" if o.by_hand else ""
+        if not o.probe:
+            rows.append(RebaseRow(o, overlays_mod.BY_HAND, f"recorded {o.status}, no probe{by_hand or '; see overlays.yaml'}"))
+            continue
+        holds, detail = overlays_mod.probe_holds(o, files)
+        rows.append(RebaseRow(o, AUDIT_HOLDS if holds else AUDIT_CHANGED, f"{o.status}: {detail}{by_hand}"))
+    return rows
 
 
 def _commit(project: Path, opts: Options, base_ref: str, rows: list[RebaseRow], old_lock, log) -> None:

@@ -36,6 +36,16 @@ def _oci_purl(name: str, digest: str) -> str:
     return f"pkg:oci/{repo.rsplit('/', 1)[-1]}@{digest.replace(':', '%3A')}?repository_url={registry}/{repo}"
 
 
+def proof_summary(proof: dict | None) -> str:
+    """One line on how an overlay was proven."""
+    if not proof:
+        return "no proof recorded"
+    if "hardware" in proof:
+        return f"no proof runs off the hardware: {proof['hardware']}"
+    return (f"proof {proof['script']} (code sha256 {proof['code_sha256']}): stock {proof['stock']}, "
+            f"overlaid {proof['overlaid']} ({proof['reason']})")
+
+
 def document(record: dict, image_name: str) -> bytes:
     """The SBOM for the image the record describes; image_name is where it was pushed."""
     digest = record["manifest"]["digest"]
@@ -65,7 +75,8 @@ def document(record: dict, image_name: str) -> bytes:
             rels.append((patch_id, "PATCH_FOR", upstream_id))
         if o["baked"]:
             packages.append(_package(overlay_id, o["target"], None, o["result_sha256"], "FILE",
-                                     comment=f"overlay {o['id']} ({o['status']}), platforms {', '.join(o['platforms'])}"))
+                                     comment=f"overlay {o['id']} ({o['status']}), platforms {', '.join(o['platforms'])}; "
+                                     + proof_summary(o.get("proof"))))
             rels += [(image_id, "CONTAINS", overlay_id), (overlay_id, "GENERATED_FROM", upstream_id)]
             if o["patch_sha256"]:
                 rels.append((overlay_id, "GENERATED_FROM", patch_id))

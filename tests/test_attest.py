@@ -17,6 +17,8 @@ from bakery.refs import Descriptor, Digest, Reference
 from bakery.registry import OCI_MANIFEST, Registry
 from bakery.store import RegistryStore, signature_tag
 
+from bakery import overlays as overlays_mod
+
 from conftest import ROOT, invoke, last_line
 
 COSIGN = ROOT / ".tools" / "bin" / "cosign"
@@ -241,6 +243,24 @@ def test_spdx_tools_validate_our_sbom(signed, registry, tmp_path):
     path.write_text(json.dumps(broken))
     bad = subprocess.run([str(ROOT / ".venv" / "bin" / "pyspdxtools"), "-i", str(path)], capture_output=True, text=True)
     assert bad.returncode != 0
+
+
+def test_sbom_and_provenance_carry_each_overlay_proof(signed, registry):
+    """The signed statements say, per baked overlay, which proof code judged it and what it said."""
+    ref, _ = signed["a"]
+    found = envelopes(registry, ref)
+    predicate = lambda kind: json.loads(base64.b64decode(json.loads(found[kind])["payload"]))["predicate"]  # noqa: E731
+    code = {o.id: o.proof.code_sha256 for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml")
+            if o.baked and o.proof.script}
+    proofs = {b["name"].removeprefix("proof: "): b for b in predicate("https://slsa.dev/provenance/v1")["runDetails"]
+              ["byproducts"] if b["name"].startswith("proof: ")}
+    assert {k: b["digest"]["sha256"] for k, b in proofs.items()} == code
+    assert {(b["annotations"]["stock"], b["annotations"]["overlaid"]) for b in proofs.values()} == {("BROKEN", "FIXED")}
+    comments = [p.get("comment", "") for p in predicate("https://spdx.dev/Document")["packages"]]
+    for overlay_id, sha in code.items():
+        assert any(f"overlay {overlay_id} " in c and f"code sha256 {sha}): stock BROKEN, overlaid FIXED" in c
+                   for c in comments), overlay_id
+    assert any("sparse-mla-prefill-bh64" in c and "no proof runs off the hardware" in c for c in comments)
 
 
 def test_sbom_and_provenance_are_deterministic(signed, registry, keypair):

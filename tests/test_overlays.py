@@ -47,6 +47,11 @@ def write_registry(project, entries) -> None:
     ([entry(patch="patches/not-there.patch")], "is missing"),
     ([entry(target=f"{SITE}/vllm/envs.py")], "touches vllm/v1/kv_offload/cpu/gpu_worker.py, not its target"),
     ([entry(kind="magic")], "kind 'magic'"),
+    ([entry(proof={"script": "proofs/not-there.py"})], "is not a file inside"),
+    ([entry(proof={"script": "proofs/cpu_kv_transfer_fence.py", "hardware": "both"})], "proof must be"),
+    ([entry(probe=[{"present": "(", "why": "w"}])], "not a regular expression"),
+    ([entry(probe=[{"present": "a", "absent": "b", "why": "w"}])], "exactly one of"),
+    ([entry(probe=[{"present": "a"}])], "missing key\\(s\\) why"),
 ])
 def test_bad_registry(project, entries, message):
     if isinstance(entries, str):
@@ -150,6 +155,10 @@ def test_symlinked_target_is_refused(project, registry, fixture_base, tmp_path):
 GUMBEL = f"{SITE}/vllm/v1/worker/gpu/spec_decode/speculator.py"
 
 
+def lock_ids(lock: dict) -> set:
+    return {e["id"] for e in lock["overlays"]}
+
+
 def rebase_table(result) -> dict:
     rows = {}
     for line in result.stdout.splitlines()[1:]:
@@ -176,6 +185,11 @@ def test_rebase_026_to_027_end_to_end_without_the_old_base(project, fixture_base
     assert table["exact-swiglu-clamp-kernel"] == "ported (offset), proven"
     assert table["sparse-mla-prefill-bh64"] == "ported (offset), not proven here"
     assert "[6/6] independent-draft-gumbel" in result.stderr
+    # the audit records' probes: 0.27.0 brings the Gluon decode path the DSpark causal fix targets
+    assert {k: v for k, v in table.items() if k not in lock_ids(lock)} == {
+        "deterministic-indexer-topk": "audit holds", "dspark-causal-verify-flatten": "audit changed: re-check",
+        "aiter-paged-mqa-logits-64bit-offsets": "audit holds", "moe-expert-mask-by-backend": "audit holds",
+        "gfx942-aiter-fast-paths": "audit holds"}
     assert json.loads((project / "overlays" / "overlays.lock").read_text())["base"] == str(fixture_base_027)
     old_sha = next(e["base_sha256"] for e in lock["overlays"] if e["id"] == "independent-draft-gumbel")
     assert (project / "overlays" / "patches" / "ports" / "independent-draft-gumbel" / f"{old_sha}.patch").is_file()
@@ -250,6 +264,28 @@ def versions_dir(registry, fixture_base, tmp_path):
     stock = fs.read([o.target])[o.target.lstrip("/")].data
     (tmp_path / "independent-draft-gumbel.patched.py").write_bytes(patch_mod.apply(o.parsed(), stock)[0])
     return tmp_path
+
+
+def test_a_port_for_an_unknown_base_is_refused(project, fixture_base):
+    port = project / "overlays" / "patches" / "ports" / "cpu-kv-transfer-fence" / f"{'ab' * 32}.patch"
+    port.parent.mkdir(parents=True, exist_ok=True)
+    port.write_bytes((project / "overlays" / "patches" / "cpu-kv-transfer-fence.patch").read_bytes())
+    result = invoke(project, "build", "--base", str(fixture_base))
+    line = one_clear_line(result)
+    assert result.returncode == 2 and f"names target bytes {'ab' * 32}" in line and "an unknown base" in line
+
+
+def test_a_port_named_for_other_bytes_is_refused(project, fixture_base):
+    """The 0.27.0 port of the Gumbel overlay, renamed as if it were for 0.26.0's bytes."""
+    lock = json.loads((project / "overlays" / "overlays.lock").read_text())
+    sha026 = next(e["base_sha256"] for e in lock["overlays"] if e["id"] == "independent-draft-gumbel")
+    ports = project / "overlays" / "patches" / "ports" / "independent-draft-gumbel"
+    port027 = next(ports.glob("*.patch"))
+    port027.rename(ports / f"{sha026}.patch")
+    result = invoke(project, "build", "--base", str(fixture_base))
+    line = one_clear_line(result)
+    assert result.returncode == 5 and "does not apply exactly to the bytes it is named for" in line
+    assert not (project / "out" / "build-record.json").exists()
 
 
 # -- stored stock bytes ------------------------------------------------------------------------------
