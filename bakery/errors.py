@@ -19,6 +19,14 @@ class RegistryError(BakeryError):
     exit_code = 3
 
 
+class TransientError(RegistryError):
+    """A registry failed in a way that may pass (5xx, 429, a dropped connection): safe to start over."""
+
+
+class NotFound(RegistryError):
+    """The registry answered 404 for a manifest or blob."""
+
+
 class AuthError(RegistryError):
     """A registry wants credentials we do not have, or rejected them."""
 

@@ -6,10 +6,11 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .errors import IntegrityError, RegistryError
+from .errors import IntegrityError, NotFound, RegistryError, TransientError
 from .progress import Progress
 from .refs import Descriptor, Digest, Reference
 from .transport import Transport
@@ -25,6 +26,7 @@ ACCEPT = ", ".join(MANIFEST_TYPES + INDEX_TYPES)
 CHUNK = 1 << 20
 MONOLITHIC_LIMIT = 8 << 20  # larger blobs go up in PATCH chunks
 UPLOAD_CHUNK = 32 << 20
+UPLOAD_SESSIONS = 3  # a session that fails transiently is cancelled and started over
 
 
 def pull(repo: str) -> tuple[str, ...]:
@@ -49,8 +51,8 @@ class Registry:
         resp = self.transport.request("GET", f"/v2/{ref.repository}/manifests/{where}",
                                       scopes=pull(ref.repository), headers={"Accept": ACCEPT}, ok=(200, 404))
         if resp.status_code == 404:
-            raise RegistryError(f"manifest {ref} not found on {self.name}: check the name and digest, "
-                                f"or mirror it with `invoke mirror`")
+            raise NotFound(f"manifest {ref} not found on {self.name}: check the name and digest, "
+                           f"or mirror it with `invoke mirror`")
         body = resp.content
         digest = Digest.of(body)
         if ref.digest and digest != ref.digest:
@@ -89,7 +91,7 @@ class Registry:
         resp = self.transport.request("GET", f"/v2/{repo}/blobs/{desc.digest}", scopes=pull(repo),
                                       stream=True, ok=(200, 404))
         if resp.status_code == 404:
-            raise RegistryError(f"blob {desc.digest} not found in {self.name}/{repo}")
+            raise NotFound(f"blob {desc.digest} not found in {self.name}/{repo}")
         hasher, size = hashlib.sha256(), 0
         progress = Progress(label or f"{self.name}/{repo} {desc.digest.hex[:12]}", desc.size)
         try:
@@ -136,12 +138,25 @@ class Registry:
         """
         if self.blob_exists(repo, desc.digest):
             return
+        for attempt in range(UPLOAD_SESSIONS):  # POST and PATCH are never resent: a failed session starts over
+            try:
+                return self._upload_once(repo, desc, open_source)
+            except TransientError:
+                if attempt + 1 == UPLOAD_SESSIONS:
+                    raise
+                time.sleep(0.5 * 2 ** attempt)
+
+    def _upload_once(self, repo: str, desc: Descriptor, open_source) -> None:
         if desc.size <= MONOLITHIC_LIMIT:
             data = b"".join(open_source())
             check_digest(desc, hashlib.sha256(data).hexdigest(), len(data), "upload source")
             location = self._start_upload(repo)
-            self.transport.request("PUT", _add_query(location, f"digest={desc.digest}"), scopes=push(repo),
-                                   headers={"Content-Type": "application/octet-stream"}, body=data, ok=(201,))
+            try:
+                self.transport.request("PUT", _add_query(location, f"digest={desc.digest}"), scopes=push(repo),
+                                       headers={"Content-Type": "application/octet-stream"}, body=data, ok=(201,))
+            except BaseException:
+                self._cancel_location(location, repo)
+                raise
             return
         self._upload_chunked(repo, desc, open_source)
 

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import base64
+import ipaddress
 import json
 import os
 import re
 import subprocess
+import sys
 import time
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
 import requests
 
-from .errors import AuthError, RegistryError
+from .errors import AuthError, InputError, NotFound, RegistryError, TransientError
 
 RETRY_STATUSES = {429, 500, 502, 503, 504}
 ATTEMPTS = 5
@@ -31,23 +34,53 @@ def api_host(registry: str) -> str:
     return "registry-1.docker.io" if registry == "docker.io" else registry
 
 
-def _is_local(host: str) -> bool:
-    name = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"
-    return name in ("localhost", "127.0.0.1", "[::1]") or name.startswith("127.")
+IDEMPOTENT = {"GET", "HEAD", "PUT", "DELETE"}  # POST opens an upload session, PATCH appends: never resent
+
+
+def host_name(host: str) -> str:
+    """'127.0.0.1:5000' -> '127.0.0.1', '[::1]:5000' -> '::1', 'Example.com' -> 'example.com'."""
+    if host.startswith("["):
+        return host[1:].split("]")[0]
+    return (host.rsplit(":", 1)[0] if host.count(":") == 1 else host).lower()
+
+
+def is_loopback(host: str) -> bool:
+    """By address, not by name prefix: 127.example.com is a public name."""
+    name = host_name(host)
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def realm_may_receive_credentials(realm: str) -> bool:
+    """Basic credentials go to a token service only over https, or on this machine."""
+    url = urllib.parse.urlsplit(realm)
+    return url.scheme == "https" or (url.scheme == "http" and is_loopback(url.netloc))
 
 
 def scheme_for(registry: str) -> str:
     """Loopback registries and those listed in BAKERY_INSECURE_REGISTRIES speak plain HTTP."""
     insecure = {h for h in os.environ.get("BAKERY_INSECURE_REGISTRIES", "").split(",") if h}
-    return "http" if _is_local(registry) or registry in insecure else "https"
+    return "http" if is_loopback(registry) or registry in insecure else "https"
 
 
 def load_credentials(registry: str) -> Credentials | None:
-    """Credentials from the environment, else from ~/.docker/config.json (auths or a helper)."""
+    """Credentials from the environment (only for the registries BAKERY_REGISTRY_HOSTS names), else
+    from ~/.docker/config.json (auths or a helper)."""
     user, password = os.environ.get("BAKERY_REGISTRY_USER"), os.environ.get("BAKERY_REGISTRY_PASSWORD")
-    hosts = os.environ.get("BAKERY_REGISTRY_HOSTS")  # optional: limit env creds to these hosts
-    if user and password and (not hosts or registry in hosts.split(",")):
-        return Credentials(user, password)
+    if user or password:
+        hosts = [h.strip() for h in os.environ.get("BAKERY_REGISTRY_HOSTS", "").split(",") if h.strip()]
+        if not hosts:
+            raise InputError("BAKERY_REGISTRY_USER/PASSWORD are set but BAKERY_REGISTRY_HOSTS is not: name the "
+                             "registries these credentials are for (comma-separated, e.g. ghcr.io), so that they "
+                             "are never sent anywhere else")
+        if registry in hosts:
+            if not (user and password):
+                raise InputError("set both BAKERY_REGISTRY_USER and BAKERY_REGISTRY_PASSWORD, or neither")
+            return Credentials(user, password)
     config_dir = Path(os.environ.get("DOCKER_CONFIG", Path.home() / ".docker"))
     try:
         config = json.loads((config_dir / "config.json").read_text())
@@ -99,7 +132,8 @@ class Transport:
                 headers: dict | None = None, body=None, stream: bool = False) -> requests.Response:
         """Send one request; body may be bytes or a callable returning a fresh body per attempt."""
         url = path if path.startswith("http") else self.base + path
-        for attempt in range(ATTEMPTS):
+        attempts = ATTEMPTS if method in IDEMPOTENT else 1  # a resent POST/PATCH could act twice
+        for attempt in range(attempts):
             resp = self._send(method, url, scopes, headers, body, stream)
             if resp is not None and resp.status_code == 401:
                 resp.close()
@@ -111,16 +145,17 @@ class Transport:
                         f"`docker login {self.registry}` or set BAKERY_REGISTRY_USER/BAKERY_REGISTRY_PASSWORD")
             if resp is not None and resp.status_code not in RETRY_STATUSES:
                 if resp.status_code not in ok:
-                    raise RegistryError(self._describe(method, url, resp))
+                    raise (NotFound if resp.status_code == 404 else RegistryError)(self._describe(method, url, resp))
                 return resp
-            if resp is not None and attempt + 1 < ATTEMPTS:
+            if resp is not None and attempt + 1 < attempts:
                 resp.close()  # a retried 5xx may be streaming: give its connection back
-            if attempt + 1 < ATTEMPTS:
+            if attempt + 1 < attempts:
                 time.sleep(min(0.25 * 2 ** attempt, 4.0))
+        tries = f"after {attempts} attempts" if attempts > 1 else "not resent: it is not idempotent"
         if resp is None:
-            raise RegistryError(f"{method} {url}: {self.registry} unreachable after {ATTEMPTS} attempts: "
-                                f"{self._last_error}; is the registry running and the name right?")
-        raise RegistryError(self._describe(method, url, resp) + f" (after {ATTEMPTS} attempts)")
+            raise TransientError(f"{method} {url}: {self.registry} unreachable ({tries}): "
+                                 f"{self._last_error}; is the registry running and the name right?")
+        raise TransientError(self._describe(method, url, resp) + f" ({tries})")
 
     def _send(self, method, url, scopes, headers, body, stream):
         hdrs = dict(headers or {})
@@ -160,7 +195,11 @@ class Transport:
         query = [("service", params["service"])] if "service" in params else []
         wanted = list(scopes) or ([params["scope"]] if "scope" in params else [])
         query += [("scope", s) for s in wanted]
-        auth = (self.credentials.username, self.credentials.password) if self.credentials else None
+        auth = (self.credentials.username, self.credentials.password) \
+            if self.credentials and realm_may_receive_credentials(params["realm"]) else None
+        if self.credentials and auth is None:
+            print(f"warning: {self.registry}'s token service {params['realm']} is not https: asking it "
+                  f"anonymously, credentials withheld", file=sys.stderr)
         for attempt in range(ATTEMPTS):
             try:
                 resp = self.session.get(params["realm"], params=query, auth=auth, timeout=TIMEOUT)

@@ -87,6 +87,71 @@ def test_retries_503_and_dropped_connections(registry):
     assert sum(1 for m, p in proxy.seen if m == "GET" and "/blobs/" in p) == 3
 
 
+def test_failed_upload_posts_and_patches_are_not_resent_the_session_starts_over(registry):
+    """POST opens a session and PATCH appends to it: resending either could act twice. A failed
+    one makes the client cancel the session and start a fresh one with fresh bytes."""
+    small, large = blob(20000, 8), blob(9 << 20, 9)  # large: PATCH chunks
+    faults = [("POST", "/blobs/uploads/", "503"), ("PATCH", "/blobs/uploads/", "drop")]
+    with FaultyProxy(registry, faults) as proxy:
+        reg = Registry(proxy.host)
+        a, b = upload(reg, "test/sessions", small), upload(reg, "test/sessions", large)
+    assert not proxy.faults, "every fault was hit"
+    assert Registry(registry).fetch_blob("test/sessions", a) == small
+    assert Registry(registry).fetch_blob("test/sessions", b) == large
+    methods = [m for m, p in proxy.seen if "/blobs/uploads/" in p]
+    # small: POST (503, not resent), POST, PUT; large: POST, PATCH (dropped), DELETE, POST, PATCH..., PUT
+    assert methods[:3] == ["POST", "POST", "PUT"]
+    assert methods[3:6] == ["POST", "PATCH", "DELETE"] and methods[6] == "POST" and methods[-1] == "PUT"
+
+
+def test_a_missing_manifest_is_told_by_status_not_text(registry):
+    """A 404 whose body says something else is still 'not there'; a 500 saying 'not found' is not."""
+    from bakery.store import RegistryStore
+
+    store = RegistryStore(Reference(registry, "test/nowhere", "latest"))
+    assert store.manifest("no-such-tag") is None
+    with FaultyProxy(registry, [("GET", "/manifests/", "503")] * 5) as proxy:
+        with pytest.raises(RegistryError, match="HTTP 503"):
+            RegistryStore(Reference(proxy.host, "test/nowhere", "latest")).manifest("no-such-tag")
+
+
+@pytest.mark.parametrize("host, scheme", [
+    ("127.0.0.1:5000", "http"), ("127.1.2.3", "http"), ("[::1]:5000", "http"), ("localhost:5000", "http"),
+    ("127.example.com", "https"), ("127.0.0.1.nip.io:5000", "https"), ("ghcr.io", "https"), ("10.0.0.1:5000", "https"),
+])
+def test_plain_http_only_to_loopback_addresses(host, scheme, monkeypatch):
+    from bakery.transport import scheme_for
+
+    monkeypatch.delenv("BAKERY_INSECURE_REGISTRIES", raising=False)
+    assert scheme_for(host) == scheme
+
+
+@pytest.mark.parametrize("realm, allowed", [
+    ("https://auth.example.com/token", True), ("http://127.0.0.1:5003/token", True),
+    ("http://auth.example.com/token", False), ("http://127.example.com/token", False), ("ftp://x/token", False),
+])
+def test_basic_credentials_go_only_to_an_https_or_loopback_realm(realm, allowed):
+    from bakery.transport import realm_may_receive_credentials
+
+    assert realm_may_receive_credentials(realm) is allowed
+
+
+def test_environment_credentials_only_for_the_registries_they_name(monkeypatch):
+    from bakery.errors import InputError
+    from bakery.transport import load_credentials
+
+    monkeypatch.setenv("DOCKER_CONFIG", "/nonexistent")
+    monkeypatch.setenv("BAKERY_REGISTRY_USER", "bob")
+    monkeypatch.setenv("BAKERY_REGISTRY_PASSWORD", "hunter2")
+    monkeypatch.delenv("BAKERY_REGISTRY_HOSTS", raising=False)
+    with pytest.raises(InputError, match="BAKERY_REGISTRY_HOSTS is not"):
+        load_credentials("ghcr.io")
+    monkeypatch.setenv("BAKERY_REGISTRY_HOSTS", "ghcr.io,registry.internal:5000")
+    assert load_credentials("ghcr.io") == Credentials("bob", "hunter2")
+    assert load_credentials("registry.internal:5000") == Credentials("bob", "hunter2")
+    assert load_credentials("evil.example.com") is None
+
+
 def test_corrupted_download_is_refused_and_leaves_nothing(registry, tmp_path):
     desc = upload(Registry(registry), "test/corrupt", blob(10000, 6))
     with FaultyProxy(registry, [("GET", "/blobs/", "corrupt")]) as proxy:
@@ -106,7 +171,7 @@ def test_progress_is_shown_for_transfers_over_a_second(registry, capsys):
 
 
 def test_unreachable_registry_is_one_clear_error():
-    with pytest.raises(RegistryError, match="unreachable after 5 attempts"):
+    with pytest.raises(RegistryError, match=r"unreachable \(after 5 attempts\)"):
         Registry("127.0.0.1:9").blob_exists("x/y", Descriptor.of("", b"").digest)
 
 
@@ -158,6 +223,7 @@ def test_bearer_token_flow_push_and_pull(token_registry, monkeypatch):
     host, server = token_registry
     monkeypatch.setenv("BAKERY_REGISTRY_USER", "bob")
     monkeypatch.setenv("BAKERY_REGISTRY_PASSWORD", "hunter2")
+    monkeypatch.setenv("BAKERY_REGISTRY_HOSTS", host)
     reg = Registry(host)
     data = b"bearer works %d" % time.time_ns()  # new bytes: the registry's storage outlives a run
     desc = upload(reg, "test/token", data)
