@@ -266,6 +266,11 @@ def smoke(c, image, model_dir, port=8000, report=None, record=False, attest=Fals
     from bakery.refs import Reference
 
     ref = Reference.parse_pinned(image, "image")
+    if record and attest:
+        from bakery.errors import InputError
+
+        raise InputError("--record and --attest together: a recording run is not a verdict; record, review and "
+                         "commit the outputs in provenance/smoke.yaml, then run again with --attest")
     spec_path = PROJECT / "provenance" / "smoke.yaml"
     spec = smoke_mod.load_spec(spec_path)
     result = smoke_mod.run(str(ref), spec, Path(model_dir), int(port), record, log=_log)
@@ -277,7 +282,11 @@ def smoke(c, image, model_dir, port=8000, report=None, record=False, attest=Fals
         signer = sign.Signer(keys.load_private(Path(key) if key else None))
         smoke_mod.attach_report(store.RegistryStore(ref), ref, result, spec_path.read_bytes(), signer)
         _log(f"smoke attestation ({result['result']}) attached to {ref}")
-    print(f"{result['result']} {ref}")
+    print(f"{result['result']} {ref} ({result['regression_compared']} regression outputs compared)")
+    if result["result"] == "RECORDED":
+        _log("recorded the regression outputs in the report: copy them into provenance/smoke.yaml as expected:, "
+             "review, commit, and run again for a verdict")
+        return
     if result["result"] != "PASSED":
         raise Exit(f"error: smoke failed: {', '.join(result['failed'])}"
                    + (f" ({result['failure']})" if result.get("failure") else ""), code=7)

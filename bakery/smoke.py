@@ -195,16 +195,24 @@ def http_checks(service: Service, spec: dict, record: bool) -> dict:
 
 
 def verdict(report: dict, spec: dict) -> tuple[str, list[str], list[str]]:
-    """PASSED only if every check holds; lists passed and failed check names."""
+    """PASSED only if every check holds and every regression output was compared with a committed
+    expectation (and matched); a recording run is RECORDED, never PASSED. Lists passed and failed
+    check names; the report gets how many outputs were compared."""
+    cases = report.get("regression") or []
+    recorded = any(r["status"] == "recorded" for r in cases)
+    report["regression_compared"] = sum(1 for r in cases if r["status"] in ("same", "differs"))
+    regression_ok = bool(cases) and (all(r["status"] == "recorded" for r in cases) if recorded
+                                     else all(r["status"] == "same" for r in cases))
     passed, failed = [], []
     for name, ok in [("health", report.get("health_ok", False)),
                      ("http", report.get("http_ok", False)),
-                     ("regression", all(r["status"] in ("same", "recorded") for r in report.get("regression", [])) and
-                      bool(report.get("regression"))),
+                     ("regression", regression_ok),
                      ("vram", report.get("vram_high_water_bytes") is not None and
                       report["vram_high_water_bytes"] <= spec["vram_limit_bytes"])]:
         (passed if ok else failed).append(name)
-    return ("PASSED" if not failed else "FAILED"), passed, failed
+    if failed:
+        return "FAILED", passed, failed
+    return ("RECORDED" if recorded else "PASSED"), passed, failed
 
 
 # -- the hardware ----------------------------------------------------------------------------------------

@@ -120,8 +120,11 @@ def verify(store, ref: Reference, key, policy: dict, require_smoke: bool = False
                                               f"is the provenance's base")
     if require_smoke or policy.get("require_smoke"):
         smoke = found.get(SMOKE_PREDICATE)
-        report.check(smoke is not None and smoke.get("result") == "PASSED",
-                     "a passing MI300X smoke attestation" + ("" if smoke else " (none attached)"))
+        compared = ((smoke or {}).get("report") or {}).get("regression_compared", 0)
+        report.check(smoke is not None and smoke.get("result") == "PASSED" and compared > 0,
+                     "a passing MI300X smoke attestation, its regression outputs compared"
+                     + ("" if smoke else " (none attached)")
+                     + (f" (result {smoke.get('result')}, {compared} outputs compared)" if smoke else ""))
     if sbom.SPDX_PREDICATE in found:
         report.summary = summarize(found[sbom.SPDX_PREDICATE], prov)
     return report

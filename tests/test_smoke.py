@@ -163,6 +163,19 @@ def test_http_checks_fail_on_wrong_answer_5xx_or_changed_output():
     # nothing recorded yet (the committed state): not a pass until recorded on MI300X
     unrecorded = smoke.http_checks(smoke.Service(StandInVllm(ANSWERS).url, SPEC["model"]), SPEC, record=False)
     assert {r["status"] for r in unrecorded["regression"]} == {"unrecorded"}
+    unrecorded.update(health_ok=True, http_ok=True, vram_high_water_bytes=1)
+    assert smoke.verdict(unrecorded, SPEC)[0] == "FAILED" and unrecorded["regression_compared"] == 0
+
+
+def test_a_recording_run_is_recorded_never_passed():
+    recording = smoke.http_checks(smoke.Service(StandInVllm(ANSWERS).url, SPEC["model"]), SPEC, record=True)
+    recording.update(health_ok=True, http_ok=True, vram_high_water_bytes=1)
+    result, passed, failed = smoke.verdict(recording, SPEC)
+    assert (result, failed, recording["regression_compared"]) == ("RECORDED", [], 0)
+    compared = smoke.http_checks(smoke.Service(StandInVllm(ANSWERS).url, SPEC["model"]), spec_with_expected(),
+                                 record=False)
+    compared.update(health_ok=True, http_ok=True, vram_high_water_bytes=1)
+    assert smoke.verdict(compared, SPEC)[0] == "PASSED" and compared["regression_compared"] == len(SPEC["regression"])
 
 
 def test_vram_from_rocm_smi_json(tmp_path):
@@ -222,7 +235,7 @@ def test_smoke_attestation_gates_verify(tmp_path, registry, fixture_base, fixtur
     policy.write_text(f"allowed_sources: [https://github.com/dsv4-mi300x/bakery]\nbase: {fixture_base}\n")
     args = ["verify", ref, "--key", str(tmp_path / "k" / "bakery.pub"), "--policy", str(policy), "--require-smoke"]
     none = invoke(project, *args)
-    assert none.returncode == 5 and "FAIL a passing MI300X smoke attestation (none attached)" in none.stdout
+    assert none.returncode == 5 and "FAIL a passing MI300X smoke attestation, its regression outputs compared (none attached)" in none.stdout
     import os
 
     os.environ.update(env)
@@ -238,7 +251,14 @@ def test_smoke_attestation_gates_verify(tmp_path, registry, fixture_base, fixtur
     promote = ["promote", ref, "--tag", "v0.0.1", "--key", str(tmp_path / "k" / "bakery.pub"), "--policy", str(policy)]
     refused = invoke(project, *promote)
     assert refused.returncode == 5 and "a passing MI300X smoke attestation" in refused.stderr
-    passing = {"image": ref, "result": "PASSED", "passed": ["health", "http", "regression", "vram"], "failed": []}
+    # a PASSED that compared nothing (what a first recording run used to sign) is refused
+    hollow = {"image": ref, "result": "PASSED", "passed": ["health", "http", "regression", "vram"], "failed": [],
+              "regression_compared": 0}
+    smoke.attach_report(RegistryStore(r), r, hollow, spec_bytes, signer)
+    refused = invoke(project, *args)
+    assert refused.returncode == 5 and "(result PASSED, 0 outputs compared)" in refused.stdout
+    passing = {"image": ref, "result": "PASSED", "passed": ["health", "http", "regression", "vram"], "failed": [],
+               "regression_compared": 4}
     smoke.attach_report(RegistryStore(r), r, passing, spec_bytes, signer)
     ok = invoke(project, *args)
     assert ok.returncode == 0, ok.stdout
