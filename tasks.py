@@ -17,6 +17,10 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _role_keys(release: str | None, smoke: str | None) -> dict:
+    return {"release": [Path(release)] if release else [], "smoke": [Path(smoke)] if smoke else []}
+
+
 def reports_errors(fn):
     """Only here do errors become exit codes: one line on stderr, no traceback."""
 
@@ -51,13 +55,33 @@ def build(c, base=None, push=None, layout=None, out=None, lock=None, toolchain=N
     print(ref)
 
 
-@task(help={"to": "destination REGISTRY/REPO[:TAG]", "base": "source REF@sha256:DIGEST (default: image/base.yaml)"})
+@task(help={"to": "destination REGISTRY/REPO[:TAG]",
+            "base": "source REF@sha256:DIGEST (default: image/base.yaml)",
+            "image": "copy this signed image of ours (REF@sha256:DIGEST) with its .sig and .att instead of the base",
+            "layout": "with --image: write into this OCI layout directory instead of a registry"})
 @reports_errors
-def mirror(c, to, base=None):
-    """Copy the pinned base, by digest, into your own registry; print the mirrored REF@DIGEST."""
-    from bakery import base as base_mod, mirror as mirror_mod
+def mirror(c, to=None, base=None, image=None, layout=None):
+    """Copy the pinned base (or a signed image, with its signatures) by digest; print the mirrored REF@DIGEST."""
+    from bakery import base as base_mod, mirror as mirror_mod, store
+    from bakery.errors import InputError
     from bakery.refs import Reference
 
+    if image:
+        ref = Reference.parse_pinned(image, "--image")
+        if layout:
+            dest, where = store.LayoutStore(Path(layout), create=True), ref
+        elif to:
+            target = Reference.parse(to)
+            dest, where = store.RegistryStore(target), Reference(target.registry, target.repository, None, ref.digest)
+        else:
+            raise InputError("--image needs --to REGISTRY/REPO or --layout DIR")
+        _log(f"mirroring {ref} with its signature and attestations to {layout or where.name}")
+        tag = "latest" if layout else Reference.parse(to).tag
+        mirror_mod.copy_signed(store.RegistryStore(ref), ref, dest, tag, log=_log)
+        print(f"{layout}:{ref.digest}" if layout else where)
+        return
+    if not to:
+        raise InputError("give --to REGISTRY/REPO (where to keep the pinned base)")
     spec = base_mod.load_spec(PROJECT / "image" / "base.yaml", base)
     dest = Reference.parse(to)
     _log(f"mirroring {spec.image} to {dest.name}")
@@ -188,13 +212,14 @@ def rebase(c, base, lock=None, out=None):
     print(f"lock written for {base}: now set image: in image/base.yaml to it and commit overlays/ and the lock")
 
 
-@task(help={"out": "directory for bakery.key (encrypted) and bakery.pub (default: .)"})
+@task(help={"out": "directory for ROLE.key (encrypted) and ROLE.pub (default: .)",
+            "role": "release (signs the image, its SBOM and provenance; default) or smoke (signs the MI300X result)"})
 @reports_errors
-def keygen(c, out="."):
-    """Make an ECDSA P-256 signing key pair; the private key is encrypted with BAKERY_KEY_PASSWORD."""
+def keygen(c, out=".", role="release"):
+    """Make an ECDSA P-256 key pair for one role; the private key is encrypted with BAKERY_KEY_PASSWORD."""
     from bakery import keys
 
-    key, pub = keys.generate(Path(out))
+    key, pub = keys.generate(Path(out), role)
     _log(f"private key (encrypted): {key}")
     print(pub)
 
@@ -219,15 +244,16 @@ def attest(c, image, record=None, key=None, layout=None):
 
 
 @task(help={"image": "REGISTRY/REPO@sha256:DIGEST (or :TAG, resolved and reported)",
-            "key": "public key PEM (bakery.pub)",
+            "key": "a release public key PEM (release.pub), added to the policy's roles.release keys",
+            "smoke_key": "a smoke public key PEM (smoke.pub), added to the policy's roles.smoke keys",
             "policy": "verification policy (default: provenance/policy.yaml)",
             "layout": "verify an OCI layout directory (offline) instead of a registry",
             "require_smoke": "also demand a passing MI300X smoke attestation",
             "skip_blobs": "do not download and hash every layer (faster, weaker)"})
 @reports_errors
-def verify(c, image, key, policy=None, layout=None, require_smoke=False, skip_blobs=False):
+def verify(c, image, key=None, smoke_key=None, policy=None, layout=None, require_smoke=False, skip_blobs=False):
     """For ops: prove IMAGE is ours, what is in it and how it was made; exit 0 only if all checks hold."""
-    from bakery import keys, provenance, store, verify as verify_mod
+    from bakery import provenance, store, verify as verify_mod
     from bakery.refs import Reference
 
     ref = Reference.parse(image)
@@ -240,8 +266,9 @@ def verify(c, image, key, policy=None, layout=None, require_smoke=False, skip_bl
 
         ref = ref.with_digest(Digest.of(body))
         _log(f"{image} is {ref.digest}")
-    pol = provenance.load_policy(Path(policy) if policy else PROJECT / "provenance" / "policy.yaml", PROJECT)
-    report = verify_mod.verify(where, ref, keys.load_public(Path(key)), pol, require_smoke, not skip_blobs)
+    pol = provenance.load_policy(Path(policy) if policy else PROJECT / "provenance" / "policy.yaml", PROJECT,
+                                 _role_keys(key, smoke_key))
+    report = verify_mod.verify(where, ref, pol, require_smoke, not skip_blobs)
     for ok, what in report.checks:
         print(f"{'ok  ' if ok else 'FAIL'} {what}")
     for k, v in report.summary.items():
@@ -255,8 +282,8 @@ def verify(c, image, key, policy=None, layout=None, require_smoke=False, skip_bl
             "port": "host port for the API on 127.0.0.1 (default 8000)",
             "report": "where to write the JSON report (default: out/smoke-report.json)",
             "record": "record the regression outputs (first run on MI300X) instead of comparing",
-            "attest": "sign the report onto the digest (needs the key: --key or BAKERY_SIGNING_KEY)",
-            "key": "encrypted private key file for --attest"})
+            "attest": "sign the report onto the digest with the smoke key (--key or BAKERY_SMOKE_SIGNING_KEY)",
+            "key": "encrypted smoke private key file for --attest (smoke.key)"})
 @reports_errors
 def smoke(c, image, model_dir, port=8000, report=None, record=False, attest=False, key=None):
     """MI300X smoke gate: production launch, ordered health lines, API checks, VRAM; JSON report."""
@@ -279,7 +306,7 @@ def smoke(c, image, model_dir, port=8000, report=None, record=False, attest=Fals
     out.write_text(json_mod.dumps(result, indent=2, sort_keys=True))
     _log(f"report: {out}")
     if attest:
-        signer = sign.Signer(keys.load_private(Path(key) if key else None))
+        signer = sign.Signer(keys.load_private(Path(key) if key else None, keys.SMOKE_KEY_ENV))
         smoke_mod.attach_report(store.RegistryStore(ref), ref, result, spec_path.read_bytes(), signer)
         _log(f"smoke attestation ({result['result']}) attached to {ref}")
     print(f"{result['result']} {ref} ({result['regression_compared']} regression outputs compared)")
@@ -294,21 +321,38 @@ def smoke(c, image, model_dir, port=8000, report=None, record=False, attest=Fals
 
 @task(help={"image": "the smoke-tested REGISTRY/REPO@sha256:DIGEST",
             "tag": "the release tag to point at it (e.g. v1.2.0)",
-            "key": "public key PEM the signatures must verify with",
+            "key": "a release public key PEM (added to the policy's)",
+            "smoke_key": "a smoke public key PEM (added to the policy's)",
             "policy": "verification policy (default: provenance/policy.yaml)"})
 @reports_errors
-def promote(c, image, tag, key, policy=None):
+def promote(c, image, tag, key=None, smoke_key=None, policy=None):
     """Tag a digest for release, only if it verifies with a passing MI300X smoke attestation."""
-    from bakery import keys, provenance, store, verify as verify_mod
+    from bakery import provenance, store, verify as verify_mod
     from bakery.refs import Reference
 
     ref = Reference.parse_pinned(image, "image")
     where = store.RegistryStore(ref)
-    pol = provenance.load_policy(Path(policy) if policy else PROJECT / "provenance" / "policy.yaml", PROJECT)
-    report = verify_mod.verify(where, ref, keys.load_public(Path(key)), pol, require_smoke=True, blobs=False)
+    pol = provenance.load_policy(Path(policy) if policy else PROJECT / "provenance" / "policy.yaml", PROJECT,
+                                 _role_keys(key, smoke_key))
+    report = verify_mod.verify(where, ref, pol, require_smoke=True, blobs=False)
     verify_mod.require(report)
     where.put_manifest(tag, where.manifest(str(ref.digest)))
     print(f"{ref.name}:{tag} -> {ref.digest}")
+
+
+@task(help={"base": "base image REF@sha256:DIGEST (default: image/base.yaml)",
+            "path": "where Docker keeps images (default: /var/lib/docker, else /)"})
+@reports_errors
+def disk(c, base=None, path=None):
+    """Check, before pulling, that the disk holds the base for compiling; print needed and free GiB."""
+    from bakery import base as base_mod
+    from bakery.registry import Registry
+
+    spec = base_mod.load_spec(PROJECT / "image" / "base.yaml", base)
+    image = base_mod.resolve(Registry(spec.source.registry), spec.source, spec.platform)
+    where = Path(path) if path else next(p for p in (Path("/var/lib/docker"), Path("/")) if p.exists())
+    needed, free = base_mod.disk_check(image, where)
+    print(f"ok: {spec.image} needs about {needed / 2**30:.1f} GiB at {where}; {free / 2**30:.1f} GiB free")
 
 
 @task

@@ -186,7 +186,7 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
     started = datetime.now(timezone.utc)
     epoch = source_date_epoch(project)
     revision = _git(project, "rev-parse", "HEAD")
-    dirty = bool(_git(project, "status", "--porcelain", "--untracked-files=no"))
+    dirty = bool(_git(project, "status", "--porcelain"))  # untracked files count: they can change the image
     spec = image_mod.load_spec(project / "image" / "image.yaml")
     opened = open_base(project, opts.base, log)
     base_spec, base, fs = opened.spec, opened.image, opened.fs
@@ -244,7 +244,8 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
 
     rec = {
         "schema": record.SCHEMA,
-        "source": {"repository": spec.source, "revision": revision, "dirty": dirty, "source_date_epoch": epoch},
+        "source": {"repository": record.source_repository(project, _git), "revision": revision, "dirty": dirty,
+                   "source_date_epoch": epoch},
         "inputs": [{"path": str(p.relative_to(project)), "sha256": Descriptor.of("", p.read_bytes()).digest.hex}
                    for p in input_files(project)],
         "base": {

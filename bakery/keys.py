@@ -14,7 +14,9 @@ from .errors import InputError
 from .layer import write_blob
 
 PASSWORD_ENV = "BAKERY_KEY_PASSWORD"
-KEY_ENV = "BAKERY_SIGNING_KEY"  # the encrypted PEM itself, for CI secrets
+KEY_ENV = "BAKERY_SIGNING_KEY"  # the encrypted PEM itself, for CI secrets: the release role's key
+SMOKE_KEY_ENV = "BAKERY_SMOKE_SIGNING_KEY"  # the smoke role's, given only to the MI300X job
+ROLES = ("release", "smoke")  # release: image signature, SBOM, provenance; smoke: the MI300X result
 
 
 def _password(confirm: bool) -> bytes:
@@ -30,9 +32,12 @@ def _password(confirm: bool) -> bytes:
     return value.encode()
 
 
-def generate(directory: Path) -> tuple[Path, Path]:
-    """Write bakery.key (encrypted PKCS#8 PEM, mode 0600) and bakery.pub (PEM)."""
-    key_path, pub_path = directory / "bakery.key", directory / "bakery.pub"
+def generate(directory: Path, role: str = "release") -> tuple[Path, Path]:
+    """Write ROLE.key (encrypted PKCS#8 PEM, mode 0600) and ROLE.pub (PEM)."""
+    if role not in ROLES:
+        raise InputError(f"--role {role!r}: one of {', '.join(ROLES)} (release signs the image, its SBOM and "
+                         f"provenance; smoke signs the MI300X smoke result)")
+    key_path, pub_path = directory / f"{role}.key", directory / f"{role}.pub"
     if key_path.exists():
         raise InputError(f"{key_path} exists: refusing to overwrite a signing key; move it away first")
     key = ec.generate_private_key(ec.SECP256R1())
@@ -48,17 +53,17 @@ def generate(directory: Path) -> tuple[Path, Path]:
     return key_path, pub_path
 
 
-def load_private(path: Path | None) -> ec.EllipticCurvePrivateKey:
-    """From a file, or from BAKERY_SIGNING_KEY when no file is given (CI)."""
+def load_private(path: Path | None, env: str = KEY_ENV) -> ec.EllipticCurvePrivateKey:
+    """From a file, or from the environment (BAKERY_SIGNING_KEY, or the smoke role's) in CI."""
     if path is not None:
         try:
             data = Path(path).read_bytes()
         except OSError as e:
             raise InputError(f"cannot read signing key {path}: {e.strerror}") from None
-    elif os.environ.get(KEY_ENV):
-        data = os.environ[KEY_ENV].encode()
+    elif os.environ.get(env):
+        data = os.environ[env].encode()
     else:
-        raise InputError(f"no signing key: pass --key FILE or set {KEY_ENV} (make one with `invoke keygen`)")
+        raise InputError(f"no signing key: pass --key FILE or set {env} (make one with `invoke keygen`)")
     try:
         key = serialization.load_pem_private_key(data, _password(confirm=False))
     except (ValueError, TypeError):

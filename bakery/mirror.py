@@ -36,3 +36,29 @@ def copy(src: Reference, dest: Reference, registries: dict | None = None, log=pr
     if dest.tag:
         dest_reg.put_manifest(dest.repository, dest.tag, body, media_type)
     return dest.with_digest(digest)
+
+
+def copy_signed(src, ref: Reference, dest, tag: str | None = None, log=print) -> None:
+    """Copy one of our images by digest with its cosign signature and attestations (sha256-<hex>.sig
+    and .att) from one store to another (registry or OCI layout). Every blob is checked on the way;
+    the tags are written last, so a failed copy leaves no tag behind. The signatures still name the
+    repository the image was signed for: verify binds by digest and the policy's allowed list."""
+    from .errors import InputError
+    from .store import signature_tag
+
+    manifests = [(str(ref.digest), src.manifest(str(ref.digest)))]
+    if manifests[0][1] is None:
+        raise InputError(f"{ref} is not in the source: check the digest")
+    for suffix in ("sig", "att"):
+        name = signature_tag(ref.digest, suffix)
+        body = src.manifest(name)
+        if body is None:
+            raise InputError(f"{ref} has no {name}: sign and attest it (`invoke attest`) before mirroring")
+        manifests.append((name, body))
+    for name, body in manifests:
+        doc = json.loads(body)
+        for desc in [Descriptor.from_json(doc["config"])] + [Descriptor.from_json(l) for l in doc["layers"]]:
+            log(f"  {name}: blob {desc.digest.hex[:12]} ({desc.size} bytes)")
+            dest.put_stream(desc, lambda d=desc: src.stream(d))
+    for name, body in manifests[1:] + [(tag or manifests[0][0], manifests[0][1])]:
+        dest.put_manifest(name, body)

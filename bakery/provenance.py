@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import inputs
@@ -12,7 +14,8 @@ from .refs import Reference
 STATEMENT = "https://in-toto.io/Statement/v1"
 SLSA_PREDICATE = "https://slsa.dev/provenance/v1"
 BUILD_TYPE = "https://github.com/dsv4-mi300x/bakery/build/v1"
-POLICY_KEYS = {"allowed_sources": list, "base": str, "require_smoke": bool}
+POLICY_KEYS = {"roles": dict, "allowed_sources": list, "allowed_builders": list, "allowed_repositories": list,
+               "allow_dirty": bool, "base": str, "require_smoke": bool}
 
 
 def statement(subject: Reference, predicate_type: str, predicate: dict) -> bytes:
@@ -68,15 +71,63 @@ def predicate(record: dict) -> dict:
     }
 
 
-def load_policy(path: Path, project: Path) -> dict:
-    """The verification policy; its base defaults to the pin in image/base.yaml."""
+@dataclass(frozen=True)
+class Role:
+    """Who may sign one kind of statement (the in-toto layout idea): its keys and how many must sign."""
+    name: str
+    keys: tuple  # public keys
+    threshold: int = 1
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What `invoke verify` demands beyond valid bytes; validated on load."""
+    roles: dict  # "release" | "smoke" -> Role
+    allowed_sources: tuple[str, ...]  # source repositories (shell-style patterns)
+    allowed_builders: tuple[str, ...]  # builder ids (shell-style patterns; "local" for a laptop build)
+    allowed_repositories: tuple[str, ...]  # where our signatures may say the image was pushed (patterns)
+    allow_dirty: bool
+    base: str
+    require_smoke: bool
+
+    def source_allowed(self, source: str) -> bool:
+        return any(fnmatch.fnmatchcase(source, p) for p in self.allowed_sources)
+
+    def builder_allowed(self, builder: str) -> bool:
+        return any(fnmatch.fnmatchcase(builder, p) for p in self.allowed_builders)
+
+    def repository_allowed(self, name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, p) for p in self.allowed_repositories)
+
+
+ROLE_KEYS = {"keys": list, "threshold": int}
+
+
+def load_policy(path: Path, project: Path, keys: dict | None = None) -> Policy:
+    """The verification policy. Its base defaults to the pin in image/base.yaml; keys given on the
+    command line ({role: [public key file]}) are added to the policy's own."""
+    from . import keys as keys_mod
     from .base import load_spec
 
-    policy = inputs.load_yaml(path, POLICY_KEYS, required={"allowed_sources"})
-    if not policy["allowed_sources"]:
-        raise InputError(f"{path}: allowed_sources is empty: list the repositories whose builds you trust")
-    base = policy.get("base")
-    policy["base"] = str(Reference.parse_pinned(base, f"{path}: base") if base
-                         else load_spec(project / "image" / "base.yaml").image)
-    policy.setdefault("require_smoke", False)
-    return policy
+    doc = inputs.load_yaml(path, POLICY_KEYS, required={"allowed_sources", "allowed_builders", "allowed_repositories"})
+    for field_name in ("allowed_sources", "allowed_builders", "allowed_repositories"):
+        if not doc[field_name] or not all(isinstance(v, str) for v in doc[field_name]):
+            raise InputError(f"{path}: {field_name} must list at least one entry (strings)")
+    roles = {}
+    for name in keys_mod.ROLES:
+        entry = (doc.get("roles") or {}).get(name) or {}
+        inputs.check_keys(entry, ROLE_KEYS, f"{path}: roles.{name}", required=set())
+        files = [Path(path).parent / k for k in entry.get("keys") or []] + list((keys or {}).get(name) or [])
+        threshold = entry.get("threshold", 1)
+        if threshold < 1:
+            raise InputError(f"{path}: roles.{name}.threshold must be at least 1")
+        roles[name] = Role(name, tuple(keys_mod.load_public(f) for f in files), threshold)
+    unknown = set(doc.get("roles") or {}) - set(keys_mod.ROLES)
+    if unknown:
+        raise InputError(f"{path}: unknown role(s) {', '.join(sorted(unknown))}; roles: {', '.join(keys_mod.ROLES)}")
+    base = doc.get("base")
+    return Policy(roles, tuple(doc["allowed_sources"]), tuple(doc["allowed_builders"]),
+                  tuple(doc["allowed_repositories"]), bool(doc.get("allow_dirty", False)),
+                  str(Reference.parse_pinned(base, f"{path}: base") if base else
+                      load_spec(project / "image" / "base.yaml").image),
+                  bool(doc.get("require_smoke", False)))

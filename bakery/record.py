@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import sys
 import zlib
 from pathlib import Path
@@ -34,6 +35,22 @@ def builder() -> dict:
                 "invocation": f"{server}/{repo}/actions/runs/{env.get('GITHUB_RUN_ID')}/attempts/"
                               f"{env.get('GITHUB_RUN_ATTEMPT', '1')}"}
     return {"id": "local", "invocation": "local"}
+
+
+def source_repository(project: Path, git) -> str:
+    """Where the source came from, as the builder can vouch for it: the Actions repository in CI,
+    else the checkout's origin (in https form), else the checkout's own path."""
+    env = os.environ
+    if env.get("GITHUB_ACTIONS") == "true" and env.get("GITHUB_REPOSITORY"):
+        return f"{env.get('GITHUB_SERVER_URL', 'https://github.com')}/{env['GITHUB_REPOSITORY']}"
+    try:
+        url = git(project, "remote", "get-url", "origin")
+    except Exception:
+        return f"file://{project}"
+    ssh = re.match(r"^(?:ssh://)?git@([^:/]+)[:/](.+)$", url)
+    if ssh:
+        url = f"https://{ssh.group(1)}/{ssh.group(2)}"
+    return url.removesuffix(".git").rstrip("/")
 
 
 def write(path: Path, record: dict) -> None:

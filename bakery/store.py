@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import sys
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -48,6 +51,10 @@ class RegistryStore:
         self.registry.upload_blob(self.repo, desc, lambda: iter([data]))
         return desc
 
+    def put_stream(self, desc: Descriptor, open_source) -> None:
+        """Store a blob from a re-openable stream of its bytes (never whole in memory)."""
+        self.registry.upload_blob(self.repo, desc, open_source)
+
     def put_manifest(self, tag: str, body: bytes) -> Digest:
         self.registry.put_manifest(self.repo, str(Digest.of(body)), body, OCI_MANIFEST)
         return self.registry.put_manifest(self.repo, tag, body, OCI_MANIFEST)
@@ -56,8 +63,14 @@ class RegistryStore:
 class LayoutStore:
     """An OCI image layout; tags are index.json entries named by org.opencontainers.image.ref.name."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, create: bool = False):
         self.path = Path(path)
+        if create and not (self.path / "oci-layout").exists():
+            if self.path.exists() and any(self.path.iterdir()):
+                raise InputError(f"{self.path} exists and is not an OCI layout: choose an empty or new directory")
+            write_blob(self.path / "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+            write_blob(self.path / "index.json", json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX,
+                                                             "manifests": []}).encode())
         if not (self.path / "oci-layout").exists():
             raise InputError(f"{self.path} is not an OCI image layout (no oci-layout file)")
 
@@ -106,6 +119,31 @@ class LayoutStore:
         desc = Descriptor.of(media_type, data)
         write_blob(self._blob_path(desc.digest), data)
         return desc
+
+    def put_stream(self, desc: Descriptor, open_source) -> None:
+        """Write to a temporary file, check digest and size, then rename: whole or absent."""
+        dest = self._blob_path(desc.digest)
+        if dest.exists():
+            try:
+                for _ in self.stream(desc):
+                    pass
+                return
+            except IntegrityError:
+                print(f"warning: {dest} did not match its digest; writing it again", file=sys.stderr)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".partial-")
+        try:
+            hasher, size = hashlib.sha256(), 0
+            with os.fdopen(fd, "wb") as out:
+                for chunk in open_source():
+                    hasher.update(chunk)
+                    size += len(chunk)
+                    out.write(chunk)
+            check_digest(desc, hasher.hexdigest(), size, "copy source")
+            os.replace(tmp, dest)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     def put_manifest(self, tag: str, body: bytes) -> Digest:
         desc = self.put_blob(body, OCI_MANIFEST)

@@ -74,6 +74,18 @@ def project(tmp_path, fixture_lock) -> Path:
     return copy_project(tmp_path / "project", fixture_lock)
 
 
+def dev_policy(path: Path, base, **over) -> Path:
+    """A verification policy for images built here: any local checkout, builder `local`, dirty
+    allowed (test copies rewrite the lock), signatures naming this machine's registries."""
+    import yaml
+
+    doc = {"allowed_sources": ["*"], "allowed_builders": ["local"],
+           "allowed_repositories": ["127.0.0.1:*/*", "ghcr.io/dsv4-mi300x/vllm-dsv4-flash-mi300x"],
+           "allow_dirty": True, "base": str(base), **over}
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
 def invoke(project: Path, *args: str, env: dict | None = None, cwd: Path | None = None,
            umask: int | None = None) -> subprocess.CompletedProcess:
     """Run `invoke` the way a user does, in a fresh process."""

@@ -19,7 +19,7 @@ from bakery.store import RegistryStore, signature_tag
 
 from bakery import overlays as overlays_mod
 
-from conftest import ROOT, invoke, last_line
+from conftest import ROOT, dev_policy, invoke, last_line
 
 COSIGN = ROOT / ".tools" / "bin" / "cosign"
 PASSWORD = {"BAKERY_KEY_PASSWORD": "correct horse battery staple"}
@@ -30,21 +30,19 @@ def keypair(tmp_path_factory):
     d = tmp_path_factory.mktemp("keys")
     result = invoke(ROOT, "keygen", "--out", str(d), env=PASSWORD)
     assert result.returncode == 0, result.stderr
-    return d / "bakery.key", d / "bakery.pub"
+    return d / "release.key", d / "release.pub"
 
 
 @pytest.fixture(scope="module")
 def other_keypair(tmp_path_factory):
     d = tmp_path_factory.mktemp("other-keys")
     assert invoke(ROOT, "keygen", "--out", str(d), env=PASSWORD).returncode == 0
-    return d / "bakery.key", d / "bakery.pub"
+    return d / "release.key", d / "release.pub"
 
 
 @pytest.fixture(scope="module")
 def policy(fixture_base, tmp_path_factory):
-    path = tmp_path_factory.mktemp("policy") / "policy.yaml"
-    path.write_text(f"allowed_sources: [https://github.com/dsv4-mi300x/bakery]\nbase: {fixture_base}\n")
-    return path
+    return dev_policy(tmp_path_factory.mktemp("policy") / "policy.yaml", fixture_base)
 
 
 def build_and_attest(project, registry, fixture_base, keypair, repo, epoch, logs):
@@ -325,7 +323,7 @@ def test_tamper_signed_with_another_key(signed, keypair, other_keypair, policy):
     assert invoke(signed["project"], "attest", str(ref), "--record", str(record), "--key", str(other_keypair[0]),
                   env=PASSWORD).returncode == 0
     try:
-        expect_failure(signed["project"], ref, keypair[1], policy, "does not verify with the given public key")
+        expect_failure(signed["project"], ref, keypair[1], policy, "not signed by a release key of the policy")
         assert cosign("verify", "--key", str(keypair[1]), str(ref)).returncode != 0
     finally:  # restore B's good signature for the tests after this one
         assert invoke(signed["project"], "attest", str(ref), "--record", str(record), "--key", str(keypair[0]),
@@ -402,3 +400,79 @@ def test_tamper_provenance_naming_another_base(signed, keypair, policy, registry
     # and with the honest provenance the same cosign policy passes
     assert cosign("verify-attestation", "--key", str(keypair[1]), "--type", "slsaprovenance1", "--policy", str(cue),
                   str(ref_b)).returncode == 0
+
+
+# -- mirrors and how an image was built --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def mirror_registry():
+    from bakery import stack
+
+    return stack.ensure_registry(5004, name="registry-mirror")
+
+
+def test_a_mirrored_image_verifies_by_digest(signed, keypair, policy, mirror_registry, fixture_base, tmp_path):
+    """The usual internal-mirror set-up: image, .sig and .att copied by digest to another registry
+    (and to an OCI layout). The signature still names where it was signed; the policy lists that."""
+    ref, _ = signed["a"]
+    copied = invoke(signed["project"], "mirror", "--image", str(ref), "--to", f"{mirror_registry}/internal/dsv4:mirrored")
+    assert copied.returncode == 0, copied.stderr
+    mirrored = last_line(copied)
+    assert mirrored == f"{mirror_registry}/internal/dsv4@{ref.digest}"
+    ok = verify(signed["project"], mirrored, keypair[1], policy)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert cosign("verify", "--key", str(keypair[1]), mirrored).returncode == 0  # cosign agrees
+    strict = dev_policy(tmp_path / "strict.yaml", fixture_base, allowed_repositories=[f"{mirror_registry}/*"])
+    refused = verify(signed["project"], mirrored, keypair[1], strict)
+    assert refused.returncode == 5
+    assert f"signature names repository {ref.name}, which the policy's allowed_repositories do not list" \
+        in refused.stdout
+    layout = tmp_path / "layout"
+    assert invoke(signed["project"], "mirror", "--image", str(ref), "--layout", str(layout)).returncode == 0
+    offline = verify(signed["project"], ref, keypair[1], policy, "--layout", str(layout))
+    assert offline.returncode == 0, offline.stdout + offline.stderr
+
+
+def test_mirroring_an_unsigned_image_is_refused_and_tags_nothing(signed, mirror_registry, registry, fixture_base):
+    built = invoke(signed["project"], "build", "--base", str(fixture_base), "--push", f"{registry}/unsigned/x:1",
+                   "--out", str(signed["project"] / "out-unsigned"))
+    ref = Reference.parse(last_line(built))
+    result = invoke(signed["project"], "mirror", "--image", str(ref), "--to", f"{mirror_registry}/unsigned/x:1")
+    assert result.returncode == 2 and "has no sha256-" in result.stderr and "invoke attest" in result.stderr
+    assert Registry(mirror_registry).manifest_exists("unsigned/x", ref.digest) is False
+
+
+def test_provenance_binds_builder_source_and_a_clean_checkout(signed, keypair, fixture_base, tmp_path):
+    ref, record = signed["a"]
+    rec = json.loads(record.read_text())
+    assert rec["builder"]["id"] == "local" and rec["source"]["dirty"] is True  # the copy rewrote the lock
+    assert rec["source"]["repository"] != "https://github.com/dsv4-mi300x/bakery"  # not a constant any more
+    cases = [
+        ({"allow_dirty": False}, "FAIL built from a checkout with uncommitted or untracked changes"),
+        ({"allowed_builders": ["https://github.com/dsv4-mi300x/bakery/.github/workflows/release.yml@refs/tags/v*"]},
+         "FAIL builder local is an allowed builder (a build from elsewhere"),
+        ({"allowed_sources": ["https://github.com/dsv4-mi300x/bakery"]},
+         f"FAIL provenance source {rec['source']['repository']} is an allowed repository"),
+    ]
+    for over, line in cases:
+        result = verify(signed["project"], ref, keypair[1], dev_policy(tmp_path / "p.yaml", fixture_base, **over))
+        assert result.returncode == 5 and line in result.stdout, (over, result.stdout)
+        assert "Traceback" not in result.stderr
+
+
+def test_builder_and_source_come_from_the_ci_environment(monkeypatch, tmp_path):
+    from bakery import record as record_mod
+
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.setenv("GITHUB_SERVER_URL", "https://github.com")
+    monkeypatch.setenv("GITHUB_REPOSITORY", "acme/bakery-fork")
+    monkeypatch.setenv("GITHUB_WORKFLOW_REF", "acme/bakery-fork/.github/workflows/release.yml@refs/tags/v1.2.0")
+    monkeypatch.setenv("GITHUB_RUN_ID", "42")
+    assert record_mod.builder()["id"] == "https://github.com/acme/bakery-fork/.github/workflows/release.yml@refs/tags/v1.2.0"
+    assert record_mod.source_repository(tmp_path, None) == "https://github.com/acme/bakery-fork"
+    monkeypatch.delenv("GITHUB_ACTIONS")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "remote", "add", "origin", "git@github.com:acme/bakery.git"], check=True)
+    from bakery.build import _git
+
+    assert record_mod.source_repository(tmp_path, _git) == "https://github.com/acme/bakery"

@@ -111,3 +111,20 @@ def test_layout_is_read_by_skopeo_and_runs_in_docker(built):
                    check=True, capture_output=True)
     run = docker("run", "--rm", "--entrypoint", "bakery-selfcheck", "bakery-layout/test:1")
     assert "baked files verified" in run.stderr
+
+
+def test_dirty_counts_untracked_files(project, fixture_base):
+    """An untracked file in the checkout can change what is built: the record says dirty."""
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    subprocess.run(["git", "-C", str(project), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(project), "commit", "-qm", "lock for this machine's fixture"], check=True,
+                   env={**__import__("os").environ, **env})
+
+    def dirty() -> bool:
+        result = invoke(project, "build", "--base", str(fixture_base))
+        assert result.returncode == 0, result.stderr
+        return json.loads((project / "out" / "build-record.json").read_text())["source"]["dirty"]
+
+    assert dirty() is False
+    (project / "image" / "notes.txt").write_text("not committed\n")
+    assert dirty() is True

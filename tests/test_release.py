@@ -64,6 +64,35 @@ def test_release_shape_least_privilege_and_gating():
     assert "secrets.BAKERY_SIGNING_KEY" in text and "GITHUB_STEP_SUMMARY" in text
 
 
+def job_secrets(job: dict) -> set:
+    return set(re.findall(r"secrets\.(\w+)", yaml.safe_dump(job)))
+
+
+def test_each_job_holds_only_its_own_key():
+    """The release key signs what ops trust; the MI300X job runs the candidate with host devices,
+    so it gets the smoke key and never the release key."""
+    jobs = yaml.safe_load(WORKFLOW.read_text())["jobs"]
+    assert job_secrets(jobs["build"]) == {"BAKERY_SIGNING_KEY", "BAKERY_KEY_PASSWORD", "GITHUB_TOKEN"}
+    assert job_secrets(jobs["smoke"]) == {"BAKERY_SMOKE_SIGNING_KEY", "BAKERY_SMOKE_KEY_PASSWORD", "GITHUB_TOKEN"}
+    assert job_secrets(jobs["promote"]) == {"GITHUB_TOKEN"}
+
+
+def test_actions_are_pinned_by_commit_and_packages_by_hash():
+    wf = yaml.safe_load(WORKFLOW.read_text())
+    uses = [step["uses"] for job in wf["jobs"].values() for step in job["steps"] if "uses" in step]
+    assert uses and all(re.fullmatch(r"[\w-]+/[\w-]+@[0-9a-f]{40}", u) for u in uses), uses
+    installs = [l for l in WORKFLOW.read_text().splitlines() if "pip install" in l and "-r " in l]
+    assert installs and all("--require-hashes" in l for l in installs)
+    lock = (ROOT / "requirements" / "release.txt").read_text()
+    pinned = dict(re.findall(r"^([a-z0-9_.-]+)==(\S+) \\\n\s+--hash=sha256:[0-9a-f]{64}", lock, re.M))
+    import tomllib
+
+    wanted = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = [re.split(r"[<>=\[ ]", d)[0].lower() for d in wanted["dependencies"] + wanted["optional-dependencies"]["prove"]]
+    assert set(names) <= set(pinned), set(names) - set(pinned)
+    assert pinned["torch"] == "2.13.0+cpu" and pinned["triton"] == "3.9.0"
+
+
 def test_workflow_runs_the_tasks_the_readme_documents():
     used = set(re.findall(r"invoke (\w+)", WORKFLOW.read_text()))
     assert used >= {"build", "attest", "verify", "smoke", "promote"}

@@ -12,7 +12,7 @@ import pytest
 
 from bakery import smoke
 
-from conftest import ROOT, docker, invoke, last_line
+from conftest import ROOT, dev_policy, docker, invoke, last_line
 
 LOGS = ROOT / "tests" / "data" / "vllm-logs"
 SPEC = smoke.load_spec(ROOT / "provenance" / "smoke.yaml")
@@ -228,19 +228,21 @@ def test_smoke_attestation_gates_verify(tmp_path, registry, fixture_base, fixtur
 
     project = copy_project(tmp_path / "p", fixture_lock)
     env = {"BAKERY_KEY_PASSWORD": "pw"}
-    assert invoke(project, "keygen", "--out", str(tmp_path / "k"), env=env).returncode == 0
+    for role in ("release", "smoke"):
+        assert invoke(project, "keygen", "--role", role, "--out", str(tmp_path / "k"), env=env).returncode == 0
     ref = last_line(invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/test/smoked:1"))
-    assert invoke(project, "attest", ref, "--key", str(tmp_path / "k" / "bakery.key"), env=env).returncode == 0
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(f"allowed_sources: [https://github.com/dsv4-mi300x/bakery]\nbase: {fixture_base}\n")
-    args = ["verify", ref, "--key", str(tmp_path / "k" / "bakery.pub"), "--policy", str(policy), "--require-smoke"]
+    assert invoke(project, "attest", ref, "--key", str(tmp_path / "k" / "release.key"), env=env).returncode == 0
+    policy = dev_policy(tmp_path / "policy.yaml", fixture_base)
+    keyargs = ["--key", str(tmp_path / "k" / "release.pub"), "--smoke-key", str(tmp_path / "k" / "smoke.pub")]
+    args = ["verify", ref, *keyargs, "--policy", str(policy), "--require-smoke"]
     none = invoke(project, *args)
-    assert none.returncode == 5 and "FAIL a passing MI300X smoke attestation, its regression outputs compared (none attached)" in none.stdout
+    assert none.returncode == 5 and "FAIL a passing MI300X smoke attestation signed by a smoke key, its regression outputs compared (none attached" in none.stdout
     import os
 
     os.environ.update(env)
     try:
-        signer = sign.Signer(keys.load_private(tmp_path / "k" / "bakery.key"))
+        signer = sign.Signer(keys.load_private(tmp_path / "k" / "smoke.key"))
+        release_signer = sign.Signer(keys.load_private(tmp_path / "k" / "release.key"))
     finally:
         del os.environ["BAKERY_KEY_PASSWORD"]
     r = Reference.parse(ref)
@@ -248,7 +250,7 @@ def test_smoke_attestation_gates_verify(tmp_path, registry, fixture_base, fixtur
     failing = {"image": ref, "result": "FAILED", "passed": ["health"], "failed": ["vram"]}
     smoke.attach_report(RegistryStore(r), r, failing, spec_bytes, signer)
     assert invoke(project, *args).returncode == 5
-    promote = ["promote", ref, "--tag", "v0.0.1", "--key", str(tmp_path / "k" / "bakery.pub"), "--policy", str(policy)]
+    promote = ["promote", ref, "--tag", "v0.0.1", *keyargs, "--policy", str(policy)]
     refused = invoke(project, *promote)
     assert refused.returncode == 5 and "a passing MI300X smoke attestation" in refused.stderr
     # a PASSED that compared nothing (what a first recording run used to sign) is refused
@@ -259,6 +261,10 @@ def test_smoke_attestation_gates_verify(tmp_path, registry, fixture_base, fixtur
     assert refused.returncode == 5 and "(result PASSED, 0 outputs compared)" in refused.stdout
     passing = {"image": ref, "result": "PASSED", "passed": ["health", "http", "regression", "vram"], "failed": [],
                "regression_compared": 4}
+    # the build's release key may not vouch for the MI300X result: only a smoke key may
+    smoke.attach_report(RegistryStore(r), r, passing, spec_bytes, release_signer)
+    refused = invoke(project, *args)
+    assert refused.returncode == 5 and "test-result/v0.1 signed by 0 of 1 required smoke key(s)" in refused.stdout
     smoke.attach_report(RegistryStore(r), r, passing, spec_bytes, signer)
     ok = invoke(project, *args)
     assert ok.returncode == 0, ok.stdout
