@@ -442,11 +442,17 @@ def test_mirroring_an_unsigned_image_is_refused_and_tags_nothing(signed, mirror_
     assert Registry(mirror_registry).manifest_exists("unsigned/x", ref.digest) is False
 
 
-def test_provenance_binds_builder_source_and_a_clean_checkout(signed, keypair, fixture_base, tmp_path):
-    ref, record = signed["a"]
+def test_provenance_binds_builder_source_and_a_clean_checkout(signed, keypair, registry, fixture_base, tmp_path):
+    (signed["project"] / "image" / "untracked.txt").write_text("not committed\n")  # a dirty checkout
+    try:
+        ref, record = build_and_attest(signed["project"], registry, fixture_base, keypair, "signed/dirty", 1700000002,
+                                       [])
+    finally:
+        (signed["project"] / "image" / "untracked.txt").unlink()
     rec = json.loads(record.read_text())
-    assert rec["builder"]["id"] == "local" and rec["source"]["dirty"] is True  # the copy rewrote the lock
+    assert rec["builder"]["id"] == "local" and rec["source"]["dirty"] is True
     assert rec["source"]["repository"] != "https://github.com/dsv4-mi300x/bakery"  # not a constant any more
+    assert verify(signed["project"], ref, keypair[1], dev_policy(tmp_path / "dev.yaml", fixture_base)).returncode == 0
     cases = [
         ({"allow_dirty": False}, "FAIL built from a checkout with uncommitted or untracked changes"),
         ({"allowed_builders": ["https://github.com/dsv4-mi300x/bakery/.github/workflows/release.yml@refs/tags/v*"]},

@@ -117,7 +117,8 @@ def test_dirty_counts_untracked_files(project, fixture_base):
     """An untracked file in the checkout can change what is built: the record says dirty."""
     env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
     subprocess.run(["git", "-C", str(project), "add", "-A"], check=True)
-    subprocess.run(["git", "-C", str(project), "commit", "-qm", "lock for this machine's fixture"], check=True,
+    subprocess.run(["git", "-C", str(project), "commit", "-qm", "lock for this machine's fixture", "--allow-empty"],
+                   check=True,
                    env={**__import__("os").environ, **env})
 
     def dirty() -> bool:

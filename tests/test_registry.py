@@ -90,7 +90,8 @@ def test_retries_503_and_dropped_connections(registry):
 def test_failed_upload_posts_and_patches_are_not_resent_the_session_starts_over(registry):
     """POST opens a session and PATCH appends to it: resending either could act twice. A failed
     one makes the client cancel the session and start a fresh one with fresh bytes."""
-    small, large = blob(20000, 8), blob(9 << 20, 9)  # large: PATCH chunks
+    salt = b"%d" % time.time_ns()  # new bytes: the registry's storage outlives a run
+    small, large = blob(20000, 8) + salt, blob(9 << 20, 9) + salt  # large: PATCH chunks
     faults = [("POST", "/blobs/uploads/", "503"), ("PATCH", "/blobs/uploads/", "drop")]
     with FaultyProxy(registry, faults) as proxy:
         reg = Registry(proxy.host)
