@@ -12,8 +12,10 @@ import hashlib
 import io
 import json
 import os
+import sys
 import tarfile
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Iterable, Iterator
@@ -21,7 +23,7 @@ from typing import Iterable, Iterator
 import zstandard
 
 from .base import Image
-from .errors import EnvironmentProblem, InputError
+from .errors import EnvironmentProblem, InputError, IntegrityError
 from .refs import Descriptor
 from .registry import Registry
 
@@ -63,27 +65,52 @@ class LayerCache:
         self.downloads = 0  # layers streamed by this process: a warm build keeps it at 0
 
     def index(self, desc: Descriptor) -> dict | None:
+        """What a layer holds, if cached: the entry must name this layer and match its own checksum."""
+        path = self.root / "layers" / f"{desc.digest.hex}.json"
         try:
-            return json.loads((self.root / "layers" / f"{desc.digest.hex}.json").read_text())
-        except (OSError, ValueError):
+            doc = json.loads(path.read_text())
+            body = json.dumps(doc["index"], sort_keys=True).encode()
+            if doc["layer"] != str(desc.digest) or doc["sha256"] != hashlib.sha256(body).hexdigest():
+                raise ValueError("it does not match its checksum")
+            return doc["index"]
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            self._drop(path, f"layer index {desc.digest.hex[:12]} ({e})")
             return None
 
     def save_index(self, desc: Descriptor, index: dict) -> None:
-        _atomic_write(self.root / "layers" / f"{desc.digest.hex}.json",
-                      json.dumps(index, sort_keys=True).encode())
+        body = json.dumps(index, sort_keys=True).encode()
+        doc = {"layer": str(desc.digest), "sha256": hashlib.sha256(body).hexdigest(), "index": index}
+        _atomic_write(self.root / "layers" / f"{desc.digest.hex}.json", json.dumps(doc, sort_keys=True).encode())
 
-    def content(self, sha256: str) -> bytes:
-        return (self.root / "files" / sha256).read_bytes()
+    def content(self, sha256: str) -> bytes | None:
+        """A cached file's bytes, checked against the sha256 they are stored under; None if absent
+        or dropped (a poisoned entry is deleted with one warning, and the caller fetches it again)."""
+        path = self.root / "files" / sha256
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        if hashlib.sha256(data).hexdigest() != sha256:
+            self._drop(path, f"file {sha256[:12]} (its bytes do not match their sha256)")
+            return None
+        return data
 
     def has_content(self, sha256: str) -> bool:
-        return (self.root / "files" / sha256).exists()
+        return self.content(sha256) is not None
 
     def store(self, data: bytes) -> str:
         digest = hashlib.sha256(data).hexdigest()
         path = self.root / "files" / digest
-        if not path.exists():
+        if self.content(digest) is None:
             _atomic_write(path, data)
         return digest
+
+    @staticmethod
+    def _drop(path: Path, what: str) -> None:
+        print(f"warning: dropped a corrupt cache entry, {what}; fetching it again", file=sys.stderr)
+        path.unlink(missing_ok=True)
 
 
 class _IterReader(io.RawIOBase):
@@ -128,27 +155,38 @@ def scan_layer(registry: Registry, repo: str, desc: Descriptor, wanted: set[str]
     entries, whiteouts, opaque, found = {}, [], [], {}
     chunks = registry.stream_blob(repo, desc, label=f"layer {desc.digest.hex[:12]}")
     raw = _IterReader(chunks)
-    stream = decompressed(desc.media_type, io.BufferedReader(raw, 1 << 20))
-    with tarfile.open(fileobj=stream, mode="r|") as tar:
-        for member in tar:
-            path = normalize(member.name)
-            name = PurePosixPath(path).name
-            parent = path.rpartition("/")[0]
-            if name == OPAQUE:
-                opaque.append(parent)
-                continue
-            if name.startswith(WHITEOUT):
-                whiteouts.append(f"{parent}/{name[len(WHITEOUT):]}" if parent else name[len(WHITEOUT):])
-                continue
-            kind = _KIND.get(member.type, "other")
-            entries[path] = [kind, member.size, member.mode, normalize(member.linkname) if kind == "hardlink"
-                             else member.linkname]
-            if kind == "file" and (path in wanted or any(fnmatch.fnmatchcase(path, k) for k in keep)):
-                found[path] = cache.store(tar.extractfile(member).read())
-    for _ in chunks:  # drain: the digest check runs when the iterator ends
-        pass
+    try:
+        stream = decompressed(desc.media_type, io.BufferedReader(raw, 1 << 20))
+        with tarfile.open(fileobj=stream, mode="r|") as tar:
+            for member in tar:
+                _take(member, tar, entries, whiteouts, opaque, found, wanted, keep, cache)
+        for _ in chunks:  # drain: the digest check runs when the iterator ends
+            pass
+    except (tarfile.TarError, EOFError, OSError, zlib.error, zstandard.ZstdError, ValueError, UnicodeError) as e:
+        for _ in chunks:  # a bad digest is the better diagnosis: let the check run first
+            pass
+        raise IntegrityError(f"layer {desc.digest} of {repo} is not a readable {desc.media_type} "
+                             f"({type(e).__name__}: {e}); the image is corrupt or hostile") from None
     index = {"entries": entries, "whiteouts": sorted(whiteouts), "opaque": sorted(opaque), "files": {}}
     return index, found
+
+
+def _take(member, tar, entries, whiteouts, opaque, found, wanted, keep, cache) -> None:
+    """Record one tar member: a whiteout, an opaque marker, or an entry (kept if wanted)."""
+    path = normalize(member.name)
+    name = PurePosixPath(path).name
+    parent = path.rpartition("/")[0]
+    if name == OPAQUE:
+        opaque.append(parent)
+        return
+    if name.startswith(WHITEOUT):
+        whiteouts.append(f"{parent}/{name[len(WHITEOUT):]}" if parent else name[len(WHITEOUT):])
+        return
+    kind = _KIND.get(member.type, "other")
+    entries[path] = [kind, member.size, member.mode, normalize(member.linkname) if kind == "hardlink"
+                     else member.linkname]
+    if kind == "file" and (path in wanted or any(fnmatch.fnmatchcase(path, k) for k in keep)):
+        found[path] = cache.store(tar.extractfile(member).read())
 
 
 def _hidden_by(index: dict, path: str) -> bool:
@@ -213,9 +251,13 @@ class BaseFilesystem:
                 out[p] = None
                 continue
             desc, (kind, size, mode, link) = hit
-            index = self._index(desc, set())
-            sha = index["files"].get(link if kind == "hardlink" else p) if kind in ("file", "hardlink") else None
+            source = link if kind == "hardlink" else p
+            index = self._index(desc, {source} if kind in ("file", "hardlink") else set())
+            sha = index["files"].get(source) if kind in ("file", "hardlink") else None
             data = self.cache.content(sha) if sha else None
+            if sha and data is None:  # dropped as corrupt just now: stream the layer again
+                sha = self._index(desc, {source})["files"].get(source)
+                data = self.cache.content(sha) if sha else None
             out[p] = BaseFile(p, kind, mode, len(data) if data is not None else size, link, str(desc.digest),
                               sha, data)
         return out

@@ -9,6 +9,7 @@ import json
 import shlex
 import shutil
 import struct
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,18 +237,38 @@ def run_toolchain(client, toolchain: str, root: Path, shell: str, out: Path) -> 
                                  + "\n".join(logs.splitlines()[-25:]))
 
 
+def _outputs_ok(out: Path) -> bool:
+    """A cached compile: done, and every output still the bytes recorded when it was made. A
+    poisoned one is deleted with one warning, so it is compiled again."""
+    try:
+        recorded = json.loads((out / "done.json").read_text())["sha256"]
+        if all(hashlib.sha256((out / name).read_bytes()).hexdigest() == sha for name, sha in recorded.items()):
+            return True
+        why = "an output does not match its recorded sha256"
+    except FileNotFoundError:
+        if not out.exists():
+            return False
+        why = "it is incomplete"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        why = f"its record is unreadable ({e})"
+    print(f"warning: dropped a corrupt compile cache entry {out.name} ({why}); compiling again", file=sys.stderr)
+    shutil.rmtree(out, ignore_errors=True)
+    return False
+
+
 def compile_recipe(recipe: Recipe, toolchain: str, cache: Path, log=print) -> list[Artifact]:
     """Compile in a container of `toolchain` (sources read-only); cached by recipe, sources, toolchain."""
     client = docker_client()
     image_id = toolchain_identity(client, toolchain)
     out = cache / recipe.key(image_id)
     cache.mkdir(parents=True, exist_ok=True)
-    if not (out / "done.json").exists():
+    if not _outputs_ok(out):
         tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".partial-"))
         try:
             log(f"compiling hip/ for {recipe.arch} in {toolchain}")
             run_toolchain(client, toolchain, recipe.root, script(recipe), tmp)
-            (tmp / "done.json").write_text(json.dumps({"toolchain_image": image_id}))
+            outputs = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(tmp.iterdir())}
+            (tmp / "done.json").write_text(json.dumps({"toolchain_image": image_id, "sha256": outputs}))
             if out.exists():
                 shutil.rmtree(out)
             tmp.rename(out)

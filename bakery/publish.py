@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,7 +94,7 @@ def write_layout(derived: Derived, dest: Path, tag: str | None, blob_cache: Path
         blobs.mkdir(parents=True)
         for desc in derived.base_layers:
             cached = blob_cache / "sha256" / desc.digest.hex
-            if not cached.exists():
+            if not _cached_blob_ok(cached, desc):
                 derived.base_registry.download_blob(derived.base.ref.repository, desc, cached)
             _link_or_copy(cached, blobs / desc.digest.hex)
         for layer in derived.layers:
@@ -111,6 +113,23 @@ def write_layout(derived: Derived, dest: Path, tag: str | None, blob_cache: Path
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return dest
+
+
+def _cached_blob_ok(path: Path, desc: Descriptor) -> bool:
+    """Is a cached base blob there and still the bytes its name promises? A poisoned one is
+    deleted with one warning (and downloaded again by the caller)."""
+    if not path.exists():
+        return False
+    h, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+            size += len(chunk)
+    if h.hexdigest() == desc.digest.hex and size == desc.size:
+        return True
+    print(f"warning: dropped a corrupt cached blob {desc.digest.hex[:12]}; downloading it again", file=sys.stderr)
+    path.unlink()
+    return False
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

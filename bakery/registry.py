@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
+import requests
+
 from .errors import IntegrityError, NotFound, RegistryError, TransientError
 from .progress import Progress
 from .refs import Descriptor, Digest, Reference
@@ -98,8 +100,13 @@ class Registry:
             for chunk in resp.iter_content(CHUNK):
                 hasher.update(chunk)
                 size += len(chunk)
+                if size > desc.size:  # never read past what the descriptor promises
+                    break
                 progress.update(len(chunk))
                 yield chunk
+        except requests.RequestException as e:
+            raise TransientError(f"blob {desc.digest} from {self.name}/{repo}: the transfer broke off after "
+                                 f"{size} of {desc.size} bytes ({type(e).__name__}); retry") from None
         finally:
             resp.close()
             progress.close()

@@ -1,0 +1,81 @@
+"""Caches that trust nothing: each cache is poisoned on disk, and the next build must notice, say
+so in one warning line, fetch or make the entry again, and produce the same image digest."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import invoke, last_line
+
+CACHE = Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery"))
+
+
+@pytest.fixture
+def warm(project, fixture_base):
+    """A built project (so every cache holds its entries) and the digest it gives."""
+    result = invoke(project, "build", "--base", str(fixture_base), "--layout", str(project / "out" / "layout0"))
+    assert result.returncode == 0, result.stderr
+    return project, last_line(result), json.loads((project / "out" / "build-record.json").read_text())
+
+
+def rebuild(project, fixture_base, *extra) -> tuple[str, list[str]]:
+    result = invoke(project, "build", "--base", str(fixture_base), *extra)
+    assert result.returncode == 0, result.stderr
+    return last_line(result), [l for l in result.stderr.splitlines() if l.startswith("warning:")]
+
+
+def poison(path: Path) -> None:
+    """Replace the entry with other bytes (a new file: a hardlinked copy elsewhere stays intact)."""
+    data = path.read_bytes()
+    tmp = path.with_name(path.name + ".poison")
+    tmp.write_bytes(data[:-1] + bytes([data[-1] ^ 0x01]) if data else b"x")
+    os.replace(tmp, path)
+
+
+def test_a_poisoned_file_content_is_dropped_and_read_again(warm, fixture_base):
+    project, digest, record = warm
+    stock = next(o["base_sha256"] for o in record["overlays"] if o["id"] == "cpu-kv-transfer-fence")
+    poison(CACHE / "files" / stock)
+    again, warnings = rebuild(project, fixture_base)
+    assert again == digest
+    assert len(warnings) == 1 and f"file {stock[:12]}" in warnings[0]
+
+
+def test_a_poisoned_layer_index_is_dropped_and_the_layer_read_again(warm, fixture_base):
+    project, digest, record = warm
+    top = record["base"]["layers"][-1]["digest"].split(":")[1]
+    path = CACHE / "layers" / f"{top}.json"
+    doc = json.loads(path.read_text())
+    doc["index"]["whiteouts"].append("usr/local/lib/python3.12/dist-packages/vllm")  # would hide vLLM
+    path.write_text(json.dumps(doc))
+    again, warnings = rebuild(project, fixture_base)
+    assert again == digest
+    assert len(warnings) == 1 and f"layer index {top[:12]}" in warnings[0]
+
+
+def test_a_poisoned_base_blob_is_not_linked_into_a_layout(warm, fixture_base):
+    from bakery.refs import Descriptor
+    from bakery.store import LayoutStore
+
+    project, digest, record = warm
+    layer = record["base"]["layers"][0]
+    poison(CACHE / "blobs" / "sha256" / layer["digest"].split(":")[1])
+    again, warnings = rebuild(project, fixture_base, "--layout", str(project / "out" / "layout1"))
+    assert again == digest and len(warnings) == 1 and "corrupt cached blob" in warnings[0]
+    blob = LayoutStore(project / "out" / "layout1").blob(Descriptor.from_json(layer))  # checks the digest
+    assert len(blob) == layer["size"]
+
+
+def test_a_poisoned_compile_output_is_compiled_again_to_the_same_bytes(warm, fixture_base):
+    project, digest, record = warm
+    shared_objects = list((CACHE / "hip").glob("*/_C_stable_libtorch.so"))
+    assert shared_objects
+    for so in shared_objects:
+        poison(so)
+    again, warnings = rebuild(project, fixture_base)
+    assert again == digest  # compiling is reproducible: the same image
+    assert len(warnings) == 1 and "corrupt compile cache entry" in warnings[0]
