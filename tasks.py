@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import traceback
 from pathlib import Path
 
 from invoke import Exit, task
@@ -34,6 +35,20 @@ def reports_errors(fn):
             raise Exit(f"error: {e}", code=e.exit_code) from None
         except KeyboardInterrupt:
             raise Exit("interrupted; nothing was tagged", code=130) from None
+        except Exit:
+            raise
+        except Exception as e:  # a library's error, or a bug of ours: still one line
+            from bakery.errors import foreign
+
+            mapped = foreign(e)
+            if mapped is not None:
+                raise Exit(f"error: {mapped}", code=mapped.exit_code) from None
+            if os.environ.get("BAKERY_DEBUG"):  # BAKERY_DEBUG=1 shows the traceback
+                raise
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            raise Exit(f"error: internal error {type(e).__name__}: {str(e)[:300]} (at {Path(where.filename).name}:"
+                       f"{where.lineno}); please report it with the command you ran, or rerun with BAKERY_DEBUG=1",
+                       code=1) from None
 
     return wrapper
 

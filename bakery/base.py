@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import inputs
-from .errors import EnvironmentProblem, InputError, IntegrityError, RegistryError
+from .errors import EnvironmentProblem, InputError, IntegrityError, RegistryError, malformed
 from .refs import Descriptor, Digest, Reference
 from .registry import INDEX_TYPES, MANIFEST_TYPES, Registry
 
@@ -63,6 +63,14 @@ class Image:
         return json.loads(self.config_bytes)
 
 
+def _descriptor(obj) -> Descriptor:
+    """A descriptor from someone else's document: malformed is a ValueError, for malformed()."""
+    try:
+        return Descriptor.from_json(obj)
+    except InputError as e:
+        raise ValueError(str(e)) from None
+
+
 def select_platform(index: dict, platform: str, where: str) -> Descriptor:
     """Pick the manifest for os/arch from an index; refuse if it is not there."""
     os_name, arch = platform.split("/")
@@ -71,7 +79,7 @@ def select_platform(index: dict, platform: str, where: str) -> Descriptor:
         p = entry.get("platform") or {}
         offered.append(f"{p.get('os')}/{p.get('architecture')}")
         if p.get("os") == os_name and p.get("architecture") == arch:
-            return Descriptor.from_json(entry)
+            return _descriptor(entry)
     raise InputError(f"{where} has no {platform} image (it offers {', '.join(offered) or 'none'})")
 
 
@@ -81,16 +89,20 @@ def resolve(registry: Registry, ref: Reference, platform: str) -> Image:
     index_digest = None
     if media_type in INDEX_TYPES:
         index_digest = digest
-        chosen = select_platform(json.loads(body), platform, str(ref))
+        with malformed(f"index {ref}"):
+            chosen = select_platform(json.loads(body), platform, str(ref))
         ref = ref.with_digest(chosen.digest)
         body, media_type, digest = registry.get_manifest(ref)
     if media_type not in MANIFEST_TYPES:
         raise RegistryError(f"{ref}: unsupported manifest type {media_type!r}")
-    manifest = json.loads(body)
-    config_desc = Descriptor.from_json(manifest["config"])
+    with malformed(f"manifest {ref}"):
+        manifest = json.loads(body)
+        config_desc = _descriptor(manifest["config"])
+        layers = tuple(_descriptor(layer) for layer in manifest.get("layers") or [])
     config = registry.fetch_blob(ref.repository, config_desc)
-    layers = tuple(Descriptor.from_json(layer) for layer in manifest.get("layers", []))
-    diff_ids = json.loads(config).get("rootfs", {}).get("diff_ids", [])
+    with malformed(f"config {config_desc.digest} of {ref}"):
+        diff_ids = json.loads(config).get("rootfs", {}).get("diff_ids", [])
+        len(diff_ids)
     if len(diff_ids) != len(layers):
         raise IntegrityError(f"{ref}: config lists {len(diff_ids)} diff_ids for {len(layers)} layers")
     return Image(ref.with_digest(digest), index_digest, body, media_type, config, config_desc, layers)

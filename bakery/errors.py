@@ -1,5 +1,7 @@
 """One error root; each class carries its exit code and a message that says what to do next."""
 
+from contextlib import contextmanager
+
 
 class BakeryError(Exception):
     """Root of every error the tool reports to a user as one line."""
@@ -43,3 +45,37 @@ class EnvironmentProblem(BakeryError):
     """The machine lacks something the command needs (engine, tool, disk space)."""
 
     exit_code = 6
+
+
+PARSE_ERRORS = (ValueError, KeyError, TypeError, AttributeError, IndexError, UnicodeError, RecursionError)
+
+
+@contextmanager
+def malformed(what: str, error: type = IntegrityError):
+    """Reading a document someone else wrote (a registry's manifest, a layer, a cache entry): any
+    way it fails to parse becomes one error naming the document, never a traceback."""
+    try:
+        yield
+    except PARSE_ERRORS as e:
+        raise error(f"{what} is malformed ({type(e).__name__}: {str(e)[:200]}); it is corrupt or hostile") from None
+
+
+def foreign(e: BaseException) -> BakeryError | None:
+    """A library's exception that reached the edge, as the BakeryError (and exit code) it means."""
+    import errno
+
+    try:
+        import docker.errors
+        if isinstance(e, docker.errors.DockerException):
+            return EnvironmentProblem(f"Docker: {getattr(e, 'explanation', None) or e}; is the engine running "
+                                      f"(`invoke stack`) and the image name right?")
+    except ImportError:
+        pass
+    import requests
+    if isinstance(e, requests.RequestException):
+        return TransientError(f"{type(e).__name__}: {str(e)[:300]}; retry")
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return EnvironmentProblem(f"the disk is full ({e.filename or ''}): free space or set BAKERY_CACHE elsewhere")
+    if isinstance(e, PermissionError):
+        return EnvironmentProblem(f"permission denied: {e.filename}")
+    return None

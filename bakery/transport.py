@@ -166,8 +166,8 @@ class Transport:
         try:
             return self.session.request(method, url, headers=hdrs, data=data, stream=stream,
                                         timeout=TIMEOUT, allow_redirects=True)
-        except (requests.ConnectionError, requests.Timeout) as e:
-            self._last_error = type(e).__name__ + ": " + str(e).split("(Caused by")[0].strip()
+        except requests.RequestException as e:  # refused, timed out, or a body cut short
+            self._last_error = type(e).__name__ + ": " + str(e).split("(Caused by")[0].strip()[:200]
             return None
 
     def _auth_header(self, scopes) -> str | None:
@@ -203,7 +203,7 @@ class Transport:
         for attempt in range(ATTEMPTS):
             try:
                 resp = self.session.get(params["realm"], params=query, auth=auth, timeout=TIMEOUT)
-            except (requests.ConnectionError, requests.Timeout) as e:
+            except requests.RequestException as e:
                 resp, err = None, e
             if resp is not None and resp.status_code not in RETRY_STATUSES:
                 break
@@ -216,9 +216,12 @@ class Transport:
                             f"check `docker login {self.registry}` or BAKERY_REGISTRY_USER/PASSWORD")
         if resp.status_code != 200:
             raise RegistryError(f"token service {params['realm']} answered HTTP {resp.status_code}")
-        data = resp.json()
-        token = data.get("token") or data.get("access_token")
-        if not token:
+        try:
+            data = resp.json()
+            token = data.get("token") or data.get("access_token")
+        except (ValueError, AttributeError):
+            token = None
+        if not token or not isinstance(token, str):
             raise AuthError(f"token service {params['realm']} returned no token")
         return token
 

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 
 from . import keys as keys_mod, provenance, sbom, sign
-from .errors import InputError, IntegrityError
+from .errors import BakeryError, InputError, IntegrityError, malformed
 from .refs import Descriptor, Reference
 from .store import signature_tag
 
@@ -39,7 +39,7 @@ def _blobs(store, manifest: bytes, report: Report) -> None:
                 pass
         except IntegrityError as e:
             bad.append(str(e))
-        except Exception as e:  # a registry error is a failed check here, not a crash
+        except BakeryError as e:  # a registry error is a failed check here, not a crash
             bad.append(f"{d.digest}: {e}")
     report.check(not bad, f"all {len(descs)} blobs present and matching their digests" +
                  (f": {bad[0]}" if bad else ""))
@@ -160,13 +160,14 @@ def verify(store, ref: Reference, policy, require_smoke: bool = False, blobs: bo
     if not report.check(manifest is not None, f"image {ref} present"):
         return report
     if blobs:
-        _blobs(store, manifest, report)
-    _signature(store, ref, policy, report)
-    found = _attestations(store, ref, policy, report)
+        _step(report, f"image manifest {ref.digest}", _blobs, store, manifest, report)
+    _step(report, f"signature {signature_tag(ref.digest, 'sig')}", _signature, store, ref, policy, report)
+    found = _step(report, f"attestations {signature_tag(ref.digest, 'att')}", _attestations, store, ref, policy,
+                  report) or {}
     report.check(sbom.SPDX_PREDICATE in found, "SBOM (SPDX 2.3) attestation present and signed")
     prov = found.get(provenance.SLSA_PREDICATE)
     if report.check(prov is not None, "SLSA provenance attestation present and signed"):
-        _provenance(prov, manifest, policy, report)
+        _step(report, "the signed provenance", _provenance, prov, manifest, policy, report)
     if require_smoke or policy.require_smoke:
         smoke = found.get(SMOKE_PREDICATE)
         compared = ((smoke or {}).get("report") or {}).get("regression_compared", 0)
@@ -175,8 +176,19 @@ def verify(store, ref: Reference, policy, require_smoke: bool = False, blobs: bo
                      + ("" if smoke else " (none attached, or not signed by a smoke key)")
                      + (f" (result {smoke.get('result')}, {compared} outputs compared)" if smoke else ""))
     if sbom.SPDX_PREDICATE in found:
-        report.summary = summarize(found[sbom.SPDX_PREDICATE], prov)
+        report.summary = _step(report, "the signed SBOM", summarize, found[sbom.SPDX_PREDICATE], prov) or {}
     return report
+
+
+def _step(report: Report, what: str, fn, *args):
+    """One part of verification; a document that will not parse, or a registry that fails, is a
+    failed check with its reason (verification never crashes on what it reads)."""
+    try:
+        with malformed(what):
+            return fn(*args)
+    except BakeryError as e:
+        report.check(False, str(e))
+        return None
 
 
 def summarize(spdx: dict, prov: dict | None) -> dict:

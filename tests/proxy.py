@@ -5,6 +5,10 @@ faults is a list of (method, path-substring, action) consumed in order of matchi
   "drop"    close the connection without answering
   "corrupt" forward, but flip one byte of the body
   "slow"    forward the body in small pieces over ~2 seconds
+  "truncate" forward the headers (full Content-Length) and half the body, then close
+  "header:NAME=VALUE" forward, with that response header replaced
+overrides maps a request path to (status, headers, body) served instead of the registry's answer:
+hostile documents whose digests the test computes, so that parsing, not only hashing, is tested.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ import requests
 
 
 class FaultyProxy:
-    def __init__(self, upstream: str, faults: list[tuple[str, str, str]]):
+    def __init__(self, upstream: str, faults: list[tuple[str, str, str]], overrides: dict | None = None):
         self.upstream, self.faults, self.seen = upstream, list(faults), []
+        self.overrides = dict(overrides or {})
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -31,6 +36,16 @@ class FaultyProxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 proxy.seen.append((self.command, self.path))
+                if self.path in proxy.overrides:
+                    status, headers, data = proxy.overrides[self.path]
+                    self.send_response(status)
+                    for k, v in headers.items():
+                        self.send_header(k, v)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(data)
+                    return
                 action = proxy._take(self.command, self.path)
                 if action == "503":
                     self.send_response(503)
@@ -48,15 +63,25 @@ class FaultyProxy:
                 if action == "corrupt" and data:
                     data = data[:-1] + bytes([data[-1] ^ 0xFF])
                 self.send_response(resp.status_code)
+                replaced = dict([action[len("header:"):].split("=", 1)]) if action and action.startswith("header:") \
+                    else {}
                 for k, v in resp.headers.items():
                     if k.lower() in ("content-length", "transfer-encoding", "connection", "content-encoding"):
                         continue
                     if k.lower() == "location":
                         v = v.replace(proxy.upstream, f"127.0.0.1:{proxy.port}")
+                    self.send_header(k, replaced.pop(k, v))
+                for k, v in replaced.items():
                     self.send_header(k, v)
                 size = resp.headers.get("Content-Length") if self.command == "HEAD" else str(len(data))
                 self.send_header("Content-Length", size or "0")
                 self.end_headers()
+                if action == "truncate":
+                    self.wfile.write(data[:len(data) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return
                 if action == "slow":
                     step = max(1, len(data) // 10)
                     for i in range(0, len(data), step):

@@ -81,3 +81,11 @@ def test_layout_into_a_non_layout_directory(project, fixture_base, tmp_path):
     line = one_clear_line(invoke(project, "build", "--base", str(fixture_base), "--layout", str(tmp_path / "precious")))
     assert "not an OCI layout" in line
     assert (tmp_path / "precious" / "notes.txt").read_text() == "keep me"
+
+
+def test_no_engine_is_one_line_with_the_environment_exit_code(project, fixture_base, tmp_path):
+    """The Docker SDK's own exception never reaches the user as a traceback."""
+    result = invoke(project, "build", "--base", str(fixture_base),
+                    env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock", "BAKERY_TOOLCHAIN": "bakery-toolchain:none"})
+    line = one_clear_line(result)
+    assert result.returncode == 6 and "Docker" in line, result.stderr
