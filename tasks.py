@@ -356,14 +356,28 @@ def promote(c, image, tag, key=None, smoke_key=None, policy=None):
 
 
 @task(help={"base": "base image REF@sha256:DIGEST (default: image/base.yaml)",
-            "path": "where Docker keeps images (default: /var/lib/docker, else /)"})
+            "path": "where Docker keeps images (default: /var/lib/docker, else /)",
+            "unless_cached_in": "REGISTRY/REPO: if it holds this recipe's kernel artifact, nothing will be pulled"})
 @reports_errors
-def disk(c, base=None, path=None):
+def disk(c, base=None, path=None, unless_cached_in=None):
     """Check, before pulling, that the disk holds the base for compiling; print needed and free GiB."""
-    from bakery import base as base_mod
+    from bakery import base as base_mod, hip
+    from bakery.errors import NotFound
+    from bakery.refs import Reference
     from bakery.registry import Registry
+    from bakery.stack import docker_client
 
     spec = base_mod.load_spec(PROJECT / "image" / "base.yaml", base)
+    if unless_cached_in:
+        where = Reference.parse(unless_cached_in)
+        tools = os.environ.get("BAKERY_TOOLCHAIN") or str(spec.source)
+        key = hip.load(PROJECT / "hip").key(hip.toolchain_identity(docker_client, tools))
+        try:
+            Registry(where.registry).get_manifest(Reference(where.registry, where.repository, hip.artifact_tag(key)))
+            print(f"ok: {where.name}:{hip.artifact_tag(key)[:20]}... holds the kernels; the base will not be pulled")
+            return
+        except NotFound:
+            _log(f"{where.name} has no kernel artifact for this recipe and toolchain: the build will compile")
     image = base_mod.resolve(Registry(spec.source.registry), spec.source, spec.platform)
     where = Path(path) if path else next(p for p in (Path("/var/lib/docker"), Path("/")) if p.exists())
     needed, free = base_mod.disk_check(image, where)
@@ -379,18 +393,30 @@ def toolchain(c):
     print(fixture_mod.toolchain(PROJECT / "hip" / "toolchain", FIXTURE_SPEC, log=_log))
 
 
-@task(help={"toolchain": "image to compile in (default: BAKERY_TOOLCHAIN, else the pinned base)"})
+@task(help={"toolchain": "image to compile in (default: BAKERY_TOOLCHAIN, else the pinned base)",
+            "verify": "compile again here, ignoring every cache, and prove the cached outputs byte-identical",
+            "registry": "REGISTRY/REPO holding the kernel artifact (kernels-<key>): fetch it, or push it there"})
 @reports_errors
-def compile(c, toolchain=None):
+def compile(c, toolchain=None, verify=False, registry=None):
     """Compile hip/ for gfx942 in the toolchain image, check the device code, print each output's sha256."""
     import hashlib
 
     from bakery import base as base_mod, hip
     from bakery.build import _cache_dir
+    from bakery.refs import Reference
+    from bakery.registry import Registry
 
     tools = toolchain or os.environ.get("BAKERY_TOOLCHAIN") or \
         str(base_mod.load_spec(PROJECT / "image" / "base.yaml").source)
     recipe = hip.load(PROJECT / "hip")
-    for a in hip.compile_recipe(recipe, tools, _cache_dir() / "hip", log=_log):
+    where = Reference.parse(registry) if registry else None
+    remote = (Registry(where.registry), where.repository) if where else None
+    if verify:
+        for name, sha in hip.verify_outputs(recipe, tools, _cache_dir() / "hip", _log, remote):
+            print(f"{sha}  {name}  byte-identical when compiled again")
+        return
+    compiled = hip.compile_recipe(recipe, tools, _cache_dir() / "hip", log=_log, remote=remote)
+    _log(f"kernels {compiled.origin}" + (f"; artifact {compiled.artifact}" if compiled.artifact else ""))
+    for a in compiled.artifacts:
         _log(f"  {a.name}: {a.arch}, kernels {', '.join(a.code_objects[0]['kernels'])}; {a.toolchain}")
         print(f"{hashlib.sha256(a.data).hexdigest()}  {a.dest}")

@@ -201,7 +201,13 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
     overlay_files = tuple(FileEntry(a.overlay.target, a.result) for a in applied)
 
     recipe = hip_mod.load(project / "hip")
-    artifacts = hip_mod.compile_recipe(recipe, opts.toolchain_for(base_spec), _cache_dir() / "hip", log)
+    target = Reference.parse(opts.push) if opts.push else None
+    if target and target.digest:
+        raise InputError(f"--push {opts.push!r}: give REGISTRY/REPO[:TAG]; the digest is computed")
+    remote = (registries.get(target.registry) or registries.setdefault(target.registry, Registry(target.registry)),
+              target.repository) if target else None
+    compiled = hip_mod.compile_recipe(recipe, opts.toolchain_for(base_spec), _cache_dir() / "hip", log, remote)
+    artifacts = compiled.artifacts
     kernel_files = hip_mod.files(recipe, artifacts)
 
     tables = tuning_mod.load(project / "tuning")
@@ -230,10 +236,7 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
 
     outputs, stats = [], None
     name = spec.repository.with_digest(derived.digest)
-    if opts.push:
-        target = Reference.parse(opts.push)
-        if target.digest:
-            raise InputError(f"--push {opts.push!r}: give REGISTRY/REPO[:TAG]; the digest is computed")
+    if target:
         log(f"pushing to {target}")
         name, stats = push(derived, target, registries)
         outputs.append({"kind": "registry", "reference": str(name), "tag": target.tag})
@@ -266,6 +269,7 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
                     for i, l in enumerate(layers) for d in l.deletions],
         "overlays": overlay_records(project, overlays, applied, proofs),
         "artifacts": [a.record() for a in artifacts],
+        "kernels": compiled.record(),
         "tuning": [{"name": t.name, "path": t.path, "sha256": t.sha256, "rows": t.rows, "env": t.env,
                     "source": t.source.name} for t in tables],
         "layers": [{**l.descriptor.to_json(), "diff_id": str(l.diff_id), "comment": l.comment} for l in layers],

@@ -17,6 +17,7 @@ from pathlib import Path
 from . import inputs
 from .errors import EnvironmentProblem, InputError, IntegrityError
 from .layer import FileEntry
+from .refs import Reference
 from .stack import docker_client
 
 # EF_AMDGPU_MACH values (LLVM's ELF.h) of the archs a recipe may name.
@@ -43,11 +44,11 @@ class Recipe:
         return [self.root / n for n in names]
 
     def key(self, toolchain_id: str) -> str:
-        """Same recipe, sources and toolchain: same outputs (so they can be cached)."""
+        """Same recipe, sources and toolchain: same outputs (so they can be cached, here and in a registry)."""
         h = hashlib.sha256((self.root / "extensions.yaml").read_bytes() + toolchain_id.encode())
         for src in self.sources():
             h.update(str(src.relative_to(self.root)).encode() + b"\0" + src.read_bytes())
-        return h.hexdigest()[:24]
+        return h.hexdigest()
 
 
 def load(root: Path) -> Recipe:
@@ -204,10 +205,18 @@ class Artifact:
                 "schema": self.schema.splitlines(), "code_objects": list(self.code_objects)}
 
 
-def toolchain_identity(client, image: str) -> str:
-    """The toolchain image by content: its image ID (and registry digest when it has one)."""
+def toolchain_identity(connect, image: str) -> str:
+    """The toolchain image by content: the digest it is pinned by (no Docker needed), else the ID
+    of the local image Docker has under that name (connect() gives the Docker client)."""
     import docker
 
+    try:
+        pinned = Reference.parse(image).digest
+    except InputError:
+        pinned = None
+    if pinned is not None:
+        return str(pinned)
+    client = connect()
     try:
         img = client.images.get(image)
     except docker.errors.ImageNotFound:
@@ -256,25 +265,55 @@ def _outputs_ok(out: Path) -> bool:
     return False
 
 
-def compile_recipe(recipe: Recipe, toolchain: str, cache: Path, log=print) -> list[Artifact]:
-    """Compile in a container of `toolchain` (sources read-only); cached by recipe, sources, toolchain."""
-    client = docker_client()
-    image_id = toolchain_identity(client, toolchain)
-    out = cache / recipe.key(image_id)
+@dataclass(frozen=True)
+class Compiled:
+    artifacts: list
+    key: str  # recipe, sources and toolchain
+    origin: str  # "cache" (this machine's), "registry" (the artifact) or "compiled"
+    artifact: Reference | None  # the OCI artifact holding these outputs, when a registry was given
+
+    def record(self) -> dict:
+        return {"key": self.key, "origin": self.origin, "artifact": str(self.artifact) if self.artifact else None}
+
+
+def compile_recipe(recipe: Recipe, toolchain: str, cache: Path, log=print, remote=None) -> Compiled:
+    """The recipe's outputs for this toolchain: from this machine's cache, else from the artifact in
+    `remote` ((Registry, repository), the build's target), else compiled in a container of
+    `toolchain` (sources read-only). A remote that lacks the artifact gets it pushed."""
+    image_id = toolchain_identity(docker_client, toolchain)
+    key = recipe.key(image_id)
+    out = cache / key[:24]
     cache.mkdir(parents=True, exist_ok=True)
+    origin, artifact = "cache", None
+    if not _outputs_ok(out) and remote is not None:
+        artifact = fetch_artifact(remote[0], remote[1], key, out)
+        if artifact is not None:
+            origin = "registry"
+            log(f"kernels for this recipe and toolchain from {artifact}: not compiled here, the base not pulled")
     if not _outputs_ok(out):
-        tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".partial-"))
-        try:
-            log(f"compiling hip/ for {recipe.arch} in {toolchain}")
-            run_toolchain(client, toolchain, recipe.root, script(recipe), tmp)
-            outputs = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(tmp.iterdir())}
-            (tmp / "done.json").write_text(json.dumps({"toolchain_image": image_id, "sha256": outputs}))
-            if out.exists():
-                shutil.rmtree(out)
-            tmp.rename(out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        origin = "compiled"
+        _compile(recipe, toolchain, image_id, out, log)
+    if remote is not None and artifact is None:
+        artifact = push_artifact(remote[0], remote[1], key, out)
+    return Compiled(_artifacts(recipe, out, image_id), key, origin, artifact)
+
+
+def _compile(recipe: Recipe, toolchain: str, image_id: str, out: Path, log) -> None:
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".partial-"))
+    try:
+        log(f"compiling hip/ for {recipe.arch} in {toolchain}")
+        run_toolchain(docker_client(), toolchain, recipe.root, script(recipe), tmp)
+        outputs = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(tmp.iterdir())}
+        (tmp / "done.json").write_text(json.dumps({"toolchain_image": image_id, "sha256": outputs}))
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _artifacts(recipe: Recipe, out: Path, image_id: str) -> list[Artifact]:
     compiler = (out / "toolchain.txt").read_text().strip()
     artifacts = []
     for ext in recipe.extensions:
@@ -287,6 +326,101 @@ def compile_recipe(recipe: Recipe, toolchain: str, cache: Path, log=print) -> li
     return artifacts
 
 
+def verify_outputs(recipe: Recipe, toolchain: str, cache: Path, log=print, remote=None) -> list[tuple[str, str]]:
+    """`invoke compile --verify`: compile again here, ignoring every cache, and prove the cached (or
+    registry) outputs byte-identical; returns (file, sha256) pairs, raises IntegrityError if not."""
+    compiled = compile_recipe(recipe, toolchain, cache, log, remote)
+    cached = cache / compiled.key[:24]
+    fresh = cache / f".verify-{compiled.key[:24]}"
+    shutil.rmtree(fresh, ignore_errors=True)
+    _compile(recipe, toolchain, toolchain_identity(docker_client, toolchain), fresh, log)
+    try:
+        want = json.loads((cached / "done.json").read_text())["sha256"]
+        got = json.loads((fresh / "done.json").read_text())["sha256"]
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
+    differ = sorted(n for n in set(want) | set(got) if want.get(n) != got.get(n))
+    if differ:
+        raise IntegrityError(f"recompiling gives other bytes for {', '.join(differ)} than the "
+                             f"{compiled.origin} outputs{' ' + str(compiled.artifact) if compiled.artifact else ''}: "
+                             f"do not use them; rebuild without that cache")
+    return sorted(want.items())
+
+
 def files(recipe: Recipe, artifacts: list[Artifact]) -> tuple[FileEntry, ...]:
     return tuple(FileEntry(a.dest, a.data) for a in artifacts) + \
         tuple(FileEntry(p["dest"], (recipe.root / p["src"]).read_bytes()) for p in recipe.python)
+
+
+# -- the compile cache that travels: kernels as an OCI artifact in the target registry -------------
+
+ARTIFACT_TYPE = "application/vnd.bakery.hip-kernels.v1"
+ARTIFACT_CONFIG = "application/vnd.bakery.hip-kernels.config.v1+json"
+TITLE = "org.opencontainers.image.title"
+
+
+def artifact_tag(key: str) -> str:
+    return f"kernels-{key}"
+
+
+def push_artifact(registry, repo: str, key: str, out: Path) -> Reference:
+    """Push a compile's outputs (one blob per file, a config naming key and sha256s) under
+    REPO:kernels-<key>; deterministic bytes, so the same compile gives the same artifact digest."""
+    from .refs import Descriptor, Digest
+    from .registry import OCI_MANIFEST
+
+    recorded = json.loads((out / "done.json").read_text())
+    layers = []
+    for name in sorted(recorded["sha256"]):
+        data = (out / name).read_bytes()
+        desc = Descriptor.of("application/octet-stream", data, {TITLE: name})
+        registry.upload_blob(repo, desc, lambda d=data: iter([d]))
+        layers.append(desc)
+    config = json.dumps({"key": key, "toolchain": recorded["toolchain_image"], "sha256": recorded["sha256"]},
+                        sort_keys=True).encode()
+    config_desc = Descriptor.of(ARTIFACT_CONFIG, config)
+    registry.upload_blob(repo, config_desc, lambda: iter([config]))
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": ARTIFACT_TYPE,
+                           "config": config_desc.to_json(), "layers": [l.to_json() for l in layers]},
+                          sort_keys=True).encode()
+    registry.put_manifest(repo, artifact_tag(key), manifest, OCI_MANIFEST)
+    return Reference(registry.name, repo, None, Digest.of(manifest))
+
+
+def fetch_artifact(registry, repo: str, key: str, dest: Path) -> Reference | None:
+    """The outputs of this exact compile from REPO:kernels-<key>, every blob checked by digest and
+    the config's key and sha256s checked against what arrives; None if the registry has none."""
+    from .errors import NotFound, malformed
+    from .refs import Descriptor
+
+    ref = Reference(registry.name, repo, artifact_tag(key))
+    try:
+        body, _, digest = registry.get_manifest(ref)
+    except NotFound:
+        return None
+    with malformed(f"kernel artifact {ref}"):
+        manifest = json.loads(body)
+        config = json.loads(registry.fetch_blob(repo, Descriptor.from_json(manifest["config"])))
+        layers = [Descriptor.from_json(l) for l in manifest["layers"]]
+        if config["key"] != key:
+            raise IntegrityError(f"kernel artifact {ref} is for recipe {config['key']}, not {key}")
+        names = {l.annotations[TITLE] for l in layers}
+        if names != set(config["sha256"]) or any("/" in n or n.startswith(".") for n in names):
+            raise IntegrityError(f"kernel artifact {ref}: its files {sorted(names)} are not the ones its config names")
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".partial-"))
+    try:
+        for layer in layers:
+            data = registry.fetch_blob(repo, layer)  # checked against the layer's digest
+            name = layer.annotations[TITLE]
+            if hashlib.sha256(data).hexdigest() != config["sha256"][name]:
+                raise IntegrityError(f"kernel artifact {ref}: {name} does not match the sha256 its config records")
+            (tmp / name).write_bytes(data)
+        (tmp / "done.json").write_text(json.dumps({"toolchain_image": config["toolchain"], "sha256": config["sha256"],
+                                                   "artifact": str(ref.with_digest(digest))}))
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ref.with_digest(digest)

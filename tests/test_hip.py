@@ -7,6 +7,7 @@ import hashlib
 import importlib.util
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +24,7 @@ KERNELS = ["swiglu_clamp_bf16_kernel", "topk_f32_kernel"]
 def compiled(toolchain, tmp_path_factory):
     cache = tmp_path_factory.mktemp("hip-cache")
     recipe = hip.load(ROOT / "hip")
-    return recipe, hip.compile_recipe(recipe, toolchain, cache, log=lambda m: None)[0], cache
+    return recipe, hip.compile_recipe(recipe, toolchain, cache, log=lambda m: None).artifacts[0], cache
 
 
 def copy_hip(tmp_path):
@@ -57,7 +58,7 @@ def test_wrong_arch_or_missing_kernel_fails(compiled):
 
 def test_two_compiles_are_bit_identical(compiled, toolchain, tmp_path):
     recipe, artifact, _ = compiled
-    again = hip.compile_recipe(recipe, toolchain, tmp_path / "other-cache", log=lambda m: None)[0]
+    again = hip.compile_recipe(recipe, toolchain, tmp_path / "other-cache", log=lambda m: None).artifacts[0]
     assert hashlib.sha256(again.data).digest() == hashlib.sha256(artifact.data).digest()
 
 
@@ -138,3 +139,92 @@ def test_python_glue_falls_back_without_the_extension():
     x = torch.tensor([[12.0, -3.0, 20.0, -15.0]], dtype=torch.bfloat16)
     want = torch.nn.functional.silu(torch.tensor([10.0, -3.0])) * torch.tensor([10.0, -10.0])
     assert torch.allclose(glue.swiglu_clamp(x, 10.0).float(), want.to(torch.bfloat16).float())
+
+
+# -- the compile cache that travels ----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pinned_toolchain(toolchain, registry):
+    """The stand-in toolchain pushed and named by digest, as the ROCm base is in production."""
+    tag = f"{registry}/bakery/toolchain:test"
+    docker("tag", toolchain, tag)
+    digest = [w for w in docker("push", tag).stdout.split() if w.startswith("sha256:")][0]
+    return f"{registry}/bakery/toolchain@{digest}"
+
+
+def cold_compile_cache(tmp_path) -> Path:
+    """This machine's caches without the compile outputs (proof verdicts and base files stay warm)."""
+    import os
+
+    src = Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery"))
+    dest = tmp_path / "cache"
+    for part in ("layers", "files", "proofs"):
+        if (src / part).exists():
+            shutil.copytree(src / part, dest / part)
+    return dest
+
+
+def test_kernels_travel_as_an_oci_artifact_and_need_no_engine(project, registry, fixture_base, pinned_toolchain,
+                                                             tmp_path):
+    env = {"BAKERY_TOOLCHAIN": pinned_toolchain}
+    first = invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/travel/img:1", env=env)
+    assert first.returncode == 0, first.stderr
+    record = json.loads((project / "out" / "build-record.json").read_text())
+    kernels = record["kernels"]
+    assert kernels["artifact"].startswith(f"{registry}/travel/img@sha256:")
+    from bakery.refs import Descriptor, Reference
+    from bakery.registry import Registry
+
+    body, _, digest = Registry(registry).get_manifest(Reference(registry, "travel/img", f"kernels-{kernels['key']}"))
+    assert kernels["artifact"].endswith(str(digest))
+    layers = {l["annotations"]["org.opencontainers.image.title"]: l["digest"] for l in json.loads(body)["layers"]}
+    assert layers["_C_stable_libtorch.so"] == "sha256:" + record["artifacts"][0]["sha256"]
+    # another machine: no compile cache, no Docker engine at all; the artifact is enough
+    second = invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/travel/img:2",
+                    env={**env, "BAKERY_CACHE": str(cold_compile_cache(tmp_path)),
+                         "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
+    assert second.returncode == 0, second.stderr
+    assert last_line(second) == last_line(first)  # the same image
+    assert "not compiled here, the base not pulled" in second.stderr and "compiling hip/" not in second.stderr
+    again = json.loads((project / "out" / "build-record.json").read_text())["kernels"]
+    assert again == {**kernels, "origin": "registry"}
+
+
+def test_a_tampered_kernel_artifact_is_refused(project, registry, fixture_base, pinned_toolchain, tmp_path):
+    from bakery.refs import Descriptor, Digest, Reference
+    from bakery.registry import OCI_MANIFEST, Registry
+
+    env = {"BAKERY_TOOLCHAIN": pinned_toolchain}
+    assert invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/travel/evil:1",
+                  env=env).returncode == 0
+    key = json.loads((project / "out" / "build-record.json").read_text())["kernels"]["key"]
+    reg = Registry(registry)
+    body, _, _ = reg.get_manifest(Reference(registry, "travel/evil", f"kernels-{key}"))
+    doc = json.loads(body)
+    so = next(l for l in doc["layers"] if l["annotations"]["org.opencontainers.image.title"].endswith(".so"))
+    evil = reg.fetch_blob("travel/evil", Descriptor.from_json(so)) + b"\0trojan"
+    desc = Descriptor.of(so["mediaType"], evil)
+    reg.upload_blob("travel/evil", desc, lambda: iter([evil]))
+    so.update(digest=str(desc.digest), size=desc.size)  # consistent digests; the config's sha256 is not
+    reg.put_manifest("travel/evil", f"kernels-{key}", json.dumps(doc).encode(), OCI_MANIFEST)
+    result = invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/travel/evil:2",
+                    env={**env, "BAKERY_CACHE": str(cold_compile_cache(tmp_path))})
+    assert result.returncode == 5 and "does not match the sha256 its config records" in result.stderr, result.stderr
+
+
+def test_compile_verify_recompiles_to_the_same_bytes(project, pinned_toolchain):
+    result = invoke(project, "compile", "--toolchain", pinned_toolchain, "--verify")
+    assert result.returncode == 0, result.stderr
+    assert "_C_stable_libtorch.so  byte-identical when compiled again" in result.stdout
+
+
+def test_disk_check_knows_when_the_base_need_not_be_pulled(project, registry, fixture_base, pinned_toolchain):
+    env = {"BAKERY_TOOLCHAIN": pinned_toolchain}
+    assert invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/travel/disk:1",
+                  env=env).returncode == 0
+    cached = invoke(project, "disk", "--base", str(fixture_base), "--unless-cached-in", f"{registry}/travel/disk",
+                    env=env)
+    assert cached.returncode == 0 and "holds the kernels; the base will not be pulled" in cached.stdout
+    elsewhere = invoke(project, "disk", "--base", str(fixture_base), "--unless-cached-in", f"{registry}/travel/empty",
+                       env=env)
+    assert elsewhere.returncode == 0 and "the build will compile" in elsewhere.stderr and "GiB free" in elsewhere.stdout
