@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import sys
 import tarfile
 import tempfile
@@ -63,26 +64,34 @@ class LayerCache:
         (self.root / "layers").mkdir(parents=True, exist_ok=True)
         (self.root / "files").mkdir(parents=True, exist_ok=True)
         self.downloads = 0  # layers streamed by this process: a warm build keeps it at 0
+        self._indexes: dict = {}  # layer digest -> index, checked once per process
 
     def index(self, desc: Descriptor) -> dict | None:
-        """What a layer holds, if cached: the entry must name this layer and match its own checksum."""
+        """What a layer holds, if cached: the entry must name this layer and match its checksum
+        (read from disk and checked once per process)."""
+        if desc.digest in self._indexes:
+            return self._indexes[desc.digest]
         path = self.root / "layers" / f"{desc.digest.hex}.json"
         try:
-            doc = json.loads(path.read_text())
-            body = json.dumps(doc["index"], sort_keys=True).encode()
-            if doc["layer"] != str(desc.digest) or doc["sha256"] != hashlib.sha256(body).hexdigest():
+            header, _, body = path.read_bytes().partition(b"\n")
+            meta = json.loads(header)
+            if meta["layer"] != str(desc.digest) or meta["sha256"] != hashlib.sha256(body).hexdigest():
                 raise ValueError("it does not match its checksum")
-            return doc["index"]
+            index = json.loads(body)
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError) as e:
             self._drop(path, f"layer index {desc.digest.hex[:12]} ({e})")
             return None
+        self._indexes[desc.digest] = index
+        return index
 
     def save_index(self, desc: Descriptor, index: dict) -> None:
-        body = json.dumps(index, sort_keys=True).encode()
-        doc = {"layer": str(desc.digest), "sha256": hashlib.sha256(body).hexdigest(), "index": index}
-        _atomic_write(self.root / "layers" / f"{desc.digest.hex}.json", json.dumps(doc, sort_keys=True).encode())
+        """One header line naming the layer and the body's sha256, then the index itself."""
+        body = json.dumps(index, sort_keys=True, separators=(",", ":")).encode()
+        header = json.dumps({"layer": str(desc.digest), "sha256": hashlib.sha256(body).hexdigest()}).encode()
+        _atomic_write(self.root / "layers" / f"{desc.digest.hex}.json", header + b"\n" + body)
+        self._indexes[desc.digest] = json.loads(body)
 
     def content(self, sha256: str) -> bytes | None:
         """A cached file's bytes, checked against the sha256 they are stored under; None if absent
@@ -266,10 +275,11 @@ class BaseFilesystem:
         """Paths present in the merged filesystem that match a shell pattern."""
         present: dict[str, bool] = {}
         hidden_indexes = []
+        matches = re.compile(fnmatch.translate(pattern)).match
         for desc in reversed(self.image.layers):
             index = self._index(desc, set())
             for path in index["entries"]:
-                if path not in present and fnmatch.fnmatchcase(path, pattern) and \
+                if path not in present and matches(path) and \
                         not any(_hidden_by(h, path) or path in h["whiteouts"] for h in hidden_indexes):
                     present[path] = True
             hidden_indexes.append(index)

@@ -9,6 +9,7 @@ it ran on, and the interpreter and library versions.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -77,6 +78,7 @@ class Verdict:
         return asdict(self)
 
 
+@functools.lru_cache(maxsize=1)
 def _versions() -> str:
     found = []
     for dist in ("torch", "triton", "numpy"):

@@ -49,9 +49,10 @@ def test_a_poisoned_layer_index_is_dropped_and_the_layer_read_again(warm, fixtur
     project, digest, record = warm
     top = record["base"]["layers"][-1]["digest"].split(":")[1]
     path = CACHE / "layers" / f"{top}.json"
-    doc = json.loads(path.read_text())
-    doc["index"]["whiteouts"].append("usr/local/lib/python3.12/dist-packages/vllm")  # would hide vLLM
-    path.write_text(json.dumps(doc))
+    header, _, body = path.read_bytes().partition(b"\n")
+    index = json.loads(body)
+    index["whiteouts"].append("usr/local/lib/python3.12/dist-packages/vllm")  # would hide vLLM
+    path.write_bytes(header + b"\n" + json.dumps(index).encode())
     again, warnings = rebuild(project, fixture_base)
     assert again == digest
     assert len(warnings) == 1 and f"layer index {top[:12]}" in warnings[0]
