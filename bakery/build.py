@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import email.parser
+import glob
 import hashlib
 import os
 import subprocess
@@ -18,7 +19,7 @@ from . import overlays as overlays_mod
 from . import prove as prove_mod
 from . import record
 from . import tuning as tuning_mod
-from .errors import InputError, IntegrityError
+from .errors import BakeryError, InputError, IntegrityError
 from .extract import BaseFilesystem, LayerCache
 from .layer import FileEntry, write_blob, write_layer
 from .publish import Derived, push, write_layout
@@ -88,13 +89,28 @@ class OpenBase:
     fs: BaseFilesystem
 
 
+def needed_files(project: Path) -> tuple[str, ...]:
+    """Every base file a build or rebase reads (as patterns): dist-info, overlay targets, what the
+    proofs and probes read. Kept on a layer's first pass, so no layer is streamed twice."""
+    try:
+        registered = overlays_mod.load(project / "overlays" / "overlays.yaml")
+    except BakeryError:
+        return (DIST_INFO,)  # the registry is reported by whoever loads it next
+    paths = {o.target for o in registered} | {r for o in registered if o.proof for r in o.proof.reads} | \
+        {c["path"] for o in registered for c in o.probe}
+    return (DIST_INFO,) + tuple(sorted(glob.escape(p.lstrip("/")) for p in paths))
+
+
 def open_base(project: Path, override: str | None, log=print) -> OpenBase:
-    """Resolve the pinned base (or --base) and open its filesystem through the layer cache."""
+    """Resolve the pinned base (or --base) and open its filesystem through the layer cache; layers
+    not yet indexed are streamed now, concurrently, once each."""
     spec = base_mod.load_spec(project / "image" / "base.yaml", override)
     registry = Registry(spec.source.registry)
     log(f"resolving base {spec.source}")
     image = base_mod.resolve(registry, spec.source, spec.platform)
-    return OpenBase(spec, registry, image, BaseFilesystem(registry, image, LayerCache(), keep=(DIST_INFO,)))
+    fs = BaseFilesystem(registry, image, LayerCache(), keep=needed_files(project))
+    fs.prefetch()
+    return OpenBase(spec, registry, image, fs)
 
 
 def overlay_inputs(project: Path, base: OpenBase) -> tuple[list, list, list]:

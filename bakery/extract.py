@@ -11,12 +11,14 @@ import gzip
 import hashlib
 import io
 import json
+import multiprocessing
 import os
 import re
 import sys
 import tarfile
 import tempfile
 import zlib
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Iterable, Iterator
@@ -164,6 +166,7 @@ def scan_layer(registry: Registry, repo: str, desc: Descriptor, wanted: set[str]
     entries, whiteouts, opaque, found = {}, [], [], {}
     chunks = registry.stream_blob(repo, desc, label=f"layer {desc.digest.hex[:12]}")
     raw = _IterReader(chunks)
+    keep = re.compile("|".join(f"(?:{fnmatch.translate(k)})" for k in keep)) if keep else None
     try:
         stream = decompressed(desc.media_type, io.BufferedReader(raw, 1 << 20))
         with tarfile.open(fileobj=stream, mode="r|") as tar:
@@ -180,6 +183,19 @@ def scan_layer(registry: Registry, repo: str, desc: Descriptor, wanted: set[str]
     return index, found
 
 
+def _index_into_cache(job) -> int:
+    """In a worker process: stream one layer and record its index and kept files in the cache."""
+    from .registry import Registry
+
+    registry, repo, desc, keep, root = job
+    desc = Descriptor.from_json(desc)
+    cache = LayerCache(Path(root))
+    index, found = scan_layer(Registry(registry), repo, desc, set(), cache, keep)
+    index["files"].update(found)
+    cache.save_index(desc, index)
+    return cache.downloads
+
+
 def _take(member, tar, entries, whiteouts, opaque, found, wanted, keep, cache) -> None:
     """Record one tar member: a whiteout, an opaque marker, or an entry (kept if wanted)."""
     path = normalize(member.name)
@@ -194,7 +210,7 @@ def _take(member, tar, entries, whiteouts, opaque, found, wanted, keep, cache) -
     kind = _KIND.get(member.type, "other")
     entries[path] = [kind, member.size, member.mode, normalize(member.linkname) if kind == "hardlink"
                      else member.linkname]
-    if kind == "file" and (path in wanted or any(fnmatch.fnmatchcase(path, k) for k in keep)):
+    if kind == "file" and (path in wanted or (keep is not None and keep.match(path))):
         found[path] = cache.store(tar.extractfile(member).read())
 
 
@@ -230,6 +246,21 @@ class BaseFilesystem:
         fresh["files"].update(found)
         self.cache.save_index(desc, fresh)
         return fresh
+
+    def prefetch(self) -> None:
+        """Index every layer that has no cached index yet, in parallel processes (largest first):
+        fetching, hashing, decompressing and parsing a tar overlap across layers and cores, and
+        each worker leaves its index and kept files in the cache. With `keep` naming every file the
+        caller will read, each layer is streamed once."""
+        todo = sorted((d for d in self.image.layers if self.cache.index(d) is None), key=lambda d: -d.size)
+        if len(todo) < 2:
+            return
+        jobs = [(self.registry.name, self.image.ref.repository, d.to_json(), self.keep, str(self.cache.root))
+                for d in todo]
+        with ProcessPoolExecutor(min(len(todo), os.cpu_count() or 1), mp_context=multiprocessing.get_context("fork")) \
+                as pool:
+            for downloads in pool.map(_index_into_cache, jobs):
+                self.cache.downloads += downloads
 
     def _locate(self, path: str) -> tuple[Descriptor, list] | None:
         """Top-down: the first layer that holds `path` or hides it decides."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 from conftest import copy_project, invoke, last_line
 
@@ -41,3 +43,22 @@ def test_source_date_epoch_is_the_only_clock(project, fixture_base):
     assert last_line(one) != last_line(two)
     bad = invoke(a, "build", "--base", str(fixture_base), env={"SOURCE_DATE_EPOCH": "yesterday"})
     assert bad.returncode == 2 and "SOURCE_DATE_EPOCH" in bad.stderr
+
+
+def test_a_cold_build_streams_each_base_layer_once_and_gives_the_warm_digest(project, fixture_base, tmp_path):
+    """The speed-ups (one concurrent pass over the layers, keeping every file the build will need)
+    change no output byte: a build with empty layer and file caches gives the warm build's digest."""
+    import os
+    import shutil
+
+    warm = invoke(project, "build", "--base", str(fixture_base))
+    assert warm.returncode == 0, warm.stderr
+    cache = tmp_path / "cache"
+    src = Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery"))
+    for keep in ("proofs", "hip"):  # proving and compiling are not what is measured here
+        shutil.copytree(src / keep, cache / keep)
+    cold = invoke(project, "build", "--base", str(fixture_base), env={"BAKERY_CACHE": str(cache)})
+    assert cold.returncode == 0, cold.stderr
+    record = json.loads((project / "out" / "build-record.json").read_text())
+    assert last_line(cold) == last_line(warm)
+    assert record["layer_downloads"] == len(record["base"]["layers"])
