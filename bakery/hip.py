@@ -11,6 +11,7 @@ import shutil
 import struct
 import sys
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -298,19 +299,26 @@ def compile_recipe(recipe: Recipe, toolchain: str, cache: Path, log=print, remot
     return Compiled(_artifacts(recipe, out, image_id), key, origin, artifact)
 
 
-def _compile(recipe: Recipe, toolchain: str, image_id: str, out: Path, log) -> None:
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".partial-"))
+@contextmanager
+def _cache_entry(dest: Path):
+    """A folder to fill, then put in place of dest whole: a failure leaves nothing behind."""
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".partial-"))
     try:
+        yield tmp
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _compile(recipe: Recipe, toolchain: str, image_id: str, out: Path, log) -> None:
+    with _cache_entry(out) as tmp:
         log(f"compiling hip/ for {recipe.arch} in {toolchain}")
         run_toolchain(docker_client(), toolchain, recipe.root, script(recipe), tmp)
         outputs = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(tmp.iterdir())}
         (tmp / "done.json").write_text(json.dumps({"toolchain_image": image_id, "sha256": outputs}))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def _artifacts(recipe: Recipe, out: Path, image_id: str) -> list[Artifact]:
@@ -407,8 +415,7 @@ def fetch_artifact(registry, repo: str, key: str, dest: Path) -> Reference | Non
         names = {l.annotations[TITLE] for l in layers}
         if names != set(config["sha256"]) or any("/" in n or n.startswith(".") for n in names):
             raise IntegrityError(f"kernel artifact {ref}: its files {sorted(names)} are not the ones its config names")
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".partial-"))
-    try:
+    with _cache_entry(dest) as tmp:
         for layer in layers:
             data = registry.fetch_blob(repo, layer)  # checked against the layer's digest
             name = layer.annotations[TITLE]
@@ -417,10 +424,4 @@ def fetch_artifact(registry, repo: str, key: str, dest: Path) -> Reference | Non
             (tmp / name).write_bytes(data)
         (tmp / "done.json").write_text(json.dumps({"toolchain_image": config["toolchain"], "sha256": config["sha256"],
                                                    "artifact": str(ref.with_digest(digest))}))
-        if dest.exists():
-            shutil.rmtree(dest)
-        tmp.rename(dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return ref.with_digest(digest)
