@@ -113,6 +113,14 @@ def open_base(project: Path, override: str | None, log=print) -> OpenBase:
     return OpenBase(spec, registry, image, fs)
 
 
+def base_files(base: OpenBase, paths) -> dict:
+    """{image path: bytes} of the base's regular files (None where absent or not a regular file)."""
+    paths = sorted(set(paths))
+    found = base.fs.read(paths) if paths else {}
+    return {p: (f.data if f is not None and f.kind in ("file", "hardlink") else None)
+            for p, f in ((p, found.get(p.lstrip("/"))) for p in paths)}
+
+
 def overlay_inputs(project: Path, base: OpenBase) -> tuple[list, list, list]:
     """Registered overlays, the required ones applied exactly to the base bytes, and the stale
     bytecode to delete."""
@@ -141,9 +149,7 @@ def overlay_proofs(base: OpenBase, applied: list, log=print) -> dict:
     """Each baked overlay's proof on the base's stock target and on the overlaid one (cached by
     their inputs); refuses a build whose overlaid target does not prove FIXED."""
     specs = [a.overlay.proof for a in applied if a.overlay.proof and a.overlay.proof.script]
-    found = base.fs.read(sorted({r for spec in specs for r in spec.reads}))
-    reads = {r: (f.data if f is not None else None) for r, f in ((r, found.get(r.lstrip("/"))) for spec in specs
-                                                                  for r in spec.reads)}
+    reads = base_files(base, [r for spec in specs for r in spec.reads])
     jobs = {}
     for a in applied:
         if a.overlay.proof and a.overlay.proof.script:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import overlays as overlays_mod, patch as patch_mod, prove
-from .build import Options, open_base
+from .build import Options, base_files, open_base
+from .errors import BakeryError
 from .overlays import Overlay
 
 FIXED_UPSTREAM, NEEDS_PORTING = "fixed-upstream", "needs porting"
@@ -38,10 +39,8 @@ class ProofRow:
 
 
 def _reads(base, overlays: list[Overlay]) -> dict:
-    paths = {o.target for o in overlays} | {r for o in overlays if o.proof for r in o.proof.reads}
-    found = base.fs.read(sorted(paths))
-    return {p: (f.data if f is not None and f.kind in ("file", "hardlink") else None)
-            for p, f in ((p, found.get(p.lstrip("/"))) for p in paths)}
+    """The overlays' targets and what their proofs read, from the base."""
+    return base_files(base, [o.target for o in overlays] + [r for o in overlays if o.proof for r in o.proof.reads])
 
 
 def prove_base(opts: Options, log=print) -> list[ProofRow]:
@@ -118,15 +117,22 @@ def _decide(overlay: Overlay, new: bytes | None, old: bytes | None, files: dict,
         if verdict.verdict == prove.FIXED:
             return RebaseRow(overlay, f"ported ({how}), proven", verdict.reason, result, new)
         tried.append(f"{how}: {verdict.verdict}")
-    where = _write_porting_kit(out / overlay.id, overlay, new, old, conflicted or (found[0][1] if found else None))
+    where = _write_porting_kit(out / overlay.id, overlay, new, old, conflicted or (found[0][1] if found else None),
+                               files)
     return RebaseRow(overlay, NEEDS_PORTING, "; ".join(tried + (["merge: conflicts"] if conflicted else []))
                      + f"; edit {where / 'ours.py'}, then run {where / 'prove.sh'}", None, new)
 
 
-def _write_porting_kit(folder: Path, overlay: Overlay, new: bytes, old: bytes | None, draft: bytes | None) -> Path:
+def _write_porting_kit(folder: Path, overlay: Overlay, new: bytes, old: bytes | None, draft: bytes | None,
+                       files: dict) -> Path:
     """out/rebase/<id>/: the new stock file, ours (a draft to edit: the merge with its conflict
-    markers, or the best candidate), the old stock, and the command that re-runs the proof."""
+    markers, or the best candidate), the old stock, the other files the proof reads, and the
+    command that re-runs the proof."""
     folder.mkdir(parents=True, exist_ok=True)
+    for r in overlay.proof.reads if overlay.proof else ():
+        if files.get(r) is not None:
+            (folder / "reads").mkdir(exist_ok=True)
+            (folder / "reads" / Path(r).name).write_bytes(files[r])
     (folder / "stock.py").write_bytes(new)
     (folder / "ours.py").write_bytes(draft if draft is not None else new)
     if old is not None:
@@ -142,14 +148,6 @@ def _write_porting_kit(folder: Path, overlay: Overlay, new: bytes, old: bytes | 
     return folder
 
 
-def _keep_reads(folder: Path, overlay: Overlay, files: dict) -> None:
-    if overlay.proof:
-        for r in overlay.proof.reads:
-            if files.get(r) is not None:
-                (folder / "reads").mkdir(parents=True, exist_ok=True)
-                (folder / "reads" / Path(r).name).write_bytes(files[r])
-
-
 def rebase(opts: Options, log=print) -> tuple[list, bool]:
     """`invoke rebase --base NEW@DIGEST`: rows for every overlay; lock only if all required carried."""
     project = opts.project.resolve()
@@ -159,16 +157,13 @@ def rebase(opts: Options, log=print) -> tuple[list, bool]:
     files = _reads(base, required)
     try:
         old_lock = overlays_mod.read_lock(opts.lock_path)
-    except Exception:  # no lock yet, or an unreadable one: rebase then works without the old side
+    except BakeryError:  # no lock yet, or an unreadable one: rebase then works without the old side
         old_lock = None
     out = opts.out_dir / "rebase"
     rows = []
     for n, o in enumerate(required, 1):
         log(f"[{n}/{len(required)}] {o.id}")
-        row = _decide(o, files.get(o.target), _old_stock(project, o, old_lock), files, out, log)
-        if row.status == NEEDS_PORTING:
-            _keep_reads(out / o.id, o, files)
-        rows.append(row)
+        rows.append(_decide(o, files.get(o.target), _old_stock(project, o, old_lock), files, out, log))
     ok = all(r.carried for r in rows)
     if ok:
         _commit(project, opts, str(base.spec.image), rows, old_lock, log)
@@ -181,10 +176,7 @@ AUDIT_HOLDS, AUDIT_CHANGED = "audit holds", "audit changed: re-check"
 def audit_rows(base, registered: list[Overlay]) -> list[RebaseRow]:
     """The audit records (no patch baked): each probe run on the new base; what stays by hand says so."""
     records = [o for o in registered if not o.baked]
-    paths = sorted({c["path"] for o in records for c in o.probe})
-    found = base.fs.read(paths) if paths else {}
-    files = {p: (f.data if f is not None and f.kind in ("file", "hardlink") else None)
-             for p, f in ((p, found.get(p.lstrip("/"))) for p in paths)}
+    files = base_files(base, [c["path"] for o in records for c in o.probe])
     rows = []
     for o in records:
         by_hand = f"; by hand: {o.by_hand}" if o.by_hand else ""
