@@ -187,6 +187,8 @@ def lock(c, base=None, lock=None):
 @reports_errors
 def prove(c, base=None):
     """Run each overlay's behavioural proof on the base's stock target and on the overlaid one."""
+    import dataclasses
+
     from bakery.build import Options
     from bakery.rebase import prove_base
 
@@ -195,6 +197,9 @@ def prove(c, base=None):
     print(f"{'overlay':<{width}}  {'stock':<13} {'overlaid':<13} {'seconds':>7}  detail")
     for r in rows:
         over = r.overlaid.verdict if r.overlaid else "(audit)"
+        if r.overlay.proof.script is None:  # marked: only the hardware can judge it
+            r = dataclasses.replace(r, stock=dataclasses.replace(r.stock, verdict="hardware-only"))
+            over = "hardware-only"
         seconds = r.stock.seconds + (r.overlaid.seconds if r.overlaid else 0)
         detail = r.overlay.proof.hardware if r.overlay.proof.script is None else \
             (r.overlaid.reason if r.overlaid else r.stock.reason)

@@ -45,7 +45,7 @@ def test_each_overlay_is_broken_on_stock_and_fixed_overlaid(table, overlay):
 
 
 def test_hardware_only_overlay_says_why_and_audit_records_are_proven_on_stock(table):
-    assert table["sparse-mla-prefill-bh64"] == ["CANNOT-PROVE", "CANNOT-PROVE"]
+    assert table["sparse-mla-prefill-bh64"] == ["hardware-only", "hardware-only"]
     assert table["deterministic-indexer-topk"] == ["BROKEN", "(audit)"]
 
 
