@@ -50,6 +50,8 @@ def source_repository(project: Path, git) -> str:
     ssh = re.match(r"^(?:ssh://)?git@([^:/]+)[:/](.+)$", url)
     if ssh:
         url = f"https://{ssh.group(1)}/{ssh.group(2)}"
+    elif "://" not in url:  # a clone of a local path: name it as a URI all the same
+        url = (project / url).resolve().as_uri()
     return url.removesuffix(".git").rstrip("/")
 
 

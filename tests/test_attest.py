@@ -64,6 +64,9 @@ def signed(registry, fixture_base, fixture_lock, keypair, tmp_path_factory):
     from conftest import copy_project
 
     project = copy_project(tmp_path_factory.mktemp("attest") / "project", fixture_lock)
+    # a clone of a local path, as CI's is: its origin is a path, which must still give URIs (SPDX)
+    subprocess.run(["git", "-C", str(project), "remote", "remove", "origin"], capture_output=True)
+    subprocess.run(["git", "-C", str(project), "remote", "add", "origin", "../upstream.git"], check=True)
     logs: list[str] = []
     a = build_and_attest(project, registry, fixture_base, keypair, "signed/a", 1700000000, logs)
     b = build_and_attest(project, registry, fixture_base, keypair, "signed/b", 1700000001, logs)
@@ -482,3 +485,5 @@ def test_builder_and_source_come_from_the_ci_environment(monkeypatch, tmp_path):
     from bakery.build import _git
 
     assert record_mod.source_repository(tmp_path, _git) == "https://github.com/acme/bakery"
+    subprocess.run(["git", "-C", str(tmp_path), "remote", "set-url", "origin", "/srv/git/bakery.git"], check=True)
+    assert record_mod.source_repository(tmp_path, _git) == "file:///srv/git/bakery"  # a URI, as SPDX needs
