@@ -62,7 +62,7 @@ def fixture_lock(fixture_base, toolchain, tmp_path_factory) -> bytes:
 
 def copy_project(dest: Path, lock: bytes | None = None) -> Path:
     """A copy of this checkout (with .git, without outputs) somewhere else, locked to `lock`."""
-    ignore = shutil.ignore_patterns("out", ".venv", "__pycache__", ".pytest_cache", "*.egg-info")
+    ignore = shutil.ignore_patterns("out", ".venv", ".tools", "__pycache__", ".pytest_cache", "*.egg-info")
     shutil.copytree(ROOT, dest, ignore=ignore, symlinks=True)
     if lock is not None:
         (dest / "overlays" / "overlays.lock").write_bytes(lock)
