@@ -43,7 +43,7 @@ def copy_signed(src, ref: Reference, dest, tag: str | None = None, log=print) ->
     and .att) from one store to another (registry or OCI layout). Every blob is checked on the way;
     the tags are written last, so a failed copy leaves no tag behind. The signatures still name the
     repository the image was signed for: verify binds by digest and the policy's allowed list."""
-    from .errors import InputError
+    from .errors import InputError, malformed
     from .store import signature_tag
 
     manifests = [(str(ref.digest), src.manifest(str(ref.digest)))]
@@ -56,8 +56,10 @@ def copy_signed(src, ref: Reference, dest, tag: str | None = None, log=print) ->
             raise InputError(f"{ref} has no {name}: sign and attest it (`invoke attest`) before mirroring")
         manifests.append((name, body))
     for name, body in manifests:
-        doc = json.loads(body)
-        for desc in [Descriptor.from_json(doc["config"])] + [Descriptor.from_json(l) for l in doc["layers"]]:
+        with malformed(f"manifest {name} of {ref.name}"):
+            doc = json.loads(body)
+            blobs = [Descriptor.from_json(doc["config"])] + [Descriptor.from_json(l) for l in doc["layers"]]
+        for desc in blobs:
             log(f"  {name}: blob {desc.digest.hex[:12]} ({desc.size} bytes)")
             dest.put_stream(desc, lambda d=desc: src.stream(d))
     for name, body in manifests[1:] + [(tag or manifests[0][0], manifests[0][1])]:

@@ -148,11 +148,12 @@ def _execute(spec: ProofSpec, target: bytes, reads: dict[str, bytes]) -> Verdict
             return Verdict(CANNOT, f"timed out after {TIMEOUT_S} s", time.monotonic() - started)
     seconds = round(time.monotonic() - started, 1)
     lines = done.stdout.strip().splitlines()
-    try:
+    try:  # a verdict counts only from a proof that finished: exit 0, a well-formed last line
         doc = json.loads(lines[-1])
-        if doc["verdict"] not in (FIXED, BROKEN, CANNOT) or not isinstance(doc.get("reason"), str):
+        if done.returncode != 0 or doc["verdict"] not in (FIXED, BROKEN, CANNOT) or \
+                not isinstance(doc.get("reason"), str):
             raise ValueError
-    except (IndexError, ValueError, KeyError, TypeError):
+    except (IndexError, ValueError, KeyError, TypeError, AttributeError):
         why = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return Verdict(CANNOT, f"the proof failed (exit {done.returncode}): {why[:300]}", seconds)
     return Verdict(doc["verdict"], doc["reason"], seconds, doc.get("measured") or {})

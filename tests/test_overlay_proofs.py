@@ -84,12 +84,16 @@ def test_a_renamed_function_cannot_be_proven(versions):
     assert verdict.verdict == prove.CANNOT and "forward_native is not in the target" in verdict.reason
 
 
-def test_a_proof_that_crashes_is_cannot_prove_not_a_pass(tmp_path):
-    script = tmp_path / "crash.py"
-    script.write_text("import sys\nprint('{\"verdict\": \"FIXED\"')\nsys.exit(3)\n")
+def test_a_proof_that_crashes_is_cannot_prove_not_a_pass(tmp_path, monkeypatch):
+    """Even after printing a well-formed FIXED line: a proof that then exits non-zero did not finish."""
+    monkeypatch.setenv("BAKERY_CACHE", str(tmp_path / "cache"))
     (tmp_path / "_proof.py").write_text("")
-    verdict = prove.run(prove.ProofSpec(script), b"x = 1\n", {})
-    assert verdict.verdict == prove.CANNOT and "exit 3" in verdict.reason
+    for n, body in enumerate(["print('{\"verdict\": \"FIXED\"')", "print('[1, 2]')",
+                              "print('{\"verdict\": \"FIXED\", \"reason\": \"ok\"}')"]):
+        script = tmp_path / f"crash{n}.py"
+        script.write_text(f"import sys\n{body}\nsys.exit(3)\n")
+        verdict = prove.run(prove.ProofSpec(script), b"x = 1\n", {})
+        assert verdict.verdict == prove.CANNOT and "exit 3" in verdict.reason, (body, verdict)
 
 
 def test_a_poisoned_verdict_cache_entry_is_dropped_and_rerun(versions, tmp_path, monkeypatch, capsys):
