@@ -45,13 +45,14 @@ def _blobs(store, manifest: bytes, report: Report) -> None:
                  (f": {bad[0]}" if bad else ""))
 
 
-def _signers(role, check) -> list[str]:
-    """keyids of the role's keys for which check(key) passes; check raises IntegrityError otherwise."""
-    out = []
+def _signers(role, check) -> set[str]:
+    """Distinct keyids of the role's keys for which check(key) passes (check raises IntegrityError
+    otherwise): one key listed twice is still one signer."""
+    out = set()
     for key in role.keys:
         try:
             check(key)
-            out.append(keys_mod.keyid(key))
+            out.add(keys_mod.keyid(key))
         except IntegrityError:
             continue
     return out

@@ -296,6 +296,17 @@ def threshold_two(h, path):
     return path
 
 
+def same_key_twice(h, path):
+    """threshold 2, met on paper by listing the one real key twice (a copy under another name)."""
+    dev_policy(path, h["base"])
+    copy = path.parent / "release-copy.pub"
+    shutil.copy(h["root"] / "k" / "release.pub", copy)
+    doc = yaml.safe_load(path.read_text())
+    doc["roles"] = {"release": {"keys": [str(h["root"] / "k" / "release.pub"), str(copy)], "threshold": 2}}
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
 GITHUB = ["https://github.com/dsv4-mi300x/bakery/.github/workflows/release.yml@refs/tags/v*"]
 VERIFY_CASES = [
     # (case, mutate(h, ref) -> None | other ref, policy(h, path) | None, require smoke, the check that must fire)
@@ -322,6 +333,8 @@ VERIFY_CASES = [
     ("signature names an unlisted repository", None, policy_with(allowed_repositories=["ghcr.io/other/*"]), False,
      "which the policy's allowed_repositories do not list"),
     ("fewer signers than the threshold", None, threshold_two, False, "by 1 of 2 required release key(s)"),
+    ("one key listed twice to meet the threshold", None, same_key_twice, False,
+     "attestation https://spdx.dev/Document signed by 1 of 2 required release key(s)"),
     ("SBOM and provenance signed by the smoke key", reattest(signer="smoke"), None, False,
      "signed by 0 of 1 required release key(s)"),
     ("smoke result signed by the release key", reattest(smoke_signer="release"), None, True,
