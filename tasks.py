@@ -173,7 +173,7 @@ def test(c, k=None, x=False):
             "lock": "lock file to write (default: overlays/overlays.lock)"})
 @reports_errors
 def lock(c, base=None, lock=None):
-    """Apply every required overlay to the base exactly and write overlays.lock (base and result sha256)."""
+    """Apply every required overlay to the base exactly, prove the result, and write overlays.lock (base and result sha256)."""
     from bakery.build import Options, lock as run
 
     document = run(Options(PROJECT, base, lock=Path(lock) if lock else None), log=_log)

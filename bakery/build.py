@@ -133,10 +133,12 @@ def overlay_inputs(project: Path, base: OpenBase) -> tuple[list, list, list]:
 
 
 def lock(opts: Options, log=print) -> dict:
-    """`invoke lock`: apply every required overlay to the base and pin both hashes."""
+    """`invoke lock`: apply every required overlay to the base, prove it, and pin both hashes. A lock
+    is only written for overlaid bytes whose proof says FIXED: the build would refuse any other."""
     project = opts.project.resolve()
     base = open_base(project, opts.base, log)
     _, applied, _ = overlay_inputs(project, base)
+    overlay_proofs(base, applied, log)
     for a in applied:
         if a.original is not None:
             overlays_mod.store_stock(project / "overlays", a.original)

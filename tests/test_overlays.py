@@ -150,6 +150,22 @@ def test_symlinked_target_is_refused(project, registry, fixture_base, tmp_path):
     assert "is a symlink in the base (-> gpu_worker.py.real)" in line
 
 
+def test_lock_refuses_an_overlay_its_proof_finds_broken(project, fixture_base):
+    """A patch that edits the fence's target without restoring the fence (the race is back): `invoke
+    lock` must not pin it, and the lock already there stays byte for byte."""
+    lock_path = project / "overlays" / "overlays.lock"
+    before = lock_path.read_bytes()
+    sha = next(e["base_sha256"] for e in json.loads(before)["overlays"] if e["id"] == "cpu-kv-transfer-fence")
+    stock = (project / "overlays" / "stock" / sha).read_bytes()
+    neutered = stock.replace(b"        if self.gpu_to_cpu:\n", b"        if self.gpu_to_cpu:  # reviewed\n", 1)
+    assert neutered != stock
+    (project / "overlays" / "patches" / "cpu-kv-transfer-fence.patch").write_bytes(
+        unified_diff(stock, neutered, "vllm/v1/kv_offload/cpu/gpu_worker.py"))
+    line = one_clear_line(invoke(project, "lock", "--base", str(fixture_base)))
+    assert "overlay 'cpu-kv-transfer-fence': its proof says BROKEN on the overlaid target" in line
+    assert lock_path.read_bytes() == before
+
+
 # -- rebase: the nightly bump ----------------------------------------------------------------------
 
 GUMBEL = f"{SITE}/vllm/v1/worker/gpu/spec_decode/speculator.py"

@@ -54,17 +54,21 @@ def patch_context_changed(p, ctx):
 
 
 def fix_neutered_and_relocked(p, ctx):
-    """The fence patch replaced by a harmless-looking edit of the same file, and the lock recomputed
-    to match: every hash agrees, only the proof sees that the race is back."""
+    """The fence patch replaced by a harmless-looking edit of the same file, and the lock edited by
+    hand to match (`invoke lock` refuses to pin it): every hash agrees, only the proof sees that the
+    race is back."""
+    import hashlib
+
     from bakery.patch import unified_diff
 
     sha = next(e["base_sha256"] for e in lock_of(p)["overlays"] if e["id"] == FENCE_ID)
     stock = (p / "overlays" / "stock" / sha).read_bytes()
     neutered = stock.replace(b"        if self.gpu_to_cpu:\n", b"        if self.gpu_to_cpu:  # reviewed\n", 1)
     assert neutered != stock
-    (p / "overlays" / "patches" / f"{FENCE_ID}.patch").write_bytes(
-        unified_diff(stock, neutered, "vllm/v1/kv_offload/cpu/gpu_worker.py"))
-    assert invoke(p, "lock", "--base", str(ctx["base"])).returncode == 0
+    patch = unified_diff(stock, neutered, "vllm/v1/kv_offload/cpu/gpu_worker.py")
+    (p / "overlays" / "patches" / f"{FENCE_ID}.patch").write_bytes(patch)
+    edit_lock(p, FENCE_ID, "patch_sha256", hashlib.sha256(patch).hexdigest())
+    edit_lock(p, FENCE_ID, "result_sha256", hashlib.sha256(neutered).hexdigest())
 
 
 def lock_for_another_base(p, ctx):
