@@ -6,10 +6,12 @@ and every file taken from it are cached by digest, so a warm build downloads not
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
 import gzip
 import hashlib
 import io
+import itertools
 import json
 import multiprocessing
 import os
@@ -27,18 +29,20 @@ import zstandard
 
 from .base import Image
 from .errors import EnvironmentProblem, InputError, IntegrityError
-from .refs import Descriptor
+from .refs import Descriptor, Digest
+from .tarscan import TarError, TarReader, Unsupported
 from .registry import Registry
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
+VIEW_SCHEMA = 1  # bump when how paths or globs are resolved changes: older views are then dropped
 _KIND = {tarfile.REGTYPE: "file", tarfile.AREGTYPE: "file", tarfile.DIRTYPE: "dir", tarfile.SYMTYPE: "symlink",
          tarfile.LNKTYPE: "hardlink"}
 
 
 def normalize(path: str) -> str:
     """'/usr/x', './usr/x' and 'usr/x/' all name 'usr/x'."""
-    parts = [p for p in PurePosixPath(path).parts if p not in ("/", ".")]
+    parts = [p for p in path.split("/") if p and p != "."]  # str ops: once per tar member
     if ".." in parts:
         raise InputError(f"path {path!r} contains '..'")
     return "/".join(parts)
@@ -59,7 +63,9 @@ class BaseFile:
 
 
 class LayerCache:
-    """layers/<hex>.json: what a layer holds; files/<sha256>: contents taken from layers."""
+    """layers/<hex>.json: what a layer holds; files/<sha256>: contents taken from layers;
+    views/<image hex>.json: what builds resolved in an image, so a warm build reads no layer index
+    (a production base's indexes hold hundreds of thousands of entries)."""
 
     def __init__(self, root: Path | None = None):
         self.root = root or Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery"))
@@ -93,7 +99,40 @@ class LayerCache:
         body = json.dumps(index, sort_keys=True, separators=(",", ":")).encode()
         header = json.dumps({"layer": str(desc.digest), "sha256": hashlib.sha256(body).hexdigest()}).encode()
         _atomic_write(self.root / "layers" / f"{desc.digest.hex}.json", header + b"\n" + body)
-        self._indexes[desc.digest] = json.loads(body)
+        self.remember(desc, index)
+
+    def remember(self, desc: Descriptor, index: dict) -> None:
+        """An index this process made (or a worker of it handed over): no need to read it back."""
+        self._indexes[desc.digest] = index
+
+    def has_index(self, desc: Descriptor) -> bool:
+        """An index is on disk (checked when it is loaded: a bad one is dropped then)."""
+        return (self.root / "layers" / f"{desc.digest.hex}.json").is_file()
+
+    def view(self, image: Digest) -> dict:
+        """What earlier builds resolved in this image (paths and glob results): an image is
+        immutable, so they hold for as long as the entry matches its checksum and schema."""
+        path = self.root / "views" / f"{image.hex}.json"
+        try:
+            header, _, body = path.read_bytes().partition(b"\n")
+            meta = json.loads(header)
+            if meta != {"image": str(image), "schema": VIEW_SCHEMA, "sha256": hashlib.sha256(body).hexdigest()}:
+                raise ValueError("it does not match its checksum")
+            view = json.loads(body)
+            if set(view) != {"paths", "globs"}:
+                raise ValueError("unexpected keys")
+            return view
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, TypeError) as e:
+            self._drop(path, f"image view {image.hex[:12]} ({e})")
+        return {"paths": {}, "globs": {}}
+
+    def save_view(self, image: Digest, view: dict) -> None:
+        body = json.dumps(view, sort_keys=True, separators=(",", ":")).encode()
+        header = json.dumps({"image": str(image), "schema": VIEW_SCHEMA,
+                             "sha256": hashlib.sha256(body).hexdigest()}, sort_keys=True).encode()
+        _atomic_write(self.root / "views" / f"{image.hex}.json", header + b"\n" + body)
 
     def content(self, sha256: str) -> bytes | None:
         """A cached file's bytes, checked against the sha256 they are stored under; None if absent
@@ -160,8 +199,17 @@ def scan_layer(registry: Registry, repo: str, desc: Descriptor, wanted: set[str]
     and of those matching a `keep` pattern (files known to be needed later, e.g. dist-info).
 
     Returns (index, {path: sha256}); nothing is recorded in the cache until the layer's digest
-    has been checked, so a corrupt download leaves no trace.
+    has been checked, so a corrupt download leaves no trace. Members are read by tarscan; a layer
+    with members it leaves to tarfile (GNU sparse files, pax global headers) is streamed again
+    and read by tarfile.
     """
+    try:
+        return _scan(registry, repo, desc, wanted, cache, keep, fast=True)
+    except Unsupported:
+        return _scan(registry, repo, desc, wanted, cache, keep, fast=False)
+
+
+def _scan(registry, repo, desc, wanted, cache, keep, fast: bool) -> tuple[dict, dict[str, str]]:
     cache.downloads += 1
     entries, whiteouts, opaque, found = {}, [], [], {}
     chunks = registry.stream_blob(repo, desc, label=f"layer {desc.digest.hex[:12]}")
@@ -169,12 +217,22 @@ def scan_layer(registry: Registry, repo: str, desc: Descriptor, wanted: set[str]
     keep = re.compile("|".join(f"(?:{fnmatch.translate(k)})" for k in keep)) if keep else None
     try:
         stream = decompressed(desc.media_type, io.BufferedReader(raw, 1 << 20))
-        with tarfile.open(fileobj=stream, mode="r|") as tar:
-            for member in tar:
-                _take(member, tar, entries, whiteouts, opaque, found, wanted, keep, cache)
+        if fast:
+            reader = TarReader(stream)
+            for member in reader:
+                _take(member, reader.read_data, entries, whiteouts, opaque, found, wanted, keep, cache)
+        else:
+            with tarfile.open(fileobj=stream, mode="r|") as tar:
+                for member in tar:
+                    _take(member, lambda m: tar.extractfile(m).read(), entries, whiteouts, opaque, found, wanted,
+                          keep, cache)
         for _ in chunks:  # drain: the digest check runs when the iterator ends
             pass
-    except (tarfile.TarError, EOFError, OSError, zlib.error, zstandard.ZstdError, ValueError, UnicodeError) as e:
+    except Unsupported:
+        chunks.close()
+        raise
+    except (tarfile.TarError, TarError, EOFError, OSError, zlib.error, zstandard.ZstdError, ValueError,
+            UnicodeError) as e:
         for _ in chunks:  # a bad digest is the better diagnosis: let the check run first
             pass
         raise IntegrityError(f"layer {desc.digest} of {repo} is not a readable {desc.media_type} "
@@ -183,8 +241,9 @@ def scan_layer(registry: Registry, repo: str, desc: Descriptor, wanted: set[str]
     return index, found
 
 
-def _index_into_cache(job) -> int:
-    """In a worker process: stream one layer and record its index and kept files in the cache."""
+def _index_into_cache(job) -> tuple[int, dict]:
+    """In a worker process: stream one layer, record its index and kept files in the cache, and
+    hand the index back (unpickling it beats parsing the JSON again)."""
     from .registry import Registry
 
     registry, repo, desc, keep, root = job
@@ -193,14 +252,13 @@ def _index_into_cache(job) -> int:
     index, found = scan_layer(Registry(registry), repo, desc, set(), cache, keep)
     index["files"].update(found)
     cache.save_index(desc, index)
-    return cache.downloads
+    return cache.downloads, index
 
 
-def _take(member, tar, entries, whiteouts, opaque, found, wanted, keep, cache) -> None:
+def _take(member, read_data, entries, whiteouts, opaque, found, wanted, keep, cache) -> None:
     """Record one tar member: a whiteout, an opaque marker, or an entry (kept if wanted)."""
     path = normalize(member.name)
-    name = PurePosixPath(path).name
-    parent = path.rpartition("/")[0]
+    parent, _, name = path.rpartition("/")
     if name == OPAQUE:
         opaque.append(parent)
         return
@@ -211,7 +269,7 @@ def _take(member, tar, entries, whiteouts, opaque, found, wanted, keep, cache) -
     entries[path] = [kind, member.size, member.mode, normalize(member.linkname) if kind == "hardlink"
                      else member.linkname]
     if kind == "file" and (path in wanted or (keep is not None and keep.match(path))):
-        found[path] = cache.store(tar.extractfile(member).read())
+        found[path] = cache.store(read_data(member))
 
 
 def _hidden_by(index: dict, path: str) -> bool:
@@ -231,6 +289,8 @@ class BaseFilesystem:
         self.registry, self.image = registry, image
         self.cache = cache or LayerCache()
         self.keep = keep  # patterns worth keeping on a layer's first pass
+        self._view: dict | None = None
+        self._sorted: dict = {}
 
     def _index(self, desc: Descriptor, wanted: set[str]) -> dict:
         index = self.cache.index(desc)
@@ -252,15 +312,23 @@ class BaseFilesystem:
         fetching, hashing, decompressing and parsing a tar overlap across layers and cores, and
         each worker leaves its index and kept files in the cache. With `keep` naming every file the
         caller will read, each layer is streamed once."""
-        todo = sorted((d for d in self.image.layers if self.cache.index(d) is None), key=lambda d: -d.size)
+        todo = sorted((d for d in self.image.layers if not self.cache.has_index(d)), key=lambda d: -d.size)
         if len(todo) < 2:
             return
         jobs = [(self.registry.name, self.image.ref.repository, d.to_json(), self.keep, str(self.cache.root))
                 for d in todo]
         with ProcessPoolExecutor(min(len(todo), os.cpu_count() or 1), mp_context=multiprocessing.get_context("fork")) \
                 as pool:
-            for downloads in pool.map(_index_into_cache, jobs):
+            for desc, (downloads, index) in zip(todo, pool.map(_index_into_cache, jobs)):
                 self.cache.downloads += downloads
+                self.cache.remember(desc, index)
+
+    def _sorted_paths(self, desc: Descriptor, index: dict) -> list[str]:
+        """The index's paths in order (once per index and process): a glob bisects to its prefix."""
+        known = self._sorted.get(desc.digest)
+        if known is None or known[0] is not index:
+            known = self._sorted[desc.digest] = (index, sorted(index["entries"]))
+        return known[1]
 
     def _locate(self, path: str) -> tuple[Descriptor, list] | None:
         """Top-down: the first layer that holds `path` or hides it decides."""
@@ -272,9 +340,47 @@ class BaseFilesystem:
                 return None
         return None
 
+    @property
+    def view(self) -> dict:
+        if self._view is None:
+            self._view = self.cache.view(self.image.manifest_digest)
+        return self._view
+
+    def _from_view(self, path: str) -> BaseFile | None | bool:
+        """The view's answer for `path` (None: absent), or False where it has none or the file's
+        cached bytes are gone or bad."""
+        if path not in self.view["paths"]:
+            return False
+        entry = self.view["paths"][path]
+        if entry is None:
+            return None
+        layer, kind, mode, size, link, sha = entry
+        data = self.cache.content(sha) if sha else None
+        if kind in ("file", "hardlink") and data is None:
+            return False
+        return BaseFile(path, kind, mode, size, link, layer, sha, data)
+
     def read(self, paths: Iterable[str]) -> dict[str, BaseFile | None]:
-        """Resolve each path through the layers; regular files come back with their bytes."""
-        wanted = {normalize(p) for p in paths}
+        """Resolve each path (from the view when it knows it, else through the layers); regular
+        files come back with their bytes, checked against their sha256."""
+        out, unknown = {}, set()
+        for p in {normalize(p) for p in paths}:
+            known = self._from_view(p)
+            if known is False:
+                unknown.add(p)
+            else:
+                out[p] = known
+        if unknown:
+            found = self._read_layers(unknown)
+            for p, f in found.items():
+                if f is None or f.kind not in ("file", "hardlink") or f.data is not None:
+                    self.view["paths"][p] = None if f is None else [f.layer, f.kind, f.mode, f.size, f.linkname,
+                                                                     f.sha256]
+            self.cache.save_view(self.image.manifest_digest, self.view)
+            out.update(found)
+        return out
+
+    def _read_layers(self, wanted: set[str]) -> dict[str, BaseFile | None]:
         located = {p: self._locate(p) for p in wanted}
         for _ in range(2):  # a hardlink's target is fetched in a second pass
             by_layer: dict[Descriptor, set[str]] = {}
@@ -304,12 +410,21 @@ class BaseFilesystem:
 
     def glob(self, pattern: str) -> list[str]:
         """Paths present in the merged filesystem that match a shell pattern."""
+        if pattern not in self.view["globs"]:
+            self.view["globs"][pattern] = self._glob_layers(pattern)
+            self.cache.save_view(self.image.manifest_digest, self.view)
+        return list(self.view["globs"][pattern])
+
+    def _glob_layers(self, pattern: str) -> list[str]:
         present: dict[str, bool] = {}
         hidden_indexes = []
         matches = re.compile(fnmatch.translate(pattern)).match
+        prefix = re.split(r"[*?\[]", pattern, maxsplit=1)[0]  # only paths under it can match
         for desc in reversed(self.image.layers):
             index = self._index(desc, set())
-            for path in index["entries"]:
+            paths = self._sorted_paths(desc, index)
+            for path in itertools.takewhile(lambda p: p.startswith(prefix),
+                                            itertools.islice(paths, bisect.bisect_left(paths, prefix), None)):
                 if path not in present and matches(path) and \
                         not any(_hidden_by(h, path) or path in h["whiteouts"] for h in hidden_indexes):
                     present[path] = True

@@ -53,9 +53,27 @@ def test_a_poisoned_layer_index_is_dropped_and_the_layer_read_again(warm, fixtur
     index = json.loads(body)
     index["whiteouts"].append("usr/local/lib/python3.12/dist-packages/vllm")  # would hide vLLM
     path.write_bytes(header + b"\n" + json.dumps(index).encode())
+    (CACHE / "views" / f"{record['base']['manifest']['digest'].split(':')[1]}.json").unlink()  # else unread
     again, warnings = rebuild(project, fixture_base)
     assert again == digest
     assert len(warnings) == 1 and f"layer index {top[:12]}" in warnings[0]
+
+
+def test_a_poisoned_image_view_is_dropped_and_resolved_again(warm, fixture_base):
+    """The view maps the fence's target to the bytes of another cached base file (the checksum
+    line left as it was): the build must notice, resolve through the layers again, same digest."""
+    project, digest, record = warm
+    image = record["base"]["manifest"]["digest"].split(":")[1]
+    path = CACHE / "views" / f"{image}.json"
+    header, _, body = path.read_bytes().partition(b"\n")
+    view = json.loads(body)
+    fence = next(o for o in record["overlays"] if o["id"] == "cpu-kv-transfer-fence")
+    other = next(o for o in record["overlays"] if o["id"] == "exact-swiglu-clamp-kernel")
+    view["paths"][fence["target"].lstrip("/")][5] = other["base_sha256"]
+    path.write_bytes(header + b"\n" + json.dumps(view).encode())
+    again, warnings = rebuild(project, fixture_base)
+    assert again == digest
+    assert len(warnings) == 1 and f"image view {image[:12]}" in warnings[0]
 
 
 def test_a_poisoned_base_blob_is_not_linked_into_a_layout(warm, fixture_base):
