@@ -8,6 +8,7 @@ import glob
 import hashlib
 import os
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
@@ -205,69 +206,104 @@ def overlay_records(project: Path, overlays: list, applied: list, proofs: dict) 
     return out
 
 
+def write_layers(specs: list, epoch: int, blobs: Path) -> list:
+    """One layer per (files, comment, deletions), None skipped, in order, compressed concurrently
+    (zlib lets go of the GIL)."""
+    specs = [s for s in specs if s is not None]
+    with ThreadPoolExecutor(len(specs)) as pool:
+        return list(pool.map(lambda s: write_layer(s[0], epoch, blobs, s[1], deletions=s[2]), specs))
+
+
+def checked_overlays(project: Path, opts: Options, opened: OpenBase, log=print) -> tuple[list, list, list, dict]:
+    """Registered overlays applied to the base, held to the lock and the stored stock bytes, and
+    proven: (overlays, applied, stale bytecode, proofs)."""
+    overlays, applied, stale = overlay_inputs(project, opened)
+    locked = overlays_mod.read_lock(opts.lock_path)
+    overlays_mod.verify_against_lock(applied, locked, str(opened.spec.image), opts.lock_path)
+    overlays_mod.check_stock(project / "overlays", locked, opts.lock_path)
+    return overlays, applied, stale, overlay_proofs(opened, applied, log)
+
+
+def push_target(opts: Options) -> Reference | None:
+    target = Reference.parse(opts.push) if opts.push else None
+    if target and target.digest:
+        raise InputError(f"--push {opts.push!r}: give REGISTRY/REPO[:TAG]; the digest is computed")
+    return target
+
+
+def write_outputs(derived: Derived, opts: Options, target: Reference | None, registries: dict, blob_cache: Path,
+                  log=print) -> tuple[Reference | None, list, object]:
+    """Push and/or write the layout: (pushed name, outputs for the record, push stats)."""
+    outputs, stats, name = [], None, None
+    if target:
+        log(f"pushing to {target}")
+        name, stats = push(derived, target, registries)
+        outputs.append({"kind": "registry", "reference": str(name), "tag": target.tag})
+    if opts.layout:
+        path = write_layout(derived, Path(opts.layout), (target.tag if target else None) or "latest", blob_cache)
+        outputs.append({"kind": "oci-layout", "path": str(path), "digest": str(derived.digest)})
+    return name, outputs, stats
+
+
+def base_record(opened: OpenBase, dists: list) -> dict:
+    base, pinned = opened.image, opened.spec
+    return {
+        "name": pinned.image.name,
+        "pinned": str(pinned.image),
+        "read_from": str(base.ref),
+        "platform": pinned.platform,
+        "index_digest": str(base.index_digest) if base.index_digest else None,
+        "manifest": {"digest": str(base.manifest_digest), "mediaType": base.manifest_media_type,
+                     "size": len(base.manifest_bytes)},
+        "config": base.config_descriptor.to_json(),
+        "layers": [d.to_json() for d in base.layers],
+        "python_distributions": dists,
+    }
+
+
 def build(opts: Options, log=print) -> tuple[Reference, dict]:
+    """inputs -> base -> checked overlays -> kernels -> tuning -> layers -> config + manifest ->
+    outputs -> build record."""
     project = opts.project.resolve()
     started = datetime.now(timezone.utc)
     epoch = source_date_epoch(project)
     revision = _git(project, "rev-parse", "HEAD")
     dirty = bool(_git(project, "status", "--porcelain"))  # untracked files count: they can change the image
     spec = image_mod.load_spec(project / "image" / "image.yaml")
+    target = push_target(opts)
     opened = open_base(project, opts.base, log)
-    base_spec, base, fs = opened.spec, opened.image, opened.fs
-    registries = {base_spec.source.registry: opened.registry}
-    dists = python_distributions(fs)
-
-    overlays, applied, stale = overlay_inputs(project, opened)
-    locked = overlays_mod.read_lock(opts.lock_path)
-    overlays_mod.verify_against_lock(applied, locked, str(base_spec.image), opts.lock_path)
-    overlays_mod.check_stock(project / "overlays", locked, opts.lock_path)
-    proofs = overlay_proofs(opened, applied, log)
+    registries = {opened.spec.source.registry: opened.registry}
+    dists = python_distributions(opened.fs)
+    overlays, applied, stale, proofs = checked_overlays(project, opts, opened, log)
     overlay_files = tuple(FileEntry(a.overlay.target, a.result) for a in applied)
 
     recipe = hip_mod.load(project / "hip")
-    target = Reference.parse(opts.push) if opts.push else None
-    if target and target.digest:
-        raise InputError(f"--push {opts.push!r}: give REGISTRY/REPO[:TAG]; the digest is computed")
     remote = (registries.get(target.registry) or registries.setdefault(target.registry, Registry(target.registry)),
               target.repository) if target else None
-    compiled = hip_mod.compile_recipe(recipe, opts.toolchain_for(base_spec), _cache_dir() / "hip", log, remote)
-    artifacts = compiled.artifacts
-    kernel_files = hip_mod.files(recipe, artifacts)
-
+    compiled = hip_mod.compile_recipe(recipe, opts.toolchain_for(opened.spec), _cache_dir() / "hip", log, remote)
+    kernel_files = hip_mod.files(recipe, compiled.artifacts)
     tables = tuning_mod.load(project / "tuning")
     table_files = tuning_mod.files(tables)
     spec = dataclasses.replace(spec, env=spec.env + tuple(tuning_mod.env(tables).items()))
 
-    files = spec.files
-    manifest_entry = image_mod.in_image_manifest(kernel_files + table_files + overlay_files + files)
+    manifest_entry = image_mod.in_image_manifest(kernel_files + table_files + overlay_files + spec.files)
     blobs = opts.out_dir / "blobs"
-    layers = [write_layer(kernel_files, epoch, blobs, "kernels for " + recipe.arch + ": "
-                          + ", ".join(a.name for a in artifacts))]
-    if table_files:
-        layers.append(write_layer(table_files, epoch, blobs, "AITER tuning tables: " + ", ".join(t.name for t in tables)))
-    if overlay_files:
-        layers.append(write_layer(overlay_files, epoch, blobs, "overlays: " + ", ".join(a.overlay.id for a in applied),
-                                  deletions=tuple(stale)))
-    layers.append(write_layer(files + (manifest_entry,), epoch, blobs, "entrypoint, self-check and in-image manifest"))
+    layers = write_layers([
+        (kernel_files, "kernels for " + recipe.arch + ": " + ", ".join(a.name for a in compiled.artifacts), ()),
+        (table_files, "AITER tuning tables: " + ", ".join(t.name for t in tables), ()) if table_files else None,
+        (overlay_files, "overlays: " + ", ".join(a.overlay.id for a in applied), tuple(stale)) if overlay_files
+        else None,
+        (spec.files + (manifest_entry,), "entrypoint, self-check and in-image manifest", ())], epoch, blobs)
 
-    notes = image_mod.annotations(base_spec.image.name, base, spec, revision, epoch)
+    base = opened.image
+    notes = image_mod.annotations(opened.spec.image.name, base, spec, revision, epoch)
     config = image_mod.derive_config(base, layers, spec, epoch, notes)
     config_desc = Descriptor.of(image_mod.OCI_CONFIG, config)
     manifest = image_mod.derive_manifest(base, config_desc, layers, notes)
     derived = Derived(base, opened.registry, manifest, config, config_desc, tuple(layers))
     write_blob(blobs / "sha256" / config_desc.digest.hex, config)
     write_blob(blobs / "sha256" / derived.digest.hex, manifest)
-
-    outputs, stats = [], None
-    name = spec.repository.with_digest(derived.digest)
-    if target:
-        log(f"pushing to {target}")
-        name, stats = push(derived, target, registries)
-        outputs.append({"kind": "registry", "reference": str(name), "tag": target.tag})
-    if opts.layout:
-        tag = Reference.parse(opts.push).tag if opts.push else None
-        path = write_layout(derived, Path(opts.layout), tag or "latest", fs.cache.root / "blobs")
-        outputs.append({"kind": "oci-layout", "path": str(path), "digest": str(derived.digest)})
+    pushed, outputs, stats = write_outputs(derived, opts, target, registries, opened.fs.cache.root / "blobs", log)
 
     rec = {
         "schema": record.SCHEMA,
@@ -275,24 +311,13 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
                    "source_date_epoch": epoch},
         "inputs": [{"path": str(p.relative_to(project)), "sha256": Descriptor.of("", p.read_bytes()).digest.hex}
                    for p in input_files(project)],
-        "base": {
-            "name": base_spec.image.name,
-            "pinned": str(base_spec.image),
-            "read_from": str(base.ref),
-            "platform": base_spec.platform,
-            "index_digest": str(base.index_digest) if base.index_digest else None,
-            "manifest": {"digest": str(base.manifest_digest), "mediaType": base.manifest_media_type,
-                         "size": len(base.manifest_bytes)},
-            "config": base.config_descriptor.to_json(),
-            "layers": [d.to_json() for d in base.layers],
-            "python_distributions": dists,
-        },
+        "base": base_record(opened, dists),
         "files": [{"path": f.path, "sha256": f.sha256, "size": len(f.data), "mode": oct(f.mode), "layer": i}
                   for i, l in enumerate(layers) for f in l.files],
         "deleted": [{"path": d, "layer": i, "why": "stale bytecode of an overlaid module"}
                     for i, l in enumerate(layers) for d in l.deletions],
         "overlays": overlay_records(project, overlays, applied, proofs),
-        "artifacts": [a.record() for a in artifacts],
+        "artifacts": [a.record() for a in compiled.artifacts],
         "kernels": compiled.record(),
         "tuning": [{"name": t.name, "path": t.path, "sha256": t.sha256, "rows": t.rows, "env": t.env,
                     "source": t.source.name} for t in tables],
@@ -304,13 +329,13 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
                   "cmd": list(spec.cmd)},
         "outputs": outputs,
         "push": vars(stats) if stats else None,
-        "overlays_lock": {"path": str(opts.lock_path), "base": str(base_spec.image),
+        "overlays_lock": {"path": str(opts.lock_path), "base": str(opened.spec.image),
                           "sha256": hashlib.sha256(opts.lock_path.read_bytes()).hexdigest()},
         "builder": record.builder(),
         "tools": record.tools(),
         "started": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "finished": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "layer_downloads": fs.cache.downloads,
+        "layer_downloads": opened.fs.cache.downloads,
     }
     record.write(opts.out_dir / "build-record.json", rec)
-    return name, rec
+    return pushed or spec.repository.with_digest(derived.digest), rec

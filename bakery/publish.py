@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,27 +49,41 @@ class PushStats:
     notes: list = field(default_factory=list)
 
 
+PUSH_CONNECTIONS = 8  # blobs checked and sent at once: each is a round trip or a stream of its own
+
+
 def push(derived: Derived, target: Reference, registries: dict) -> tuple[Reference, PushStats]:
-    """Upload what the target lacks, then the manifest: by digest first, the tag last."""
+    """Upload what the target lacks, every blob concurrently, then the manifest: by digest first,
+    the tag last, and neither unless every blob is there."""
     reg = registries.get(target.registry) or registries.setdefault(target.registry, Registry(target.registry))
     repo, stats = target.repository, PushStats()
     src_reg, src_repo = derived.base_registry, derived.base.ref.repository
-    for desc in derived.base_layers:
+
+    def base_layer(desc: Descriptor) -> str:
         if reg.blob_exists(repo, desc.digest):
-            stats.base_layers_present += 1
-        elif reg is src_reg and reg.mount_blob(repo, desc.digest, src_repo):
-            stats.base_layers_mounted += 1
-        else:  # another registry (or a refused mount): copy once, streaming
-            reg.upload_blob(repo, desc, lambda d=desc: src_reg.stream_blob(src_repo, d))
-            stats.base_layers_copied += 1
-            stats.base_bytes_uploaded += desc.size
-    for layer in derived.layers:
-        if not reg.blob_exists(repo, layer.descriptor.digest):
-            reg.upload_blob(repo, layer.descriptor, lambda p=layer.path: iter([p.read_bytes()]))
-            stats.new_bytes_uploaded += layer.descriptor.size
-    if not reg.blob_exists(repo, derived.config_descriptor.digest):
-        reg.upload_blob(repo, derived.config_descriptor, lambda: iter([derived.config]))
-        stats.new_bytes_uploaded += len(derived.config)
+            return "present"
+        if reg is src_reg and reg.mount_blob(repo, desc.digest, src_repo):
+            return "mounted"
+        # another registry (or a refused mount): copy once, streaming
+        reg.upload_blob(repo, desc, lambda: src_reg.stream_blob(src_repo, desc))
+        return "copied"
+
+    def new_blob(desc: Descriptor, chunks) -> int:
+        if reg.blob_exists(repo, desc.digest):
+            return 0
+        reg.upload_blob(repo, desc, chunks)
+        return desc.size
+
+    ours = [(l.descriptor, lambda p=l.path: iter([p.read_bytes()])) for l in derived.layers] + \
+        [(derived.config_descriptor, lambda: iter([derived.config]))]
+    with ThreadPoolExecutor(PUSH_CONNECTIONS) as pool:
+        based = [pool.submit(base_layer, d) for d in derived.base_layers]
+        sent = [pool.submit(new_blob, d, chunks) for d, chunks in ours]
+        for desc, done in zip(derived.base_layers, based):
+            how = done.result()  # the first failure propagates; no manifest is written then
+            setattr(stats, f"base_layers_{how}", getattr(stats, f"base_layers_{how}") + 1)
+            stats.base_bytes_uploaded += desc.size if how == "copied" else 0
+        stats.new_bytes_uploaded = sum(done.result() for done in sent)
     digest = reg.put_manifest(repo, str(derived.digest), derived.manifest, OCI_MANIFEST)
     if target.tag:
         reg.put_manifest(repo, target.tag, derived.manifest, OCI_MANIFEST)
