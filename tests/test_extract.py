@@ -150,6 +150,22 @@ def test_warm_cache_downloads_nothing(registry, fixture_base, tmp_path):
     assert warm.cache.downloads == 1
 
 
+def test_what_a_build_resolved_once_needs_no_layer_index_again(registry, fixture_base, tmp_path):
+    """A production base's layer indexes hold hundreds of thousands of entries: a warm build must
+    answer the paths and globs it asked before from the image's view, without them."""
+    reg = Registry(registry)
+    image = base_mod.resolve(reg, fixture_base, "linux/amd64")
+    pattern = f"{SITE}/*.dist-info/METADATA"
+    cold = BaseFilesystem(reg, image, LayerCache(tmp_path))
+    first, dists = cold.read([WORKER, "etc/os-release", "no/such/file"]), cold.glob(pattern)
+    assert first["no/such/file"] is None and dists
+    for index in (tmp_path / "layers").iterdir():
+        index.unlink()
+    warm = BaseFilesystem(reg, image, LayerCache(tmp_path))
+    assert warm.read([WORKER, "etc/os-release", "no/such/file"]) == first and warm.glob(pattern) == dists
+    assert warm.cache.downloads == 0 and not any((tmp_path / "layers").iterdir())
+
+
 def test_symlinks_are_reported_as_such(registry, fixture_base, tmp_path):
     reg = Registry(registry)
     fs = BaseFilesystem(reg, base_mod.resolve(reg, fixture_base, "linux/amd64"), LayerCache(tmp_path))
