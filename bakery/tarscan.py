@@ -80,28 +80,31 @@ class _Invalid(Exception):
     """A header tarfile would call invalid (or empty, or truncated)."""
 
 
+# name mode uid gid size mtime checksum type linkname magic+version uname gname devmajor devminor prefix
+_FIELDS = struct.Struct("100s8s8s8s12s12s8sc100s8s32s32s8s8s155s")
+
+
 def _header(buf: bytes) -> tuple[Member, int]:
     """(member, its size field) from one header block, as tarfile's TarInfo.frombuf reads it."""
     if len(buf) != BLOCK:
         raise _Invalid()
     if not buf.strip(b"\0"):
         raise _End()
-    checksum = _number(buf[148:156])
+    (name, mode, uid, gid, size, mtime, checksum, kind, link, _, _, _, major, minor, prefix) = _FIELDS.unpack_from(buf)
+    checksum = _number(checksum)
     unsigned = 256 + sum(buf) - sum(buf[148:156])
     if checksum != unsigned and checksum != 256 + sum(struct.unpack_from("148b8x356b", buf)):
         raise _Invalid()
-    for start, end in ((108, 116), (116, 124), (136, 148), (329, 337), (337, 345)):
-        _number(buf[start:end])  # uid, gid, mtime, device numbers: tarfile refuses a bad one
-    kind = buf[156:157]
-    name, size, mode = _text(buf[0:100]), _number(buf[124:136]), _number(buf[100:108])
-    prefix = _text(buf[345:500])
+    for field in (uid, gid, mtime, major, minor):
+        _number(field)  # tarfile refuses a header with any of them unreadable
+    name, size, mode, prefix = _text(name), _number(size), _number(mode), _text(prefix)
     if kind == AREGULAR and name.endswith("/"):
         kind = DIRECTORY
     if kind == DIRECTORY:
         name = name.rstrip("/")
     if prefix and kind not in (LONGNAME, LONGLINK, SPARSE):
         name = prefix + "/" + name
-    return Member(name, kind, size, mode, _text(buf[157:257])), size
+    return Member(name, kind, size, mode, _text(link)), size
 
 
 def _blocks(size: int) -> int:
