@@ -119,8 +119,8 @@ class LayerCache:
             if meta != {"image": str(image), "schema": VIEW_SCHEMA, "sha256": hashlib.sha256(body).hexdigest()}:
                 raise ValueError("it does not match its checksum")
             view = json.loads(body)
-            if set(view) != {"paths", "globs"}:
-                raise ValueError("unexpected keys")
+            if not _view_shaped(view):
+                raise ValueError("it is not shaped as a view")
             return view
         except FileNotFoundError:
             pass
@@ -161,6 +161,14 @@ class LayerCache:
     def _drop(path: Path, what: str) -> None:
         print(f"warning: dropped a corrupt cache entry, {what}; fetching it again", file=sys.stderr)
         path.unlink(missing_ok=True)
+
+
+def _view_shaped(view) -> bool:
+    """{"paths": {path: None | [layer, kind, mode, size, link, sha256]}, "globs": {pattern: [path]}}"""
+    return isinstance(view, dict) and set(view) == {"paths", "globs"} and \
+        isinstance(view["paths"], dict) and isinstance(view["globs"], dict) and \
+        all(e is None or (isinstance(e, list) and len(e) == 6) for e in view["paths"].values()) and \
+        all(isinstance(g, list) and all(isinstance(p, str) for p in g) for g in view["globs"].values())
 
 
 class _IterReader(io.RawIOBase):
@@ -378,7 +386,7 @@ class BaseFilesystem:
                                                                      f.sha256]
             self.cache.save_view(self.image.manifest_digest, self.view)
             out.update(found)
-        return out
+        return {p: out[p] for p in sorted(out)}
 
     def _read_layers(self, wanted: set[str]) -> dict[str, BaseFile | None]:
         located = {p: self._locate(p) for p in wanted}

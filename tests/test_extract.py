@@ -166,6 +166,25 @@ def test_what_a_build_resolved_once_needs_no_layer_index_again(registry, fixture
     assert warm.cache.downloads == 0 and not any((tmp_path / "layers").iterdir())
 
 
+def test_a_view_of_the_wrong_shape_is_dropped_even_with_a_matching_checksum(registry, fixture_base, tmp_path,
+                                                                             capsys):
+    import hashlib
+    import json
+
+    reg = Registry(registry)
+    image = base_mod.resolve(reg, fixture_base, "linux/amd64")
+    first = BaseFilesystem(reg, image, LayerCache(tmp_path)).read([WORKER])
+    path = tmp_path / "views" / f"{image.manifest_digest.hex}.json"
+    header, _, body = path.read_bytes().partition(b"\n")
+    view = json.loads(body)
+    view["paths"][WORKER] = view["paths"][WORKER][:5]
+    body = json.dumps(view).encode()
+    meta = {**json.loads(header), "sha256": hashlib.sha256(body).hexdigest()}
+    path.write_bytes(json.dumps(meta).encode() + b"\n" + body)
+    assert BaseFilesystem(reg, image, LayerCache(tmp_path)).read([WORKER]) == first
+    assert "dropped a corrupt cache entry, image view" in capsys.readouterr().err
+
+
 def test_symlinks_are_reported_as_such(registry, fixture_base, tmp_path):
     reg = Registry(registry)
     fs = BaseFilesystem(reg, base_mod.resolve(reg, fixture_base, "linux/amd64"), LayerCache(tmp_path))
