@@ -6,6 +6,9 @@ types, sizes, modes and link names as tarfile in stream mode ("r|") for ustar, G
 links) and pax (extended headers) archives, including where tarfile stops early or raises. What
 it does not read itself (GNU sparse members, pax global headers, hdrcharset, GNU.sparse keys) it
 reports as Unsupported before yielding anything wrong, and the caller reads the layer with tarfile.
+Two differences, both refusals: a long-name or pax payload over 1 MiB is an error (as in Go's
+archive/tar; tarfile would allocate it whole), and no size field makes it allocate more than the
+stream holds.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ PAX_ONE, PAX_GLOBAL, PAX_SOLARIS = b"x", b"g", b"X"
 SUPPORTED = (REGULAR, AREGULAR, HARDLINK, SYMLINK, DIRECTORY, b"6", CONTIGUOUS, b"3", b"4", LONGNAME, LONGLINK,
              SPARSE)
 HAS_DATA = (REGULAR, AREGULAR, CONTIGUOUS)
+SPECIAL_LIMIT = 1 << 20  # long names and pax records: Go's archive/tar limit
 _PAX_RECORD = re.compile(rb"(\d+) ([^=]+)=")
 
 
@@ -161,13 +165,20 @@ class TarReader:
             raise TarError("member data read out of order")
         if member.size <= 0:
             return b""
-        data = self._read(member.size)
-        if len(data) != member.size:
-            raise TarError("unexpected end of data")
-        return data
+        chunks, left = [], member.size
+        while left:  # in pieces: a size field cannot make us allocate what the stream does not hold
+            chunk = self._read(min(left, 1 << 20))
+            if not chunk:
+                raise TarError("unexpected end of data")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
 
     def _member(self, header: bytes | None = None) -> Member:
         member, size = _header(self._read(BLOCK) if header is None else header)
+        if member.type in (LONGNAME, LONGLINK, PAX_ONE, PAX_SOLARIS) and size > SPECIAL_LIMIT:
+            raise TarError(f"a {member.type!r} header of {size} bytes (Go's archive/tar, which container "
+                           f"runtimes use, refuses any over {SPECIAL_LIMIT})")
         if member.type in (LONGNAME, LONGLINK):
             text = _text(self._read(_blocks(size)))
             following = self._subsequent()

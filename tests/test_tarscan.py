@@ -16,7 +16,7 @@ from bakery import base as base_mod
 from bakery.extract import _scan
 from bakery.extract import LayerCache
 from bakery.registry import Registry
-from bakery.tarscan import TarReader, Unsupported
+from bakery.tarscan import TarError, TarReader, Unsupported
 
 SETTINGS = settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 KINDS = {"file": tarfile.REGTYPE, "old-file": tarfile.AREGTYPE, "dir": tarfile.DIRTYPE, "symlink": tarfile.SYMTYPE,
@@ -182,3 +182,31 @@ def test_a_pax_size_that_points_backwards_is_an_error_as_in_tarfile():
             tar.addfile(info, io.BytesIO(b"x" * 700))
     assert by_tarfile(out.getvalue()).startswith("error")
     same(out.getvalue())
+
+
+def test_a_long_name_header_claiming_gigabytes_is_refused_without_allocating_them():
+    """tarfile would try to read an 8 GiB long name into memory; container runtimes (Go's
+    archive/tar) refuse such a header over 1 MiB, and so does tarscan, at once."""
+    data = with_fields(archive([("x" * 150, "file", b"1", "", 0o644)], "gnu"), 0, {124: b"77777777777\0"})
+    with pytest.raises(TarError, match="refuses any over 1048576"):
+        list(TarReader(io.BytesIO(data)))
+
+
+def test_a_member_whose_size_outruns_the_stream_is_cut_not_allocated():
+    """A kept file (say a dist-info METADATA) whose size field claims 8 GiB in a gzip layer: a
+    single read of that size makes the gzip reader allocate it up front."""
+    import gzip
+    import tracemalloc
+
+    data = with_fields(archive([("f", "file", b"1" * 10, "", 0o644)], "gnu"), 0, {124: b"77777777777\0"})
+    reader = TarReader(gzip.GzipFile(fileobj=io.BytesIO(gzip.compress(data))))
+    member = next(iter(reader))
+    assert member.size == 0o77777777777
+    tracemalloc.start()
+    try:
+        with pytest.raises(TarError, match="unexpected end of data"):
+            reader.read_data(member)
+        assert tracemalloc.get_traced_memory()[1] < 64 << 20
+    finally:
+        tracemalloc.stop()
+    assert by_tarscan(data).startswith("error") and by_tarfile(data).startswith("error")
