@@ -77,28 +77,16 @@ class LayerCache:
     def index(self, desc: Descriptor) -> dict | None:
         """What a layer holds, if cached: the entry must name this layer and match its checksum
         (read from disk and checked once per process)."""
-        if desc.digest in self._indexes:
-            return self._indexes[desc.digest]
-        path = self.root / "layers" / f"{desc.digest.hex}.json"
-        try:
-            header, _, body = path.read_bytes().partition(b"\n")
-            meta = json.loads(header)
-            if meta["layer"] != str(desc.digest) or meta["sha256"] != hashlib.sha256(body).hexdigest():
-                raise ValueError("it does not match its checksum")
-            index = json.loads(body)
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            self._drop(path, f"layer index {desc.digest.hex[:12]} ({e})")
-            return None
-        self._indexes[desc.digest] = index
-        return index
+        if desc.digest not in self._indexes:
+            index = self._load_checked(self.root / "layers" / f"{desc.digest.hex}.json", {"layer": str(desc.digest)},
+                                       f"layer index {desc.digest.hex[:12]}")
+            if index is None:
+                return None
+            self._indexes[desc.digest] = index
+        return self._indexes[desc.digest]
 
     def save_index(self, desc: Descriptor, index: dict) -> None:
-        """One header line naming the layer and the body's sha256, then the index itself."""
-        body = json.dumps(index, sort_keys=True, separators=(",", ":")).encode()
-        header = json.dumps({"layer": str(desc.digest), "sha256": hashlib.sha256(body).hexdigest()}).encode()
-        _atomic_write(self.root / "layers" / f"{desc.digest.hex}.json", header + b"\n" + body)
+        self._save_checked(self.root / "layers" / f"{desc.digest.hex}.json", {"layer": str(desc.digest)}, index)
         self.remember(desc, index)
 
     def remember(self, desc: Descriptor, index: dict) -> None:
@@ -113,26 +101,36 @@ class LayerCache:
         """What earlier builds resolved in this image (paths and glob results): an image is
         immutable, so they hold for as long as the entry matches its checksum and schema."""
         path = self.root / "views" / f"{image.hex}.json"
-        try:
-            header, _, body = path.read_bytes().partition(b"\n")
-            meta = json.loads(header)
-            if meta != {"image": str(image), "schema": VIEW_SCHEMA, "sha256": hashlib.sha256(body).hexdigest()}:
-                raise ValueError("it does not match its checksum")
-            view = json.loads(body)
-            if not _view_shaped(view):
-                raise ValueError("it is not shaped as a view")
-            return view
-        except FileNotFoundError:
-            pass
-        except (OSError, ValueError, TypeError) as e:
-            self._drop(path, f"image view {image.hex[:12]} ({e})")
-        return {"paths": {}, "globs": {}}
+        view = self._load_checked(path, {"image": str(image), "schema": VIEW_SCHEMA}, f"image view {image.hex[:12]}")
+        if view is not None and not _view_shaped(view):
+            self._drop(path, f"image view {image.hex[:12]} (it is not shaped as a view)")
+            view = None
+        return view or {"paths": {}, "globs": {}}
 
     def save_view(self, image: Digest, view: dict) -> None:
-        body = json.dumps(view, sort_keys=True, separators=(",", ":")).encode()
-        header = json.dumps({"image": str(image), "schema": VIEW_SCHEMA,
-                             "sha256": hashlib.sha256(body).hexdigest()}, sort_keys=True).encode()
-        _atomic_write(self.root / "views" / f"{image.hex}.json", header + b"\n" + body)
+        self._save_checked(self.root / "views" / f"{image.hex}.json", {"image": str(image), "schema": VIEW_SCHEMA},
+                           view)
+
+    def _load_checked(self, path: Path, names: dict, what: str):
+        """The JSON body of an entry whose first line is `names` plus the body's sha256; None when
+        absent, or dropped with one warning when it does not match."""
+        try:
+            header, _, body = path.read_bytes().partition(b"\n")
+            if json.loads(header) != {**names, "sha256": hashlib.sha256(body).hexdigest()}:
+                raise ValueError("it does not match its checksum")
+            return json.loads(body)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, TypeError) as e:
+            self._drop(path, f"{what} ({e})")
+            return None
+
+    @staticmethod
+    def _save_checked(path: Path, names: dict, document) -> None:
+        """One header line (`names` and the body's sha256), then the document itself."""
+        body = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+        header = json.dumps({**names, "sha256": hashlib.sha256(body).hexdigest()}, sort_keys=True).encode()
+        _atomic_write(path, header + b"\n" + body)
 
     def content(self, sha256: str) -> bytes | None:
         """A cached file's bytes, checked against the sha256 they are stored under; None if absent
