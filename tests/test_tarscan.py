@@ -210,3 +210,27 @@ def test_a_member_whose_size_outruns_the_stream_is_cut_not_allocated():
     finally:
         tracemalloc.stop()
     assert by_tarscan(data).startswith("error") and by_tarfile(data).startswith("error")
+
+
+def test_a_layer_with_a_global_pax_header_is_read_by_tarfile_instead(registry, tmp_path):
+    """scan_layer's fallback: tarscan leaves the layer to tarfile, which reads it whole (streamed
+    a second time), so the index still lists every member."""
+    import gzip
+
+    from bakery.extract import scan_layer
+    from bakery.refs import Descriptor
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT, pax_headers={"comment": "global"}) as tar:
+        for name, data in (("etc/a", b"alpha"), ("etc/b", b"beta")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    blob = gzip.compress(out.getvalue(), mtime=0)
+    desc = Descriptor.of("application/vnd.oci.image.layer.v1.tar+gzip", blob)
+    reg = Registry(registry)
+    reg.upload_blob("test/pax-global", desc, lambda: iter([blob]))
+    cache = LayerCache(tmp_path)
+    index, found = scan_layer(reg, "test/pax-global", desc, {"etc/b"}, cache)
+    assert sorted(index["entries"]) == ["etc/a", "etc/b"] and cache.downloads == 2
+    assert cache.content(found["etc/b"]) == b"beta"
