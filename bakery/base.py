@@ -99,7 +99,7 @@ def resolve(registry: Registry, ref: Reference, platform: str) -> Image:
         manifest = json.loads(body)
         config_desc = _descriptor(manifest["config"])
         layers = tuple(_descriptor(layer) for layer in manifest.get("layers") or [])
-    config = registry.fetch_blob(ref.repository, config_desc)
+    config = registry.fetch_document(ref.repository, config_desc, f"config of {ref}")
     with malformed(f"config {config_desc.digest} of {ref}"):
         diff_ids = json.loads(config).get("rootfs", {}).get("diff_ids", [])
         len(diff_ids)

@@ -15,7 +15,7 @@ import requests
 from .errors import IntegrityError, NotFound, RegistryError, TransientError
 from .progress import Progress
 from .refs import Descriptor, Digest, Reference
-from .transport import Transport
+from .transport import DOCUMENT_LIMIT, Transport
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -115,6 +115,12 @@ class Registry:
     def fetch_blob(self, repo: str, desc: Descriptor) -> bytes:
         return b"".join(self.stream_blob(repo, desc))
 
+    def fetch_document(self, repo: str, desc: Descriptor, what: str) -> bytes:
+        """A config, signature payload or envelope: refused before any byte is read when its
+        descriptor claims more than 4 MiB (a document, unlike a layer, is read whole into memory)."""
+        check_document_size(desc, what)
+        return self.fetch_blob(repo, desc)
+
     def download_blob(self, repo: str, desc: Descriptor, dest: Path) -> Path:
         """Download to a temporary file beside dest, then rename: dest is whole or absent."""
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -204,6 +210,12 @@ class Registry:
             self.transport.request("DELETE", location, scopes=push(repo), ok=(204, 404, 405))
         except RegistryError:
             pass  # best effort: the registry expires abandoned uploads itself
+
+
+def check_document_size(desc: Descriptor, what: str) -> None:
+    if desc.size > DOCUMENT_LIMIT:
+        raise IntegrityError(f"{what} ({desc.digest}) claims {desc.size} bytes, over the {DOCUMENT_LIMIT}-byte limit "
+                             f"for a document; refused without reading it (the registry or image is hostile)")
 
 
 def check_digest(desc: Descriptor, hexdigest: str, size: int, where: str) -> None:

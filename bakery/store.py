@@ -16,7 +16,7 @@ from typing import Iterator
 from .errors import InputError, IntegrityError, NotFound
 from .layer import write_blob
 from .refs import Descriptor, Digest, Reference
-from .registry import OCI_INDEX, OCI_MANIFEST, Registry, check_digest
+from .registry import OCI_INDEX, OCI_MANIFEST, Registry, check_digest, check_document_size
 
 REF_NAME = "org.opencontainers.image.ref.name"
 CHUNK = 1 << 20
@@ -43,8 +43,9 @@ class RegistryStore:
     def stream(self, desc: Descriptor) -> Iterator[bytes]:
         return self.registry.stream_blob(self.repo, desc)
 
-    def blob(self, desc: Descriptor) -> bytes:
-        return self.registry.fetch_blob(self.repo, desc)
+    def document(self, desc: Descriptor, what: str) -> bytes:
+        """A small blob read whole (signature payload, envelope, config): at most 4 MiB."""
+        return self.registry.fetch_document(self.repo, desc, what)
 
     def put_blob(self, data: bytes, media_type: str) -> Descriptor:
         desc = Descriptor.of(media_type, data)
@@ -112,7 +113,9 @@ class LayoutStore:
                 yield chunk
         check_digest(desc, hasher.hexdigest(), size, str(self.path))
 
-    def blob(self, desc: Descriptor) -> bytes:
+    def document(self, desc: Descriptor, what: str) -> bytes:
+        """A small blob read whole (signature payload, envelope, config): at most 4 MiB."""
+        check_document_size(desc, what)
         return b"".join(self.stream(desc))
 
     def put_blob(self, data: bytes, media_type: str) -> Descriptor:

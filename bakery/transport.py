@@ -16,11 +16,15 @@ from pathlib import Path
 
 import requests
 
-from .errors import AuthError, InputError, NotFound, RegistryError, TransientError
+from .errors import AuthError, InputError, IntegrityError, NotFound, RegistryError, TransientError
 
 RETRY_STATUSES = {429, 500, 502, 503, 504}
 ATTEMPTS = 5
 TIMEOUT = (10, 300)  # connect, read
+DOCUMENT_LIMIT = 4 << 20  # manifests, indexes, configs, signatures, envelopes: distribution's own cap
+ERROR_BODY_LIMIT = 64 << 10  # what a registry may say about a failure
+REDIRECTS = {301, 302, 303, 307, 308}
+MAX_REDIRECTS = 5
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,41 @@ def _from_helper(helper: str, server: str) -> Credentials | None:
         return None
 
 
+def origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) with the scheme's default port made explicit: what credentials are bound to."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:  # a port that is not a number: an origin of its own, matching nothing
+        port = -1
+    return parts.scheme, (parts.hostname or "").lower(), port
+
+
+def read_bounded(resp: requests.Response, limit: int, what: str, error: type) -> bytes:
+    """The whole body, or `error` as soon as it is known to exceed `limit` (from Content-Length, or
+    while reading a body of unannounced length): a hostile server cannot make us read gigabytes."""
+    declared = resp.headers.get("Content-Length", "")
+    if declared.isdigit() and int(declared) > limit:
+        resp.close()
+        raise error(f"{what}: the response announces {int(declared)} bytes, over the {limit}-byte limit for it; "
+                    f"refused without reading it (the server is broken or hostile)")
+    body = bytearray()
+    try:
+        for chunk in resp.iter_content(64 << 10):
+            body += chunk
+            if len(body) > limit:
+                raise error(f"{what}: the response is over the {limit}-byte limit for it; refused after reading "
+                            f"{len(body)} bytes (the server is broken or hostile)")
+    except requests.RequestException as e:
+        raise TransientError(f"{what}: the response broke off after {len(body)} bytes ({type(e).__name__}); "
+                             f"retry") from None
+    finally:
+        resp.close()
+    # requests' own cache of the body: .content, .text and .json() read it from here
+    resp._content, resp._content_consumed = bytes(body), True
+    return resp._content
+
+
 def parse_challenge(header: str) -> tuple[str, dict]:
     """Split 'Bearer realm="x",service="y"' into ('bearer', {...})."""
     scheme, _, rest = header.strip().partition(" ")
@@ -118,27 +157,37 @@ def parse_challenge(header: str) -> tuple[str, dict]:
 
 
 class Transport:
-    """Requests to one registry, authenticating on demand and retrying transient failures."""
+    """Requests to one registry, authenticating on demand and retrying transient failures.
+    Credentials (basic or a token) go only to the registry's own origin: an upload Location or a
+    redirect that points elsewhere is followed without them."""
 
     def __init__(self, registry: str, credentials: Credentials | None = None, session=None):
         self.registry = registry
         self.base = f"{scheme_for(registry)}://{api_host(registry)}"
+        self.origin = origin(self.base)
         self.credentials = credentials if credentials is not None else load_credentials(registry)
         self.session = session or requests.Session()
         self._tokens: dict[str, str] = {}
         self._basic = False
 
     def request(self, method: str, path: str, *, scopes: tuple[str, ...] = (), ok=(200,),
-                headers: dict | None = None, body=None, stream: bool = False) -> requests.Response:
-        """Send one request; body may be bytes or a callable returning a fresh body per attempt."""
+                headers: dict | None = None, body=None, stream: bool = False,
+                limit: int = DOCUMENT_LIMIT) -> requests.Response:
+        """Send one request; body may be bytes or a callable returning a fresh body per attempt.
+        Unless `stream`, the response body is read here, refused past `limit` bytes (an error
+        body past 64 KiB)."""
         url = path if path.startswith("http") else self.base + path
         attempts = ATTEMPTS if method in IDEMPOTENT else 1  # a resent POST/PATCH could act twice
         for attempt in range(attempts):
-            resp = self._send(method, url, scopes, headers, body, stream)
+            resp = self._send(method, url, scopes, headers, body)
             if resp is not None and resp.status_code == 401:
                 resp.close()
+                if origin(resp.url) != self.origin:
+                    raise AuthError(f"{method} {resp.url}: that server asked for credentials, but it is not "
+                                    f"{self.registry}, which sent us there; credentials go only to the registry's "
+                                    f"own origin ({self.base}): the registry is misconfigured or hostile")
                 self._authenticate(resp, scopes)
-                resp = self._send(method, url, scopes, headers, body, stream)
+                resp = self._send(method, url, scopes, headers, body)
                 if resp is not None and resp.status_code == 401:
                     raise AuthError(
                         f"{method} {url}: access denied by {self.registry}: log in with "
@@ -146,6 +195,8 @@ class Transport:
             if resp is not None and resp.status_code not in RETRY_STATUSES:
                 if resp.status_code not in ok:
                     raise (NotFound if resp.status_code == 404 else RegistryError)(self._describe(method, url, resp))
+                if not stream and method != "HEAD":
+                    read_bounded(resp, limit, f"{method} {url}", IntegrityError)
                 return resp
             if resp is not None and attempt + 1 < attempts:
                 resp.close()  # a retried 5xx may be streaming: give its connection back
@@ -157,18 +208,28 @@ class Transport:
                                  f"{self._last_error}; is the registry running and the name right?")
         raise TransientError(self._describe(method, url, resp) + f" ({tries})")
 
-    def _send(self, method, url, scopes, headers, body, stream):
-        hdrs = dict(headers or {})
-        auth = self._auth_header(scopes)
-        if auth:
-            hdrs["Authorization"] = auth
-        data = body() if callable(body) else body
-        try:
-            return self.session.request(method, url, headers=hdrs, data=data, stream=stream,
-                                        timeout=TIMEOUT, allow_redirects=True)
-        except requests.RequestException as e:  # refused, timed out, or a body cut short
-            self._last_error = type(e).__name__ + ": " + str(e).split("(Caused by")[0].strip()[:200]
-            return None
+    def _send(self, method, url, scopes, headers, body):
+        """One request, following redirects ourselves: credentials only where the origin is the
+        registry's, and a redirect's body never read. None when the connection failed."""
+        for _ in range(MAX_REDIRECTS + 1):
+            hdrs = dict(headers or {})
+            auth = self._auth_header(scopes) if origin(url) == self.origin else None
+            if auth:
+                hdrs["Authorization"] = auth
+            data = body() if callable(body) else body
+            try:
+                resp = self.session.request(method, url, headers=hdrs, data=data, stream=True,
+                                            timeout=TIMEOUT, allow_redirects=False)
+            except requests.RequestException as e:  # refused, timed out, or a body cut short
+                self._last_error = type(e).__name__ + ": " + str(e).split("(Caused by")[0].strip()[:200]
+                return None
+            if resp.status_code not in REDIRECTS or "Location" not in resp.headers:
+                return resp
+            resp.close()
+            url = urllib.parse.urljoin(url, resp.headers["Location"])
+            if resp.status_code == 303 or (resp.status_code in (301, 302) and method == "POST"):
+                method, body = "GET", None
+        raise RegistryError(f"{method} {url}: more than {MAX_REDIRECTS} redirects from {self.registry}")
 
     def _auth_header(self, scopes) -> str | None:
         token = self._tokens.get(" ".join(scopes))
@@ -201,21 +262,27 @@ class Transport:
             print(f"warning: {self.registry}'s token service {params['realm']} is not https: asking it "
                   f"anonymously, credentials withheld", file=sys.stderr)
         for attempt in range(ATTEMPTS):
-            try:
-                resp = self.session.get(params["realm"], params=query, auth=auth, timeout=TIMEOUT)
+            try:  # no redirects: a token service that moves elsewhere would take the credentials along
+                resp = self.session.get(params["realm"], params=query, auth=auth, timeout=TIMEOUT, stream=True,
+                                        allow_redirects=False)
             except requests.RequestException as e:
                 resp, err = None, e
             if resp is not None and resp.status_code not in RETRY_STATUSES:
                 break
+            if resp is not None:
+                resp.close()
             time.sleep(min(0.25 * 2 ** attempt, 4.0))
         if resp is None:
             raise RegistryError(f"token service {params['realm']} unreachable: {err}")
         if resp.status_code in (401, 403):
+            resp.close()
             raise AuthError(f"token service for {self.registry} refused "
                             f"{'our credentials' if auth else 'anonymous access'} for {' '.join(wanted)}: "
                             f"check `docker login {self.registry}` or BAKERY_REGISTRY_USER/PASSWORD")
         if resp.status_code != 200:
+            resp.close()
             raise RegistryError(f"token service {params['realm']} answered HTTP {resp.status_code}")
+        read_bounded(resp, DOCUMENT_LIMIT, f"token service {params['realm']}", RegistryError)
         try:
             data = resp.json()
             token = data.get("token") or data.get("access_token")
@@ -227,10 +294,13 @@ class Transport:
 
     @staticmethod
     def _describe(method: str, url: str, resp) -> str:
+        """What the registry said went wrong: its error codes, else the start of its body (read up
+        to 64 KiB; a longer error body is refused)."""
+        read_bounded(resp, ERROR_BODY_LIMIT, f"{method} {url}: HTTP {resp.status_code} error body", RegistryError)
         detail = ""
         try:
             errors = resp.json().get("errors") or []
             detail = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors)
-        except ValueError:
+        except (ValueError, AttributeError, TypeError):
             detail = (resp.text or "")[:200].strip()
         return f"{method} {url}: HTTP {resp.status_code}" + (f" ({detail})" if detail else "")

@@ -9,6 +9,9 @@ faults is a list of (method, path-substring, action) consumed in order of matchi
   "header:NAME=VALUE" forward, with that response header replaced
 overrides maps a request path to (status, headers, body) served instead of the registry's answer:
 hostile documents whose digests the test computes, so that parsing, not only hashing, is tested.
+A body that is a callable yields chunks of an endless answer (`sent` counts what got out).
+location_host sends upload Locations to another server (another origin) instead of this proxy;
+`authorization` records each request's Authorization header.
 """
 
 from __future__ import annotations
@@ -21,9 +24,13 @@ import requests
 
 
 class FaultyProxy:
-    def __init__(self, upstream: str, faults: list[tuple[str, str, str]], overrides: dict | None = None):
+    def __init__(self, upstream: str, faults: list[tuple[str, str, str]], overrides: dict | None = None,
+                 location_host: str | None = None):
         self.upstream, self.faults, self.seen = upstream, list(faults), []
         self.overrides = dict(overrides or {})
+        self.location_host = location_host  # where upload Locations point (default: this proxy)
+        self.authorization = []  # (method, path, the Authorization header or None), per request
+        self.sent = 0  # bytes of override bodies written before the client stopped reading
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -36,11 +43,23 @@ class FaultyProxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 proxy.seen.append((self.command, self.path))
+                proxy.authorization.append((self.command, self.path, self.headers.get("Authorization")))
                 if self.path in proxy.overrides:
                     status, headers, data = proxy.overrides[self.path]
                     self.send_response(status)
                     for k, v in headers.items():
                         self.send_header(k, v)
+                    if callable(data):  # an endless body, of no announced length: chunked
+                        self.send_header("Transfer-Encoding", "chunked")
+                        self.end_headers()
+                        try:
+                            for chunk in data():
+                                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                                proxy.sent += len(chunk)
+                            self.wfile.write(b"0\r\n\r\n")
+                        except OSError:  # the client hung up: what it took is in proxy.sent
+                            self.close_connection = True
+                        return
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
                     if self.command != "HEAD":
@@ -69,7 +88,9 @@ class FaultyProxy:
                     if k.lower() in ("content-length", "transfer-encoding", "connection", "content-encoding"):
                         continue
                     if k.lower() == "location":
-                        v = v.replace(proxy.upstream, f"127.0.0.1:{proxy.port}")
+                        v = v.replace(proxy.upstream, proxy.location_host or f"127.0.0.1:{proxy.port}")
+                        if v.startswith("/") and proxy.location_host:
+                            v = f"http://{proxy.location_host}{v}"
                     self.send_header(k, replaced.pop(k, v))
                 for k, v in replaced.items():
                     self.send_header(k, v)

@@ -11,7 +11,7 @@ import pytest
 
 from bakery import stack
 from bakery.errors import AuthError, IntegrityError, RegistryError
-from bakery.refs import Descriptor, Reference
+from bakery.refs import Descriptor, Digest, Reference
 from bakery.registry import OCI_MANIFEST, Registry
 from bakery.transport import Credentials, Transport
 
@@ -178,15 +178,6 @@ def test_unreachable_registry_is_one_clear_error():
 
 # -- authentication, against registries configured for it -------------------------------------
 
-@pytest.fixture(scope="module")
-def basic_registry():
-    htpasswd = stack.state_dir() / "htpasswd"
-    htpasswd.write_text(subprocess.run(["htpasswd", "-Bbn", "alice", "s3cret"], capture_output=True,
-                                       text=True, check=True).stdout)
-    auth = {"htpasswd": {"realm": "bakery-test", "path": str(htpasswd)}}
-    return stack.ensure_registry(BASIC_PORT, auth=auth, name="registry-basic")
-
-
 def test_basic_auth_refuses_anonymous_with_next_step(basic_registry, monkeypatch):
     monkeypatch.delenv("BAKERY_REGISTRY_USER", raising=False)
     monkeypatch.setenv("DOCKER_CONFIG", "/nonexistent")
@@ -238,3 +229,85 @@ def test_bearer_token_anonymous_cannot_push(token_registry, monkeypatch):
     monkeypatch.setenv("DOCKER_CONFIG", "/nonexistent")
     with pytest.raises(AuthError):
         upload(Registry(host), "test/token-anon", b"should not land %d" % time.time_ns())
+
+
+# -- what a hostile registry can and cannot make us do ----------------------------------------------
+
+def alice(host: str) -> Transport:
+    return Transport(host, Credentials("alice", "s3cret"))
+
+
+def test_an_upload_location_on_another_origin_gets_no_credentials(basic_registry):
+    """The registry (proxy A) answers POST with a Location on another origin (B, which forwards to
+    the same registry): B must see no Authorization header, and its 401 must not be answered."""
+    data = b"to another origin %d" % time.time_ns()
+    with FaultyProxy(basic_registry, []) as elsewhere, \
+            FaultyProxy(basic_registry, [], location_host=elsewhere.host) as proxy:
+        reg = Registry(proxy.host, alice(proxy.host))
+        with pytest.raises(AuthError, match="credentials go only to the registry's own origin"):
+            upload(reg, "test/elsewhere", data)
+    assert elsewhere.authorization and all(auth is None for _, _, auth in elsewhere.authorization)
+    assert any(auth for m, _, auth in proxy.authorization if m == "POST")  # the registry's own origin got them
+
+
+def test_the_same_upload_on_the_registrys_own_origin_goes_through(basic_registry):
+    """The control: without the detour, the same credentials push the same way."""
+    data = b"own origin %d" % time.time_ns()
+    with FaultyProxy(basic_registry, []) as proxy:
+        desc = upload(Registry(proxy.host, alice(proxy.host)), "test/elsewhere", data)
+    assert Registry(basic_registry, alice(basic_registry)).fetch_blob("test/elsewhere", desc) == data
+    assert all(auth for m, _, auth in proxy.authorization if m in ("PUT", "PATCH"))
+
+
+def test_a_redirect_to_another_origin_is_followed_without_credentials(basic_registry):
+    """Registries send blob reads to storage elsewhere (S3, a CDN): followed, credentials withheld."""
+    desc = upload(Registry(basic_registry, alice(basic_registry)), "test/redirect", b"stored elsewhere")
+    with FaultyProxy("127.0.0.1:9", [], {"/bucket/blob": (200, {}, b"stored elsewhere")}) as storage:
+        redirect = {f"/v2/test/redirect/blobs/{desc.digest}":
+                    (307, {"Location": f"http://{storage.host}/bucket/blob"}, b"")}
+        with FaultyProxy(basic_registry, [], redirect) as proxy:
+            reg = Registry(proxy.host, alice(proxy.host))
+            assert not reg.blob_exists("test/redirect", Digest.of(b"absent"))  # logs in: basic auth from now on
+            assert reg.fetch_blob("test/redirect", desc) == b"stored elsewhere"
+    assert proxy.authorization[-1][0] == "GET" and proxy.authorization[-1][2].startswith("Basic ")
+    assert storage.authorization == [("GET", "/bucket/blob", None)]
+
+
+def endless(chunk: bytes = b"{" * 65536):
+    def body():
+        while True:
+            yield chunk
+    return body
+
+
+def test_a_manifest_over_4_mib_is_refused_without_reading_on(registry):
+    """An endless manifest of no announced length: we stop at 4 MiB, the server could send forever."""
+    digest = "sha256:" + "7" * 64
+    with FaultyProxy(registry, [], {f"/v2/test/huge/manifests/{digest}": (200, {"Content-Type": OCI_MANIFEST},
+                                                                          endless())}) as proxy:
+        with pytest.raises(IntegrityError, match="over the 4194304-byte limit"):
+            Registry(proxy.host).get_manifest(Reference.parse(f"{proxy.host}/test/huge@{digest}"))
+        time.sleep(0.5)
+    assert 4 << 20 < proxy.sent < 32 << 20  # what socket buffers hold beyond the limit, not gigabytes
+
+
+def test_a_manifest_announced_over_4_mib_is_refused_before_its_body(registry):
+    body = b" " * (5 << 20)
+    with FaultyProxy(registry, [], {"/v2/test/huge/manifests/big": (200, {"Content-Type": OCI_MANIFEST}, body)}) \
+            as proxy:
+        with pytest.raises(IntegrityError, match="announces 5242880 bytes, over the 4194304-byte limit"):
+            Registry(proxy.host).get_manifest(Reference.parse(f"{proxy.host}/test/huge:big"))
+
+
+def test_an_error_body_over_64_kib_is_refused(registry):
+    with FaultyProxy(registry, [], {"/v2/test/huge/manifests/err": (403, {}, endless(b"x" * 4096))}) as proxy:
+        with pytest.raises(RegistryError, match="error body: the response is over the 65536-byte limit"):
+            Registry(proxy.host).get_manifest(Reference.parse(f"{proxy.host}/test/huge:err"))
+
+
+def test_a_document_claiming_over_4_mib_is_not_fetched(registry):
+    desc = Descriptor("application/vnd.oci.image.config.v1+json", Digest.parse("sha256:" + "8" * 64), 5 << 20)
+    with FaultyProxy(registry, []) as proxy:
+        with pytest.raises(IntegrityError, match="claims 5242880 bytes, over the 4194304-byte limit"):
+            Registry(proxy.host).fetch_document("test/huge", desc, "config")
+    assert proxy.seen == []
