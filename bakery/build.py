@@ -111,6 +111,7 @@ def open_base(project: Path, override: str | None, log=print) -> OpenBase:
     image = base_mod.resolve(registry, spec.source, spec.platform)
     fs = BaseFilesystem(registry, image, LayerCache(), keep=needed_files(project))
     fs.prefetch()
+    fs.check_layers()
     return OpenBase(spec, registry, image, fs)
 
 

@@ -80,7 +80,7 @@ class LayerCache:
         if desc.digest not in self._indexes:
             index = self._load_checked(self.root / "layers" / f"{desc.digest.hex}.json", {"layer": str(desc.digest)},
                                        f"layer index {desc.digest.hex[:12]}")
-            if index is None:
+            if index is None or "diff_id" not in index:  # absent, dropped, or made before diff_ids were kept
                 return None
             self._indexes[desc.digest] = index
         return self._indexes[desc.digest]
@@ -162,9 +162,11 @@ class LayerCache:
 
 
 def _view_shaped(view) -> bool:
-    """{"paths": {path: None | [layer, kind, mode, size, link, sha256]}, "globs": {pattern: [path]}}"""
-    return isinstance(view, dict) and set(view) == {"paths", "globs"} and \
+    """{"paths": {path: None | [layer, kind, mode, size, link, sha256]}, "globs": {pattern: [path]},
+    "diff_ids": [the config's diff_ids, once every layer was checked against them] (optional)}"""
+    return isinstance(view, dict) and {"paths", "globs"} <= set(view) <= {"paths", "globs", "diff_ids"} and \
         isinstance(view["paths"], dict) and isinstance(view["globs"], dict) and \
+        all(isinstance(d, str) for d in view.get("diff_ids", [])) and \
         all(e is None or (isinstance(e, list) and len(e) == 6) for e in view["paths"].values()) and \
         all(isinstance(g, list) and all(isinstance(p, str) for p in g) for g in view["globs"].values())
 
@@ -187,6 +189,33 @@ class _IterReader(io.RawIOBase):
         n = min(len(out), len(self.buf))
         out[:n], self.buf = self.buf[:n], self.buf[n:]
         return n
+
+
+class _Hashing(io.RawIOBase):
+    """Reads through to `stream`, hashing what passes: a layer's diff_id is the sha256 of its
+    decompressed tar stream, end padding included."""
+
+    def __init__(self, stream):
+        self.stream, self.hasher = stream, hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.stream.read(n)
+        self.hasher.update(data)
+        return data
+
+    def readinto(self, out) -> int:
+        data = self.read(len(out))
+        out[:len(data)] = data
+        return len(data)
+
+    def diff_id(self) -> str:
+        """Read what the tar reader left (end blocks, padding) and name the whole stream."""
+        while self.read(1 << 20):
+            pass
+        return f"sha256:{self.hasher.hexdigest()}"
 
 
 def decompressed(media_type: str, raw) -> io.IOBase:
@@ -222,7 +251,7 @@ def _scan(registry, repo, desc, wanted, cache, keep, fast: bool) -> tuple[dict, 
     raw = _IterReader(chunks)
     keep = re.compile("|".join(f"(?:{fnmatch.translate(k)})" for k in keep)) if keep else None
     try:
-        stream = decompressed(desc.media_type, io.BufferedReader(raw, 1 << 20))
+        stream = _Hashing(decompressed(desc.media_type, io.BufferedReader(raw, 1 << 20)))
         if fast:
             reader = TarReader(stream)
             for member in reader:
@@ -232,6 +261,7 @@ def _scan(registry, repo, desc, wanted, cache, keep, fast: bool) -> tuple[dict, 
                 for member in tar:
                     _take(member, lambda m: tar.extractfile(m).read(), entries, whiteouts, opaque, found, wanted,
                           keep, cache)
+        diff_id = stream.diff_id()
         for _ in chunks:  # drain: the digest check runs when the iterator ends
             pass
     except Unsupported:
@@ -243,7 +273,8 @@ def _scan(registry, repo, desc, wanted, cache, keep, fast: bool) -> tuple[dict, 
             pass
         raise IntegrityError(f"layer {desc.digest} of {repo} is not a readable {desc.media_type} "
                              f"({type(e).__name__}: {e}); the image is corrupt or hostile") from None
-    index = {"entries": entries, "whiteouts": sorted(whiteouts), "opaque": sorted(opaque), "files": {}}
+    index = {"entries": entries, "whiteouts": sorted(whiteouts), "opaque": sorted(opaque), "files": {},
+             "diff_id": diff_id}
     return index, found
 
 
@@ -297,6 +328,24 @@ class BaseFilesystem:
         self.keep = keep  # patterns worth keeping on a layer's first pass
         self._view: dict | None = None
         self._sorted: dict = {}
+        self._diff_ids = {}  # layer digest -> the diff_id the config lists for it
+        for desc, diff_id in zip(image.layers, self.diff_ids):
+            if self._diff_ids.setdefault(desc.digest, diff_id) != diff_id:
+                raise IntegrityError(f"base {image.ref}: layer {desc.digest} appears twice with different diff_ids "
+                                     f"in its config; the image is corrupt or hostile")
+
+    @property
+    def diff_ids(self) -> list[str]:
+        return [str(d) for d in (self.image.config.get("rootfs") or {}).get("diff_ids") or []]
+
+    def _checked(self, desc: Descriptor, index: dict) -> dict:
+        """An index whose decompressed layer is the one the config names (its diff_id)."""
+        if index["diff_id"] != self._diff_ids[desc.digest]:
+            n = self.image.layers.index(desc)
+            raise IntegrityError(f"base {self.image.ref}: layer {n + 1} of {len(self.image.layers)} ({desc.digest}) "
+                                 f"decompresses to {index['diff_id']}, but the image config lists diff_id "
+                                 f"{self._diff_ids[desc.digest]}; the base is corrupt or hostile: refused")
+        return index
 
     def _index(self, desc: Descriptor, wanted: set[str]) -> dict:
         index = self.cache.index(desc)
@@ -304,14 +353,24 @@ class BaseFilesystem:
                    (p in index["entries"] and index["entries"][p][0] == "file" and
                     not self.cache.has_content(index["files"].get(p, "-")))}
         if index is not None and not missing:
-            return index
+            return self._checked(desc, index)
         fresh, found = scan_layer(self.registry, self.image.ref.repository, desc, missing or set(), self.cache,
                                   self.keep if index is None else ())
         if index is not None:
             fresh["files"] = {k: v for k, v in index["files"].items() if self.cache.has_content(v)}
         fresh["files"].update(found)
         self.cache.save_index(desc, fresh)
-        return fresh
+        return self._checked(desc, fresh)
+
+    def check_layers(self) -> None:
+        """Every layer decompresses to the diff_id its config lists. Once per image: the view keeps
+        the diff_ids it checked (the image's digest fixes its config, so they cannot change)."""
+        if self.view.get("diff_ids") == self.diff_ids:
+            return
+        for desc in self.image.layers:
+            self._index(desc, set())
+        self.view["diff_ids"] = self.diff_ids
+        self.cache.save_view(self.image.manifest_digest, self.view)
 
     def prefetch(self) -> None:
         """Index every layer that has no cached index yet, in parallel processes (largest first):
@@ -327,7 +386,7 @@ class BaseFilesystem:
                 as pool:
             for desc, (downloads, index) in zip(todo, pool.map(_index_into_cache, jobs)):
                 self.cache.downloads += downloads
-                self.cache.remember(desc, index)
+                self.cache.remember(desc, self._checked(desc, index))
 
     def _sorted_paths(self, desc: Descriptor, index: dict) -> list[str]:
         """The index's paths in order (once per index and process): a glob bisects to its prefix."""
