@@ -58,14 +58,20 @@ def reports_errors(fn):
             "layout": "also write an OCI image layout directory (air-gapped hand-off)",
             "out": "directory for blobs and build-record.json (default: out/)",
             "lock": "overlays lock to verify against (default: overlays/overlays.lock)",
-            "toolchain": "image to compile hip/ in (default: BAKERY_TOOLCHAIN, else the base itself)"})
+            "toolchain": "image to compile hip/ in (default: BAKERY_TOOLCHAIN, else the base itself)",
+            "key": "a release public key PEM: a kernel artifact in the push target is baked only if release "
+                   "keys (this and the policy's) signed it",
+            "policy": "policy naming the release keys (default: provenance/policy.yaml)",
+            "recompile": "compile hip/ here, never taking the push target's kernel artifact"})
 @reports_errors
-def build(c, base=None, push=None, layout=None, out=None, lock=None, toolchain=None):
+def build(c, base=None, push=None, layout=None, out=None, lock=None, toolchain=None, key=None, policy=None,
+          recompile=False):
     """Build the derived image; print its REPO@sha256:DIGEST as the last line."""
     from bakery.build import Options, build as run
 
     ref, rec = run(Options(PROJECT, base, push, Path(layout) if layout else None,
-                           Path(out) if out else None, Path(lock) if lock else None, toolchain), log=_log)
+                           Path(out) if out else None, Path(lock) if lock else None, toolchain,
+                           (Path(key),) if key else (), Path(policy) if policy else None, recompile), log=_log)
     _log(f"build record: {(Path(out) if out else PROJECT / 'out') / 'build-record.json'}")
     print(ref)
 
@@ -257,9 +263,37 @@ def attest(c, image, record=None, key=None, layout=None):
     ref = Reference.parse_pinned(image, "image")
     rec = record_mod.read(Path(record) if record else PROJECT / "out" / "build-record.json")
     signer = sign.Signer(keys.load_private(Path(key) if key else None))
-    written = attest_mod.attest(store.open_store(ref, Path(layout) if layout else None), ref, rec, signer)
+    written = attest_mod.attest(store.open_store(ref, Path(layout) if layout else None), ref, rec, signer,
+                                sign_kernels=not layout)
     _log(f"signature   {store.signature_tag(ref.digest, 'sig')} -> {written['signature']}")
     _log(f"attestations {store.signature_tag(ref.digest, 'att')} -> {written['attestations']}")
+    if written.get("kernels"):
+        _log(f"kernel artifact {written['kernels']['artifact']} signed -> {written['kernels']['signature']}")
+    print(ref)
+
+
+@task(help={"image": "the image REGISTRY/REPO@sha256:DIGEST the statement is about",
+            "envelope": "a signed DSSE envelope (e.g. from `invoke smoke --attest --envelope FILE`)",
+            "key": "the public key of the role that signs this statement's type (e.g. smoke.pub)"})
+@reports_errors
+def attach(c, image, envelope, key):
+    """Attach a signed attestation (made on another machine) to IMAGE@DIGEST, after checking its signature."""
+    from bakery import attest as attest_mod, keys, provenance, sign, store
+    from bakery.errors import InputError
+    from bakery.refs import Reference
+
+    ref = Reference.parse_pinned(image, "image")
+    try:
+        data = Path(envelope).read_bytes()
+    except OSError as e:
+        raise InputError(f"cannot read --envelope {envelope}: {e.strerror}") from None
+    kind, _ = attest_mod.statement_of(data, ref, f"envelope {envelope}")
+    role = provenance.SIGNED_BY.get(kind)
+    if role is None:
+        raise InputError(f"envelope {envelope} holds a statement of type {kind}, which no role signs")
+    sign.open_envelope(data, keys.load_public(Path(key)), f"envelope {envelope} ({kind}, a {role} statement)")
+    digest = attest_mod.attach_envelopes(store.RegistryStore(ref), ref, {kind: data})
+    _log(f"{kind} attached: {store.signature_tag(ref.digest, 'att')} -> {digest}")
     print(ref)
 
 
@@ -303,9 +337,11 @@ def verify(c, image, key=None, smoke_key=None, policy=None, layout=None, require
             "report": "where to write the JSON report (default: out/smoke-report.json)",
             "record": "record the regression outputs (first run on MI300X) instead of comparing",
             "attest": "sign the report onto the digest with the smoke key (--key or BAKERY_SMOKE_SIGNING_KEY)",
-            "key": "encrypted smoke private key file for --attest (smoke.key)"})
+            "key": "encrypted smoke private key file for --attest (smoke.key)",
+            "envelope": "with --attest: write the signed envelope to this file instead of pushing it (a job "
+                        "without push rights hands it to `invoke attach`)"})
 @reports_errors
-def smoke(c, image, model_dir, port=8000, report=None, record=False, attest=False, key=None):
+def smoke(c, image, model_dir, port=8000, report=None, record=False, attest=False, key=None, envelope=None):
     """MI300X smoke gate: production launch, ordered health lines, API checks, VRAM; JSON report."""
     import json as json_mod
 
@@ -327,8 +363,14 @@ def smoke(c, image, model_dir, port=8000, report=None, record=False, attest=Fals
     _log(f"report: {out}")
     if attest:
         signer = sign.Signer(keys.load_private(Path(key) if key else None, keys.SMOKE_KEY_ENV))
-        smoke_mod.attach_report(store.RegistryStore(ref), ref, result, spec_path.read_bytes(), signer)
-        _log(f"smoke attestation ({result['result']}) attached to {ref}")
+        if envelope:
+            from bakery.layer import write_blob
+
+            write_blob(Path(envelope), sign.envelope(signer, smoke_mod.statement(ref, result, spec_path.read_bytes())))
+            _log(f"smoke attestation ({result['result']}) signed into {envelope}: attach it with `invoke attach`")
+        else:
+            smoke_mod.attach_report(store.RegistryStore(ref), ref, result, spec_path.read_bytes(), signer)
+            _log(f"smoke attestation ({result['result']}) attached to {ref}")
     print(f"{result['result']} {ref} ({result['regression_compared']} regression outputs compared)")
     if result["result"] == "RECORDED":
         _log("recorded the regression outputs in the report: copy them into provenance/smoke.yaml as expected:, "
@@ -360,14 +402,25 @@ def promote(c, image, tag, key=None, smoke_key=None, policy=None):
     print(f"{ref.name}:{tag} -> {ref.digest}")
 
 
+def _kernel_trust(key, policy, registry):
+    """None, or what a kernel artifact must carry (release-key signature) to be used instead of compiling."""
+    from bakery.build import Options
+
+    return Options(PROJECT, keys=(Path(key),) if key else (), policy=Path(policy) if policy else None) \
+        .kernel_trust(registry)
+
+
 @task(help={"base": "base image REF@sha256:DIGEST (default: image/base.yaml)",
             "path": "where Docker keeps images (default: /var/lib/docker, else /)",
-            "unless_cached_in": "REGISTRY/REPO: if it holds this recipe's kernel artifact, nothing will be pulled"})
+            "unless_cached_in": "REGISTRY/REPO: if it holds this recipe's kernel artifact, signed by a release key, "
+                                "nothing will be pulled",
+            "key": "a release public key PEM (beside the policy's) to check that artifact's signature with",
+            "policy": "policy naming the release keys (default: provenance/policy.yaml)"})
 @reports_errors
-def disk(c, base=None, path=None, unless_cached_in=None):
+def disk(c, base=None, path=None, unless_cached_in=None, key=None, policy=None):
     """Check, before pulling, that the disk holds the base for compiling; print needed and free GiB."""
     from bakery import base as base_mod, hip
-    from bakery.errors import NotFound
+    from bakery.errors import IntegrityError, NotFound
     from bakery.refs import Reference
     from bakery.registry import Registry
     from bakery.stack import docker_client
@@ -375,14 +428,23 @@ def disk(c, base=None, path=None, unless_cached_in=None):
     spec = base_mod.load_spec(PROJECT / "image" / "base.yaml", base)
     if unless_cached_in:
         where = Reference.parse(unless_cached_in)
+        registry = Registry(where.registry)
+        trust = _kernel_trust(key, policy, registry)
         tools = os.environ.get("BAKERY_TOOLCHAIN") or str(spec.source)
-        key = hip.load(PROJECT / "hip").key(hip.toolchain_identity(docker_client, tools))
+        tag = hip.artifact_tag(hip.load(PROJECT / "hip").key(hip.toolchain_identity(docker_client, tools)))
         try:
-            Registry(where.registry).get_manifest(Reference(where.registry, where.repository, hip.artifact_tag(key)))
-            print(f"ok: {where.name}:{hip.artifact_tag(key)[:20]}... holds the kernels; the base will not be pulled")
+            _, _, digest = registry.get_manifest(Reference(where.registry, where.repository, tag))
+            if trust is None:
+                raise IntegrityError("no release key in the policy to check its signature with")
+            trust(Reference(where.registry, where.repository, tag, digest))
+            print(f"ok: {where.name}:{tag[:20]}... holds the kernels, signed by a release key; the base will not "
+                  f"be pulled")
             return
         except NotFound:
             _log(f"{where.name} has no kernel artifact for this recipe and toolchain: the build will compile")
+        except IntegrityError as e:
+            _log(f"{where.name} has a kernel artifact for this recipe that will not be used ({e}): the build will "
+                 f"compile (with --recompile) or refuse it")
     image = base_mod.resolve(Registry(spec.source.registry), spec.source, spec.platform)
     where = Path(path) if path else next(p for p in (Path("/var/lib/docker"), Path("/")) if p.exists())
     needed, free = base_mod.disk_check(image, where)
@@ -400,9 +462,12 @@ def toolchain(c):
 
 @task(help={"toolchain": "image to compile in (default: BAKERY_TOOLCHAIN, else the pinned base)",
             "verify": "compile again here, ignoring every cache, and prove the cached outputs byte-identical",
-            "registry": "REGISTRY/REPO holding the kernel artifact (kernels-<key>): fetch it, or push it there"})
+            "registry": "REGISTRY/REPO holding the kernel artifact (kernels-<key>): fetch it (if a release key "
+                        "signed it), or push it there",
+            "key": "a release public key PEM (beside the policy's) to check the artifact's signature with",
+            "policy": "policy naming the release keys (default: provenance/policy.yaml)"})
 @reports_errors
-def compile(c, toolchain=None, verify=False, registry=None):
+def compile(c, toolchain=None, verify=False, registry=None, key=None, policy=None):
     """Compile hip/ for gfx942 in the toolchain image, check the device code, print each output's sha256."""
     import hashlib
 
@@ -416,11 +481,12 @@ def compile(c, toolchain=None, verify=False, registry=None):
     recipe = hip.load(PROJECT / "hip")
     where = Reference.parse(registry) if registry else None
     remote = (Registry(where.registry), where.repository) if where else None
+    trust = _kernel_trust(key, policy, remote[0]) if remote else None
     if verify:
-        for name, sha in hip.verify_outputs(recipe, tools, _cache_dir() / "hip", _log, remote):
+        for name, sha in hip.verify_outputs(recipe, tools, _cache_dir() / "hip", _log, remote, trust):
             print(f"{sha}  {name}  byte-identical when compiled again")
         return
-    compiled = hip.compile_recipe(recipe, tools, _cache_dir() / "hip", log=_log, remote=remote)
+    compiled = hip.compile_recipe(recipe, tools, _cache_dir() / "hip", log=_log, remote=remote, trust=trust)
     _log(f"kernels {compiled.origin}" + (f"; artifact {compiled.artifact}" if compiled.artifact else ""))
     for a in compiled.artifacts:
         _log(f"  {a.name}: {a.arch}, kernels {', '.join(a.code_objects[0]['kernels'])}; {a.toolchain}")

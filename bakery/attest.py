@@ -11,7 +11,7 @@ import base64
 import json
 
 from . import provenance, sbom, sign
-from .errors import InputError
+from .errors import InputError, malformed
 from .image import canonical_json
 from .refs import Descriptor, Digest, Reference
 from .registry import OCI_MANIFEST
@@ -50,24 +50,44 @@ def sign_image(store, subject: Reference, signer: sign.Signer) -> Digest:
 
 
 def attach(store, subject: Reference, statements: dict[str, bytes], signer: sign.Signer) -> Digest:
-    """Put DSSE envelopes for `statements` ({predicateType: statement}) into the .att manifest,
-    keeping attestations of other predicate types already there."""
+    """Sign `statements` ({predicateType: statement}) and put them into the .att manifest."""
+    return attach_envelopes(store, subject, {kind: sign.envelope(signer, statement)
+                                             for kind, statement in statements.items()})
+
+
+def attach_envelopes(store, subject: Reference, envelopes: dict[str, bytes]) -> Digest:
+    """Put signed DSSE envelopes ({predicateType: envelope}) into the .att manifest, replacing one of
+    the same type and keeping the others (one statement per type: verify refuses two)."""
     tag = signature_tag(subject.digest, "att")
     existing = store.manifest(tag)
     layers = {}
     if existing:
-        for layer in json.loads(existing)["layers"]:
-            desc = Descriptor.from_json(layer)
-            layers[desc.annotations.get("predicateType")] = desc
-    for predicate_type, statement in statements.items():
-        desc = store.put_blob(sign.envelope(signer, statement), DSSE)
+        with malformed(f"attestation manifest {tag}"):
+            for layer in json.loads(existing)["layers"]:
+                desc = Descriptor.from_json(layer)
+                layers[desc.annotations.get("predicateType")] = desc
+    for predicate_type, envelope in envelopes.items():
+        desc = store.put_blob(envelope, DSSE)
         layers[predicate_type] = Descriptor(DSSE, desc.digest, desc.size,
                                             {SIGNATURE_ANNOTATION: "", "predicateType": predicate_type})
-    return store.put_manifest(tag, _manifest(store, [layers[k] for k in sorted(layers)], subject, DSSE))
+    return store.put_manifest(tag, _manifest(store, [layers[k] for k in sorted(layers, key=str)], subject, DSSE))
 
 
-def attest(store, subject: Reference, record: dict, signer: sign.Signer) -> dict:
-    """Sign the digest, attach SBOM and provenance; return what was written."""
+def statement_of(envelope: bytes, subject: Reference, what: str) -> tuple[str, dict]:
+    """(predicateType, statement) of a signed envelope about `subject`'s digest (signature unchecked)."""
+    _, payload, _ = sign.read_envelope(envelope, what)
+    with malformed(what, InputError):
+        statement = json.loads(payload)
+        kind = statement["predicateType"]
+        subjects = [s["digest"]["sha256"] for s in statement["subject"]]
+    if subject.digest.hex not in subjects:
+        raise InputError(f"{what} is about sha256:{', '.join(map(str, subjects))}, not {subject.digest}")
+    return kind, statement
+
+
+def attest(store, subject: Reference, record: dict, signer: sign.Signer, sign_kernels: bool = True) -> dict:
+    """Sign the digest, attach SBOM and provenance, and sign the kernel artifact the record names
+    (so that a later build may bake it instead of compiling); return what was written."""
     if subject.digest is None:
         raise InputError(f"attest needs IMAGE@sha256:DIGEST, got {subject}")
     if record["manifest"]["digest"] != str(subject.digest):
@@ -81,4 +101,22 @@ def attest(store, subject: Reference, record: dict, signer: sign.Signer) -> dict
         provenance.SLSA_PREDICATE: provenance.statement(subject, provenance.SLSA_PREDICATE,
                                                         provenance.predicate(record)),
     }
-    return {"signature": sign_image(store, subject, signer), "attestations": attach(store, subject, statements, signer)}
+    written = {"signature": sign_image(store, subject, signer),
+               "attestations": attach(store, subject, statements, signer)}
+    artifact = (record.get("kernels") or {}).get("artifact")
+    if artifact and sign_kernels:
+        written["kernels"] = sign_artifact(Reference.parse(artifact), signer)
+    return written
+
+
+def sign_artifact(artifact: Reference, signer: sign.Signer) -> dict:
+    """A cosign signature on the kernel artifact's manifest digest, in its own repository."""
+    from .store import RegistryStore
+
+    if artifact.digest is None:
+        raise InputError(f"the build record names kernel artifact {artifact} without a digest: build again")
+    store = RegistryStore(artifact)
+    if store.manifest(str(artifact.digest)) is None:
+        raise InputError(f"kernel artifact {artifact} is not in its registry: build again with --push")
+    subject = Reference(artifact.registry, artifact.repository, None, artifact.digest)
+    return {"artifact": str(artifact), "signature": sign_image(store, subject, signer)}

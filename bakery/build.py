@@ -39,6 +39,9 @@ class Options:
     out: Path | None = None  # where blobs and the record go; default PROJECT/out
     lock: Path | None = None  # overlays lock; default PROJECT/overlays/overlays.lock
     toolchain: str | None = None  # image to compile hip/ in; default BAKERY_TOOLCHAIN, else the base
+    keys: tuple[Path, ...] = ()  # release public keys, beside the policy's: who may vouch for kernels
+    policy: Path | None = None  # default PROJECT/provenance/policy.yaml
+    recompile: bool = False  # compile hip/ here even where the registry holds a signed artifact
 
     def toolchain_for(self, base: base_mod.BaseSpec) -> str:
         return self.toolchain or os.environ.get("BAKERY_TOOLCHAIN") or str(base.source)
@@ -50,6 +53,18 @@ class Options:
     @property
     def lock_path(self) -> Path:
         return self.lock or self.project / "overlays" / "overlays.lock"
+
+    def kernel_trust(self, registry: Registry):
+        """What a kernel artifact must carry to be baked: a cosign signature by the policy's release
+        keys (threshold, allowed repositories). None where the policy names no release key."""
+        from . import provenance, verify
+        from .store import RegistryStore
+
+        policy = provenance.load_policy(self.policy or self.project / "provenance" / "policy.yaml", self.project,
+                                        {"release": list(self.keys)})
+        if not policy.roles["release"].keys:
+            return None
+        return lambda ref: verify.require_signed(RegistryStore(ref, registry), ref, policy, "kernel artifact")
 
 
 def _git(project: Path, *args: str) -> str:
@@ -274,14 +289,16 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
     target = push_target(opts)
     opened = open_base(project, opts.base, log)
     registries = {opened.spec.source.registry: opened.registry}
+    remote = (registries.get(target.registry) or registries.setdefault(target.registry, Registry(target.registry)),
+              target.repository) if target else None
+    trust = opts.kernel_trust(remote[0]) if remote else None
     dists = python_distributions(opened.fs)
     overlays, applied, stale, proofs = checked_overlays(project, opts, opened, log)
     overlay_files = tuple(FileEntry(a.overlay.target, a.result) for a in applied)
 
     recipe = hip_mod.load(project / "hip")
-    remote = (registries.get(target.registry) or registries.setdefault(target.registry, Registry(target.registry)),
-              target.repository) if target else None
-    compiled = hip_mod.compile_recipe(recipe, opts.toolchain_for(opened.spec), _cache_dir() / "hip", log, remote)
+    compiled = hip_mod.compile_recipe(recipe, opts.toolchain_for(opened.spec), _cache_dir() / "hip", log, remote,
+                                      trust, opts.recompile)
     kernel_files = hip_mod.files(recipe, compiled.artifacts)
     tables = tuning_mod.load(project / "tuning")
     table_files = tuning_mod.files(tables)

@@ -277,20 +277,27 @@ class Compiled:
         return {"key": self.key, "origin": self.origin, "artifact": str(self.artifact) if self.artifact else None}
 
 
-def compile_recipe(recipe: Recipe, toolchain: str, cache: Path, log=print, remote=None) -> Compiled:
+def compile_recipe(recipe: Recipe, toolchain: str, cache: Path, log=print, remote=None, trust=None,
+                   recompile: bool = False) -> Compiled:
     """The recipe's outputs for this toolchain: from this machine's cache, else from the artifact in
-    `remote` ((Registry, repository), the build's target), else compiled in a container of
-    `toolchain` (sources read-only). A remote that lacks the artifact gets it pushed."""
+    `remote` ((Registry, repository), the build's target) when `trust(ref)` accepts its signature
+    (release keys; None: no key to check with, so compile), else compiled in a container of
+    `toolchain` (sources read-only, no network). The compiled outputs are pushed to the remote,
+    unsigned: `invoke attest` signs the artifact the build record names."""
     image_id = toolchain_identity(docker_client, toolchain)
     key = recipe.key(image_id)
     out = cache / key[:24]
     cache.mkdir(parents=True, exist_ok=True)
     origin, artifact = "cache", None
-    if not _outputs_ok(out) and remote is not None:
-        artifact = fetch_artifact(remote[0], remote[1], key, out)
+    if not _outputs_ok(out) and remote is not None and not recompile:
+        if trust is None:
+            log("no release key in the policy to check a kernel artifact's signature with: compiling here")
+        else:
+            artifact = fetch_artifact(remote[0], remote[1], key, out, trust)
         if artifact is not None:
             origin = "registry"
-            log(f"kernels for this recipe and toolchain from {artifact}: not compiled here, the base not pulled")
+            log(f"kernels for this recipe and toolchain from {artifact} (signed by a release key): not compiled "
+                f"here, the base not pulled")
     if not _outputs_ok(out):
         origin = "compiled"
         _compile(recipe, toolchain, image_id, out, log)
@@ -334,10 +341,11 @@ def _artifacts(recipe: Recipe, out: Path, image_id: str) -> list[Artifact]:
     return artifacts
 
 
-def verify_outputs(recipe: Recipe, toolchain: str, cache: Path, log=print, remote=None) -> list[tuple[str, str]]:
+def verify_outputs(recipe: Recipe, toolchain: str, cache: Path, log=print, remote=None,
+                   trust=None) -> list[tuple[str, str]]:
     """`invoke compile --verify`: compile again here, ignoring every cache, and prove the cached (or
     registry) outputs byte-identical; returns (file, sha256) pairs, raises IntegrityError if not."""
-    compiled = compile_recipe(recipe, toolchain, cache, log, remote)
+    compiled = compile_recipe(recipe, toolchain, cache, log, remote, trust)
     cached = cache / compiled.key[:24]
     fresh = cache / f".verify-{compiled.key[:24]}"
     shutil.rmtree(fresh, ignore_errors=True)
@@ -395,9 +403,11 @@ def push_artifact(registry, repo: str, key: str, out: Path) -> Reference:
     return Reference(registry.name, repo, None, Digest.of(manifest))
 
 
-def fetch_artifact(registry, repo: str, key: str, dest: Path) -> Reference | None:
-    """The outputs of this exact compile from REPO:kernels-<key>, every blob checked by digest and
-    the config's key and sha256s checked against what arrives; None if the registry has none."""
+def fetch_artifact(registry, repo: str, key: str, dest: Path, trust) -> Reference | None:
+    """The outputs of this exact compile from REPO:kernels-<key>: its manifest digest must carry a
+    release-key signature (`trust(ref)` raises otherwise) before any of its bytes is used; then every
+    blob is checked by digest and the config's key and sha256s against what arrives. None if the
+    registry has no artifact for this key."""
     from .errors import NotFound, malformed
     from .refs import Descriptor
 
@@ -406,9 +416,16 @@ def fetch_artifact(registry, repo: str, key: str, dest: Path) -> Reference | Non
         body, _, digest = registry.get_manifest(ref)
     except NotFound:
         return None
+    try:
+        trust(ref.with_digest(digest))
+    except IntegrityError as e:
+        raise IntegrityError(f"{e}; refused: a kernel artifact is used only when a release key signed it. "
+                             f"Compile here instead with `invoke build --recompile` (the release workflow's sign "
+                             f"job signs the artifact the build record names)") from None
     with malformed(f"kernel artifact {ref}"):
         manifest = json.loads(body)
-        config = json.loads(registry.fetch_blob(repo, Descriptor.from_json(manifest["config"])))
+        config = json.loads(registry.fetch_document(repo, Descriptor.from_json(manifest["config"]),
+                                                    f"config of kernel artifact {ref}"))
         layers = [Descriptor.from_json(l) for l in manifest["layers"]]
         if config["key"] != key:
             raise IntegrityError(f"kernel artifact {ref} is for recipe {config['key']}, not {key}")

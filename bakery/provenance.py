@@ -13,9 +13,15 @@ from .refs import Reference
 
 STATEMENT = "https://in-toto.io/Statement/v1"
 SLSA_PREDICATE = "https://slsa.dev/provenance/v1"
+SPDX_PREDICATE = "https://spdx.dev/Document"
+TEST_RESULT_PREDICATE = "https://in-toto.io/attestation/test-result/v0.1"
 BUILD_TYPE = "https://github.com/dsv4-mi300x/bakery/build/v1"
+# Whose keys may sign a statement of each predicate type. The type is read from the signed
+# statement itself, never from a label beside it; a type not listed here no key may sign.
+SIGNED_BY = {SLSA_PREDICATE: "release", SPDX_PREDICATE: "release", TEST_RESULT_PREDICATE: "smoke"}
+SMOKE_SPEC = "provenance/smoke.yaml"
 POLICY_KEYS = {"roles": dict, "allowed_sources": list, "allowed_builders": list, "allowed_repositories": list,
-               "allow_dirty": bool, "base": str, "require_smoke": bool}
+               "allow_dirty": bool, "base": str, "require_smoke": bool, "smoke_spec": str, "smoke_arch": str}
 
 
 def statement(subject: Reference, predicate_type: str, predicate: dict) -> bytes:
@@ -40,6 +46,11 @@ def predicate(record: dict) -> dict:
     for artifact in record.get("artifacts", []):
         deps += [{"name": s["path"], "digest": {"sha256": s["sha256"]}} for s in artifact["sources"]
                  if not any(d.get("name") == s["path"] for d in deps)]
+    kernels = (record.get("kernels") or {}).get("artifact")
+    if kernels:  # the OCI artifact the baked .so files came from (or were pushed as)
+        ref = Reference.parse(kernels)
+        deps.append({"uri": f"docker://{ref.name}@{ref.digest}", "digest": {"sha256": ref.digest.hex},
+                     "name": "kernel artifact"})
     byproducts = [{"name": a["path"], "digest": {"sha256": a["sha256"]},
                    "annotations": {"arch": a["arch"], "toolchain": a["toolchain"]}} for a in record.get("artifacts", [])]
     byproducts += [{"name": f"layer: {l['comment']}", "digest": {"sha256": l["digest"].split(":")[1]},
@@ -89,6 +100,13 @@ class Policy:
     allow_dirty: bool
     base: str
     require_smoke: bool
+    smoke_spec: str  # sha256 hex of the smoke spec a smoke result must have run (default: the committed one)
+    smoke_arch: str = "gfx942"  # the GPU a smoke result must come from
+
+    def role_for(self, predicate_type: str) -> Role | None:
+        """The role whose keys may sign a statement of this type; None: no key may."""
+        name = SIGNED_BY.get(predicate_type)
+        return self.roles[name] if name else None
 
     def source_allowed(self, source: str) -> bool:
         return any(fnmatch.fnmatchcase(source, p) for p in self.allowed_sources)
@@ -125,9 +143,43 @@ def load_policy(path: Path, project: Path, keys: dict | None = None) -> Policy:
     unknown = set(doc.get("roles") or {}) - set(keys_mod.ROLES)
     if unknown:
         raise InputError(f"{path}: unknown role(s) {', '.join(sorted(unknown))}; roles: {', '.join(keys_mod.ROLES)}")
+    _one_role_per_key(roles, path)
     base = doc.get("base")
     return Policy(roles, tuple(doc["allowed_sources"]), tuple(doc["allowed_builders"]),
                   tuple(doc["allowed_repositories"]), bool(doc.get("allow_dirty", False)),
                   str(Reference.parse_pinned(base, f"{path}: base") if base else
                       load_spec(project / "image" / "base.yaml").image),
-                  bool(doc.get("require_smoke", False)))
+                  bool(doc.get("require_smoke", False)), _smoke_spec(doc.get("smoke_spec"), project, path),
+                  doc.get("smoke_arch", "gfx942"))
+
+
+def _one_role_per_key(roles: dict, path: Path) -> None:
+    """A key vouches for one thing: the same key (by its keyid) in two roles does not load."""
+    from . import keys as keys_mod
+
+    holders: dict[str, set] = {}
+    for role in roles.values():
+        for key in role.keys:
+            holders.setdefault(keys_mod.keyid(key), set()).add(role.name)
+    shared = {k: r for k, r in holders.items() if len(r) > 1}
+    if shared:
+        keyid, names = next(iter(sorted(shared.items())))
+        raise InputError(f"{path}: key {keyid[:16]} is listed in roles {' and '.join(sorted(names))}: one key vouches "
+                         f"for one thing; give each role its own key (`invoke keygen --role ROLE`)")
+
+
+def _smoke_spec(pinned: str | None, project: Path, path: Path) -> str:
+    """The smoke spec a result must have run: the policy's sha256:<hex>, else the committed file's."""
+    import hashlib
+
+    if pinned:
+        from .refs import Digest
+
+        try:
+            return Digest.parse(pinned).hex
+        except InputError as e:
+            raise InputError(f"{path}: smoke_spec: {e}") from None
+    try:
+        return hashlib.sha256((project / SMOKE_SPEC).read_bytes()).hexdigest()
+    except OSError as e:
+        raise InputError(f"{path}: no smoke_spec given and {SMOKE_SPEC} cannot be read ({e.strerror})") from None

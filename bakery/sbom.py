@@ -7,7 +7,8 @@ import re
 
 from .image import rfc3339
 
-SPDX_PREDICATE = "https://spdx.dev/Document"
+from .provenance import SPDX_PREDICATE  # noqa: F401 (re-exported: the SBOM's statement type)
+from .refs import Reference
 
 
 def _id(kind: str, name: str) -> str:
@@ -82,11 +83,20 @@ def document(record: dict, image_name: str) -> bytes:
                 rels.append((overlay_id, "GENERATED_FROM", patch_id))
         else:
             rels.append((image_id, "OTHER", upstream_id))
+    kernels = (record.get("kernels") or {}).get("artifact")
+    if kernels:
+        ref = Reference.parse(kernels)
+        packages.append(_package("SPDXRef-KernelArtifact", ref.name, str(ref.digest), ref.digest.hex, "ARCHIVE",
+                                 _oci_purl(ref.name, str(ref.digest)),
+                                 comment="the OCI artifact of the compiled kernels (kernels-<key>): compiled by this "
+                                         "build and pushed, or taken from the registry under a release-key signature"))
     for artifact in record.get("artifacts", []):
         aid = _id("Artifact", artifact["name"])
         packages.append(_package(aid, artifact["path"], None, artifact["sha256"], "FILE",
                                  comment=f"compiled for {artifact['arch']} with {artifact['toolchain']}"))
         rels.append((image_id, "CONTAINS", aid))
+        if kernels:
+            rels.append(("SPDXRef-KernelArtifact", "CONTAINS", aid))
         for src in artifact["sources"]:
             sid = _id("Source", src["path"])
             if not any(p["SPDXID"] == sid for p in packages):

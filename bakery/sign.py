@@ -60,25 +60,33 @@ def envelope(signer: Signer, payload: bytes, payload_type: str = IN_TOTO) -> byt
                       sort_keys=True, separators=(",", ":")).encode()
 
 
-def open_envelope(data: bytes, public_key, what: str) -> bytes:
-    """Verify a DSSE envelope with the key; return its payload bytes."""
+def read_envelope(data: bytes, what: str) -> tuple[str, bytes, list]:
+    """(payloadType, payload, signatures) of a DSSE envelope, none of it verified yet."""
     try:
         env = json.loads(data)
-        payload = base64.b64decode(env["payload"])
-        sigs = env["signatures"]
-        payload_type = env["payloadType"]
-    except (ValueError, KeyError, TypeError):
+        payload = base64.b64decode(env["payload"], validate=True)
+        sigs, payload_type = env["signatures"], env["payloadType"]
+        if not isinstance(payload_type, str) or not isinstance(sigs, list) or \
+                not all(isinstance(s, dict) for s in sigs):
+            raise TypeError("malformed fields")
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise IntegrityError(f"{what}: not a DSSE envelope") from None
+    return payload_type, payload, sigs
+
+
+def open_envelope(data: bytes, public_key, what: str) -> bytes:
+    """Verify a DSSE envelope with the key; return its payload bytes."""
+    payload_type, payload, sigs = read_envelope(data, what)
     expected = keys.keyid(public_key)
     errors = []
     for s in sigs:
         if s.get("keyid") not in ("", None, expected):
-            errors.append(f"keyid {s.get('keyid')[:12]} is not the given key's {expected[:12]}")
+            errors.append(f"keyid {str(s.get('keyid'))[:12]} is not the given key's {expected[:12]}")
             continue
         try:
-            check(public_key, base64.b64decode(s["sig"]), pae(payload_type, payload), what)
+            check(public_key, base64.b64decode(s.get("sig") or ""), pae(payload_type, payload), what)
             return payload
-        except IntegrityError as e:
+        except (IntegrityError, ValueError) as e:
             errors.append(str(e))
     raise IntegrityError(f"{what}: no valid signature ({'; '.join(errors) or 'none present'})")
 

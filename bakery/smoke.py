@@ -19,7 +19,7 @@ import requests
 from . import inputs
 from .errors import BakeryError, EnvironmentProblem, InputError
 
-TEST_RESULT = "https://in-toto.io/attestation/test-result/v0.1"
+from .provenance import TEST_RESULT_PREDICATE as TEST_RESULT
 SPEC_KEYS = {"model": str, "revision": str, "model_mount": str, "speculative": bool, "health_deadline_s": int,
              "shm_size": str, "vram_limit_bytes": int, "prefill_min_tokens": int, "regression": list}
 CASE_KEYS = {"prompt": str, "seed": int, "max_tokens": int, "temperature": float, "expected": str}
@@ -227,6 +227,33 @@ def mi300x_present(kfd: str = "/dev/kfd", topology: str = "/sys/class/kfd/kfd/to
     return f"no MI300X here: {kfd} exists but no node in {topology} is gfx942 (gfx_target_version 90402)"
 
 
+def host_facts(topology: str = "/sys/class/kfd/kfd/topology/nodes", driver: str = "/sys/module/amdgpu/version",
+               rocm: str = "/opt/rocm/.info/version") -> dict:
+    """What this host says it is, for the signed result: its GPUs' gfx arch and compute units (of the
+    first GPU node in KFD's topology), how many GPUs, and the amdgpu driver and ROCm versions."""
+    import platform
+
+    def text(path: str) -> str | None:
+        try:
+            return Path(path).read_text().strip() or None
+        except OSError:
+            return None
+
+    gpus = []
+    for props in sorted(glob.glob(f"{topology}/*/properties"), key=lambda p: int(Path(p).parent.name)
+                        if Path(p).parent.name.isdigit() else 0):
+        values = dict(line.split(None, 1) for line in (text(props) or "").splitlines() if " " in line)
+        version = int(values.get("gfx_target_version", "0") or 0)
+        if version:  # CPU nodes report 0
+            major, minor, stepping = version // 10000, version // 100 % 100, version % 100
+            simds, per_cu = int(values.get("simd_count", 0)), int(values.get("simd_per_cu", 0))
+            gpus.append({"gfx_arch": f"gfx{major}{minor:x}{stepping:x}",
+                         "compute_units": simds // per_cu if per_cu else None})
+    return {"name": platform.node(), "gpus": len(gpus), **(gpus[0] if gpus else {"gfx_arch": None, "compute_units": None}),
+            "driver_version": text(driver) or f"in-tree amdgpu (kernel {platform.release()})",
+            "rocm_version": text(rocm) or "no ROCm install on the host"}
+
+
 def launch_options(image: str, spec: dict, model_dir: Path, port: int, devices: list[str] | None = None) -> dict:
     """docker run settings of the production service (the Docker SDK's containers.run kwargs)."""
     from docker.types import Ulimit
@@ -279,8 +306,6 @@ def run(image: str, spec: dict, model_dir: Path, port: int = 8000, record: bool 
         devices: list[str] | None = None, require_hardware: bool = True, vram=vram_used_bytes, log=print,
         stand_ins: dict | None = None) -> dict:
     """Launch, watch, check; always returns a report (result PASSED or FAILED) and removes the container."""
-    import platform
-
     import docker
 
     if require_hardware:
@@ -289,7 +314,7 @@ def run(image: str, spec: dict, model_dir: Path, port: int = 8000, record: bool 
             raise EnvironmentProblem(reason)
     options = {**launch_options(image, spec, model_dir, port, devices), **(stand_ins or {})}
     client = docker.from_env()
-    report = {"image": image, "model": spec["model"], "revision": spec["revision"], "host": platform.node(),
+    report = {"image": image, "model": spec["model"], "revision": spec["revision"], "host": host_facts(),
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     sampler = VramSampler(vram)
     try:
@@ -322,16 +347,24 @@ def run(image: str, spec: dict, model_dir: Path, port: int = 8000, record: bool 
     return report
 
 
-def attach_report(store, ref, report: dict, spec_bytes: bytes, signer) -> None:
-    """Sign the smoke report onto the digest as an in-toto test-result attestation."""
+def statement(ref, report: dict, spec_bytes: bytes) -> bytes:
+    """The smoke report as an in-toto test-result statement about the digest, naming the sha256 of
+    the spec it ran (verify compares it with the pinned one) and the host's GPU facts (in the report)."""
     import hashlib
 
-    from . import attest, provenance
+    from . import provenance
 
     if report.get("image") != str(ref):
         raise InputError(f"the smoke report is about {report.get('image')}, not {ref}")
     predicate = {"result": report["result"], "passedTests": report["passed"], "failedTests": report["failed"],
-                 "warnedTests": [], "configuration": [{"name": "provenance/smoke.yaml",
+                 "warnedTests": [], "configuration": [{"name": provenance.SMOKE_SPEC,
                                                       "digest": {"sha256": hashlib.sha256(spec_bytes).hexdigest()}}],
                  "report": report}
-    attest.attach(store, ref, {TEST_RESULT: provenance.statement(ref, TEST_RESULT, predicate)}, signer)
+    return provenance.statement(ref, TEST_RESULT, predicate)
+
+
+def attach_report(store, ref, report: dict, spec_bytes: bytes, signer) -> None:
+    """Sign the smoke report onto the digest as an in-toto test-result attestation."""
+    from . import attest
+
+    attest.attach(store, ref, {TEST_RESULT: statement(ref, report, spec_bytes)}, signer)

@@ -8,10 +8,8 @@ from dataclasses import dataclass, field
 
 from . import keys as keys_mod, provenance, sbom, sign
 from .errors import BakeryError, InputError, IntegrityError, malformed
-from .refs import Descriptor, Reference
+from .refs import Descriptor, Digest, Reference
 from .store import signature_tag
-
-SMOKE_PREDICATE = "https://in-toto.io/attestation/test-result/v0.1"  # bakery.smoke.TEST_RESULT
 
 
 @dataclass
@@ -58,17 +56,20 @@ def _signers(role, check) -> set[str]:
     return out
 
 
-def _signature(store, ref: Reference, policy, report: Report) -> None:
-    """The cosign signature: signed by enough release keys, for this digest, naming a repository the
-    policy allows (not necessarily the one read from: a mirror keeps the original's signature)."""
-    manifest = store.manifest(signature_tag(ref.digest, "sig"))
-    if not report.check(manifest is not None, f"signature manifest {signature_tag(ref.digest, 'sig')} present"):
-        return
-    role, reasons, signed_by = policy.roles["release"], [], set()
-    for layer in json.loads(manifest)["layers"]:
-        desc = Descriptor.from_json(layer)
+def cosign_signers(store, digest: Digest, role, policy) -> tuple[set[str], list[str]] | None:
+    """The distinct keys of `role` whose cosign signature (sha256-<hex>.sig) is for `digest` and
+    names a repository the policy allows (not necessarily the one read from: a mirror keeps the
+    original's signature), with why each other signature did not count; None if there is none."""
+    tag = signature_tag(digest, "sig")
+    manifest = store.manifest(tag)
+    if manifest is None:
+        return None
+    reasons, signed_by = [], set()
+    with malformed(f"signature manifest {tag}"):
+        layers = [Descriptor.from_json(l) for l in json.loads(manifest)["layers"]]
+    for desc in layers:
         try:
-            payload = store.blob(desc)
+            payload = store.document(desc, f"signature payload in {tag}")
             signature = base64.b64decode(desc.annotations.get("dev.cosignproject.cosign/signature", ""))
             critical = json.loads(payload)["critical"]
             signed_digest = critical["image"]["docker-manifest-digest"]
@@ -78,51 +79,94 @@ def _signature(store, ref: Reference, policy, report: Report) -> None:
             continue
         keyids = _signers(role, lambda k: sign.check(k, signature, payload, "image signature"))
         if not keyids:
-            reasons.append("not signed by a release key of the policy")
-        elif signed_digest != str(ref.digest):
-            reasons.append(f"signature is for {signed_digest}, not {ref.digest} (copied from another image)")
-        elif not policy.repository_allowed(signed_name):
+            reasons.append(f"not signed by a {role.name} key of the policy")
+        elif signed_digest != str(digest):
+            reasons.append(f"signature is for {signed_digest}, not {digest} (copied from another image)")
+        elif not isinstance(signed_name, str) or not policy.repository_allowed(signed_name):
             reasons.append(f"signature names repository {signed_name}, which the policy's allowed_repositories "
                            f"do not list")
         else:
             signed_by.update(keyids)
+    return signed_by, reasons
+
+
+def _signature(store, ref: Reference, policy, report: Report) -> None:
+    """The cosign signature: signed by enough release keys, for this digest, naming an allowed repository."""
+    role = policy.roles["release"]
+    found = cosign_signers(store, ref.digest, role, policy)
+    if not report.check(found is not None, f"signature manifest {signature_tag(ref.digest, 'sig')} present"):
+        return
+    signed_by, reasons = found
     ok = len(signed_by) >= role.threshold
     report.check(ok, f"signature valid for this digest, by {len(signed_by)} of {role.threshold} required release "
                      f"key(s), naming an allowed repository" + ("" if ok or not reasons else f": {'; '.join(reasons)}"))
 
 
+def require_signed(store, ref: Reference, policy, what: str) -> None:
+    """Raise IntegrityError unless enough release keys signed `ref`'s digest (cosign format)."""
+    role = policy.roles["release"]
+    signed_by, reasons = cosign_signers(store, ref.digest, role, policy) or \
+        (set(), [f"it has no signature manifest {signature_tag(ref.digest, 'sig')}"])
+    if len(signed_by) < role.threshold:
+        raise IntegrityError(f"{what} {ref} is signed by {len(signed_by)} of {role.threshold} required release "
+                             f"key(s)" + (f" ({'; '.join(reasons)})" if reasons else ""))
+
+
+def _open_statement(store, desc: Descriptor, policy) -> tuple[str, dict]:
+    """(predicateType, statement) of one attestation layer, opened with the keys of the role that
+    the statement's own predicateType names. The layer's annotation is not signed: it must agree
+    with the statement or the layer is refused."""
+    labelled = str(desc.annotations.get("predicateType", "(none)"))
+    data = store.document(desc, f"attestation layer {labelled}")
+    payload_type, payload, _ = sign.read_envelope(data, f"attestation layer {labelled}")
+    with malformed(f"attestation layer {labelled}"):
+        statement = json.loads(payload)
+        kind = statement["predicateType"]
+        if not isinstance(kind, str) or not isinstance(statement["predicate"], dict):
+            raise TypeError("predicateType or predicate of the wrong type")
+    if kind != labelled:
+        raise IntegrityError(f"attestation layer annotated {labelled} holds a statement of type {kind}: refused "
+                             f"(the annotation is unsigned; the signed statement decides which keys may open it)")
+    role = policy.role_for(kind)
+    if role is None:
+        raise IntegrityError(f"attestation of type {kind}: no role of the policy may sign that type; refused")
+    if payload_type != sign.IN_TOTO:
+        raise IntegrityError(f"attestation {kind}: payloadType {payload_type}, not {sign.IN_TOTO}")
+    signers = _signers(role, lambda k: sign.open_envelope(data, k, f"attestation {kind}"))
+    if len(signers) < role.threshold:
+        raise IntegrityError(f"attestation {kind} signed by {len(signers)} of {role.threshold} required "
+                             f"{role.name} key(s)")
+    return kind, statement
+
+
 def _attestations(store, ref: Reference, policy, report: Report) -> dict:
-    """Each attestation opened with the keys of its role: smoke results with smoke keys, the rest with
-    release keys; a statement signed by the other role's key is refused."""
-    manifest = store.manifest(signature_tag(ref.digest, "att"))
+    """{predicateType: predicate} of the statements about this digest, each signed by its role;
+    two statements of one type are both refused (which one counts would be the pusher's choice)."""
+    tag = signature_tag(ref.digest, "att")
+    manifest = store.manifest(tag)
     found: dict[str, dict] = {}
-    if not report.check(manifest is not None, f"attestation manifest {signature_tag(ref.digest, 'att')} present"):
+    if not report.check(manifest is not None, f"attestation manifest {tag} present"):
         return found
-    for layer in json.loads(manifest)["layers"]:
-        desc = Descriptor.from_json(layer)
-        kind = desc.annotations.get("predicateType", "?")
-        role = policy.roles["smoke" if kind == SMOKE_PREDICATE else "release"]
+    with malformed(f"attestation manifest {tag}"):
+        layers = [Descriptor.from_json(l) for l in json.loads(manifest)["layers"]]
+    counts: dict[str, int] = {}
+    for desc in layers:
         try:
-            data = store.blob(desc)
+            kind, statement = _open_statement(store, desc, policy)
         except IntegrityError as e:
             report.check(False, str(e))
             continue
-        opened = {}
-        signers = _signers(role, lambda k: opened.setdefault("body", sign.open_envelope(data, k, f"attestation {kind}")))
-        if len(signers) < role.threshold:
-            report.check(False, f"attestation {kind} signed by {len(signers)} of {role.threshold} required "
-                                f"{role.name} key(s)")
-            continue
-        try:
-            statement = json.loads(opened["body"])
-        except ValueError as e:
-            report.check(False, f"attestation {kind} is not JSON: {e}")
-            continue
-        subjects = [s["digest"].get("sha256") for s in statement.get("subject", [])]
-        if report.check(ref.digest.hex in subjects,
-                        f"attestation {statement.get('predicateType')} is about this digest"
-                        + ("" if ref.digest.hex in subjects else f" (it names sha256:{', '.join(subjects)})")):
-            found[statement["predicateType"]] = statement["predicate"]
+        counts[kind] = counts.get(kind, 0) + 1
+        with malformed(f"attestation {kind}"):
+            subjects = [s["digest"].get("sha256") for s in statement.get("subject", [])]
+        if report.check(ref.digest.hex in subjects, f"attestation {kind} is about this digest"
+                        + ("" if ref.digest.hex in subjects else f" (it names sha256:{', '.join(map(str, subjects))})")):
+            found[kind] = statement["predicate"]
+    for kind, n in sorted(counts.items()):
+        if n > 1:
+            report.check(False, f"{n} signed statements of type {kind} for this digest: refused (one per type; "
+                                f"which one counts must not be the choice of whoever can push)")
+            found.pop(kind, None)
     return found
 
 
@@ -169,16 +213,40 @@ def verify(store, ref: Reference, policy, require_smoke: bool = False, blobs: bo
     prov = found.get(provenance.SLSA_PREDICATE)
     if report.check(prov is not None, "SLSA provenance attestation present and signed"):
         _step(report, "the signed provenance", _provenance, prov, manifest, policy, report)
+    smoke = found.get(provenance.TEST_RESULT_PREDICATE)
     if require_smoke or policy.require_smoke:
-        smoke = found.get(SMOKE_PREDICATE)
-        compared = ((smoke or {}).get("report") or {}).get("regression_compared", 0)
-        report.check(smoke is not None and smoke.get("result") == "PASSED" and compared > 0,
-                     "a passing MI300X smoke attestation signed by a smoke key, its regression outputs compared"
-                     + ("" if smoke else " (none attached, or not signed by a smoke key)")
-                     + (f" (result {smoke.get('result')}, {compared} outputs compared)" if smoke else ""))
+        _step(report, "the signed smoke result", _smoke, smoke, policy, report)
     if sbom.SPDX_PREDICATE in found:
         report.summary = _step(report, "the signed SBOM", summarize, found[sbom.SPDX_PREDICATE], prov) or {}
+        if smoke is not None:
+            report.summary["smoke"] = smoke_summary(smoke)
     return report
+
+
+def _smoke(smoke: dict | None, policy, report: Report) -> None:
+    """A PASSED result that compared outputs, from the spec the policy pins, on the GPU it names."""
+    compared = ((smoke or {}).get("report") or {}).get("regression_compared", 0)
+    if not report.check(smoke is not None and smoke.get("result") == "PASSED" and compared > 0,
+                        "a passing MI300X smoke attestation signed by a smoke key, its regression outputs compared"
+                        + ("" if smoke else " (none attached, or not signed by a smoke key)")
+                        + (f" (result {smoke.get('result')}, {compared} outputs compared)" if smoke else "")):
+        return
+    ran = next((c.get("digest", {}).get("sha256") for c in smoke.get("configuration") or []
+                if c.get("name") == provenance.SMOKE_SPEC), None)
+    report.check(ran == policy.smoke_spec, f"the smoke ran the pinned spec {provenance.SMOKE_SPEC} "
+                 f"sha256:{policy.smoke_spec}" + ("" if ran == policy.smoke_spec else
+                                                  f" (it ran sha256:{ran}: an older or other spec; run the smoke "
+                                                  f"again with the pinned one)"))
+    host = smoke["report"].get("host") or {}
+    report.check(isinstance(host, dict) and host.get("gfx_arch") == policy.smoke_arch,
+                 f"the smoke ran on a {policy.smoke_arch} host (it reports {smoke_summary(smoke)})")
+
+
+def smoke_summary(smoke: dict) -> str:
+    host = (smoke.get("report") or {}).get("host")
+    host = host if isinstance(host, dict) else {}
+    return (f"{smoke.get('result')} on {host.get('gfx_arch', 'an unnamed GPU')}, {host.get('compute_units', '?')} CUs, "
+            f"driver {host.get('driver_version', '?')}, ROCm {host.get('rocm_version', '?')}")
 
 
 def _step(report: Report, what: str, fn, *args):

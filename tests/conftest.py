@@ -28,6 +28,16 @@ def registry() -> str:
 
 
 @pytest.fixture(scope="session")
+def basic_registry(registry) -> str:
+    """host:port of a real registry that demands basic auth: alice / s3cret."""
+    htpasswd = stack.state_dir() / "htpasswd"
+    htpasswd.write_text(subprocess.run(["htpasswd", "-Bbn", "alice", "s3cret"], capture_output=True,
+                                       text=True, check=True).stdout)
+    auth = {"htpasswd": {"realm": "bakery-test", "path": str(htpasswd)}}
+    return stack.ensure_registry(5001, auth=auth, name="registry-basic")
+
+
+@pytest.fixture(scope="session")
 def fixture_base(registry):
     """The fixture base, built by Docker from debootstrap + vLLM/AITER wheels, as a pinned Reference."""
     return fixture_mod.build(ROOT / "tests" / "fixture" / "fixture.yaml", registry, log=lambda m: None)
@@ -72,6 +82,16 @@ def copy_project(dest: Path, lock: bytes | None = None) -> Path:
 @pytest.fixture
 def project(tmp_path, fixture_lock) -> Path:
     return copy_project(tmp_path / "project", fixture_lock)
+
+
+def cold_compile_cache(where: Path) -> Path:
+    """This machine's caches without the compile outputs (proof verdicts and base files stay warm)."""
+    src = Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery"))
+    dest = where / "cache"
+    for part in ("layers", "files", "proofs", "views"):
+        if (src / part).exists():
+            shutil.copytree(src / part, dest / part)
+    return dest
 
 
 def dev_policy(path: Path, base, **over) -> Path:

@@ -15,7 +15,7 @@ from bakery import hip
 from bakery.stack import docker_client
 from bakery.errors import InputError, IntegrityError
 
-from conftest import ROOT, docker, invoke, last_line
+from conftest import ROOT, cold_compile_cache, dev_policy, docker, invoke, last_line
 
 KERNELS = ["swiglu_clamp_bf16_kernel", "topk_f32_kernel"]
 
@@ -152,46 +152,82 @@ def pinned_toolchain(toolchain, registry):
     return f"{registry}/bakery/toolchain@{digest}"
 
 
-def cold_compile_cache(tmp_path) -> Path:
-    """This machine's caches without the compile outputs (proof verdicts and base files stay warm)."""
-    import os
-
-    src = Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery"))
-    dest = tmp_path / "cache"
-    for part in ("layers", "files", "proofs"):
-        if (src / part).exists():
-            shutil.copytree(src / part, dest / part)
-    return dest
+PASSWORD = {"BAKERY_KEY_PASSWORD": "pw"}
 
 
-def test_kernels_travel_as_an_oci_artifact_and_need_no_engine(project, registry, fixture_base, pinned_toolchain,
-                                                             tmp_path):
+@pytest.fixture(scope="module")
+def release_keys(tmp_path_factory) -> Path:
+    """k/release.{key,pub}: the policy's release key; other/release.*: a key the policy does not list."""
+    root = tmp_path_factory.mktemp("release-keys")
+    for where in ("k", "other"):
+        assert invoke(ROOT, "keygen", "--out", str(root / where), env=PASSWORD).returncode == 0
+    return root
+
+
+def trusting(project: Path, keys: Path, base) -> list[str]:
+    """Build arguments that name the release key: a signed kernel artifact may then be baked."""
+    return ["--key", str(keys / "k" / "release.pub"), "--policy", str(dev_policy(project.parent / "p.yaml", base))]
+
+
+def test_kernels_travel_as_a_signed_oci_artifact_and_need_no_engine(project, registry, fixture_base, pinned_toolchain,
+                                                                    release_keys, tmp_path):
+    from bakery import provenance, sbom
+    from bakery.refs import Reference
+    from bakery.registry import Registry
+
     env = {"BAKERY_TOOLCHAIN": pinned_toolchain}
     first = invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/travel/img:1", env=env)
     assert first.returncode == 0, first.stderr
     record = json.loads((project / "out" / "build-record.json").read_text())
     kernels = record["kernels"]
     assert kernels["artifact"].startswith(f"{registry}/travel/img@sha256:")
-    from bakery.refs import Descriptor, Reference
-    from bakery.registry import Registry
-
     body, _, digest = Registry(registry).get_manifest(Reference(registry, "travel/img", f"kernels-{kernels['key']}"))
     assert kernels["artifact"].endswith(str(digest))
     layers = {l["annotations"]["org.opencontainers.image.title"]: l["digest"] for l in json.loads(body)["layers"]}
     assert layers["_C_stable_libtorch.so"] == "sha256:" + record["artifacts"][0]["sha256"]
-    # another machine: no compile cache, no Docker engine at all; the artifact is enough
+    # the provenance and the SBOM name the artifact by digest
+    deps = provenance.predicate(record)["buildDefinition"]["resolvedDependencies"]
+    assert {"uri": f"docker://{registry}/travel/img@{digest}", "digest": {"sha256": digest.hex},
+            "name": "kernel artifact"} in deps
+    packages = json.loads(sbom.document(record, f"{registry}/travel/img"))["packages"]
+    assert next(p for p in packages if p["SPDXID"] == "SPDXRef-KernelArtifact")["checksums"][0]["checksumValue"] \
+        == digest.hex
+    # the sign job signs the artifact the record names, with the image
+    signed = invoke(project, "attest", last_line(first), "--key", str(release_keys / "k" / "release.key"),
+                    env=PASSWORD)
+    assert signed.returncode == 0 and f"kernel artifact {kernels['artifact']} signed" in signed.stderr, signed.stderr
+    # another machine: no compile cache, no Docker engine at all; the signed artifact is enough
     second = invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/travel/img:2",
+                    *trusting(project, release_keys, fixture_base),
                     env={**env, "BAKERY_CACHE": str(cold_compile_cache(tmp_path)),
                          "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
     assert second.returncode == 0, second.stderr
     assert last_line(second) == last_line(first)  # the same image
-    assert "not compiled here, the base not pulled" in second.stderr and "compiling hip/" not in second.stderr
+    assert "(signed by a release key): not compiled here, the base not pulled" in second.stderr
+    assert "compiling hip/" not in second.stderr
     again = json.loads((project / "out" / "build-record.json").read_text())["kernels"]
     assert again == {**kernels, "origin": "registry"}
 
 
-def test_a_tampered_kernel_artifact_is_refused(project, registry, fixture_base, pinned_toolchain, tmp_path):
-    from bakery.refs import Descriptor, Digest, Reference
+def test_without_a_release_key_the_registrys_artifact_is_not_used(project, registry, fixture_base, pinned_toolchain,
+                                                                  tmp_path):
+    """The committed policy names no release key: nothing can vouch for an artifact, so the build
+    compiles (and pushes its own artifact over the tag) rather than trusting one."""
+    env = {"BAKERY_TOOLCHAIN": pinned_toolchain}
+    assert invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/travel/nokey:1",
+                  env=env).returncode == 0
+    cold = invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/travel/nokey:2",
+                  env={**env, "BAKERY_CACHE": str(cold_compile_cache(tmp_path))})
+    assert cold.returncode == 0, cold.stderr
+    assert "no release key in the policy" in cold.stderr and "compiling hip/" in cold.stderr
+    assert json.loads((project / "out" / "build-record.json").read_text())["kernels"]["origin"] == "compiled"
+
+
+def test_a_signed_but_inconsistent_kernel_artifact_is_refused(project, registry, fixture_base, pinned_toolchain,
+                                                              release_keys, tmp_path):
+    """Even under a release-key signature, every file must match the sha256 the artifact's config records."""
+    from bakery import attest as attest_mod, keys, sign
+    from bakery.refs import Descriptor, Reference
     from bakery.registry import OCI_MANIFEST, Registry
 
     env = {"BAKERY_TOOLCHAIN": pinned_toolchain}
@@ -206,10 +242,35 @@ def test_a_tampered_kernel_artifact_is_refused(project, registry, fixture_base, 
     desc = Descriptor.of(so["mediaType"], evil)
     reg.upload_blob("travel/evil", desc, lambda: iter([evil]))
     so.update(digest=str(desc.digest), size=desc.size)  # consistent digests; the config's sha256 is not
-    reg.put_manifest("travel/evil", f"kernels-{key}", json.dumps(doc).encode(), OCI_MANIFEST)
+    digest = reg.put_manifest("travel/evil", f"kernels-{key}", json.dumps(doc).encode(), OCI_MANIFEST)
+    import os
+
+    os.environ.update(PASSWORD)
+    try:
+        signer = sign.Signer(keys.load_private(release_keys / "k" / "release.key"))
+    finally:
+        del os.environ["BAKERY_KEY_PASSWORD"]
+    attest_mod.sign_artifact(Reference(registry, "travel/evil", None, digest), signer)
     result = invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/travel/evil:2",
+                    *trusting(project, release_keys, fixture_base),
                     env={**env, "BAKERY_CACHE": str(cold_compile_cache(tmp_path))})
     assert result.returncode == 5 and "does not match the sha256 its config records" in result.stderr, result.stderr
+
+
+def test_recompile_builds_past_an_unsigned_artifact(project, registry, fixture_base, pinned_toolchain, release_keys,
+                                                    tmp_path):
+    """What the refusal tells the user to do works: --recompile compiles here and pushes its own artifact."""
+    env = {"BAKERY_TOOLCHAIN": pinned_toolchain}
+    first = invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/travel/re:1", env=env)
+    assert first.returncode == 0, first.stderr
+    args = ["build", "--base", str(fixture_base), "--push", f"{registry}/travel/re:2",
+            *trusting(project, release_keys, fixture_base)]
+    cold = {**env, "BAKERY_CACHE": str(cold_compile_cache(tmp_path / "a"))}
+    refused = invoke(project, *args, env=cold)
+    assert refused.returncode == 5 and "--recompile" in refused.stderr, refused.stderr
+    again = invoke(project, *args, "--recompile", env={**env, "BAKERY_CACHE": str(cold_compile_cache(tmp_path / "b"))})
+    assert again.returncode == 0 and "compiling hip/" in again.stderr, again.stderr
+    assert last_line(again) == last_line(first)
 
 
 def test_compile_verify_recompiles_to_the_same_bytes(project, pinned_toolchain):
@@ -218,13 +279,20 @@ def test_compile_verify_recompiles_to_the_same_bytes(project, pinned_toolchain):
     assert "_C_stable_libtorch.so  byte-identical when compiled again" in result.stdout
 
 
-def test_disk_check_knows_when_the_base_need_not_be_pulled(project, registry, fixture_base, pinned_toolchain):
+def test_disk_check_knows_when_the_base_need_not_be_pulled(project, registry, fixture_base, pinned_toolchain,
+                                                           release_keys):
     env = {"BAKERY_TOOLCHAIN": pinned_toolchain}
-    assert invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/travel/disk:1",
-                  env=env).returncode == 0
-    cached = invoke(project, "disk", "--base", str(fixture_base), "--unless-cached-in", f"{registry}/travel/disk",
-                    env=env)
-    assert cached.returncode == 0 and "holds the kernels; the base will not be pulled" in cached.stdout
+    built = invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/travel/disk:1", env=env)
+    assert built.returncode == 0
+    disk = ["disk", "--base", str(fixture_base), "--unless-cached-in", f"{registry}/travel/disk",
+            *trusting(project, release_keys, fixture_base)]
+    unsigned = invoke(project, *disk, env=env)
+    assert unsigned.returncode == 0 and "will not be used" in unsigned.stderr and "GiB free" in unsigned.stdout
+    assert invoke(project, "attest", last_line(built), "--key", str(release_keys / "k" / "release.key"),
+                  env=PASSWORD).returncode == 0
+    cached = invoke(project, *disk, env=env)
+    assert cached.returncode == 0, cached.stderr
+    assert "holds the kernels, signed by a release key; the base will not be pulled" in cached.stdout
     elsewhere = invoke(project, "disk", "--base", str(fixture_base), "--unless-cached-in", f"{registry}/travel/empty",
                        env=env)
     assert elsewhere.returncode == 0 and "the build will compile" in elsewhere.stderr and "GiB free" in elsewhere.stdout
