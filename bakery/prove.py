@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path, PurePosixPath
 
+from . import sandbox
 from .errors import InputError
 from .layer import write_blob
 
@@ -134,16 +135,25 @@ def run(spec: ProofSpec, target: bytes, reads: dict[str, bytes]) -> Verdict:
     return verdict
 
 
+def readable(spec: ProofSpec) -> list[Path]:
+    """What of the project a proof may read: its own folder (script and helper) and hip/ (the
+    kernels' Python fallback some proofs import). Never the rest: key files may live there."""
+    project = spec.script.parent.parent.parent
+    return [spec.script.parent] + ([project / "hip"] if (project / "hip").is_dir() else [])
+
+
 def _execute(spec: ProofSpec, target: bytes, reads: dict[str, bytes]) -> Verdict:
+    """Run the proof on the target's bytes in the sandbox: they are the base's code, untrusted."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bakery-proof-") as tmp:
-        paths = []
+        names = []
         for i, data in enumerate([target] + [reads[p] for p in spec.reads]):
-            paths.append(Path(tmp) / f"input{i}.py")
-            paths[-1].write_bytes(data)
+            names.append(f"input{i}.py")
+            (Path(tmp) / names[-1]).write_bytes(data)
+        os.chmod(tmp, 0o755)  # the sandbox's uid reads them
+        argv = [sys.executable, str(spec.script), *(f"{sandbox.INPUTS}/{n}" for n in names)]
         try:
-            done = subprocess.run([sys.executable, str(spec.script), *map(str, paths)], capture_output=True,
-                                  text=True, timeout=TIMEOUT_S, cwd=tmp)
+            done = sandbox.run(argv, readable(spec), Path(tmp), TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return Verdict(CANNOT, f"timed out after {TIMEOUT_S} s", time.monotonic() - started)
     seconds = round(time.monotonic() - started, 1)

@@ -1,0 +1,70 @@
+"""Running code that came with the base (upstream's), where it can reach nothing of ours.
+
+A proof executes the base's own Python: that code is untrusted, and the job that runs it may hold
+registry credentials, a writable venv or, elsewhere, a signing key. It runs under bubblewrap:
+no network (its own empty network namespace), its own PID, IPC and UTS namespaces, every
+capability dropped, uid/gid 65534, an empty environment but for PATH, HOME, TMPDIR and LANG,
+a private empty HOME and /tmp, and a read-only view of exactly: the system's /usr (and its
+/bin, /lib links), the few /etc files the loader and Python read, the Python installation and
+venv, the folders the caller names, and the inputs. Nothing else of the host exists inside:
+not ~/.docker, not the project's other files, not /work or /root.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .errors import EnvironmentProblem
+
+BWRAP = "bwrap"
+INPUTS = "/inputs"  # where the caller's input files appear, read-only
+HOME = "/home/sandbox"
+ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "localtime", "alternatives")
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": HOME, "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
+
+
+def _python_roots() -> list[Path]:
+    """The interpreter, its standard library and the venv's packages: read-only inside."""
+    roots = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent.parent}
+    return sorted(r for r in roots if r.is_dir())
+
+
+def _system_binds() -> list[str]:
+    args = []
+    for name in ("usr", "bin", "sbin", "lib", "lib64", "lib32", "libx32"):
+        path = Path("/") / name
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), str(path)]
+        elif path.is_dir():
+            args += ["--ro-bind", str(path), str(path)]
+    for name in ETC:
+        if (Path("/etc") / name).exists():
+            args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    return args
+
+
+def command(argv: list[str], readable: list[Path], inputs: Path) -> list[str]:
+    """The bwrap command line that runs argv in the sandbox; `inputs` appears at /inputs."""
+    if shutil.which(BWRAP) is None:
+        raise EnvironmentProblem("bubblewrap (bwrap) is not installed: proofs run the base's code and only run "
+                                 "sandboxed; install it with `apt-get install bubblewrap` (scripts/bootstrap.sh does)")
+    args = [BWRAP, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--uid", "65534", "--gid", "65534", "--clearenv"]
+    for name, value in ENV.items():
+        args += ["--setenv", name, value]
+    # the empty, writable places first: a bind under /tmp (a project in a temporary folder) stays visible
+    args += ["--tmpfs", "/tmp", "--tmpfs", HOME, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm"]
+    args += _system_binds()
+    for path in _python_roots() + sorted({p.resolve() for p in readable}):
+        args += ["--ro-bind", str(path), str(path)]
+    return args + ["--ro-bind", str(inputs), INPUTS, "--chdir", HOME, "--"] + argv
+
+
+def run(argv: list[str], readable: list[Path], inputs: Path, timeout: float) -> subprocess.CompletedProcess:
+    """argv in the sandbox (its paths as the sandbox sees them); output captured as text."""
+    return subprocess.run(command(argv, readable, inputs), capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
