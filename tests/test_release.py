@@ -57,7 +57,8 @@ def test_release_shape_least_privilege_and_gating():
     on = wf[True] if True in wf else wf["on"]  # YAML 1.1 reads `on` as a boolean
     assert on["push"]["tags"] == ["v*"] and "workflow_dispatch" in on
     assert "mi300x" in wf["jobs"]["smoke"]["runs-on"] and "self-hosted" in wf["jobs"]["smoke"]["runs-on"]
-    assert wf["jobs"]["promote"]["needs"] == ["build", "smoke"]
+    assert wf["jobs"]["promote"]["needs"] == ["build", "attach-smoke"]
+    assert wf["jobs"]["smoke"]["needs"] == ["build", "sign"]  # verify-before-run needs the signature
     for job in wf["jobs"].values():
         assert set(job["permissions"]) <= {"contents", "packages"}
     text = WORKFLOW.read_text()
@@ -69,12 +70,55 @@ def job_secrets(job: dict) -> set:
 
 
 def test_each_job_holds_only_its_own_key():
-    """The release key signs what ops trust; the MI300X job runs the candidate with host devices,
-    so it gets the smoke key and never the release key."""
+    """The release key signs what ops trust, in a job that runs no base code; the build job runs the
+    base's code and holds no key; the MI300X job runs the candidate with host devices, so it gets
+    the smoke key and never the release key."""
     jobs = yaml.safe_load(WORKFLOW.read_text())["jobs"]
-    assert job_secrets(jobs["build"]) == {"BAKERY_SIGNING_KEY", "BAKERY_KEY_PASSWORD", "GITHUB_TOKEN"}
+    assert job_secrets(jobs["build"]) == {"GITHUB_TOKEN"}
+    assert job_secrets(jobs["sign"]) == {"BAKERY_SIGNING_KEY", "BAKERY_KEY_PASSWORD", "GITHUB_TOKEN"}
     assert job_secrets(jobs["smoke"]) == {"BAKERY_SMOKE_SIGNING_KEY", "BAKERY_SMOKE_KEY_PASSWORD", "GITHUB_TOKEN"}
+    assert job_secrets(jobs["attach-smoke"]) == {"GITHUB_TOKEN"}
     assert job_secrets(jobs["promote"]) == {"GITHUB_TOKEN"}
+
+
+BASE_CODE = re.compile(r"invoke (build|prove|lock|rebase|compile|smoke|fixture|toolchain|demo|test)\b|docker ")
+
+
+def job_commands(job: dict) -> str:
+    return "\n".join(step.get("run", "") for step in job["steps"])
+
+
+def test_the_signing_job_runs_no_base_code_from_a_fresh_hash_locked_venv():
+    """Point 4 of the separation of duties: the release key never sits beside code from the base,
+    a Docker engine, or a venv another step could have written. Its venv is made fresh (--clear)
+    from sign.txt: no torch, no Triton, every pin and hash also in release.txt (the same bytes)."""
+    wf = yaml.safe_load(WORKFLOW.read_text())
+    sign_job = wf["jobs"]["sign"]
+    commands = job_commands(sign_job).replace("$PIP_INSTALL_SIGN", wf["env"]["PIP_INSTALL_SIGN"])
+    assert not BASE_CODE.search(commands), commands
+    assert re.findall(r"\.venv/bin/invoke (\w+)", commands) == ["attest"]
+    assert "python3 -m venv --clear .venv" in commands and "--require-hashes" in commands
+    assert "-r requirements/sign.txt" in commands and "release.txt" not in commands
+    sign_lock = (ROOT / "requirements" / "sign.txt").read_text()
+    pins = re.findall(r"^([a-z0-9_.-]+)==(\S+)", sign_lock, re.M)
+    assert pins and not {"torch", "triton", "numpy"} & {n for n, _ in pins}
+    release = (ROOT / "requirements" / "release.txt").read_text()
+    for name, version in pins:
+        block = re.search(rf"^{re.escape(name)}=={re.escape(version)} \\\n((?:\s+--hash=sha256:\w+(?: \\)?\n)+)",
+                          sign_lock, re.M).group(1)
+        for digest in re.findall(r"sha256:(\w+)", block):
+            assert digest in release, (name, version, digest)
+
+
+def test_nothing_that_runs_the_candidate_can_push():
+    """The MI300X job may read packages only: it cannot push a kernel artifact, a tag or an
+    attestation; its signed result goes on as a file that attach-smoke checks and pushes."""
+    jobs = yaml.safe_load(WORKFLOW.read_text())["jobs"]
+    runs_candidate = [name for name, job in jobs.items() if "invoke smoke" in job_commands(job)]
+    assert runs_candidate == ["smoke"]
+    assert jobs["smoke"]["permissions"] == {"contents": "read", "packages": "read"}
+    assert "--envelope" in job_commands(jobs["smoke"]) and "--envelope" in job_commands(jobs["attach-smoke"])
+    assert "--key smoke.pub" in job_commands(jobs["attach-smoke"])
 
 
 def test_actions_are_pinned_by_commit_and_packages_by_hash():
@@ -95,7 +139,7 @@ def test_actions_are_pinned_by_commit_and_packages_by_hash():
 
 def test_workflow_runs_the_tasks_the_readme_documents():
     used = set(re.findall(r"invoke (\w+)", WORKFLOW.read_text()))
-    assert used >= {"build", "attest", "verify", "smoke", "promote"}
+    assert used >= {"build", "attest", "verify", "smoke", "attach", "promote"}
     readme = (ROOT / "README.md").read_text()
     for task in used:
         assert f"invoke {task}" in readme, f"README does not document invoke {task}"
