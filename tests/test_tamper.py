@@ -9,25 +9,49 @@ non-zero exit.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from bakery import attest as attest_mod, keys, sign, smoke
+from bakery import attest as attest_mod, hip, keys, provenance, sign, smoke
 from bakery.refs import Descriptor, Digest, Reference
 from bakery.registry import OCI_MANIFEST, Registry
 from bakery.store import RegistryStore, signature_tag
 
-from conftest import ROOT, copy_project, dev_policy, invoke, last_line
+from conftest import ROOT, cold_compile_cache, copy_project, dev_policy, invoke, last_line
 from proxy import FaultyProxy
 
 PASSWORD = {"BAKERY_KEY_PASSWORD": "pw"}
 FENCE_ID = "cpu-kv-transfer-fence"
+SLSA, SPDX, TEST_RESULT = provenance.SLSA_PREDICATE, provenance.SPDX_PREDICATE, provenance.TEST_RESULT_PREDICATE
+MI300X = {"name": "mi300x-runner", "gpus": 8, "gfx_arch": "gfx942", "compute_units": 304,
+          "driver_version": "6.10.5", "rocm_version": "6.4.1"}
+
+
+def slug(case: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", case.lower()).strip("-")
+
+
+@pytest.fixture(scope="module")
+def tamper_keys(tmp_path_factory):
+    """Key pairs: k/release, k/smoke (the project's two roles) and other/release (a stranger's)."""
+    root = tmp_path_factory.mktemp("keys")
+    for role, where in (("release", "k"), ("smoke", "k"), ("release", "other")):
+        assert invoke(ROOT, "keygen", "--role", role, "--out", str(root / where), env=PASSWORD).returncode == 0
+    os.environ.update(PASSWORD)
+    try:
+        signers = {name: sign.Signer(keys.load_private(root / d / f"{r}.key"))
+                   for name, d, r in (("release", "k", "release"), ("smoke", "k", "smoke"), ("other", "other", "release"))}
+    finally:
+        del os.environ["BAKERY_KEY_PASSWORD"]
+    return {"root": root, "signers": signers}
 
 
 # -- build: the project or the registry is tampered with ---------------------------------------------
@@ -127,6 +151,69 @@ def base_layer_corrupted(p, ctx):
     return ["--base", f"{proxy.host}/{ref.repository}@{ref.digest}"]
 
 
+def variant_base(ctx, edit_config) -> Reference:
+    """The fixture base with its config edited (layers mounted, untouched), pushed by digest."""
+    reg, base = Registry(ctx["registry"]), ctx["base"]
+    body, _, _ = reg.get_manifest(base)
+    manifest = json.loads(body)
+    config = edit_config(json.loads(reg.fetch_blob(base.repository, Descriptor.from_json(manifest["config"]))))
+    repo = f"tamper/base-{ctx['slug']}"
+    for layer in manifest["layers"]:
+        reg.mount_blob(repo, Digest.parse(layer["digest"]), base.repository)
+    desc = Descriptor.of(manifest["config"]["mediaType"], config)
+    reg.upload_blob(repo, desc, lambda: iter([config]))
+    manifest["config"] = desc.to_json()
+    digest = reg.put_manifest(repo, "latest", json.dumps(manifest).encode(), manifest["mediaType"])
+    return Reference(ctx["registry"], repo, None, digest)
+
+
+def diff_id_swapped(p, ctx):
+    """A base whose config names other layer contents than its layers decompress to."""
+    def edit(config):
+        config["rootfs"]["diff_ids"][-1] = "sha256:" + "9" * 64
+        return json.dumps(config).encode()
+    return ["--base", str(variant_base(ctx, edit))]
+
+
+def config_over_4_mib(p, ctx):
+    return ["--base", str(variant_base(ctx, lambda c: json.dumps(c).encode() + b" " * (5 << 20)))]
+
+
+def credentials_sent_elsewhere(p, ctx):
+    """A registry that points uploads at another origin (which forwards to the same storage): our
+    login must not go there, and the push fails on that server's 401 instead."""
+    elsewhere = FaultyProxy(ctx["basic_registry"], []).__enter__()
+    proxy = FaultyProxy(ctx["basic_registry"], [], location_host=elsewhere.host).__enter__()
+    ctx["cleanup"] += [lambda: proxy.__exit__(None, None, None), lambda: elsewhere.__exit__(None, None, None)]
+    ctx["env"].update(BAKERY_REGISTRY_USER="alice", BAKERY_REGISTRY_PASSWORD="s3cret", BAKERY_REGISTRY_HOSTS=proxy.host)
+    ctx["push"] = f"{proxy.host}/tamper/creds:1"
+    ctx["after"].append(lambda: elsewhere.authorization and all(a is None for _, _, a in elsewhere.authorization))
+    return ["--base", str(ctx["base"])]
+
+
+def forged_kernel_artifact(signer: str | None):
+    """Whoever can push to the image's repository puts kernels-<key> there: the real outputs with a
+    trojan in the .so, its config consistent. Unsigned, or signed by a key the policy does not list;
+    the build is given the release key and a cold compile cache (so it would take the artifact)."""
+    def mutate(p, ctx):
+        recipe, cache = hip.load(p / "hip"), Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery"))
+        key = hip.compile_recipe(recipe, os.environ["BAKERY_TOOLCHAIN"], cache / "hip", log=lambda m: None).key
+        outputs = p.parent / "forged-kernels"
+        shutil.copytree(cache / "hip" / key[:24], outputs)
+        so = outputs / "_C_stable_libtorch.so"
+        so.write_bytes(so.read_bytes() + b"\0trojan")
+        done = json.loads((outputs / "done.json").read_text())
+        done["sha256"]["_C_stable_libtorch.so"] = hashlib.sha256(so.read_bytes()).hexdigest()
+        (outputs / "done.json").write_text(json.dumps(done))
+        artifact = hip.push_artifact(Registry(ctx["registry"]), ctx["repo"], key, outputs)
+        if signer:
+            attest_mod.sign_artifact(artifact, ctx["keys"]["signers"][signer])
+        ctx["env"]["BAKERY_CACHE"] = str(cold_compile_cache(p.parent))
+        return ["--base", str(ctx["base"]), "--key", str(ctx["keys"]["root"] / "k" / "release.pub"),
+                "--policy", str(dev_policy(p.parent / "policy.yaml", ctx["base"]))]
+    return mutate
+
+
 BUILD_CASES = [
     ("patch context edited", patch_context_changed, 5, "does not apply exactly"),
     ("fix neutered and re-locked", fix_neutered_and_relocked, 5, f"overlay '{FENCE_ID}': its proof says BROKEN"),
@@ -156,17 +243,32 @@ BUILD_CASES = [
      "is not a whole number of seconds"),
     ("unknown key in image.yaml", lambda p, c: (p / "image" / "image.yaml").write_text(
         (p / "image" / "image.yaml").read_text() + "entrypiont: [/bin/sh]\n"), 2, "unknown key(s) entrypiont"),
+    # a hostile base or registry (issue 17: transport bounded and scoped)
+    ("base config diff_ids do not match its layers", diff_id_swapped, 5,
+     "but the image config lists diff_id sha256:9999"),
+    ("base config over 4 MiB", config_over_4_mib, 5, "over the 4194304-byte limit for a document"),
+    ("upload Location on another origin", credentials_sent_elsewhere, 4,
+     "credentials go only to the registry's own origin"),
+    # whoever can push to the image's repository chooses no kernels (issue 17: kernels only from a trusted hand)
+    ("kernel artifact unsigned", forged_kernel_artifact(None), 5,
+     "is signed by 0 of 1 required release key(s) (it has no signature manifest"),
+    ("kernel artifact signed by a foreign key", forged_kernel_artifact("other"), 5,
+     "(not signed by a release key of the policy); refused: a kernel artifact is used only when a release key "
+     "signed it. Compile here instead with `invoke build --recompile`"),
 ]
 
 
 @pytest.mark.parametrize("case, mutate, code, check", BUILD_CASES, ids=[c[0] for c in BUILD_CASES])
-def test_build_refuses(case, mutate, code, check, tmp_path, registry, fixture_base, fixture_lock):
+def test_build_refuses(case, mutate, code, check, tmp_path, registry, basic_registry, fixture_base, fixture_lock,
+                       tamper_keys):
     project = copy_project(tmp_path / "project", fixture_lock)
-    ctx = {"base": fixture_base, "registry": registry, "env": {}, "cleanup": []}
+    ctx = {"base": fixture_base, "registry": registry, "basic_registry": basic_registry, "env": {}, "cleanup": [],
+           "after": [], "slug": slug(case), "repo": f"tamper/build-{slug(case)}", "keys": tamper_keys}
+    ctx["push"] = f"{registry}/{ctx['repo']}:1"
     try:
         extra = mutate(project, ctx)  # arguments for the build, or anything else for none
         extra = extra if isinstance(extra, list) else ["--base", str(fixture_base)]
-        result = invoke(project, "build", *extra, "--push", f"{registry}/tamper/build:{len(case)}", env=ctx["env"])
+        result = invoke(project, "build", *extra, "--push", ctx["push"], env=ctx["env"])
     finally:
         for undo in ctx["cleanup"]:
             undo()
@@ -174,32 +276,33 @@ def test_build_refuses(case, mutate, code, check, tmp_path, registry, fixture_ba
     errors = [l for l in result.stderr.splitlines() if l.startswith("error:")]
     assert result.returncode == code and len(errors) == 1 and check in errors[0], result.stderr
     assert not (project / "out" / "build-record.json").exists()
+    assert all(check() for check in ctx["after"])
 
 
 # -- verify: the registry is tampered with ------------------------------------------------------------
 
+def honest_report(ref: Reference, **over) -> dict:
+    """A smoke report as `invoke smoke` writes it on an MI300X (none exists here: the host facts are
+    those of one, written by hand; the signing and checking around them are real)."""
+    return {"image": str(ref), "result": "PASSED", "passed": ["health", "http", "regression", "vram"], "failed": [],
+            "regression_compared": 4, "host": MI300X, **over}
+
+
+SPEC = (ROOT / "provenance" / "smoke.yaml").read_bytes()
+
+
 @pytest.fixture(scope="module")
-def honest(registry, fixture_base, fixture_lock, tmp_path_factory):
+def honest(registry, fixture_base, fixture_lock, tamper_keys, tmp_path_factory):
     """One honest image, signed and attested with the release key, smoke-attested with the smoke key."""
-    root = tmp_path_factory.mktemp("tamper")
-    project = copy_project(root / "project", fixture_lock)
-    for role, where in (("release", "k"), ("smoke", "k"), ("release", "other")):
-        assert invoke(project, "keygen", "--role", role, "--out", str(root / where), env=PASSWORD).returncode == 0
+    root = tamper_keys["root"]
+    project = copy_project(tmp_path_factory.mktemp("tamper") / "project", fixture_lock)
     built = invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/tamper/honest:1")
     ref = Reference.parse(last_line(built))
     assert invoke(project, "attest", str(ref), "--key", str(root / "k" / "release.key"), env=PASSWORD).returncode == 0
-    os.environ.update(PASSWORD)
-    try:
-        signers = {name: sign.Signer(keys.load_private(root / d / f"{r}.key"))
-                   for name, d, r in (("release", "k", "release"), ("smoke", "k", "smoke"), ("other", "other", "release"))}
-    finally:
-        del os.environ["BAKERY_KEY_PASSWORD"]
     record = json.loads((project / "out" / "build-record.json").read_text())
-    report = {"image": str(ref), "result": "PASSED", "passed": ["health", "http", "regression", "vram"], "failed": [],
-              "regression_compared": 4}
-    smoke.attach_report(RegistryStore(ref), ref, report, b"spec", signers["smoke"])
-    return {"project": project, "root": root, "ref": ref, "record": record, "signers": signers, "base": fixture_base,
-            "report": report}
+    smoke.attach_report(RegistryStore(ref), ref, honest_report(ref), SPEC, tamper_keys["signers"]["smoke"])
+    return {"project": project, "root": root, "ref": ref, "record": record, "signers": tamper_keys["signers"],
+            "base": fixture_base}
 
 
 def clone(h, name: str) -> Reference:
@@ -222,16 +325,21 @@ def att_layers(ref: Reference) -> tuple[Registry, dict, str]:
     return reg, json.loads(reg.get_manifest(Reference(ref.registry, ref.repository, tag))[0]), tag
 
 
+def put_att(ref: Reference, doc: dict) -> None:
+    reg, _, tag = att_layers(ref)
+    reg.put_manifest(ref.repository, tag, json.dumps(doc).encode(), OCI_MANIFEST)
+
+
 def drop_predicate(kind):
-    def mutate(h, ref):
-        reg, doc, tag = att_layers(ref)
+    def mutate(h, ref, ctx):
+        _, doc, _ = att_layers(ref)
         doc["layers"] = [l for l in doc["layers"] if l["annotations"]["predicateType"] != kind]
-        reg.put_manifest(ref.repository, tag, json.dumps(doc).encode(), OCI_MANIFEST)
+        put_att(ref, doc)
     return mutate
 
 
 def delete_tag(suffix):
-    def mutate(h, ref):
+    def mutate(h, ref, ctx):
         reg = Registry(ref.registry)
         # the distribution server cannot delete tags without a config flag: point the tag at an empty artifact
         empty = RegistryStore(ref).put_blob(b"{}", "application/vnd.oci.image.config.v1+json")
@@ -240,23 +348,65 @@ def delete_tag(suffix):
     return mutate
 
 
-def reattest(record_edit=None, signer="release", smoke_signer=None, smoke_report=None):
-    def mutate(h, ref):
+def reattest(record_edit=None, signer="release", smoke_signer=None, smoke_report=None, spec=SPEC):
+    def mutate(h, ref, ctx):
         record = json.loads(json.dumps(h["record"]))
         if record_edit:
             record_edit(record)
         record["manifest"]["digest"] = str(ref.digest)
-        attest_mod.attest(RegistryStore(ref), ref, record, h["signers"][signer])
+        attest_mod.attest(RegistryStore(ref), ref, record, h["signers"][signer], sign_kernels=False)
         if smoke_signer:
-            smoke.attach_report(RegistryStore(ref), ref, {**h["report"], "image": str(ref), **(smoke_report or {})},
-                                b"spec", h["signers"][smoke_signer])
+            smoke.attach_report(RegistryStore(ref), ref, honest_report(ref, **(smoke_report or {})), spec,
+                                h["signers"][smoke_signer])
     return mutate
 
 
-def envelope_payload_swapped(h, ref):
+def add_layer(ref: Reference, envelope: bytes, annotation: str, replace: str | None = None) -> None:
+    """Append a DSSE layer to the .att manifest (or put it in place of the layer annotated `replace`)."""
+    reg, doc, _ = att_layers(ref)
+    desc = RegistryStore(ref).put_blob(envelope, attest_mod.DSSE)
+    layer = Descriptor(attest_mod.DSSE, desc.digest, desc.size,
+                       {attest_mod.SIGNATURE_ANNOTATION: "", "predicateType": annotation}).to_json()
+    if replace:
+        doc["layers"] = [l for l in doc["layers"] if l["annotations"]["predicateType"] != replace]
+    doc["layers"].append(layer)
+    put_att(ref, doc)
+
+
+def release_key_forges_a_smoke_result(h, ref, ctx):
+    """Issue 17's first forgery: no MI300X ran; the release key signs a PASSED test result that
+    compared outputs, and its layer is annotated as another type (the one the release key may sign)."""
+    drop_predicate(TEST_RESULT)(h, ref, ctx)
+    statement = smoke.statement(ref, honest_report(ref), SPEC)
+    add_layer(ref, sign.envelope(h["signers"]["release"], statement), "https://example.com/scan/v1")
+
+
+def smoke_key_stands_in_for_the_provenance(h, ref, ctx):
+    """Issue 17's second forgery: the key on the runner that executes the candidate replaces the SLSA
+    provenance with its own statement of it, annotated as a smoke result."""
+    _, doc, _ = att_layers(ref)
+    layer = next(l for l in doc["layers"] if l["annotations"]["predicateType"] == SLSA)
+    env = json.loads(Registry(ref.registry).fetch_blob(ref.repository, Descriptor.from_json(layer)))
+    statement = base64.b64decode(env["payload"])
+    add_layer(ref, sign.envelope(h["signers"]["smoke"], statement), TEST_RESULT, replace=SLSA)
+
+
+def second_statement(kind: str, signer: str, edit):
+    """A second, validly signed statement of a type already there: which one counts may not be chosen."""
+    def mutate(h, ref, ctx):
+        _, doc, _ = att_layers(ref)
+        layer = next(l for l in doc["layers"] if l["annotations"]["predicateType"] == kind)
+        env = json.loads(Registry(ref.registry).fetch_blob(ref.repository, Descriptor.from_json(layer)))
+        statement = json.loads(base64.b64decode(env["payload"]))
+        edit(statement["predicate"])
+        add_layer(ref, sign.envelope(h["signers"][signer], json.dumps(statement).encode()), kind)
+    return mutate
+
+
+def envelope_payload_swapped(h, ref, ctx):
     """The provenance's payload rewritten (base changed), the old signature kept."""
     reg, doc, tag = att_layers(ref)
-    layer = next(l for l in doc["layers"] if l["annotations"]["predicateType"] == "https://slsa.dev/provenance/v1")
+    layer = next(l for l in doc["layers"] if l["annotations"]["predicateType"] == SLSA)
     env = json.loads(reg.fetch_blob(ref.repository, Descriptor.from_json(layer)))
     statement = json.loads(base64.b64decode(env["payload"]))
     statement["predicate"]["buildDefinition"]["externalParameters"]["base"] = "docker.io/evil/base@sha256:" + "5" * 64
@@ -268,7 +418,7 @@ def envelope_payload_swapped(h, ref):
     reg.put_manifest(ref.repository, tag, json.dumps(doc).encode(), OCI_MANIFEST)
 
 
-def signature_malformed(h, ref):
+def signature_malformed(h, ref, ctx):
     reg = Registry(ref.registry)
     sig = signature_tag(ref.digest, "sig")
     doc = json.loads(reg.get_manifest(Reference(ref.registry, ref.repository, sig))[0])
@@ -276,7 +426,7 @@ def signature_malformed(h, ref):
     reg.put_manifest(ref.repository, sig, json.dumps(doc).encode(), OCI_MANIFEST)
 
 
-def unsigned_image_under_our_name(h, ref):
+def unsigned_image_under_our_name(h, ref, ctx):
     """The base itself pushed under our image's repository: a real image, none of our signatures."""
     reg = Registry(ref.registry)
     body, media_type, digest = reg.get_manifest(h["base"])
@@ -286,94 +436,205 @@ def unsigned_image_under_our_name(h, ref):
     return Reference(ref.registry, ref.repository, None, digest)
 
 
+def oversized_layer(suffix: str):
+    """A .sig or .att layer whose descriptor claims 5 MiB (a real blob of that size is there)."""
+    def mutate(h, ref, ctx):
+        reg = Registry(ref.registry)
+        tag = signature_tag(ref.digest, suffix)
+        doc = json.loads(reg.get_manifest(Reference(ref.registry, ref.repository, tag))[0])
+        big = b" " * (5 << 20)
+        desc = RegistryStore(ref).put_blob(big, doc["layers"][0]["mediaType"])
+        doc["layers"][0].update(digest=str(desc.digest), size=desc.size)
+        reg.put_manifest(ref.repository, tag, json.dumps(doc).encode(), OCI_MANIFEST)
+    return mutate
+
+
+def served_by_proxy(suffix: str, status: int, body):
+    """A registry (a proxy in front of the real one) that answers one manifest with `body`."""
+    def mutate(h, ref, ctx):
+        tag = str(ref.digest) if suffix == "image" else signature_tag(ref.digest, suffix)
+        proxy = FaultyProxy(ref.registry, [], {f"/v2/{ref.repository}/manifests/{tag}":
+                                               (status, {"Content-Type": OCI_MANIFEST}, body)}).__enter__()
+        ctx["cleanup"].append(lambda: proxy.__exit__(None, None, None))
+        ctx["after"].append(lambda: proxy.sent < 32 << 20)  # an endless body was not read on and on
+        return Reference(proxy.host, ref.repository, None, ref.digest)
+    return mutate
+
+
+def endless(chunk: bytes):
+    def body():
+        while True:
+            yield chunk
+    return body
+
+
 def policy_with(**over):
     def make(h, path):
         return dev_policy(path, h["base"], **over)
     return make
 
 
-def threshold_two(h, path):
-    dev_policy(path, h["base"])
-    doc = yaml.safe_load(path.read_text())
-    doc["roles"] = {"release": {"keys": [str(h["root"] / "other" / "release.pub")], "threshold": 2}}
-    path.write_text(yaml.safe_dump(doc))
-    return path
+def roles_policy(roles: dict):
+    """The dev policy with these roles ({name: {keys: [paths under the key root], threshold}})."""
+    def make(h, path):
+        dev_policy(path, h["base"])
+        doc = yaml.safe_load(path.read_text())
+        doc["roles"] = {name: {"keys": [str(h["root"] / k) for k in role["keys"]], "threshold": role.get("threshold", 1)}
+                        for name, role in roles.items()}
+        path.write_text(yaml.safe_dump(doc))
+        return path
+    return make
 
 
 def same_key_twice(h, path):
     """threshold 2, met on paper by listing the one real key twice (a copy under another name)."""
-    dev_policy(path, h["base"])
-    copy = path.parent / "release-copy.pub"
-    shutil.copy(h["root"] / "k" / "release.pub", copy)
-    doc = yaml.safe_load(path.read_text())
-    doc["roles"] = {"release": {"keys": [str(h["root"] / "k" / "release.pub"), str(copy)], "threshold": 2}}
-    path.write_text(yaml.safe_dump(doc))
-    return path
+    shutil.copy(h["root"] / "k" / "release.pub", h["root"] / "release-copy.pub")
+    return roles_policy({"release": {"keys": ["k/release.pub", "release-copy.pub"], "threshold": 2}})(h, path)
 
 
 GITHUB = ["https://github.com/dsv4-mi300x/bakery/.github/workflows/release.yml@refs/tags/v*"]
 VERIFY_CASES = [
-    # (case, mutate(h, ref) -> None | other ref, policy(h, path) | None, require smoke, the check that must fire)
-    ("unsigned image under our name", unsigned_image_under_our_name, None, False, "FAIL signature manifest"),
-    ("signed with another key", reattest(signer="other"), None, False, "not signed by a release key of the policy"),
-    ("signature malformed", signature_malformed, None, False, "FAIL signature valid for this digest, by 0 of 1"),
-    ("attestations pointed at an empty artifact", delete_tag("att"), None, False,
+    # (case, mutate(h, ref, ctx) -> None | other ref, policy(h, path) | None, require smoke, exit code, the check)
+    ("unsigned image under our name", unsigned_image_under_our_name, None, False, 5, "FAIL signature manifest"),
+    ("signed with another key", reattest(signer="other"), None, False, 5, "not signed by a release key of the policy"),
+    ("signature malformed", signature_malformed, None, False, 5, "FAIL signature valid for this digest, by 0 of 1"),
+    ("attestations pointed at an empty artifact", delete_tag("att"), None, False, 5,
      "FAIL SBOM (SPDX 2.3) attestation present and signed"),
-    ("signature pointed at an empty artifact", delete_tag("sig"), None, False, "FAIL signature valid for this digest"),
-    ("SBOM removed", drop_predicate("https://spdx.dev/Document"), None, False,
-     "FAIL SBOM (SPDX 2.3) attestation present and signed"),
-    ("provenance removed", drop_predicate("https://slsa.dev/provenance/v1"), None, False,
-     "FAIL SLSA provenance attestation present and signed"),
-    ("provenance payload swapped, signature kept", envelope_payload_swapped, None, False,
+    ("signature pointed at an empty artifact", delete_tag("sig"), None, False, 5, "FAIL signature valid for this digest"),
+    ("SBOM removed", drop_predicate(SPDX), None, False, 5, "FAIL SBOM (SPDX 2.3) attestation present and signed"),
+    ("provenance removed", drop_predicate(SLSA), None, False, 5, "FAIL SLSA provenance attestation present and signed"),
+    ("provenance payload swapped, signature kept", envelope_payload_swapped, None, False, 5,
      "signed by 0 of 1 required release key(s)"),
     ("provenance names another base", reattest(lambda r: r["base"].update(pinned="docker.io/x/y@sha256:" + "6" * 64)),
-     None, False, "FAIL provenance base is the pinned"),
+     None, False, 5, "FAIL provenance base is the pinned"),
     ("provenance from a dirty checkout", reattest(lambda r: r["source"].update(dirty=True)),
-     policy_with(allow_dirty=False), False, "FAIL built from a checkout with uncommitted or untracked changes"),
-    ("provenance from an unlisted builder", None, policy_with(allowed_builders=GITHUB), False,
+     policy_with(allow_dirty=False), False, 5, "FAIL built from a checkout with uncommitted or untracked changes"),
+    ("provenance from an unlisted builder", None, policy_with(allowed_builders=GITHUB), False, 5,
      "FAIL builder local is an allowed builder"),
     ("provenance from an unlisted source", None, policy_with(allowed_sources=["https://github.com/dsv4-mi300x/bakery"]),
-     False, "is an allowed repository"),
-    ("signature names an unlisted repository", None, policy_with(allowed_repositories=["ghcr.io/other/*"]), False,
+     False, 5, "is an allowed repository"),
+    ("signature names an unlisted repository", None, policy_with(allowed_repositories=["ghcr.io/other/*"]), False, 5,
      "which the policy's allowed_repositories do not list"),
-    ("fewer signers than the threshold", None, threshold_two, False, "by 1 of 2 required release key(s)"),
-    ("one key listed twice to meet the threshold", None, same_key_twice, False,
-     "attestation https://spdx.dev/Document signed by 1 of 2 required release key(s)"),
-    ("SBOM and provenance signed by the smoke key", reattest(signer="smoke"), None, False,
+    ("fewer signers than the threshold", None,
+     roles_policy({"release": {"keys": ["other/release.pub"], "threshold": 2}}), False, 5,
+     "by 1 of 2 required release key(s)"),
+    ("one key listed twice to meet the threshold", None, same_key_twice, False, 5,
+     f"attestation {SPDX} signed by 1 of 2 required release key(s)"),
+    ("SBOM and provenance signed by the smoke key", reattest(signer="smoke"), None, False, 5,
      "signed by 0 of 1 required release key(s)"),
-    ("smoke result signed by the release key", reattest(smoke_signer="release"), None, True,
+    ("smoke result signed by the release key", reattest(smoke_signer="release"), None, True, 5,
      "signed by 0 of 1 required smoke key(s)"),
     ("smoke PASSED that compared nothing", reattest(smoke_signer="smoke", smoke_report={"regression_compared": 0}),
-     None, True, "(result PASSED, 0 outputs compared)"),
+     None, True, 5, "(result PASSED, 0 outputs compared)"),
     ("smoke FAILED", reattest(smoke_signer="smoke", smoke_report={"result": "FAILED", "failed": ["vram"]}), None, True,
-     "(result FAILED"),
+     5, "(result FAILED"),
     ("smoke RECORDED", reattest(smoke_signer="smoke", smoke_report={"result": "RECORDED", "regression_compared": 0}),
-     None, True, "(result RECORDED"),
-    ("no smoke result at all", drop_predicate("https://in-toto.io/attestation/test-result/v0.1"), None, True,
-     "(none attached"),
+     None, True, 5, "(result RECORDED"),
+    ("no smoke result at all", drop_predicate(TEST_RESULT), None, True, 5, "(none attached"),
+    # issue 17: roles from what is signed
+    ("release key forges a smoke result under another annotation", release_key_forges_a_smoke_result, None, True, 5,
+     f"attestation layer annotated https://example.com/scan/v1 holds a statement of type {TEST_RESULT}: refused"),
+    ("smoke key stands in for the provenance", smoke_key_stands_in_for_the_provenance, None, False, 5,
+     f"attestation layer annotated {TEST_RESULT} holds a statement of type {SLSA}: refused"),
+    ("two provenance statements for one digest", second_statement(SLSA, "release", lambda p: p["runDetails"].update(
+        builder={"id": GITHUB[0].replace("*", "1.0.0")})), None, False, 5,
+     f"2 signed statements of type {SLSA} for this digest: refused"),
+    ("two smoke results for one digest", second_statement(TEST_RESULT, "smoke", lambda p: p.update(result="FAILED")),
+     None, True, 5, f"2 signed statements of type {TEST_RESULT} for this digest: refused"),
+    ("one key in two roles", None, roles_policy({"release": {"keys": ["k/release.pub"]},
+                                                 "smoke": {"keys": ["k/release.pub"]}}), False, 2,
+     "is listed in roles release and smoke: one key vouches for one thing"),
+    # issue 17: a smoke result bound to its spec and host
+    ("smoke result for an older spec", reattest(smoke_signer="smoke", spec=SPEC.replace(b"expected: null", b"", 1)),
+     None, True, 5, "(it ran sha256:"),
+    ("smoke result from another GPU", reattest(smoke_signer="smoke", smoke_report={
+        "host": {**MI300X, "gfx_arch": "gfx90a", "compute_units": 104}}), None, True, 5,
+     "FAIL the smoke ran on a gfx942 host (it reports PASSED on gfx90a, 104 CUs"),
+    # issue 17: transport bounded
+    ("image manifest over 4 MiB, endless", served_by_proxy("image", 200, endless(b"{" * 65536)), None, False, 5,
+     "is over the 4194304-byte limit for it; refused after reading"),
+    ("signature manifest over 4 MiB", served_by_proxy("sig", 200, b" " * (5 << 20)), None, False, 5,
+     "announces 5242880 bytes, over the 4194304-byte limit"),
+    ("attestation manifest error body over 64 KiB", served_by_proxy("att", 403, endless(b"x" * 4096)), None, False, 5,
+     "error body: the response is over the 65536-byte limit"),
+    ("signature payload over 4 MiB", oversized_layer("sig"), None, False, 5,
+     "claims 5242880 bytes, over the 4194304-byte limit"),
+    ("DSSE envelope over 4 MiB", oversized_layer("att"), None, False, 5,
+     "claims 5242880 bytes, over the 4194304-byte limit"),
 ]
 
 
-@pytest.mark.parametrize("case, mutate, policy, require_smoke, check", VERIFY_CASES, ids=[c[0] for c in VERIFY_CASES])
-def test_verify_refuses(case, mutate, policy, require_smoke, check, honest, tmp_path):
-    ref = clone(honest, re.sub(r"[^a-z0-9]+", "-", case.lower()).strip("-"))
-    ref = (mutate(honest, ref) if mutate else None) or ref
-    policy_path = (policy or policy_with())(honest, tmp_path / "policy.yaml")
-    keyargs = ["--key", str(honest["root"] / "k" / "release.pub"), "--smoke-key", str(honest["root"] / "k" / "smoke.pub")]
-    result = invoke(honest["project"], "verify", str(ref), *keyargs, "--policy", str(policy_path),
-                    *(["--require-smoke"] if require_smoke else []))
+def keyargs(h) -> list[str]:
+    return ["--key", str(h["root"] / "k" / "release.pub"), "--smoke-key", str(h["root"] / "k" / "smoke.pub")]
+
+
+@pytest.mark.parametrize("case, mutate, policy, require_smoke, code, check", VERIFY_CASES,
+                         ids=[c[0] for c in VERIFY_CASES])
+def test_verify_refuses(case, mutate, policy, require_smoke, code, check, honest, tmp_path):
+    ref, ctx = clone(honest, slug(case)), {"cleanup": [], "after": []}
+    try:
+        ref = (mutate(honest, ref, ctx) if mutate else None) or ref
+        policy_path = (policy or policy_with())(honest, tmp_path / "policy.yaml")
+        result = invoke(honest["project"], "verify", str(ref), *keyargs(honest), "--policy", str(policy_path),
+                        *(["--require-smoke"] if require_smoke else []))
+    finally:
+        for undo in ctx["cleanup"]:
+            undo()
     assert "Traceback" not in result.stderr, result.stderr
-    assert result.returncode == 5 and check in result.stdout, result.stdout + result.stderr
+    assert result.returncode == code and check in result.stdout + result.stderr, result.stdout + result.stderr
+    assert f"verified {ref}" not in result.stdout
+    assert all(after() for after in ctx["after"])
 
 
 def test_the_honest_image_verifies(honest, tmp_path):
-    """The control: the same clone, unchanged, passes with smoke required."""
+    """The control: the same clone, unchanged, passes with smoke required and says what ran it."""
     ref = clone(honest, "control")
-    keyargs = ["--key", str(honest["root"] / "k" / "release.pub"), "--smoke-key", str(honest["root"] / "k" / "smoke.pub")]
-    result = invoke(honest["project"], "verify", str(ref), *keyargs, "--policy",
+    result = invoke(honest["project"], "verify", str(ref), *keyargs(honest), "--policy",
                     str(policy_with()(honest, tmp_path / "p.yaml")), "--require-smoke")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "smoke: PASSED on gfx942, 304 CUs, driver 6.10.5, ROCm 6.4.1" in result.stdout
+    assert f"ok   the smoke ran the pinned spec provenance/smoke.yaml sha256:{hashlib.sha256(SPEC).hexdigest()}" \
+        in result.stdout
+
+
+# -- cosign, judging the same forgeries with one role's key and type ----------------------------------
+
+COSIGN = ROOT / ".tools" / "bin" / "cosign"
+COSIGN_CASES = [  # (verify case, predicate type, the role whose key cosign is given)
+    ("release key forges a smoke result under another annotation", TEST_RESULT, "smoke"),
+    ("smoke key stands in for the provenance", SLSA, "release"),
+    ("smoke result signed by the release key", TEST_RESULT, "smoke"),
+    ("SBOM and provenance signed by the smoke key", SLSA, "release"),
+    ("SBOM and provenance signed by the smoke key", SPDX, "release"),
+    ("provenance payload swapped, signature kept", SLSA, "release"),
+]
+
+
+def cosign(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(COSIGN), *args, "--insecure-ignore-tlog=true", "--allow-http-registry"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": "/tmp"})
+
+
+@pytest.mark.parametrize("case, kind, role", COSIGN_CASES, ids=[f"{c[0]} ({c[1].rsplit('/', 2)[-2]})"
+                                                                  for c in COSIGN_CASES])
+def test_cosign_agrees_with_our_refusal(case, kind, role, honest):
+    """cosign verify-attestation --type KIND --key ROLE.pub refuses what we refuse: it too takes the
+    type from the signed statement, so with the key of the role that must sign that type, a
+    statement signed by another key does not count."""
+    mutate = next(c[1] for c in VERIFY_CASES if c[0] == case)
+    ref = clone(honest, f"cosign-{slug(case)}-{role}")
+    mutate(honest, ref, {"cleanup": [], "after": []})
+    result = cosign("verify-attestation", "--type", kind, "--key", str(honest["root"] / "k" / f"{role}.pub"), str(ref))
+    assert result.returncode != 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("kind, role", [(TEST_RESULT, "smoke"), (SLSA, "release"), (SPDX, "release")])
+def test_cosign_accepts_the_honest_image(kind, role, honest):
+    """The control beside the cosign cases: the same commands accept the unchanged image."""
+    ref = clone(honest, "cosign-control")
+    result = cosign("verify-attestation", "--type", kind, "--key", str(honest["root"] / "k" / f"{role}.pub"), str(ref))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_the_corpus_is_at_least_thirty_cases():
-    assert len(BUILD_CASES) + len(VERIFY_CASES) >= 30
+def test_the_corpus_is_at_least_fifty_cases():
+    assert len(BUILD_CASES) + len(VERIFY_CASES) >= 50
