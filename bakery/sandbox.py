@@ -65,6 +65,12 @@ def command(argv: list[str], readable: list[Path], inputs: Path) -> list[str]:
 
 
 def run(argv: list[str], readable: list[Path], inputs: Path, timeout: float) -> subprocess.CompletedProcess:
-    """argv in the sandbox (its paths as the sandbox sees them); output captured as text."""
-    return subprocess.run(command(argv, readable, inputs), capture_output=True, text=True, timeout=timeout,
+    """argv in the sandbox (its paths as the sandbox sees them); output captured as text. A sandbox
+    that cannot start is this machine's problem, not a verdict on the code."""
+    done = subprocess.run(command(argv, readable, inputs), capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
+    if done.returncode != 0 and done.stderr.startswith("bwrap: "):
+        raise EnvironmentProblem(f"the proofs' sandbox cannot start here ({done.stderr.strip().splitlines()[0]}): "
+                                 f"bubblewrap needs unprivileged user namespaces (on Ubuntu 24.04: sysctl "
+                                 f"kernel.apparmor_restrict_unprivileged_userns=0) or root")
+    return done

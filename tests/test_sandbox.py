@@ -105,3 +105,14 @@ def test_without_bubblewrap_proofs_do_not_run(hostile, monkeypatch):
     monkeypatch.setattr(sandbox, "BWRAP", "bwrap-not-installed")
     with pytest.raises(EnvironmentProblem, match="apt-get install bubblewrap"):
         prove.run(hostile, b"", {})
+
+
+def test_a_sandbox_that_cannot_start_is_the_machines_problem_not_a_verdict(hostile, tmp_path, monkeypatch):
+    """Where user namespaces are refused (Ubuntu 24.04's AppArmor default, not this machine), bwrap
+    fails before running anything: a stand-in bwrap that fails the same way gives one clear line."""
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sandbox, "BWRAP", str(fake))
+    with pytest.raises(EnvironmentProblem, match=r"sandbox cannot start here \(bwrap: setting up uid map"):
+        prove.run(hostile, b"", {})

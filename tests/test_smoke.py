@@ -54,6 +54,27 @@ def test_gfx942_detection_reads_kfd_topology(tmp_path):
     assert "no node" in smoke.mi300x_present(str(kfd), str(tmp_path / "nodes"))
 
 
+def test_host_facts_from_kfd_topology(tmp_path):
+    """What the signed result says the host is. No MI300X here: the tree is written by hand in KFD's
+    sysfs format, with an MI300X's numbers (gfx_target_version 90402; 1216 SIMDs, 4 per CU: 304 CUs)
+    after a CPU node, as KFD lists them."""
+    nodes = tmp_path / "nodes"
+    for n, props in (("0", "cpu_cores_count 96\nsimd_count 0\ngfx_target_version 0\n"),
+                     ("1", "cpu_cores_count 0\nsimd_count 1216\nsimd_per_cu 4\ngfx_target_version 90402\n"),
+                     ("2", "cpu_cores_count 0\nsimd_count 1216\nsimd_per_cu 4\ngfx_target_version 90402\n")):
+        (nodes / n).mkdir(parents=True)
+        (nodes / n / "properties").write_text(props)
+    (tmp_path / "amdgpu-version").write_text("6.10.5\n")
+    (tmp_path / "rocm-version").write_text("6.4.1-120\n")
+    facts = smoke.host_facts(str(nodes), str(tmp_path / "amdgpu-version"), str(tmp_path / "rocm-version"))
+    assert {k: facts[k] for k in ("gpus", "gfx_arch", "compute_units", "driver_version", "rocm_version")} == \
+        {"gpus": 2, "gfx_arch": "gfx942", "compute_units": 304, "driver_version": "6.10.5", "rocm_version": "6.4.1-120"}
+    (nodes / "1" / "properties").write_text("simd_count 440\nsimd_per_cu 4\ngfx_target_version 90010\n")
+    assert smoke.host_facts(str(nodes), "/nonexistent", "/nonexistent")["gfx_arch"] == "gfx90a"  # MI250X
+    none = smoke.host_facts(str(tmp_path / "nowhere"), "/nonexistent", "/nonexistent")
+    assert none["gpus"] == 0 and none["gfx_arch"] is None and none["rocm_version"] == "no ROCm install on the host"
+
+
 # -- the log watcher on recorded streams -------------------------------------------------------------
 
 def test_healthy_start_in_order_with_benign_aiter_lines():
@@ -260,7 +281,7 @@ def test_smoke_attestation_gates_verify(tmp_path, registry, fixture_base, fixtur
     refused = invoke(project, *args)
     assert refused.returncode == 5 and "(result PASSED, 0 outputs compared)" in refused.stdout
     passing = {"image": ref, "result": "PASSED", "passed": ["health", "http", "regression", "vram"], "failed": [],
-               "regression_compared": 4}
+               "regression_compared": 4, "host": {"gfx_arch": "gfx942", "compute_units": 304}}
     # the build's release key may not vouch for the MI300X result: only a smoke key may
     smoke.attach_report(RegistryStore(r), r, passing, spec_bytes, release_signer)
     refused = invoke(project, *args)

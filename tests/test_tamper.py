@@ -597,6 +597,42 @@ def test_the_honest_image_verifies(honest, tmp_path):
         in result.stdout
 
 
+# -- invoke attach: a signed result carried from a job without push rights ---------------------------
+
+def smoke_envelope(h, ref, signer="smoke") -> bytes:
+    """What `invoke smoke --attest --envelope FILE` writes on the MI300X runner."""
+    return sign.envelope(h["signers"][signer], smoke.statement(ref, honest_report(ref), SPEC))
+
+
+def test_attach_pushes_a_smoke_result_that_verifies(honest, tmp_path):
+    ref = clone(honest, "attach-ok")
+    drop_predicate(TEST_RESULT)(honest, ref, {})
+    (tmp_path / "smoke.dsse").write_bytes(smoke_envelope(honest, ref))
+    attached = invoke(honest["project"], "attach", str(ref), "--envelope", str(tmp_path / "smoke.dsse"),
+                      "--key", str(honest["root"] / "k" / "smoke.pub"))
+    assert attached.returncode == 0, attached.stderr
+    ok = invoke(honest["project"], "verify", str(ref), *keyargs(honest), "--policy",
+                str(policy_with()(honest, tmp_path / "p.yaml")), "--require-smoke")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+@pytest.mark.parametrize("signer, about_other, code, check", [
+    ("release", False, 5, "no valid signature"),  # signed by a key that is not the smoke key given
+    ("smoke", True, 2, "is about sha256:"),  # a result for another image
+])
+def test_attach_refuses_what_would_not_verify(signer, about_other, code, check, honest, tmp_path):
+    ref = clone(honest, slug(f"attach-{signer}-{about_other}"))
+    drop_predicate(TEST_RESULT)(honest, ref, {})
+    _, before, _ = att_layers(ref)
+    other = Reference(ref.registry, ref.repository, None, Digest.parse("sha256:" + "1" * 64))
+    (tmp_path / "smoke.dsse").write_bytes(smoke_envelope(honest, other if about_other else ref, signer))
+    refused = invoke(honest["project"], "attach", str(ref), "--envelope", str(tmp_path / "smoke.dsse"),
+                     "--key", str(honest["root"] / "k" / "smoke.pub"))
+    errors = [l for l in refused.stderr.splitlines() if l.startswith("error:")]
+    assert refused.returncode == code and len(errors) == 1 and check in errors[0], refused.stderr
+    assert att_layers(ref)[1] == before  # nothing attached
+
+
 # -- cosign, judging the same forgeries with one role's key and type ----------------------------------
 
 COSIGN = ROOT / ".tools" / "bin" / "cosign"
