@@ -233,7 +233,8 @@ def run_toolchain(client, toolchain: str, root: Path, shell: str, out: Path) -> 
     container = client.containers.run(toolchain, [shell], entrypoint=["/bin/sh", "-c"], detach=True,
                                       volumes={str(root): {"bind": "/src", "mode": "ro"},
                                                str(out): {"bind": "/out", "mode": "rw"}},
-                                      network_disabled=True)
+                                      network_disabled=True, cap_drop=["ALL"],
+                                      security_opt=["no-new-privileges"])
     try:
         status = container.wait()["StatusCode"]
         logs = container.logs().decode(errors="replace").strip()
@@ -320,11 +321,45 @@ def _cache_entry(dest: Path):
         raise
 
 
+OUTPUT_LIMIT = 1 << 30  # a compiled extension is tens of MiB
+
+
+def expected_outputs(recipe: Recipe) -> set[str]:
+    return {"toolchain.txt"} | {f"{e['name']}{suffix}" for e in recipe.extensions for suffix in (".so", ".schema")}
+
+
+def take_outputs(folder: Path, expected: set[str]) -> dict[str, str]:
+    """{name: sha256} of what the toolchain container left in /out. The container runs the base's
+    code, so what it leaves is read as hostile: exactly the expected names, each a regular file
+    (a symbolic link would make us read, hash and push a file of the host's), opened without
+    following links."""
+    import os
+    import stat
+
+    found = {e.name: e for e in os.scandir(folder)}
+    unexpected, missing = sorted(set(found) - expected), sorted(expected - set(found))
+    if unexpected or missing:
+        raise IntegrityError(f"the compile left {', '.join(unexpected) or 'nothing unexpected'} and lacks "
+                             f"{', '.join(missing) or 'nothing'} in /out: refused (the toolchain image is broken "
+                             f"or hostile)")
+    outputs = {}
+    for name in sorted(found):
+        info = found[name].stat(follow_symlinks=False)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > OUTPUT_LIMIT:
+            raise IntegrityError(f"compile output {name} is not a regular file of at most {OUTPUT_LIMIT} bytes (a "
+                                 f"symbolic link, FIFO, device, folder or a giant): refused, nothing of it read "
+                                 f"(the toolchain image is hostile)")
+        fd = os.open(folder / name, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            outputs[name] = hashlib.sha256(f.read()).hexdigest()
+    return outputs
+
+
 def _compile(recipe: Recipe, toolchain: str, image_id: str, out: Path, log) -> None:
     with _cache_entry(out) as tmp:
         log(f"compiling hip/ for {recipe.arch} in {toolchain}")
         run_toolchain(docker_client(), toolchain, recipe.root, script(recipe), tmp)
-        outputs = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(tmp.iterdir())}
+        outputs = take_outputs(tmp, expected_outputs(recipe))
         (tmp / "done.json").write_text(json.dumps({"toolchain_image": image_id, "sha256": outputs}))
 
 

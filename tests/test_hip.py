@@ -296,3 +296,27 @@ def test_disk_check_knows_when_the_base_need_not_be_pulled(project, registry, fi
     elsewhere = invoke(project, "disk", "--base", str(fixture_base), "--unless-cached-in", f"{registry}/travel/empty",
                        env=env)
     assert elsewhere.returncode == 0 and "the build will compile" in elsewhere.stderr and "GiB free" in elsewhere.stdout
+
+
+def test_a_toolchain_that_leaves_a_link_in_out_reads_nothing_of_the_host(toolchain, tmp_path):
+    """The compile runs the base's code (its compiler, its python) as root in a container whose /out
+    is a host folder. A hostile toolchain leaves toolchain.txt as a link to a host file (on a
+    build runner: the registry login): we must refuse it without reading, hashing or pushing it."""
+    secret = tmp_path / "docker-config.json"
+    secret.write_text('{"auths": {"ghcr.io": {"auth": "cHVzaDp0b2tlbg=="}}}')
+    wrapper = ("#!/bin/sh\n/usr/bin/python3.real \"$@\"\nrc=$?\n"
+               f"if [ -e /out/_C_stable_libtorch.so ]; then rm -f /out/toolchain.txt; ln -s {secret} /out/toolchain.txt; fi\n"
+               "exit $rc\n")
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "python3").write_text(wrapper)
+    (tmp_path / "ctx" / "python3").chmod(0o755)  # COPY keeps the mode (Debian's engine has no BuildKit --chmod)
+    (tmp_path / "ctx" / "Dockerfile").write_text(
+        f"FROM {toolchain}\nRUN mv /usr/bin/python3 /usr/bin/python3.real\nCOPY python3 /usr/bin/python3\n")
+    hostile = "bakery/hostile-toolchain:test"
+    docker("build", "-q", "-t", hostile, str(tmp_path / "ctx"))
+    result = invoke(ROOT, "compile", "--toolchain", hostile, env={"BAKERY_CACHE": str(tmp_path / "cache")})
+    errors = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+    assert result.returncode == 5 and len(errors) == 1, result.stderr
+    assert "compile output toolchain.txt is not a regular file" in errors[0]
+    assert "cHVzaDp0b2tlbg" not in result.stdout + result.stderr
+    assert [p.name for p in (tmp_path / "cache" / "hip").iterdir()] == []  # nothing kept
