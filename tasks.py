@@ -274,9 +274,11 @@ def attest(c, image, record=None, key=None, layout=None):
 
 @task(help={"image": "the image REGISTRY/REPO@sha256:DIGEST the statement is about",
             "envelope": "a signed DSSE envelope (e.g. from `invoke smoke --attest --envelope FILE`)",
-            "key": "the public key of the role that signs this statement's type (e.g. smoke.pub)"})
+            "key": "the public key of ROLE (e.g. smoke.pub): the envelope must verify with it",
+            "role": "the role the envelope comes from (default smoke): only statement types that role signs are "
+                    "attached"})
 @reports_errors
-def attach(c, image, envelope, key):
+def attach(c, image, envelope, key, role="smoke"):
     """Attach a signed attestation (made on another machine) to IMAGE@DIGEST, after checking its signature."""
     from bakery import attest as attest_mod, keys, provenance, sign, store
     from bakery.errors import InputError
@@ -288,9 +290,9 @@ def attach(c, image, envelope, key):
     except OSError as e:
         raise InputError(f"cannot read --envelope {envelope}: {e.strerror}") from None
     kind, _ = attest_mod.statement_of(data, ref, f"envelope {envelope}")
-    role = provenance.SIGNED_BY.get(kind)
-    if role is None:
-        raise InputError(f"envelope {envelope} holds a statement of type {kind}, which no role signs")
+    if provenance.SIGNED_BY.get(kind) != role:
+        raise InputError(f"envelope {envelope} holds a statement of type {kind}, which the {role} role does not "
+                         f"sign: not attached (it would stand beside, or in place of, another role's)")
     sign.open_envelope(data, keys.load_public(Path(key)), f"envelope {envelope} ({kind}, a {role} statement)")
     digest = attest_mod.attach_envelopes(store.RegistryStore(ref), ref, {kind: data})
     _log(f"{kind} attached: {store.signature_tag(ref.digest, 'att')} -> {digest}")

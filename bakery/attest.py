@@ -11,7 +11,7 @@ import base64
 import json
 
 from . import provenance, sbom, sign
-from .errors import InputError, malformed
+from .errors import InputError, IntegrityError, malformed
 from .image import canonical_json
 from .refs import Descriptor, Digest, Reference
 from .registry import OCI_MANIFEST
@@ -105,18 +105,28 @@ def attest(store, subject: Reference, record: dict, signer: sign.Signer, sign_ke
                "attestations": attach(store, subject, statements, signer)}
     artifact = (record.get("kernels") or {}).get("artifact")
     if artifact and sign_kernels:
-        written["kernels"] = sign_artifact(Reference.parse(artifact), signer)
+        written["kernels"] = sign_artifact(Reference.parse(artifact), signer, record.get("artifacts"))
     return written
 
 
-def sign_artifact(artifact: Reference, signer: sign.Signer) -> dict:
-    """A cosign signature on the kernel artifact's manifest digest, in its own repository."""
+def sign_artifact(artifact: Reference, signer: sign.Signer, baked: list | None = None) -> dict:
+    """A cosign signature on the kernel artifact's manifest digest, in its own repository; with
+    `baked` (the record's artifacts), only if it holds exactly the .so files the image baked."""
     from .store import RegistryStore
 
     if artifact.digest is None:
         raise InputError(f"the build record names kernel artifact {artifact} without a digest: build again")
     store = RegistryStore(artifact)
-    if store.manifest(str(artifact.digest)) is None:
+    manifest = store.manifest(str(artifact.digest))
+    if manifest is None:
         raise InputError(f"kernel artifact {artifact} is not in its registry: build again with --push")
+    if baked is not None:
+        with malformed(f"kernel artifact {artifact}"):
+            held = {l["annotations"]["org.opencontainers.image.title"]: l["digest"]
+                    for l in json.loads(manifest)["layers"]}
+        differ = [a["name"] for a in baked if held.get(f"{a['name']}.so") != f"sha256:{a['sha256']}"]
+        if differ:
+            raise IntegrityError(f"kernel artifact {artifact} does not hold the {', '.join(differ)}.so the build "
+                                 f"record says the image baked: not signed")
     subject = Reference(artifact.registry, artifact.repository, None, artifact.digest)
     return {"artifact": str(artifact), "signature": sign_image(store, subject, signer)}

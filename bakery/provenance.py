@@ -21,7 +21,8 @@ BUILD_TYPE = "https://github.com/dsv4-mi300x/bakery/build/v1"
 SIGNED_BY = {SLSA_PREDICATE: "release", SPDX_PREDICATE: "release", TEST_RESULT_PREDICATE: "smoke"}
 SMOKE_SPEC = "provenance/smoke.yaml"
 POLICY_KEYS = {"roles": dict, "allowed_sources": list, "allowed_builders": list, "allowed_repositories": list,
-               "allow_dirty": bool, "base": str, "require_smoke": bool, "smoke_spec": str, "smoke_arch": str}
+               "allow_dirty": bool, "base": str, "require_smoke": bool, "smoke_spec": str, "smoke_arch": str,
+               "smoke_compute_units": int}
 
 
 def statement(subject: Reference, predicate_type: str, predicate: dict) -> bytes:
@@ -101,7 +102,8 @@ class Policy:
     base: str
     require_smoke: bool
     smoke_spec: str  # sha256 hex of the smoke spec a smoke result must have run (default: the committed one)
-    smoke_arch: str = "gfx942"  # the GPU a smoke result must come from
+    smoke_arch: str = "gfx942"  # the GPU a smoke result must come from: an MI300X is gfx942 with 304 CUs
+    smoke_compute_units: int = 304  # (MI300A and MI308X are gfx942 too, with 228 and 80)
 
     def role_for(self, predicate_type: str) -> Role | None:
         """The role whose keys may sign a statement of this type; None: no key may."""
@@ -150,7 +152,7 @@ def load_policy(path: Path, project: Path, keys: dict | None = None) -> Policy:
                   str(Reference.parse_pinned(base, f"{path}: base") if base else
                       load_spec(project / "image" / "base.yaml").image),
                   bool(doc.get("require_smoke", False)), _smoke_spec(doc.get("smoke_spec"), project, path),
-                  doc.get("smoke_arch", "gfx942"))
+                  doc.get("smoke_arch") or "gfx942", doc.get("smoke_compute_units") or 304)
 
 
 def _one_role_per_key(roles: dict, path: Path) -> None:

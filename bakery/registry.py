@@ -185,7 +185,7 @@ class Registry:
                     "PATCH", location, scopes=push(repo), body=chunk, ok=(202,),
                     headers={"Content-Type": "application/octet-stream",
                              "Content-Range": f"{offset}-{end}", "Content-Length": str(len(chunk))})
-                location = _absolute(self.transport, resp.headers["Location"])
+                location = _location(self.transport, resp)
                 offset = end + 1
                 progress.update(len(chunk))
             check_digest(desc, hasher.hexdigest(), offset, "upload source")
@@ -199,11 +199,11 @@ class Registry:
 
     def _start_upload(self, repo: str) -> str:
         resp = self.transport.request("POST", f"/v2/{repo}/blobs/uploads/", scopes=push(repo), ok=(202,))
-        return _absolute(self.transport, resp.headers["Location"])
+        return _location(self.transport, resp)
 
     def _cancel(self, resp, repo: str) -> None:
-        if "Location" in resp.headers:
-            self._cancel_location(_absolute(self.transport, resp.headers["Location"]), repo)
+        if resp.headers.get("Location"):
+            self._cancel_location(_location(self.transport, resp), repo)
 
     def _cancel_location(self, location: str, repo: str) -> None:
         try:
@@ -225,7 +225,12 @@ def check_digest(desc: Descriptor, hexdigest: str, size: int, where: str) -> Non
             f"got sha256:{hexdigest} ({size} bytes); nothing was kept. Retry; if it persists the source is corrupt")
 
 
-def _absolute(transport: Transport, location: str) -> str:
+def _location(transport: Transport, resp) -> str:
+    """Where an upload continues: the Location header, made absolute."""
+    location = resp.headers.get("Location")
+    if not location:
+        raise RegistryError(f"{transport.registry} answered an upload step without a Location header: it is not a "
+                            f"distribution registry, or it is broken")
     return location if location.startswith("http") else transport.base + location
 
 

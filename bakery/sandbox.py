@@ -3,8 +3,9 @@
 A proof executes the base's own Python: that code is untrusted, and the job that runs it may hold
 registry credentials, a writable venv or, elsewhere, a signing key. It runs under bubblewrap:
 no network (its own empty network namespace), its own PID, IPC and UTS namespaces, every
-capability dropped, uid/gid 65534, an empty environment but for PATH, HOME, TMPDIR and LANG,
-a private empty HOME and /tmp, and a read-only view of exactly: the system's /usr (and its
+capability dropped, no further user namespaces, uid/gid 65534, an empty environment but for
+PATH, HOME, TMPDIR and LANG, a private empty HOME and /tmp (1 GiB each, in memory), no file or
+output past 64 MiB, and a read-only view of exactly: the system's /usr (and its
 /bin, /lib links), the few /etc files the loader and Python read, the Python installation and
 venv, the folders the caller names, and the inputs. Nothing else of the host exists inside:
 not ~/.docker, not the project's other files, not /work or /root.
@@ -13,9 +14,11 @@ not ~/.docker, not the project's other files, not /work or /root.
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from .errors import EnvironmentProblem
@@ -25,6 +28,8 @@ INPUTS = "/inputs"  # where the caller's input files appear, read-only
 HOME = "/home/sandbox"
 ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "localtime", "alternatives")
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": HOME, "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
+TMP_BYTES = 1 << 30  # each in-memory place it may write: /tmp, HOME, /dev/shm
+OUTPUT_BYTES = 64 << 20  # any file it writes, its stdout and stderr included
 
 
 def _python_roots() -> list[Path]:
@@ -47,30 +52,60 @@ def _system_binds() -> list[str]:
     return args
 
 
-def command(argv: list[str], readable: list[Path], inputs: Path) -> list[str]:
+def command(argv: list[str], readable: list[Path], inputs: Path, status_fd: int | None = None) -> list[str]:
     """The bwrap command line that runs argv in the sandbox; `inputs` appears at /inputs."""
     if shutil.which(BWRAP) is None:
         raise EnvironmentProblem("bubblewrap (bwrap) is not installed: proofs run the base's code and only run "
                                  "sandboxed; install it with `apt-get install bubblewrap` (scripts/bootstrap.sh does)")
-    args = [BWRAP, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+    args = [BWRAP, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--uid", "65534", "--gid", "65534", "--clearenv"]
+    if status_fd is not None:  # bwrap writes the child's pid there once the sandbox stands
+        args += ["--json-status-fd", str(status_fd)]
     for name, value in ENV.items():
         args += ["--setenv", name, value]
-    # the empty, writable places first: a bind under /tmp (a project in a temporary folder) stays visible
-    args += ["--tmpfs", "/tmp", "--tmpfs", HOME, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm"]
+    # the empty, writable places first (a bind under /tmp, a project in a temporary folder, stays
+    # visible), each capped: they live in memory
+    args += ["--size", str(TMP_BYTES), "--tmpfs", "/tmp", "--size", str(TMP_BYTES), "--tmpfs", HOME,
+             "--proc", "/proc", "--dev", "/dev", "--size", str(TMP_BYTES), "--tmpfs", "/dev/shm"]
     args += _system_binds()
     for path in _python_roots() + sorted({p.resolve() for p in readable}):
         args += ["--ro-bind", str(path), str(path)]
     return args + ["--ro-bind", str(inputs), INPUTS, "--chdir", HOME, "--"] + argv
 
 
+def _limit_output() -> None:
+    """In the child: no file it writes, its stdout and stderr included, grows past OUTPUT_BYTES."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (OUTPUT_BYTES, OUTPUT_BYTES))
+
+
+def _tail(f, limit: int = 1 << 20) -> str:
+    """The last `limit` bytes of what the sandboxed code wrote, decoded whatever they are."""
+    size = f.seek(0, os.SEEK_END)
+    f.seek(max(0, size - limit))
+    return f.read().decode("utf-8", errors="replace")
+
+
 def run(argv: list[str], readable: list[Path], inputs: Path, timeout: float) -> subprocess.CompletedProcess:
-    """argv in the sandbox (its paths as the sandbox sees them); output captured as text. A sandbox
-    that cannot start is this machine's problem, not a verdict on the code."""
-    done = subprocess.run(command(argv, readable, inputs), capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
-    if done.returncode != 0 and done.stderr.startswith("bwrap: "):
-        raise EnvironmentProblem(f"the proofs' sandbox cannot start here ({done.stderr.strip().splitlines()[0]}): "
+    """argv in the sandbox (its paths as the sandbox sees them): its exit status and the tail of its
+    stdout and stderr as text. A sandbox that does not stand up is this machine's problem, not a
+    verdict on the code; bwrap says it stood up on a status pipe the code inside cannot write to."""
+    status_read, status_write = os.pipe()
+    try:
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            try:
+                code = subprocess.run(command(argv, readable, inputs, status_write), stdout=out, stderr=err,
+                                      stdin=subprocess.DEVNULL, timeout=timeout, pass_fds=(status_write,),
+                                      preexec_fn=_limit_output).returncode
+            finally:
+                os.close(status_write)
+            status = b""
+            while chunk := os.read(status_read, 65536):
+                status += chunk
+            stdout, stderr = _tail(out), _tail(err)
+    finally:
+        os.close(status_read)
+    if b'"child-pid"' not in status:
+        raise EnvironmentProblem(f"the proofs' sandbox cannot start here ({(stderr.strip().splitlines() or ['?'])[0]}): "
                                  f"bubblewrap needs unprivileged user namespaces (on Ubuntu 24.04: sysctl "
                                  f"kernel.apparmor_restrict_unprivileged_userns=0) or root")
-    return done
+    return subprocess.CompletedProcess(argv, code, stdout, stderr)

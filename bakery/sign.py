@@ -86,8 +86,9 @@ def open_envelope(data: bytes, public_key, what: str) -> bytes:
         try:
             check(public_key, base64.b64decode(s.get("sig") or ""), pae(payload_type, payload), what)
             return payload
-        except (IntegrityError, ValueError) as e:
-            errors.append(str(e))
+        except (IntegrityError, ValueError, TypeError) as e:  # a "sig" that is not base64 text
+            errors.append(f"{what}: a malformed signature ({type(e).__name__})" if not isinstance(e, IntegrityError)
+                          else str(e))
     raise IntegrityError(f"{what}: no valid signature ({'; '.join(errors) or 'none present'})")
 
 

@@ -13,10 +13,11 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from .errors import InputError, IntegrityError, NotFound
+from .errors import InputError, IntegrityError, NotFound, malformed
 from .layer import write_blob
 from .refs import Descriptor, Digest, Reference
 from .registry import OCI_INDEX, OCI_MANIFEST, Registry, check_digest, check_document_size
+from .transport import DOCUMENT_LIMIT
 
 REF_NAME = "org.opencontainers.image.ref.name"
 CHUNK = 1 << 20
@@ -75,8 +76,15 @@ class LayoutStore:
         if not (self.path / "oci-layout").exists():
             raise InputError(f"{self.path} is not an OCI image layout (no oci-layout file)")
 
+    def _read_document(self, path: Path, what: str) -> bytes:
+        """A small file of the layout read whole: refused past 4 MiB (a layout can come from anyone)."""
+        if path.stat().st_size > DOCUMENT_LIMIT:
+            raise IntegrityError(f"{what} {path} is over the {DOCUMENT_LIMIT}-byte limit for a document; refused")
+        return path.read_bytes()
+
     def _index(self) -> dict:
-        return json.loads((self.path / "index.json").read_text())
+        with malformed(f"{self.path / 'index.json'}"):
+            return json.loads(self._read_document(self.path / "index.json", "index"))
 
     def _blob_path(self, digest: Digest) -> Path:
         return self.path / "blobs" / digest.algorithm / digest.hex
@@ -85,14 +93,16 @@ class LayoutStore:
         if reference.startswith("sha256:"):
             digest = Digest.parse(reference)
         else:
-            named = [m for m in self._index()["manifests"] if (m.get("annotations") or {}).get(REF_NAME) == reference]
-            if not named:
-                return None
-            digest = Digest.parse(named[0]["digest"])
+            with malformed(f"{self.path / 'index.json'}"):
+                named = [m for m in self._index()["manifests"]
+                         if (m.get("annotations") or {}).get(REF_NAME) == reference]
+                if not named:
+                    return None
+                digest = Digest.parse(named[0]["digest"])
         path = self._blob_path(digest)
         if not path.exists():
             return None
-        data = path.read_bytes()
+        data = self._read_document(path, "manifest")
         if Digest.of(data) != digest:
             raise IntegrityError(f"{path}: content does not match its digest {digest}")
         return data

@@ -116,12 +116,11 @@ def _from_helper(helper: str, server: str) -> Credentials | None:
 
 def origin(url: str) -> tuple[str, str, int | None]:
     """(scheme, host, port) with the scheme's default port made explicit: what credentials are bound to."""
-    parts = urllib.parse.urlsplit(url)
     try:
-        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
-    except ValueError:  # a port that is not a number: an origin of its own, matching nothing
-        port = -1
-    return parts.scheme, (parts.hostname or "").lower(), port
+        parts = urllib.parse.urlsplit(url)
+        return parts.scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:  # a malformed host or port: an origin of its own, matching nothing
+        return "", "", -1
 
 
 def read_bounded(resp: requests.Response, limit: int, what: str, error: type) -> bytes:
@@ -195,8 +194,9 @@ class Transport:
             if resp is not None and resp.status_code not in RETRY_STATUSES:
                 if resp.status_code not in ok:
                     raise (NotFound if resp.status_code == 404 else RegistryError)(self._describe(method, url, resp))
-                if not stream and method != "HEAD":
-                    read_bounded(resp, limit, f"{method} {url}", IntegrityError)
+                if not stream and method != "HEAD":  # an answer that says "not there" says little
+                    read_bounded(resp, limit if resp.status_code < 400 else ERROR_BODY_LIMIT, f"{method} {url}",
+                                 IntegrityError)
                 return resp
             if resp is not None and attempt + 1 < attempts:
                 resp.close()  # a retried 5xx may be streaming: give its connection back
@@ -218,18 +218,33 @@ class Transport:
                 hdrs["Authorization"] = auth
             data = body() if callable(body) else body
             try:
-                resp = self.session.request(method, url, headers=hdrs, data=data, stream=True,
-                                            timeout=TIMEOUT, allow_redirects=False)
+                resp = self._send_once(method, url, hdrs, data)
             except requests.RequestException as e:  # refused, timed out, or a body cut short
                 self._last_error = type(e).__name__ + ": " + str(e).split("(Caused by")[0].strip()[:200]
                 return None
             if resp.status_code not in REDIRECTS or "Location" not in resp.headers:
                 return resp
             resp.close()
-            url = urllib.parse.urljoin(url, resp.headers["Location"])
+            try:
+                url = urllib.parse.urljoin(url, resp.headers["Location"])
+                urllib.parse.urlsplit(url).port  # noqa: B018 (raises on a malformed host or port)
+            except ValueError:
+                raise RegistryError(f"{method} {url}: {self.registry} redirected to an unreadable Location "
+                                    f"{resp.headers['Location'][:100]!r}") from None
             if resp.status_code == 303 or (resp.status_code in (301, 302) and method == "POST"):
                 method, body = "GET", None
         raise RegistryError(f"{method} {url}: more than {MAX_REDIRECTS} redirects from {self.registry}")
+
+    def _send_once(self, method: str, url: str, headers: dict, data, params=None, auth=None) -> requests.Response:
+        """One HTTP exchange, its body left unread, no redirect followed. Through the session's
+        adapter, not Session.send: that reads a redirect's whole body (to release the socket) even
+        when told not to follow it."""
+        prepared = self.session.prepare_request(requests.Request(method, url, headers=headers, data=data,
+                                                                 params=params, auth=auth))
+        settings = self.session.merge_environment_settings(prepared.url, {}, True, None, None)
+        return self.session.get_adapter(prepared.url).send(prepared, stream=True, timeout=TIMEOUT,
+                                                           verify=settings["verify"], proxies=settings["proxies"],
+                                                           cert=settings["cert"])
 
     def _auth_header(self, scopes) -> str | None:
         token = self._tokens.get(" ".join(scopes))
@@ -253,6 +268,12 @@ class Transport:
             raise AuthError(f"{self.registry} asked for unsupported authentication {scheme!r}")
 
     def _fetch_token(self, params: dict, scopes) -> str:
+        realm = urllib.parse.urlsplit(params["realm"]).scheme if "://" in params["realm"] else ""
+        if realm != "https" and not (realm == "http" and self.base.startswith("http://")):
+            # an https registry sends us to https token services only: a plain or odd realm would
+            # have us fetch whatever URL it names (an internal one) and hand its answer back
+            raise AuthError(f"{self.registry} names a token service {params['realm'][:100]!r} that is not https: "
+                            f"refused")
         query = [("service", params["service"])] if "service" in params else []
         wanted = list(scopes) or ([params["scope"]] if "scope" in params else [])
         query += [("scope", s) for s in wanted]
@@ -263,8 +284,7 @@ class Transport:
                   f"anonymously, credentials withheld", file=sys.stderr)
         for attempt in range(ATTEMPTS):
             try:  # no redirects: a token service that moves elsewhere would take the credentials along
-                resp = self.session.get(params["realm"], params=query, auth=auth, timeout=TIMEOUT, stream=True,
-                                        allow_redirects=False)
+                resp = self._send_once("GET", params["realm"], {}, None, params=query, auth=auth)
             except requests.RequestException as e:
                 resp, err = None, e
             if resp is not None and resp.status_code not in RETRY_STATUSES:

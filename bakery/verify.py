@@ -65,8 +65,7 @@ def cosign_signers(store, digest: Digest, role, policy) -> tuple[set[str], list[
     if manifest is None:
         return None
     reasons, signed_by = [], set()
-    with malformed(f"signature manifest {tag}"):
-        layers = [Descriptor.from_json(l) for l in json.loads(manifest)["layers"]]
+    layers = _layers(manifest, f"signature manifest {tag}")
     for desc in layers:
         try:
             payload = store.document(desc, f"signature payload in {tag}")
@@ -112,6 +111,19 @@ def require_signed(store, ref: Reference, policy, what: str) -> None:
                              f"key(s)" + (f" ({'; '.join(reasons)})" if reasons else ""))
 
 
+def _layers(manifest: bytes, what: str) -> list[Descriptor]:
+    """The layer descriptors of a manifest someone else wrote; malformed is an IntegrityError."""
+    with malformed(what):
+        try:
+            return [Descriptor.from_json(l) for l in json.loads(manifest)["layers"]]
+        except InputError as e:
+            raise ValueError(str(e)) from None
+
+
+class Unjudged(Exception):
+    """A statement whose role has no key here (and is not required): it can be neither accepted nor refused."""
+
+
 def _open_statement(store, desc: Descriptor, policy) -> tuple[str, dict]:
     """(predicateType, statement) of one attestation layer, opened with the keys of the role that
     the statement's own predicateType names. The layer's annotation is not signed: it must agree
@@ -130,6 +142,9 @@ def _open_statement(store, desc: Descriptor, policy) -> tuple[str, dict]:
     role = policy.role_for(kind)
     if role is None:
         raise IntegrityError(f"attestation of type {kind}: no role of the policy may sign that type; refused")
+    if not role.keys:
+        raise Unjudged(f"attestation {kind} not checked: no {role.name} key given (--{role.name}-key, or "
+                       f"roles.{role.name}.keys in the policy)")
     if payload_type != sign.IN_TOTO:
         raise IntegrityError(f"attestation {kind}: payloadType {payload_type}, not {sign.IN_TOTO}")
     signers = _signers(role, lambda k: sign.open_envelope(data, k, f"attestation {kind}"))
@@ -147,14 +162,15 @@ def _attestations(store, ref: Reference, policy, report: Report) -> dict:
     found: dict[str, dict] = {}
     if not report.check(manifest is not None, f"attestation manifest {tag} present"):
         return found
-    with malformed(f"attestation manifest {tag}"):
-        layers = [Descriptor.from_json(l) for l in json.loads(manifest)["layers"]]
     counts: dict[str, int] = {}
-    for desc in layers:
+    for desc in _layers(manifest, f"attestation manifest {tag}"):
         try:
             kind, statement = _open_statement(store, desc, policy)
         except IntegrityError as e:
             report.check(False, str(e))
+            continue
+        except Unjudged as e:
+            report.check(True, str(e))
             continue
         counts[kind] = counts.get(kind, 0) + 1
         with malformed(f"attestation {kind}"):
@@ -213,19 +229,19 @@ def verify(store, ref: Reference, policy, require_smoke: bool = False, blobs: bo
     prov = found.get(provenance.SLSA_PREDICATE)
     if report.check(prov is not None, "SLSA provenance attestation present and signed"):
         _step(report, "the signed provenance", _provenance, prov, manifest, policy, report)
-    smoke = found.get(provenance.TEST_RESULT_PREDICATE)
-    if require_smoke or policy.require_smoke:
-        _step(report, "the signed smoke result", _smoke, smoke, policy, report)
+    smoke_checked = require_smoke or policy.require_smoke
+    if smoke_checked:
+        _step(report, "the signed smoke result", _smoke, found.get(provenance.TEST_RESULT_PREDICATE), policy, report)
     if sbom.SPDX_PREDICATE in found:
         report.summary = _step(report, "the signed SBOM", summarize, found[sbom.SPDX_PREDICATE], prov) or {}
-        if smoke is not None:
-            report.summary["smoke"] = smoke_summary(smoke)
+        if smoke_checked and provenance.TEST_RESULT_PREDICATE in found:
+            report.summary["smoke"] = smoke_summary(found[provenance.TEST_RESULT_PREDICATE])
     return report
 
 
 def _smoke(smoke: dict | None, policy, report: Report) -> None:
     """A PASSED result that compared outputs, from the spec the policy pins, on the GPU it names."""
-    compared = ((smoke or {}).get("report") or {}).get("regression_compared", 0)
+    compared = _report(smoke or {}).get("regression_compared", 0)
     if not report.check(smoke is not None and smoke.get("result") == "PASSED" and compared > 0,
                         "a passing MI300X smoke attestation signed by a smoke key, its regression outputs compared"
                         + ("" if smoke else " (none attached, or not signed by a smoke key)")
@@ -237,14 +253,25 @@ def _smoke(smoke: dict | None, policy, report: Report) -> None:
                  f"sha256:{policy.smoke_spec}" + ("" if ran == policy.smoke_spec else
                                                   f" (it ran sha256:{ran}: an older or other spec; run the smoke "
                                                   f"again with the pinned one)"))
-    host = smoke["report"].get("host") or {}
-    report.check(isinstance(host, dict) and host.get("gfx_arch") == policy.smoke_arch,
-                 f"the smoke ran on a {policy.smoke_arch} host (it reports {smoke_summary(smoke)})")
+    host = _host(smoke)
+    report.check(host.get("gfx_arch") == policy.smoke_arch and host.get("compute_units") == policy.smoke_compute_units,
+                 f"the smoke ran on a {policy.smoke_arch} GPU with {policy.smoke_compute_units} CUs (it reports "
+                 f"{smoke_summary(smoke)})")
+
+
+def _report(smoke: dict) -> dict:
+    """The smoke report inside a signed result (whatever shape a smoke key gave it)."""
+    report = smoke.get("report")
+    return report if isinstance(report, dict) else {}
+
+
+def _host(smoke: dict) -> dict:
+    host = _report(smoke).get("host")
+    return host if isinstance(host, dict) else {}
 
 
 def smoke_summary(smoke: dict) -> str:
-    host = (smoke.get("report") or {}).get("host")
-    host = host if isinstance(host, dict) else {}
+    host = _host(smoke)
     return (f"{smoke.get('result')} on {host.get('gfx_arch', 'an unnamed GPU')}, {host.get('compute_units', '?')} CUs, "
             f"driver {host.get('driver_version', '?')}, ROCm {host.get('rocm_version', '?')}")
 

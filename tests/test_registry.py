@@ -8,6 +8,7 @@ import subprocess
 import time
 
 import pytest
+import requests
 
 from bakery import stack
 from bakery.errors import AuthError, IntegrityError, RegistryError
@@ -311,3 +312,58 @@ def test_a_document_claiming_over_4_mib_is_not_fetched(registry):
         with pytest.raises(IntegrityError, match="claims 5242880 bytes, over the 4194304-byte limit"):
             Registry(proxy.host).fetch_document("test/huge", desc, "config")
     assert proxy.seen == []
+
+
+def test_a_not_found_answer_is_read_only_up_to_64_kib(registry):
+    """A 404 is an answer we expect (and then ignore the body of): it gets the error bodies' bound."""
+    with FaultyProxy(registry, [], {"/v2/test/huge/manifests/gone": (404, {}, endless(b"x" * 4096))}) as proxy:
+        with pytest.raises(IntegrityError, match="over the 65536-byte limit"):
+            Registry(proxy.host).get_manifest(Reference.parse(f"{proxy.host}/test/huge:gone"))
+
+
+def test_an_upload_answer_without_location_is_one_clear_error(registry):
+    with FaultyProxy(registry, [], {"/v2/test/noloc/blobs/uploads/": (202, {}, b"")}) as proxy:
+        with pytest.raises(RegistryError, match="without a Location header"):
+            upload(Registry(proxy.host), "test/noloc", b"no location %d" % time.time_ns())
+
+
+def test_a_redirect_to_an_unreadable_location_is_one_clear_error(registry):
+    digest = "sha256:" + "6" * 64
+    with FaultyProxy(registry, [], {f"/v2/test/odd/manifests/{digest}": (307, {"Location": "http://[::1"}, b"")}) \
+            as proxy:
+        with pytest.raises(RegistryError, match="unreadable Location"):
+            Registry(proxy.host).get_manifest(Reference.parse(f"{proxy.host}/test/odd@{digest}"))
+
+
+def test_a_layout_index_over_4_mib_is_refused(tmp_path):
+    from bakery.store import LayoutStore
+
+    (tmp_path / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
+    (tmp_path / "index.json").write_bytes(b'{"manifests": []' + b" " * (5 << 20) + b"}")
+    with pytest.raises(IntegrityError, match="over the 4194304-byte limit"):
+        LayoutStore(tmp_path).manifest("latest")
+
+
+def test_a_redirect_with_an_endless_body_is_followed_without_reading_it(registry):
+    """requests' Session reads a redirect's whole body even when not following it: we do not."""
+    desc = upload(Registry(registry), "test/redirect-body", b"the blob itself")
+    with FaultyProxy("127.0.0.1:9", [], {"/bucket/blob": (200, {}, b"the blob itself")}) as storage:
+        redirect = {f"/v2/test/redirect-body/blobs/{desc.digest}":
+                    (307, {"Location": f"http://{storage.host}/bucket/blob"}, endless(b"r" * 65536))}
+        with FaultyProxy(registry, [], redirect) as proxy:
+            assert Registry(proxy.host).fetch_blob("test/redirect-body", desc) == b"the blob itself"
+            time.sleep(0.5)
+    assert proxy.sent < 32 << 20
+
+
+@pytest.mark.parametrize("realm", ["http://169.254.169.254/latest/meta-data", "file:///etc/passwd", "ftp://x/token"])
+def test_an_https_registry_cannot_send_us_to_a_plain_token_service(realm):
+    """The realm comes from the registry's 401: a plain one would make us fetch an internal URL for it.
+    Nothing is requested (the session refuses to send anything)."""
+    class NoSend(requests.Session):
+        def get_adapter(self, url):
+            raise AssertionError(f"sent a request to {url}")
+
+    transport = Transport("registry.example.com", session=NoSend())
+    with pytest.raises(AuthError, match="that is not https: refused"):
+        transport._fetch_token({"realm": realm, "service": "x"}, ("repository:a/b:pull",))

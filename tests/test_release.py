@@ -79,6 +79,20 @@ def test_each_job_holds_only_its_own_key():
     assert job_secrets(jobs["smoke"]) == {"BAKERY_SMOKE_SIGNING_KEY", "BAKERY_SMOKE_KEY_PASSWORD", "GITHUB_TOKEN"}
     assert job_secrets(jobs["attach-smoke"]) == {"GITHUB_TOKEN"}
     assert job_secrets(jobs["promote"]) == {"GITHUB_TOKEN"}
+    # each key is an environment's secret: only the job of that environment (and its protection
+    # rules: tags, reviewers) reads it, not any workflow on any branch
+    assert {name: job.get("environment") for name, job in jobs.items() if job.get("environment")} == \
+        {"sign": "release", "smoke": "smoke"}
+
+
+def test_the_build_trusts_no_cache_it_did_not_make():
+    """A self-hosted builder keeps ~/.cache/bakery between jobs: a planted compile output or FIXED
+    verdict there would be baked and signed. The release build starts from an empty cache."""
+    build = yaml.safe_load(WORKFLOW.read_text())["jobs"]["build"]
+    commands = job_commands(build)
+    assert 'rm -rf "$RUNNER_TEMP/bakery-cache"' in commands
+    assert 'echo "BAKERY_CACHE=$RUNNER_TEMP/bakery-cache" >> "$GITHUB_ENV"' in commands
+    assert commands.index("BAKERY_CACHE=") < commands.index("invoke disk") < commands.index("invoke build")
 
 
 BASE_CODE = re.compile(r"invoke (build|prove|lock|rebase|compile|smoke|fixture|toolchain|demo|test)\b|docker ")
@@ -118,7 +132,7 @@ def test_nothing_that_runs_the_candidate_can_push():
     assert runs_candidate == ["smoke"]
     assert jobs["smoke"]["permissions"] == {"contents": "read", "packages": "read"}
     assert "--envelope" in job_commands(jobs["smoke"]) and "--envelope" in job_commands(jobs["attach-smoke"])
-    assert "--key smoke.pub" in job_commands(jobs["attach-smoke"])
+    assert "--key smoke.pub --role smoke" in job_commands(jobs["attach-smoke"])
 
 
 def test_actions_are_pinned_by_commit_and_packages_by_hash():

@@ -116,3 +116,24 @@ def test_a_sandbox_that_cannot_start_is_the_machines_problem_not_a_verdict(hosti
     monkeypatch.setattr(sandbox, "BWRAP", str(fake))
     with pytest.raises(EnvironmentProblem, match=r"sandbox cannot start here \(bwrap: setting up uid map"):
         prove.run(hostile, b"", {})
+
+
+@pytest.mark.parametrize("body, reason", [
+    # a flood: the write past 64 MiB fails (Python ignores SIGXFSZ: EFBIG); none of it is held in memory
+    ("import sys\nchunk = b'x' * (1 << 20)\nwhile True:\n    sys.stdout.buffer.write(chunk)\n",
+     "the proof failed (exit 1): OSError: [Errno 27] File too large"),
+    # bytes that are not UTF-8, then a crash
+    ("import sys\nsys.stdout.buffer.write(b'\\xff\\xfe')\nsys.stderr.buffer.write(b'\\xff oops\\n')\nsys.exit(3)\n",
+     "the proof failed (exit 3): \ufffd oops"),
+    # the code inside pretends to be bwrap failing: still a verdict on the code, never a machine problem
+    ("import sys\nprint('bwrap: setting up uid map: Permission denied', file=sys.stderr)\nsys.exit(1)\n",
+     "the proof failed (exit 1): bwrap: setting up uid map"),
+])
+def test_whatever_the_code_inside_prints_is_a_verdict(body, reason, tmp_path, monkeypatch):
+    monkeypatch.setenv("BAKERY_CACHE", str(tmp_path / "cache"))
+    proofs = tmp_path / "project" / "overlays" / "proofs"
+    proofs.mkdir(parents=True)
+    shutil.copy(ROOT / "overlays" / "proofs" / "_proof.py", proofs)
+    (proofs / "loud.py").write_text(body)
+    verdict = prove.run(prove.ProofSpec(proofs / "loud.py"), b"", {})
+    assert verdict.verdict == prove.CANNOT and verdict.reason.startswith(reason), verdict.reason

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from bakery import attest as attest_mod, hip, keys, provenance, sign, smoke
+from bakery.errors import IntegrityError
 from bakery.refs import Descriptor, Digest, Reference
 from bakery.registry import OCI_MANIFEST, Registry
 from bakery.store import RegistryStore, signature_tag
@@ -549,7 +550,10 @@ VERIFY_CASES = [
      None, True, 5, "(it ran sha256:"),
     ("smoke result from another GPU", reattest(smoke_signer="smoke", smoke_report={
         "host": {**MI300X, "gfx_arch": "gfx90a", "compute_units": 104}}), None, True, 5,
-     "FAIL the smoke ran on a gfx942 host (it reports PASSED on gfx90a, 104 CUs"),
+     "FAIL the smoke ran on a gfx942 GPU with 304 CUs (it reports PASSED on gfx90a, 104 CUs"),
+    ("smoke result from an MI300A (gfx942, 228 CUs)", reattest(smoke_signer="smoke", smoke_report={
+        "host": {**MI300X, "compute_units": 228}}), None, True, 5,
+     "FAIL the smoke ran on a gfx942 GPU with 304 CUs (it reports PASSED on gfx942, 228 CUs"),
     # issue 17: transport bounded
     ("image manifest over 4 MiB, endless", served_by_proxy("image", 200, endless(b"{" * 65536)), None, False, 5,
      "is over the 4194304-byte limit for it; refused after reading"),
@@ -597,6 +601,28 @@ def test_the_honest_image_verifies(honest, tmp_path):
         in result.stdout
 
 
+def test_verify_without_a_smoke_key_notes_the_result_it_cannot_judge(honest, tmp_path):
+    """Ops who check only the release signature (no --smoke-key, smoke not required) get a pass that
+    says the smoke result was not checked, and no smoke line in the summary."""
+    ref = clone(honest, "no-smoke-key")
+    result = invoke(honest["project"], "verify", str(ref), "--key", str(honest["root"] / "k" / "release.pub"),
+                    "--policy", str(policy_with()(honest, tmp_path / "p.yaml")))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"ok   attestation {TEST_RESULT} not checked: no smoke key given" in result.stdout
+    assert "smoke:" not in result.stdout
+
+
+def test_the_release_key_signs_no_kernel_artifact_but_the_one_the_image_baked(honest):
+    """The sign job signs the artifact the build record names only if it holds the .so files the
+    record says were baked (a record naming another artifact is refused, nothing signed)."""
+    record = json.loads(json.dumps(honest["record"]))
+    record["artifacts"][0]["sha256"] = "0" * 64
+    artifact = Reference.parse(record["kernels"]["artifact"])
+    with pytest.raises(IntegrityError, match="does not hold the _C_stable_libtorch.so the build record says"):
+        attest_mod.sign_artifact(artifact, honest["signers"]["release"], record["artifacts"])
+    assert attest_mod.sign_artifact(artifact, honest["signers"]["release"], honest["record"]["artifacts"])
+
+
 # -- invoke attach: a signed result carried from a job without push rights ---------------------------
 
 def smoke_envelope(h, ref, signer="smoke") -> bytes:
@@ -616,16 +642,32 @@ def test_attach_pushes_a_smoke_result_that_verifies(honest, tmp_path):
     assert ok.returncode == 0, ok.stdout + ok.stderr
 
 
-@pytest.mark.parametrize("signer, about_other, code, check", [
-    ("release", False, 5, "no valid signature"),  # signed by a key that is not the smoke key given
-    ("smoke", True, 2, "is about sha256:"),  # a result for another image
+def provenance_by_smoke_key(h, ref) -> bytes:
+    """The smoke key's own statement of the provenance type, for ref (the sabotage of issue 17's review)."""
+    _, doc, _ = att_layers(ref)
+    layer = next(l for l in doc["layers"] if l["annotations"]["predicateType"] == SLSA)
+    env = json.loads(Registry(ref.registry).fetch_blob(ref.repository, Descriptor.from_json(layer)))
+    return sign.envelope(h["signers"]["smoke"], base64.b64decode(env["payload"]))
+
+
+@pytest.mark.parametrize("what, code, check", [
+    ("signed by the release key", 5, "no valid signature"),  # not the smoke key given
+    ("about another image", 2, "is about sha256:"),
+    ("a provenance signed by the smoke key", 2, f"holds a statement of type {SLSA}, which the smoke role does not sign"),
+    ("a signature that is not text", 5, "a malformed signature (TypeError)"),
 ])
-def test_attach_refuses_what_would_not_verify(signer, about_other, code, check, honest, tmp_path):
-    ref = clone(honest, slug(f"attach-{signer}-{about_other}"))
+def test_attach_refuses_what_would_not_verify(what, code, check, honest, tmp_path):
+    ref = clone(honest, slug(f"attach-{what}"))
     drop_predicate(TEST_RESULT)(honest, ref, {})
     _, before, _ = att_layers(ref)
     other = Reference(ref.registry, ref.repository, None, Digest.parse("sha256:" + "1" * 64))
-    (tmp_path / "smoke.dsse").write_bytes(smoke_envelope(honest, other if about_other else ref, signer))
+    envelope = {"signed by the release key": lambda: smoke_envelope(honest, ref, "release"),
+                "about another image": lambda: smoke_envelope(honest, other),
+                "a provenance signed by the smoke key": lambda: provenance_by_smoke_key(honest, ref),
+                "a signature that is not text": lambda: json.dumps({**json.loads(smoke_envelope(honest, ref)),
+                                                                    "signatures": [{"keyid": "", "sig": 5}]}).encode(),
+                }[what]()
+    (tmp_path / "smoke.dsse").write_bytes(envelope)
     refused = invoke(honest["project"], "attach", str(ref), "--envelope", str(tmp_path / "smoke.dsse"),
                      "--key", str(honest["root"] / "k" / "smoke.pub"))
     errors = [l for l in refused.stderr.splitlines() if l.startswith("error:")]
