@@ -166,7 +166,7 @@ def lock(opts: Options, log=print) -> dict:
 
 def overlay_proofs(base: OpenBase, applied: list, log=print) -> dict:
     """Each baked overlay's proof on the base's stock target and on the overlaid one (cached by
-    their inputs); refuses a build whose overlaid target does not prove FIXED."""
+    their inputs); refuses unless the stock target proves BROKEN and the overlaid one FIXED."""
     specs = [a.overlay.proof for a in applied if a.overlay.proof and a.overlay.proof.script]
     reads = base_files(base, [r for spec in specs for r in spec.reads])
     jobs = {}
@@ -190,6 +190,12 @@ def overlay_proofs(base: OpenBase, applied: list, log=print) -> dict:
         if overlaid.verdict != prove_mod.FIXED:
             raise IntegrityError(f"overlay {a.overlay.id!r}: its proof says {overlaid.verdict} on the overlaid "
                                  f"target ({overlaid.reason}); run `invoke prove` for the table")
+        if stock.verdict != prove_mod.BROKEN:  # a proof that cannot tell stock from fixed proves nothing
+            raise IntegrityError(
+                f"overlay {a.overlay.id!r}: its proof says {stock.verdict} on the base's stock target "
+                f"({stock.reason}): " + ("upstream fixed it, run `invoke rebase` to record that and stop baking "
+                                         "the overlay" if stock.verdict == prove_mod.FIXED else
+                                         "the proof cannot show the defect is there; run `invoke prove`"))
         out[a.overlay.id] = {"script": str(spec.script.name), "code_sha256": spec.code_sha256,
                              "stock": stock.verdict, "overlaid": overlaid.verdict, "reason": overlaid.reason}
     return out

@@ -182,8 +182,11 @@ def probe_holds(overlay: Overlay, files: dict) -> tuple[bool, str]:
         data = files.get(c["path"])
         if "file" in c:
             ok = (data is not None) == (c["file"] == "present")
+        elif data is None:  # a pattern cannot hold, or fail to, in a file that is not there
+            failed.append(f"{c['path']} is not in this base (moved or removed?), so '{c['why']}' cannot be checked")
+            continue
         else:
-            found = data is not None and re.search((c.get("present") or c["absent"]).encode(), data, re.M) is not None
+            found = re.search((c.get("present") or c["absent"]).encode(), data, re.M) is not None
             ok = found if "present" in c else not found
         if not ok:
             failed.append(c["why"])

@@ -31,10 +31,12 @@ class Patch:
 class PatchConflict(Exception):
     """A hunk does not apply exactly; carries where it would fit, if anywhere."""
 
-    def __init__(self, hunk_number: int, offset: int | None):
+    def __init__(self, hunk_number: int, offset: int | None, places: int = 1):
         super().__init__(f"hunk {hunk_number} does not apply" +
-                         (f" at its line (fits {offset:+d} lines away)" if offset is not None else ""))
-        self.hunk_number, self.offset = hunk_number, offset
+                         (f" at its line (fits {offset:+d} lines away)" if offset is not None and places == 1 else
+                          f" at its line, and fits {places} places elsewhere: which one is meant is a person's "
+                          f"call" if places > 1 else ""))
+        self.hunk_number, self.offset, self.places = hunk_number, offset, places
 
 
 def _strip_prefix(path: bytes) -> str:
@@ -99,24 +101,26 @@ def _matches(lines: list[bytes], at: int, old: tuple[bytes, ...]) -> bool:
     return at >= 0 and tuple(lines[at:at + len(old)]) == old
 
 
-def _fits_elsewhere(lines: list[bytes], at: int, old: tuple[bytes, ...]) -> int | None:
-    """The nearest position where the hunk's old lines match, as an offset from `at`."""
-    hits = [p for p in range(len(lines) - len(old) + 1) if _matches(lines, p, old)] if old else []
-    return min((p - at for p in hits), key=abs) if hits else None
+def _fits_elsewhere(lines: list[bytes], at: int, old: tuple[bytes, ...], cursor: int) -> list[int]:
+    """Every place after the previous hunk where the hunk's old lines match, as offsets from `at`,
+    nearest first."""
+    hits = [p for p in range(cursor, len(lines) - len(old) + 1) if _matches(lines, p, old)] if old else []
+    return sorted((p - at for p in hits), key=abs)
 
 
 def apply(patch: Patch, original: bytes, allow_offset: bool = False) -> tuple[bytes, int]:
-    """Apply hunks in order; return (result, largest |offset| used). Raises PatchConflict."""
+    """Apply hunks in order; return (result, largest |offset| used). Raises PatchConflict. An
+    offset is taken only where the hunk fits one place: two would make the nearest a guess."""
     lines = original.splitlines(keepends=True)
     out, cursor, worst = [], 0, 0
     for n, hunk in enumerate(patch.hunks, 1):
         at = (hunk.old_start - 1 if hunk.old_start > 0 else 0) if hunk.old else hunk.old_start
         if not _matches(lines, at, hunk.old):
-            offset = _fits_elsewhere(lines, at, hunk.old)
-            if offset is None or not allow_offset or at + offset < cursor:
-                raise PatchConflict(n, offset)
-            at += offset
-            worst = max(worst, abs(offset))
+            offsets = _fits_elsewhere(lines, at, hunk.old, cursor)
+            if len(offsets) != 1 or not allow_offset:
+                raise PatchConflict(n, offsets[0] if offsets else None, len(offsets))
+            at += offsets[0]
+            worst = max(worst, abs(offsets[0]))
         out.extend(lines[cursor:at])
         out.extend(hunk.new)
         cursor = at + len(hunk.old)

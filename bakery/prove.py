@@ -34,29 +34,36 @@ TIMEOUT_S = 900
 @dataclass(frozen=True)
 class ProofSpec:
     """How an overlay is proven: a script run on its target (plus other files of the same base it
-    reads), or, where only hardware can tell, the reason no proof runs here."""
+    reads, and files of this project it imports), or, where only hardware can tell, the reason no
+    proof runs here."""
     script: Path | None
     reads: tuple[str, ...] = ()
     hardware: str | None = None
+    uses: tuple[Path, ...] = ()  # project files the proof executes besides itself and the helper
+
+    @property
+    def code(self) -> tuple[Path, ...]:
+        """Every file of ours the proof executes: the sandbox shows it nothing else of the project."""
+        return (self.script, self.script.parent / HELPER) + self.uses if self.script else ()
 
     @property
     def code_sha256(self) -> str | None:
         if self.script is None:
             return None
         h = hashlib.sha256()
-        for path in (self.script, self.script.parent / HELPER):
+        for path in self.code:
             h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
         return h.hexdigest()
 
 
 def load_spec(entry: dict, folder: Path, where: str) -> ProofSpec | None:
-    """overlays.yaml's `proof:` value: {script, reads} or {hardware: reason}."""
+    """overlays.yaml's `proof:` value: {script, reads, uses} or {hardware: reason}."""
     if entry is None:
         return None
-    unknown = set(entry) - {"script", "reads", "hardware"}
+    unknown = set(entry) - {"script", "reads", "uses", "hardware"}
     if unknown or ("script" in entry) == ("hardware" in entry):
-        raise InputError(f"{where}: proof must be {{script: proofs/NAME.py, reads: [IMAGE PATHS]}} or "
-                         f"{{hardware: WHY NO PROOF CAN RUN HERE}}")
+        raise InputError(f"{where}: proof must be {{script: proofs/NAME.py, reads: [IMAGE PATHS], uses: [PROJECT "
+                         f"FILES IT IMPORTS]}} or {{hardware: WHY NO PROOF CAN RUN HERE}}")
     if "hardware" in entry:
         return ProofSpec(None, (), str(entry["hardware"]))
     script = (folder / entry["script"]).resolve()
@@ -65,7 +72,11 @@ def load_spec(entry: dict, folder: Path, where: str) -> ProofSpec | None:
     reads = tuple(entry.get("reads") or ())
     if any(not r.startswith("/") for r in reads):
         raise InputError(f"{where}: proof reads must be absolute image paths")
-    return ProofSpec(script, reads)
+    project = folder.resolve().parent
+    uses = tuple((project / u).resolve() for u in entry.get("uses") or ())
+    if any(".." in PurePosixPath(u).parts or not (project / u).is_file() for u in entry.get("uses") or ()):
+        raise InputError(f"{where}: proof uses must be files of this project, given from its root")
+    return ProofSpec(script, reads, None, uses)
 
 
 @dataclass(frozen=True)
@@ -120,58 +131,79 @@ def _cached(key: str) -> Verdict | None:
 
 def run(spec: ProofSpec, target: bytes, reads: dict[str, bytes]) -> Verdict:
     """One proof on one version of the target; cached unless CANNOT-PROVE."""
+    return run_batch(spec, [target], reads)[0]
+
+
+def run_batch(spec: ProofSpec, targets: list[bytes], reads: dict[str, bytes]) -> list[Verdict]:
+    """One proof on several versions of its target (stock and overlaid): what is not cached runs
+    in one sandboxed process, which loads torch and Triton once and forks a run per target."""
     if spec.script is None:
-        return Verdict(CANNOT, f"no proof can run here: {spec.hardware}")
+        return [Verdict(CANNOT, f"no proof can run here: {spec.hardware}")] * len(targets)
     missing = [p for p in spec.reads if reads.get(p) is None]
     if missing:
-        return Verdict(CANNOT, f"the base has no {', '.join(missing)}, which the proof reads")
-    key = cache_key(spec, target, reads)
-    hit = _cached(key)
-    if hit is not None:
-        return hit
-    verdict = _execute(spec, target, reads)
-    if verdict.verdict != CANNOT:
-        write_blob(_cache_dir() / f"{key}.json", json.dumps({"key": key, **verdict.to_json()}).encode())
-    return verdict
+        return [Verdict(CANNOT, f"the base has no {', '.join(missing)}, which the proof reads")] * len(targets)
+    keys = [cache_key(spec, t, reads) for t in targets]
+    verdicts = [_cached(k) for k in keys]
+    todo = [i for i, v in enumerate(verdicts) if v is None]
+    if todo:
+        for i, verdict in zip(todo, _execute(spec, [targets[i] for i in todo], reads)):
+            verdicts[i] = verdict
+            if verdict.verdict != CANNOT:
+                write_blob(_cache_dir() / f"{keys[i]}.json", json.dumps({"key": keys[i], **verdict.to_json()}).encode())
+    return verdicts
 
 
 def readable(spec: ProofSpec) -> list[Path]:
-    """What of the project a proof may read: its own folder (script and helper) and hip/ (the
-    kernels' Python fallback some proofs import). Never the rest: key files may live there."""
-    project = spec.script.parent.parent.parent
-    return [spec.script.parent] + ([project / "hip"] if (project / "hip").is_dir() else [])
+    """What of the project a proof may read: exactly the files it executes (its code)."""
+    return list(spec.code)
 
 
-def _execute(spec: ProofSpec, target: bytes, reads: dict[str, bytes]) -> Verdict:
-    """Run the proof on the target's bytes in the sandbox: they are the base's code, untrusted."""
+def _execute(spec: ProofSpec, targets: list[bytes], reads: dict[str, bytes]) -> list[Verdict]:
+    """Run the proof on the targets' bytes in the sandbox: they are the base's code, untrusted."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bakery-proof-") as tmp:
-        names = []
-        for i, data in enumerate([target] + [reads[p] for p in spec.reads]):
-            names.append(f"input{i}.py")
-            (Path(tmp) / names[-1]).write_bytes(data)
+        names = [f"target{i}.py" for i in range(len(targets))] + [f"read{i}.py" for i in range(len(spec.reads))]
+        for name, data in zip(names, targets + [reads[p] for p in spec.reads]):
+            (Path(tmp) / name).write_bytes(data)
         os.chmod(tmp, 0o755)  # the sandbox's uid reads them
-        argv = [sys.executable, str(spec.script), *(f"{sandbox.INPUTS}/{n}" for n in names)]
+        paths = [f"{sandbox.INPUTS}/{n}" for n in names]
+        argv = [sys.executable, str(spec.script), *paths[:len(targets)], "--", *paths[len(targets):]]
         try:
             done = sandbox.run(argv, readable(spec), Path(tmp), TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            return Verdict(CANNOT, f"timed out after {TIMEOUT_S} s", time.monotonic() - started)
-    seconds = round(time.monotonic() - started, 1)
-    lines = done.stdout.strip().splitlines()
-    try:  # a verdict counts only from a proof that finished: exit 0, a well-formed last line
-        doc = json.loads(lines[-1])
-        if done.returncode != 0 or doc["verdict"] not in (FIXED, BROKEN, CANNOT) or \
-                not isinstance(doc.get("reason"), str):
-            raise ValueError
-    except (IndexError, ValueError, KeyError, TypeError, AttributeError):
-        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return Verdict(CANNOT, f"the proof failed (exit {done.returncode}): {why[:300]}", seconds)
-    return Verdict(doc["verdict"], doc["reason"], seconds, doc.get("measured") or {})
+            return [Verdict(CANNOT, f"timed out after {TIMEOUT_S} s", time.monotonic() - started)] * len(targets)
+    return _verdicts(done, len(targets), round(time.monotonic() - started, 1))
 
 
-def run_many(jobs: dict, workers: int | None = None) -> dict:
-    """{key: (spec, target bytes, reads)} -> {key: Verdict}, on every core."""
-    workers = workers or max(1, os.cpu_count() or 1)
-    with ThreadPoolExecutor(workers) as pool:
-        futures = {k: pool.submit(run, *job) for k, job in jobs.items()}
-        return {k: f.result() for k, f in futures.items()}
+def _verdicts(done: subprocess.CompletedProcess, count: int, seconds: float) -> list[Verdict]:
+    """One verdict per target from the proof's output lines; a verdict counts only from a run that
+    finished (its own exit 0 and the proof process's) with a well-formed line."""
+    found: dict[int, Verdict] = {}
+    for line in done.stdout.strip().splitlines():
+        try:
+            doc = json.loads(line)
+            index, verdict, reason = doc["target"], doc["verdict"], doc["reason"]
+            if not isinstance(index, int) or not isinstance(reason, str):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            continue  # what the proof printed on its way
+        if verdict in (FIXED, BROKEN, CANNOT) and done.returncode == 0:
+            found[index] = Verdict(verdict, reason, float(doc.get("seconds") or 0), doc.get("measured") or {})
+        else:
+            found[index] = Verdict(CANNOT, f"the proof failed ({reason})"[:400], float(doc.get("seconds") or 0))
+    why = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+    return [found.get(i) or Verdict(CANNOT, f"the proof failed (exit {done.returncode}): {why}", seconds)
+            for i in range(count)]
+
+
+def run_many(jobs: dict) -> dict:
+    """{key: (spec, target bytes, reads)} -> {key: Verdict}: the targets of one proof together in one
+    process, every proof at once (the cores are shared out by the kernel: how long each proof takes
+    is not known before it runs, so no order of a queue would be better)."""
+    groups: dict = {}
+    for key, (spec, target, reads) in jobs.items():
+        groups.setdefault((spec, id(reads)), (spec, reads, []))[2].append((key, target))
+    with ThreadPoolExecutor(max(1, len(groups))) as pool:
+        futures = [(members, pool.submit(run_batch, spec, [t for _, t in members], reads))
+                   for spec, reads, members in groups.values()]
+        return {key: verdict for members, f in futures for (key, _), verdict in zip(members, f.result())}

@@ -108,8 +108,12 @@ def _decide(overlay: Overlay, new: bytes | None, old: bytes | None, files: dict,
     found, conflicted = overlays_mod.candidates(overlay, new, old)
     tried = []
     for how, result in found:
-        if spec is None or spec.script is None:
+        if spec is None or spec.script is None:  # nothing here can check it: only bytes a person wrote
             why = spec.hardware if spec else "the overlay has no proof"
+            if how not in (overlays_mod.EXACT, overlays_mod.KNOWN_PORT):
+                tried.append(f"{how}: not taken, no proof runs here ({why}), so only the patch or a committed "
+                             f"port applied exactly may carry it")
+                continue
             log(f"  {overlay.id}: {how}; not proven here ({why})")
             return RebaseRow(overlay, f"ported ({how}), not proven here", why, result, new)
         verdict = prove.run(spec, result, files)

@@ -70,7 +70,8 @@ def command(argv: list[str], readable: list[Path], inputs: Path, status_fd: int 
     args += _system_binds()
     for path in _python_roots() + sorted({p.resolve() for p in readable}):
         args += ["--ro-bind", str(path), str(path)]
-    return args + ["--ro-bind", str(inputs), INPUTS, "--chdir", HOME, "--"] + argv
+    # the root bwrap builds (the folders above each bind) is read-only too: only /tmp, HOME, /dev/shm take writes
+    return args + ["--ro-bind", str(inputs), INPUTS, "--remount-ro", "/", "--chdir", HOME, "--"] + argv
 
 
 def _limit_output() -> None:

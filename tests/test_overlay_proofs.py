@@ -158,3 +158,75 @@ def test_ocp_hardware_runs_the_stock_machine_code(versions):
     assert amdgcn(overlaid, "gfx950", "448", "0", "0") == amdgcn(stock, "gfx950", "448")
 
 
+
+
+# -- what a verdict is keyed by, and what a proof can execute (issue 18) -------------------------
+
+def test_the_verdict_cache_key_covers_every_project_file_the_proof_executes(tmp_path):
+    """The SwiGLU proof imports hip/bakery_kernels: editing that file must make the verdict run again."""
+    import shutil
+
+    declared = spec_of("exact-swiglu-clamp-kernel")
+    assert ROOT / "hip" / "bakery_kernels" / "__init__.py" in declared.code
+    (tmp_path / "overlays" / "proofs").mkdir(parents=True)
+    (tmp_path / "hip" / "bakery_kernels").mkdir(parents=True)
+    for path in declared.code:
+        shutil.copy(path, tmp_path / path.relative_to(ROOT))
+    uses = tmp_path / "hip" / "bakery_kernels" / "__init__.py"
+    spec = prove.ProofSpec(tmp_path / "overlays" / "proofs" / declared.script.name, uses=(uses,))
+    before = prove.cache_key(spec, b"target", {})
+    uses.write_text(uses.read_text() + "\n# changed\n")
+    assert prove.cache_key(spec, b"target", {}) != before
+
+
+def test_a_proof_cannot_execute_a_project_file_it_does_not_declare(versions, tmp_path, monkeypatch):
+    """The sandbox shows a proof only its declared code, so an undeclared import fails (and its
+    verdict is never cached under a key that does not cover what ran)."""
+    import dataclasses
+
+    monkeypatch.setenv("BAKERY_CACHE", str(tmp_path))
+    undeclared = dataclasses.replace(spec_of("exact-swiglu-clamp-kernel"), uses=())
+    verdict = prove.run(undeclared, versions["exact-swiglu-clamp-kernel"][0].read_bytes(), {})
+    assert verdict.verdict == prove.CANNOT and "bakery_kernels/__init__.py" in verdict.reason, verdict.reason
+
+
+def test_stock_and_overlaid_run_in_one_process_and_keep_apart(versions, tmp_path, monkeypatch):
+    """One sandboxed process per proof: both verdicts come back, each from its own bytes."""
+    monkeypatch.setenv("BAKERY_CACHE", str(tmp_path))
+    stock, patched = versions["cpu-kv-transfer-fence"]
+    verdicts = prove.run_batch(spec_of("cpu-kv-transfer-fence"), [stock.read_bytes(), patched.read_bytes()], {})
+    assert [v.verdict for v in verdicts] == [prove.BROKEN, prove.FIXED]
+
+
+@pytest.fixture(scope="module")
+def reads(registry, fixture_base):
+    """The other base files the proofs read, from the fixture base."""
+    reg = Registry(registry)
+    fs = BaseFilesystem(reg, base_mod.resolve(reg, fixture_base, "linux/amd64"))
+    paths = [r for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml") if o.proof for r in o.proof.reads]
+    return {p: f.data for p, f in ((p, fs.read([p])[p.lstrip("/")]) for p in paths)}
+
+
+def test_the_gumbel_proof_catches_a_salt_that_keeps_the_targets_key(versions, reads):
+    """The overlaid speculator with its salt made 0: the draft samples with the target's key again."""
+    overlaid = versions["independent-draft-gumbel"][1].read_text()
+    mutated = overlaid.replace("torch.bitwise_xor(seeds, DRAFT_NOISE_SALT, out=self.seeds)",
+                               "torch.bitwise_xor(seeds, 0, out=self.seeds)")
+    assert mutated != overlaid
+    verdict = prove.run(spec_of("independent-draft-gumbel"), mutated.encode(), reads)
+    assert verdict.verdict == prove.BROKEN and "recovered tokens follow the draft's noise" in verdict.reason
+
+
+@pytest.mark.parametrize("mutation", [
+    [("            + (kv_pos_in_block % 16) * 16\n", "            + (kv_pos_in_block % 16)\n"),
+     ("(block // 16) * 256 + block % 16", "(block // 16) * 256 + (block % 16) * 16")],  # each tile transposed
+    [("            fp8_max = 224.0\n", "            fp8_max = 448.0\n")],  # OCP's max in FNUZ bytes
+], ids=["tile transposed", "OCP max"])
+def test_the_fnuz_proof_catches_a_wrong_layout_or_scale(versions, reads, mutation):
+    overlaid = versions["fnuz-indexer-cache-writer"][1].read_text()
+    mutated = overlaid
+    for old, new in mutation:
+        assert old in mutated
+        mutated = mutated.replace(old, new)
+    verdict = prove.run(spec_of("fnuz-indexer-cache-writer"), mutated.encode(), reads)
+    assert verdict.verdict == prove.BROKEN, verdict.reason

@@ -187,9 +187,12 @@ def rebase_table(result) -> dict:
 
 def test_rebase_026_to_027_end_to_end_without_the_old_base(project, fixture_base_027, registry):
     """The nightly bump onto vLLM 0.27.0 with the old base gone (the lock names a digest no
-    registry has) and no known ports: the old side comes from overlays/stock, every overlay is
-    carried and proven, and the result bakes."""
-    shutil.rmtree(project / "overlays" / "patches" / "ports")
+    registry has) and no known ports but the hardware-only overlay's (which rebase carries only by
+    bytes a person wrote: test_rebase_carries_a_hardware_only_overlay_only_exactly): the old side
+    comes from overlays/stock, every overlay is carried and proven, and the result bakes."""
+    for ported in (project / "overlays" / "patches" / "ports").iterdir():
+        if ported.name != "sparse-mla-prefill-bh64":
+            shutil.rmtree(ported)
     lock = json.loads((project / "overlays" / "overlays.lock").read_text())
     lock["base"] = f"{registry}/gone/vllm-openai-rocm@sha256:" + "0" * 64
     (project / "overlays" / "overlays.lock").write_text(json.dumps(lock))
@@ -199,7 +202,7 @@ def test_rebase_026_to_027_end_to_end_without_the_old_base(project, fixture_base
     assert table["independent-draft-gumbel"] == "ported (merged), proven"
     assert table["cpu-kv-transfer-fence"] == "ported (exact), proven"
     assert table["exact-swiglu-clamp-kernel"] == "ported (offset), proven"
-    assert table["sparse-mla-prefill-bh64"] == "ported (offset), not proven here"
+    assert table["sparse-mla-prefill-bh64"] == "ported (known port), not proven here"
     assert "[6/6] independent-draft-gumbel" in result.stderr
     # the audit records' probes: 0.27.0 brings the Gluon decode path the DSpark causal fix targets
     assert {k: v for k, v in table.items() if k not in lock_ids(lock)} == {
@@ -381,3 +384,50 @@ def test_container_refuses_to_start_with_a_file_mounted_over_a_target(project, r
     bad = docker("run", "--rm", "-v", f"{stock}:{FENCE}:ro", ref, check=False)
     assert bad.returncode == 1 and f"{FENCE}: expected sha256" in bad.stderr and "refusing to start" in bad.stderr
     assert "vllm: not found" not in bad.stderr  # it never got as far as exec
+
+
+# -- rules that keep a verdict honest (issue 18) ----------------------------------------------------
+
+def test_lock_refuses_an_overlay_whose_stock_target_also_proves_fixed(project, fixture_base):
+    """A proof that cannot tell stock from overlaid (here: one made to say FIXED on anything) proves
+    nothing: lock and build demand BROKEN on stock, and say upstream may have fixed it."""
+    script = project / "overlays" / "proofs" / "cpu_kv_transfer_fence.py"
+    text = script.read_text()
+    assert "import _proof  # beside this script\n" in text
+    script.write_text(text.replace("import _proof  # beside this script\n", "import _proof\n_proof.report = (lambda say: "
+                                   "lambda fixed, reason, **m: say(True, reason, **m))(_proof.report)\n", 1))
+    lock_path = project / "overlays" / "overlays.lock"
+    before = lock_path.read_bytes()
+    line = one_clear_line(invoke(project, "lock", "--base", str(fixture_base)))
+    assert "overlay 'cpu-kv-transfer-fence': its proof says FIXED on the base's stock target" in line
+    assert "upstream fixed it, run `invoke rebase`" in line and lock_path.read_bytes() == before
+    built = invoke(project, "build", "--base", str(fixture_base))
+    assert built.returncode == 5 and "its proof says FIXED on the base's stock target" in built.stderr
+
+
+def stock_of(overlay_id: str) -> tuple:
+    o = next(o for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml") if o.id == overlay_id)
+    lock = json.loads((ROOT / "overlays" / "overlays.lock").read_text())
+    sha = next(e["base_sha256"] for e in lock["overlays"] if e["id"] == overlay_id)
+    return o, (ROOT / "overlays" / "stock" / sha).read_bytes()
+
+
+def test_rebase_carries_a_hardware_only_overlay_only_exactly(tmp_path):
+    """No proof runs for the BLOCK_H tile here, so nothing but the committed patch applied exactly
+    may carry it: moved code (an offset) or a merge is a person's call. The control: exact bytes."""
+    from bakery.rebase import NEEDS_PORTING, _decide
+
+    overlay, stock = stock_of("sparse-mla-prefill-bh64")
+    moved = b"# a new line upstream\n" + stock
+    row = _decide(overlay, moved, stock, {}, tmp_path, log=lambda m: None)
+    assert row.status == NEEDS_PORTING and "offset: not taken, no proof runs here" in row.detail
+    assert _decide(overlay, stock, stock, {}, tmp_path, log=lambda m: None).status == "ported (exact), not proven here"
+
+
+def test_a_probe_on_a_file_that_moved_away_says_changed():
+    """`absent: PATTERN` in a file that is not there is not 'still absent': the record needs a look."""
+    topk = next(o for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml") if o.id == "deterministic-indexer-topk")
+    path = topk.probe[0]["path"]
+    holds, detail = overlays_mod.probe_holds(topk, {path: None})
+    assert not holds and f"{path} is not in this base (moved or removed?)" in detail
+    assert overlays_mod.probe_holds(topk, {path: b"def _topk_indices_torch(x):\n    pass\n"})[0]  # the control

@@ -62,3 +62,16 @@ def test_new_file_from_dev_null():
 def test_bad_patches(data, message):
     with pytest.raises(InputError, match=message):
         parse(data, "p.patch")
+
+
+def test_an_offset_is_taken_only_where_the_hunk_fits_one_place():
+    """Moved code whose context now appears twice: the nearest fit is a guess, not a port. Written
+    from the rule, against GNU patch's habit of taking the nearest: both places must be refused."""
+    block = b"".join(b"line %d\n" % i for i in range(2, 9))  # what the first hunk finds: lines 2..8
+    diff = parse(unified_diff(OLD, NEW, "m.py"), "t")
+    twice = b"# header\n" + OLD.replace(b"line 1\n", b"line 1\n" + block + b"gap\n", 1)
+    with pytest.raises(PatchConflict) as e:
+        apply(diff, twice, allow_offset=True)
+    assert e.value.places == 2 and "fits 2 places elsewhere" in str(e.value)
+    once = b"# header\n" + OLD  # the control: one place, the same distance
+    assert apply(diff, once, allow_offset=True)[1] == 1

@@ -9,9 +9,12 @@ Imports no triton: scripts that interpret kernels set TRITON_INTERPRET before th
 import ast
 import importlib.util
 import json
+import os
 import sys
 import tempfile
 import textwrap
+import time
+import traceback
 from pathlib import Path
 
 
@@ -51,9 +54,56 @@ def report(fixed: bool, reason: str, **measured) -> None:
 
 
 def main(prove) -> None:
-    """Run prove(argv) -> None; a CannotProve becomes the CANNOT-PROVE verdict with its reason.
-    Anything else that raises exits non-zero, which the runner also reads as CANNOT-PROVE."""
+    """Run prove([target] + reads) for each target: `proof.py TARGET... -- READS...` (or, by hand,
+    `proof.py TARGET READS...`). One JSON verdict line per target, in order, each carrying its
+    index. Each target runs in a process forked after this script's imports (torch and Triton load
+    once, nothing one run leaves behind reaches the other, and the runs share the cores); a
+    CannotProve is that target's CANNOT-PROVE, any other exception or a crash its failure, which
+    the runner reads as CANNOT-PROVE."""
+    args = sys.argv[1:]
+    targets, reads = (args[:args.index("--")], args[args.index("--") + 1:]) if "--" in args else (args[:1], args[1:])
+    sys.stdout.flush()
+    started = time.monotonic()
+    children = [_fork(prove, [target] + reads) for target in targets]
+    for index, (pid, pipe) in enumerate(children):
+        with pipe:
+            lines = pipe.read().strip().splitlines()
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({**_verdict(lines, os.waitstatus_to_exitcode(status)), "target": index,
+                          "seconds": round(time.monotonic() - started, 1)}), flush=True)
+
+
+def _fork(prove, args: list[str]):
+    """(pid, the read end of its stdout) of a child that runs prove(args) and exits."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(write_end)
+        return pid, os.fdopen(read_end)
+    os.close(read_end)
+    os.dup2(write_end, 1)  # everything the child writes to stdout, the target's code included, goes to the pipe
+    os.close(write_end)
+    sys.stdout = os.fdopen(1, "w", closefd=False)
+    code = 0
     try:
-        prove(sys.argv[1:])
+        prove(args)
     except CannotProve as e:
         print(json.dumps({"verdict": "CANNOT-PROVE", "reason": str(e), "measured": {}}))
+    except BaseException as e:
+        traceback.print_exc()
+        print(json.dumps({"verdict": "FAILED", "reason": f"{type(e).__name__}: {str(e)[:300]}"}))
+        code = 1
+    sys.stdout.flush()
+    os._exit(code)
+
+
+def _verdict(lines: list[str], code: int) -> dict:
+    """A verdict counts only from a run that finished: exit 0 and a well-formed last line."""
+    try:
+        doc = json.loads(lines[-1])
+        said = doc.get("reason") if isinstance(doc.get("reason"), str) else ""
+        if code != 0 or doc.get("verdict") not in ("FIXED", "BROKEN", "CANNOT-PROVE") or not said:
+            raise ValueError(said)
+        return doc
+    except (IndexError, ValueError, AttributeError) as e:
+        return {"verdict": "FAILED", "reason": f"exit {code}" + (f": {e}" if str(e) else ""), "measured": {}}

@@ -24,7 +24,7 @@ def prove(args):
         "import triton\nimport triton.language as tl",
         _proof.function_source(keyed_add, "_keyed_add"),
         _proof.function_source(target, "_stage2_pow2")])._stage2_pow2
-    top_k, block_m, n_experts, n_tokens = 6, 32, 16, 80  # 3 blocks of 32 tokens, the last partial
+    top_k, block_m, n_experts, n_tokens = 6, 32, 16, 48  # 2 blocks of 32 tokens, the last partial
     block_size = block_m * top_k
     padded = 1 << (block_size - 1).bit_length()
     gen = torch.Generator().manual_seed(7)
