@@ -105,7 +105,7 @@ def attest(store, subject: Reference, record: dict, signer: sign.Signer, sign_ke
                "attestations": attach(store, subject, statements, signer)}
     artifact = (record.get("kernels") or {}).get("artifact")
     if artifact and sign_kernels:
-        written["kernels"] = sign_artifact(Reference.parse(artifact), signer, record.get("artifacts"))
+        written["kernels"] = sign_artifact(Reference.parse(artifact), signer, record.get("artifacts") or [])
     return written
 
 
@@ -124,9 +124,10 @@ def sign_artifact(artifact: Reference, signer: sign.Signer, baked: list | None =
         with malformed(f"kernel artifact {artifact}"):
             held = {l["annotations"]["org.opencontainers.image.title"]: l["digest"]
                     for l in json.loads(manifest)["layers"]}
+        names = {"toolchain.txt"} | {f"{a['name']}{suffix}" for a in baked for suffix in (".so", ".schema")}
         differ = [a["name"] for a in baked if held.get(f"{a['name']}.so") != f"sha256:{a['sha256']}"]
-        if differ:
-            raise IntegrityError(f"kernel artifact {artifact} does not hold the {', '.join(differ)}.so the build "
-                                 f"record says the image baked: not signed")
+        if not baked or differ or set(held) != names:
+            raise IntegrityError(f"kernel artifact {artifact} does not hold exactly the files the build record says "
+                                 f"the image baked ({', '.join(differ) or 'its file names differ'}): not signed")
     subject = Reference(artifact.registry, artifact.repository, None, artifact.digest)
     return {"artifact": str(artifact), "signature": sign_image(store, subject, signer)}

@@ -85,8 +85,8 @@ def script(recipe: Recipe) -> str:
         'DEVLIB="${HIP_DEVICE_LIB_PATH:+--rocm-device-lib-path=$HIP_DEVICE_LIB_PATH}"',
         'LIBDIR="${HIP_LIB_PATH:-$ROCM/lib}"',
         '"$CXX" --version | head -n 1 > /out/toolchain.txt',
-        "mkdir -p /build && cd /build",
-        'MAP="-ffile-prefix-map=/src=hip -ffile-prefix-map=/build=."',
+        "mkdir -p /tmp/build && cd /tmp/build",  # /tmp: the container runs as the invoking user, not root
+        'MAP="-ffile-prefix-map=/src=hip -ffile-prefix-map=/tmp/build=."',
     ]
     for ext in recipe.extensions:
         name, objs = ext["name"], []
@@ -230,11 +230,15 @@ def toolchain_identity(connect, image: str) -> str:
 
 def run_toolchain(client, toolchain: str, root: Path, shell: str, out: Path) -> None:
     """Run `shell` in a container of `toolchain`: root at /src read-only, `out` at /out, no network."""
+    import os
+
+    # as the invoking user (its own 0700 /out stays writable without capabilities), no capabilities,
+    # no network: the base's compiler and python run here
     container = client.containers.run(toolchain, [shell], entrypoint=["/bin/sh", "-c"], detach=True,
                                       volumes={str(root): {"bind": "/src", "mode": "ro"},
                                                str(out): {"bind": "/out", "mode": "rw"}},
-                                      network_disabled=True, cap_drop=["ALL"],
-                                      security_opt=["no-new-privileges"])
+                                      user=f"{os.getuid()}:{os.getgid()}", environment={"HOME": "/tmp"},
+                                      network_disabled=True, cap_drop=["ALL"], security_opt=["no-new-privileges"])
     try:
         status = container.wait()["StatusCode"]
         logs = container.logs().decode(errors="replace").strip()
@@ -294,7 +298,7 @@ def compile_recipe(recipe: Recipe, toolchain: str, cache: Path, log=print, remot
         if trust is None:
             log("no release key in the policy to check a kernel artifact's signature with: compiling here")
         else:
-            artifact = fetch_artifact(remote[0], remote[1], key, out, trust)
+            artifact = fetch_artifact(remote[0], remote[1], key, out, trust, expected_outputs(recipe))
         if artifact is not None:
             origin = "registry"
             log(f"kernels for this recipe and toolchain from {artifact} (signed by a release key): not compiled "
@@ -336,12 +340,13 @@ def take_outputs(folder: Path, expected: set[str]) -> dict[str, str]:
     import os
     import stat
 
+    os.chmod(folder, 0o700)  # whatever the container made of its /out's mode
     found = {e.name: e for e in os.scandir(folder)}
     unexpected, missing = sorted(set(found) - expected), sorted(expected - set(found))
     if unexpected or missing:
-        raise IntegrityError(f"the compile left {', '.join(unexpected) or 'nothing unexpected'} and lacks "
-                             f"{', '.join(missing) or 'nothing'} in /out: refused (the toolchain image is broken "
-                             f"or hostile)")
+        raise IntegrityError(f"the compile left {', '.join(repr(n)[:80] for n in unexpected[:5]) or 'nothing unexpected'}"
+                             f" and lacks {', '.join(missing) or 'nothing'} in /out: refused (the toolchain image is "
+                             f"broken or hostile)")
     outputs = {}
     for name in sorted(found):
         info = found[name].stat(follow_symlinks=False)
@@ -351,7 +356,10 @@ def take_outputs(folder: Path, expected: set[str]) -> dict[str, str]:
                                  f"(the toolchain image is hostile)")
         fd = os.open(folder / name, os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd, "rb") as f:
-            outputs[name] = hashlib.sha256(f.read()).hexdigest()
+            h = hashlib.sha256()
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+            outputs[name] = h.hexdigest()
     return outputs
 
 
@@ -438,7 +446,7 @@ def push_artifact(registry, repo: str, key: str, out: Path) -> Reference:
     return Reference(registry.name, repo, None, Digest.of(manifest))
 
 
-def fetch_artifact(registry, repo: str, key: str, dest: Path, trust) -> Reference | None:
+def fetch_artifact(registry, repo: str, key: str, dest: Path, trust, expected: set[str]) -> Reference | None:
     """The outputs of this exact compile from REPO:kernels-<key>: its manifest digest must carry a
     release-key signature (`trust(ref)` raises otherwise) before any of its bytes is used; then every
     blob is checked by digest and the config's key and sha256s against what arrives. None if the
@@ -465,8 +473,9 @@ def fetch_artifact(registry, repo: str, key: str, dest: Path, trust) -> Referenc
         if config["key"] != key:
             raise IntegrityError(f"kernel artifact {ref} is for recipe {config['key']}, not {key}")
         names = {l.annotations[TITLE] for l in layers}
-        if names != set(config["sha256"]) or any("/" in n or n.startswith(".") for n in names):
-            raise IntegrityError(f"kernel artifact {ref}: its files {sorted(names)} are not the ones its config names")
+        if names != set(config["sha256"]) or names != expected:
+            raise IntegrityError(f"kernel artifact {ref}: its files {sorted(map(repr, names))[:8]} are not the ones "
+                                 f"this recipe makes ({', '.join(sorted(expected))}) or its config names")
     with _cache_entry(dest) as tmp:
         for layer in layers:
             data = registry.fetch_blob(repo, layer)  # checked against the layer's digest

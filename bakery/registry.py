@@ -7,6 +7,7 @@ import json
 import os
 import tempfile
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -231,7 +232,11 @@ def _location(transport: Transport, resp) -> str:
     if not location:
         raise RegistryError(f"{transport.registry} answered an upload step without a Location header: it is not a "
                             f"distribution registry, or it is broken")
-    return location if location.startswith("http") else transport.base + location
+    try:
+        return urllib.parse.urljoin(resp.url or transport.base, location)
+    except ValueError:
+        raise RegistryError(f"{transport.registry} answered an upload step with an unreadable Location "
+                            f"{location[:100]!r}") from None
 
 
 def _add_query(url: str, query: str) -> str:

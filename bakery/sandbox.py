@@ -13,8 +13,8 @@ not ~/.docker, not the project's other files, not /work or /root.
 
 from __future__ import annotations
 
+import functools
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -52,11 +52,22 @@ def _system_binds() -> list[str]:
     return args
 
 
-def command(argv: list[str], readable: list[Path], inputs: Path, status_fd: int | None = None) -> list[str]:
-    """The bwrap command line that runs argv in the sandbox; `inputs` appears at /inputs."""
-    if shutil.which(BWRAP) is None:
+@functools.lru_cache(maxsize=4)
+def _check_bwrap(bwrap: str) -> None:
+    """bubblewrap is here, and new enough for --disable-userns and --size (0.8)."""
+    if shutil.which(bwrap) is None:
         raise EnvironmentProblem("bubblewrap (bwrap) is not installed: proofs run the base's code and only run "
                                  "sandboxed; install it with `apt-get install bubblewrap` (scripts/bootstrap.sh does)")
+    said = subprocess.run([bwrap, "--version"], capture_output=True, text=True).stdout.split()
+    version = tuple(int(p) for p in said[-1].split(".")[:2] if p.isdigit()) if said else ()
+    if version < (0, 8):
+        raise EnvironmentProblem(f"bubblewrap {said[-1] if said else '(unknown version)'} is too old for the proofs' "
+                                 f"sandbox (--disable-userns needs 0.8; Debian 12 and Ubuntu 24.04 have it)")
+
+
+def command(argv: list[str], readable: list[Path], inputs: Path, status_fd: int | None = None) -> list[str]:
+    """The bwrap command line that runs argv in the sandbox; `inputs` appears at /inputs."""
+    _check_bwrap(BWRAP)
     args = [BWRAP, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--uid", "65534", "--gid", "65534", "--clearenv"]
     if status_fd is not None:  # bwrap writes the child's pid there once the sandbox stands
@@ -70,13 +81,10 @@ def command(argv: list[str], readable: list[Path], inputs: Path, status_fd: int 
     args += _system_binds()
     for path in _python_roots() + sorted({p.resolve() for p in readable}):
         args += ["--ro-bind", str(path), str(path)]
-    # the root bwrap builds (the folders above each bind) is read-only too: only /tmp, HOME, /dev/shm take writes
-    return args + ["--ro-bind", str(inputs), INPUTS, "--remount-ro", "/", "--chdir", HOME, "--"] + argv
-
-
-def _limit_output() -> None:
-    """In the child: no file it writes, its stdout and stderr included, grows past OUTPUT_BYTES."""
-    resource.setrlimit(resource.RLIMIT_FSIZE, (OUTPUT_BYTES, OUTPUT_BYTES))
+    # the root bwrap builds (the folders above each bind) and /dev are read-only too: only /tmp, HOME
+    # and /dev/shm take writes, each capped
+    return args + ["--ro-bind", str(inputs), INPUTS, "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", HOME,
+                   "--"] + argv
 
 
 def _tail(f, limit: int = 1 << 20) -> str:
@@ -89,14 +97,17 @@ def _tail(f, limit: int = 1 << 20) -> str:
 def run(argv: list[str], readable: list[Path], inputs: Path, timeout: float) -> subprocess.CompletedProcess:
     """argv in the sandbox (its paths as the sandbox sees them): its exit status and the tail of its
     stdout and stderr as text. A sandbox that does not stand up is this machine's problem, not a
-    verdict on the code; bwrap says it stood up on a status pipe the code inside cannot write to."""
+    verdict on the code; bwrap says it stood up and ran the code (its exit code) on a status pipe the
+    code inside cannot write to."""
     status_read, status_write = os.pipe()
     try:
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            # no file the sandboxed code writes, its stdout and stderr included, grows past OUTPUT_BYTES
+            # (set by prlimit, not in a preexec_fn: this runs in threads, where those may deadlock)
+            limited = ["prlimit", f"--fsize={OUTPUT_BYTES}", "--"] + command(argv, readable, inputs, status_write)
             try:
-                code = subprocess.run(command(argv, readable, inputs, status_write), stdout=out, stderr=err,
-                                      stdin=subprocess.DEVNULL, timeout=timeout, pass_fds=(status_write,),
-                                      preexec_fn=_limit_output).returncode
+                code = subprocess.run(limited, stdout=out, stderr=err, stdin=subprocess.DEVNULL, timeout=timeout,
+                                      pass_fds=(status_write,)).returncode
             finally:
                 os.close(status_write)
             status = b""
@@ -105,7 +116,7 @@ def run(argv: list[str], readable: list[Path], inputs: Path, timeout: float) -> 
             stdout, stderr = _tail(out), _tail(err)
     finally:
         os.close(status_read)
-    if b'"child-pid"' not in status:
+    if b'"exit-code"' not in status:  # bwrap writes it only once the sandbox stood and the code ran
         raise EnvironmentProblem(f"the proofs' sandbox cannot start here ({(stderr.strip().splitlines() or ['?'])[0]}): "
                                  f"bubblewrap needs unprivileged user namespaces (on Ubuntu 24.04: sysctl "
                                  f"kernel.apparmor_restrict_unprivileged_userns=0) or root")

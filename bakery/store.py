@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -76,11 +77,26 @@ class LayoutStore:
         if not (self.path / "oci-layout").exists():
             raise InputError(f"{self.path} is not an OCI image layout (no oci-layout file)")
 
+    @staticmethod
+    def _open(path: Path, what: str):
+        """A file of the layout, opened only if it is a regular file (a layout can come from anyone:
+        a link to /dev/zero or a FIFO would have us read forever)."""
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise IntegrityError(f"{what} {path} is not a regular file: refused")
+        return os.fdopen(fd, "rb")
+
     def _read_document(self, path: Path, what: str) -> bytes:
-        """A small file of the layout read whole: refused past 4 MiB (a layout can come from anyone)."""
-        if path.stat().st_size > DOCUMENT_LIMIT:
+        """A small file of the layout read whole: refused past 4 MiB."""
+        try:
+            with self._open(path, what) as f:
+                data = f.read(DOCUMENT_LIMIT + 1)
+        except OSError as e:
+            raise IntegrityError(f"{what} {path} cannot be read ({e.strerror}): refused") from None
+        if len(data) > DOCUMENT_LIMIT:
             raise IntegrityError(f"{what} {path} is over the {DOCUMENT_LIMIT}-byte limit for a document; refused")
-        return path.read_bytes()
+        return data
 
     def _index(self) -> dict:
         with malformed(f"{self.path / 'index.json'}"):
@@ -100,7 +116,7 @@ class LayoutStore:
                     return None
                 digest = Digest.parse(named[0]["digest"])
         path = self._blob_path(digest)
-        if not path.exists():
+        if not os.path.lexists(path):
             return None
         data = self._read_document(path, "manifest")
         if Digest.of(data) != digest:
@@ -110,9 +126,11 @@ class LayoutStore:
     def stream(self, desc: Descriptor) -> Iterator[bytes]:
         """A blob in chunks (a ROCm layer is several GB); IntegrityError at the end if it is not desc."""
         try:
-            f = open(self._blob_path(desc.digest), "rb")
+            f = self._open(self._blob_path(desc.digest), "blob")
         except FileNotFoundError:
             raise IntegrityError(f"blob {desc.digest} missing from layout {self.path}") from None
+        except OSError as e:
+            raise IntegrityError(f"blob {desc.digest} of layout {self.path} cannot be read ({e.strerror})") from None
         hasher, size = hashlib.sha256(), 0
         with f:
             for chunk in iter(lambda: f.read(CHUNK), b""):

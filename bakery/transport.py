@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import requests
+import requests.auth
 
 from .errors import AuthError, InputError, IntegrityError, NotFound, RegistryError, TransientError
 
@@ -148,6 +149,17 @@ def read_bounded(resp: requests.Response, limit: int, what: str, error: type) ->
     return resp._content
 
 
+class _NoAuth(requests.auth.AuthBase):
+    """Our Authorization header as we set it: requests would otherwise fill it from ~/.netrc, for
+    whatever host a URL names."""
+
+    def __call__(self, r):
+        return r
+
+
+_NO_AUTH = _NoAuth()
+
+
 def parse_challenge(header: str) -> tuple[str, dict]:
     """Split 'Bearer realm="x",service="y"' into ('bearer', {...})."""
     scheme, _, rest = header.strip().partition(" ")
@@ -240,7 +252,7 @@ class Transport:
         adapter, not Session.send: that reads a redirect's whole body (to release the socket) even
         when told not to follow it."""
         prepared = self.session.prepare_request(requests.Request(method, url, headers=headers, data=data,
-                                                                 params=params, auth=auth))
+                                                                 params=params, auth=auth or _NO_AUTH))
         settings = self.session.merge_environment_settings(prepared.url, {}, True, None, None)
         return self.session.get_adapter(prepared.url).send(prepared, stream=True, timeout=TIMEOUT,
                                                            verify=settings["verify"], proxies=settings["proxies"],
@@ -268,12 +280,14 @@ class Transport:
             raise AuthError(f"{self.registry} asked for unsupported authentication {scheme!r}")
 
     def _fetch_token(self, params: dict, scopes) -> str:
-        realm = urllib.parse.urlsplit(params["realm"]).scheme if "://" in params["realm"] else ""
-        if realm != "https" and not (realm == "http" and self.base.startswith("http://")):
-            # an https registry sends us to https token services only: a plain or odd realm would
-            # have us fetch whatever URL it names (an internal one) and hand its answer back
-            raise AuthError(f"{self.registry} names a token service {params['realm'][:100]!r} that is not https: "
-                            f"refused")
+        # an https registry sends us to https token services only, and a plain-http one (loopback or
+        # listed insecure) to its own host: any other realm would have us fetch whatever URL it
+        # names (an internal one) and hand its answer back to it
+        scheme, host, _ = origin(params["realm"])
+        if not (scheme == "https" and host) and not (scheme == "http" and self.base.startswith("http://")
+                                                     and host == self.origin[1]):
+            raise AuthError(f"{self.registry} names a token service {params['realm'][:100]!r}: refused (an https "
+                            f"registry's must be https; a plain one's must be on its own host)")
         query = [("service", params["service"])] if "service" in params else []
         wanted = list(scopes) or ([params["scope"]] if "scope" in params else [])
         query += [("scope", s) for s in wanted]

@@ -356,7 +356,8 @@ def test_a_redirect_with_an_endless_body_is_followed_without_reading_it(registry
     assert proxy.sent < 32 << 20
 
 
-@pytest.mark.parametrize("realm", ["http://169.254.169.254/latest/meta-data", "file:///etc/passwd", "ftp://x/token"])
+@pytest.mark.parametrize("realm", ["http://169.254.169.254/latest/meta-data", "file:///etc/passwd", "ftp://x/token",
+                                   "https://[x"])
 def test_an_https_registry_cannot_send_us_to_a_plain_token_service(realm):
     """The realm comes from the registry's 401: a plain one would make us fetch an internal URL for it.
     Nothing is requested (the session refuses to send anything)."""
@@ -365,5 +366,47 @@ def test_an_https_registry_cannot_send_us_to_a_plain_token_service(realm):
             raise AssertionError(f"sent a request to {url}")
 
     transport = Transport("registry.example.com", session=NoSend())
-    with pytest.raises(AuthError, match="that is not https: refused"):
+    with pytest.raises(AuthError, match="refused \\(an https registry's must be https"):
         transport._fetch_token({"realm": realm, "service": "x"}, ("repository:a/b:pull",))
+
+
+def test_a_plain_registry_may_name_only_a_token_service_on_its_own_host():
+    class NoSend(requests.Session):
+        def get_adapter(self, url):
+            raise AssertionError(f"sent a request to {url}")
+
+    transport = Transport("127.0.0.1:5999", session=NoSend())  # loopback: plain http
+    with pytest.raises(AuthError, match="a plain one's must be on its own host"):
+        transport._fetch_token({"realm": "http://127.0.0.2:80/token"}, ("repository:a/b:pull",))
+    with pytest.raises(AuthError, match="refused"):
+        transport._fetch_token({"realm": "https://[x"}, ())  # unparsable: one clear error, not a crash
+
+
+@pytest.mark.parametrize("make", ["link to /dev/zero", "fifo"])
+def test_a_layout_file_that_is_not_a_regular_file_is_refused_at_once(tmp_path, make):
+    """A layout handed over by anyone: index.json as a link to an endless device, or a FIFO that
+    never answers, is refused instead of read (both would hang or exhaust memory)."""
+    import os
+
+    from bakery.store import LayoutStore
+
+    (tmp_path / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
+    if make == "fifo":
+        os.mkfifo(tmp_path / "index.json")
+    else:
+        (tmp_path / "index.json").symlink_to("/dev/zero")
+    with pytest.raises(IntegrityError, match="index"):
+        LayoutStore(tmp_path).manifest("latest")
+
+
+def test_a_netrc_default_entry_goes_nowhere(registry, tmp_path, monkeypatch):
+    """requests fills Authorization from ~/.netrc for any host a URL names (a `default` entry for
+    all of them): not ours. A redirect target, and the registry itself, see no such header."""
+    (tmp_path / "netrc").write_text("default login leaked password from-netrc\n")
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    desc = upload(Registry(registry), "test/netrc", b"netrc must not leak")
+    with FaultyProxy("127.0.0.1:9", [], {"/bucket/blob": (200, {}, b"netrc must not leak")}) as storage:
+        redirect = {f"/v2/test/netrc/blobs/{desc.digest}": (307, {"Location": f"http://{storage.host}/bucket/blob"}, b"")}
+        with FaultyProxy(registry, [], redirect) as proxy:
+            assert Registry(proxy.host).fetch_blob("test/netrc", desc) == b"netrc must not leak"
+    assert [a for _, _, a in proxy.authorization + storage.authorization] == [None, None]

@@ -115,10 +115,21 @@ def test_a_sandbox_that_cannot_start_is_the_machines_problem_not_a_verdict(hosti
     """Where user namespaces are refused (Ubuntu 24.04's AppArmor default, not this machine), bwrap
     fails before running anything: a stand-in bwrap that fails the same way gives one clear line."""
     fake = tmp_path / "bwrap"
-    fake.write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
+    fake.write_text("#!/bin/sh\n[ \"$1\" = --version ] && { echo 'bubblewrap 0.8.0'; exit 0; }\n"
+                    "echo 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setattr(sandbox, "BWRAP", str(fake))
     with pytest.raises(EnvironmentProblem, match=r"sandbox cannot start here \(bwrap: setting up uid map"):
+        prove.run(hostile, b"", {})
+
+
+def test_a_bubblewrap_too_old_for_the_sandbox_says_so(hostile, tmp_path, monkeypatch):
+    """Ubuntu 22.04's bubblewrap 0.6 has no --disable-userns (a stand-in answers as it would)."""
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bubblewrap 0.6.1'\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sandbox, "BWRAP", str(fake))
+    with pytest.raises(EnvironmentProblem, match="bubblewrap 0.6.1 is too old"):
         prove.run(hostile, b"", {})
 
 
@@ -141,3 +152,72 @@ def test_whatever_the_code_inside_prints_is_a_verdict(body, reason, tmp_path, mo
     (proofs / "loud.py").write_text(body)
     verdict = prove.run(prove.ProofSpec(proofs / "loud.py"), b"", {})
     assert verdict.verdict == prove.CANNOT and verdict.reason.startswith(reason), verdict.reason
+
+
+FORGER = '''
+import os, time
+import _proof
+
+
+def sibling(proof: int, me: int) -> int:
+    for _ in range(200):
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == proof and int(pid) != me:
+                return int(pid)
+        time.sleep(0.01)
+    raise SystemExit("no sibling")
+
+
+def forge(proof: int, me: int) -> None:
+    """In a grandchild: hold the other target's pipe, and write its verdict once it has exited."""
+    os.close(1)
+    try:
+        other = sibling(proof, me)
+        fd = os.open(f"/proc/{other}/fd/1", os.O_WRONLY)
+    except OSError:
+        os._exit(0)  # refused: what the sandbox must do
+    while os.path.exists(f"/proc/{other}") and open(f"/proc/{other}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.01)
+    os.write(fd, b'{"verdict": "FIXED", "reason": "forged by the stock target", "measured": {}}\\n')
+    os._exit(0)
+
+
+def prove(args):
+    if open(args[0]).read().startswith("# stock"):
+        proof, me = os.getppid(), os.getpid()
+        if os.fork() == 0:
+            forge(proof, me)
+        _proof.report(False, "genuine: stock")
+    else:
+        time.sleep(1.0)
+        _proof.report(False, "genuine: overlaid")
+
+
+if __name__ == "__main__":
+    _proof.main(prove)
+'''
+
+
+def test_one_targets_code_cannot_write_the_others_verdict(tmp_path, monkeypatch):
+    """Stock and overlaid run as two children of one proof process. The stock target's code opens
+    its sibling's pipe through /proc and writes FIXED there after the sibling exits: the children
+    are not dumpable, so the pipe cannot be opened and the overlaid verdict stays its own."""
+    monkeypatch.setenv("BAKERY_CACHE", str(tmp_path / "cache"))
+    proofs = tmp_path / "project" / "overlays" / "proofs"
+    proofs.mkdir(parents=True)
+    shutil.copy(ROOT / "overlays" / "proofs" / "_proof.py", proofs)
+    (proofs / "forger.py").write_text(FORGER)
+    stock, overlaid = prove.run_batch(prove.ProofSpec(proofs / "forger.py"), [b"# stock\n", b"# overlaid\n"], {})
+    assert (stock.verdict, stock.reason) == (prove.BROKEN, "genuine: stock")
+    assert (overlaid.verdict, overlaid.reason) == (prove.BROKEN, "genuine: overlaid")
+
+
+def test_a_sandbox_whose_setup_fails_is_the_machines_problem(tmp_path):
+    """bwrap fails after it made the child (here a bind whose source is gone): no exit code on the
+    status pipe, so it is not the code's failure (the stand-in above fails before the child)."""
+    with pytest.raises(EnvironmentProblem, match="Can't find source path"):
+        sandbox.run([sys.executable, "-c", "pass"], [tmp_path / "not-there.py"], tmp_path, 60)

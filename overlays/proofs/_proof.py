@@ -63,24 +63,47 @@ def main(prove) -> None:
     args = sys.argv[1:]
     targets, reads = (args[:args.index("--")], args[args.index("--") + 1:]) if "--" in args else (args[:1], args[1:])
     sys.stdout.flush()
+    _not_dumpable()
     started = time.monotonic()
-    children = [_fork(prove, [target] + reads) for target in targets]
+    children = []
+    for target in targets:  # a child holds no read end of another's pipe
+        children.append(_fork(prove, [target] + reads, [pipe for _, pipe in children]))
     for index, (pid, pipe) in enumerate(children):
         with pipe:
-            lines = pipe.read().strip().splitlines()
+            lines = _tail(pipe).strip().splitlines()
         _, status = os.waitpid(pid, 0)
         print(json.dumps({**_verdict(lines, os.waitstatus_to_exitcode(status)), "target": index,
                           "seconds": round(time.monotonic() - started, 1)}), flush=True)
 
 
-def _fork(prove, args: list[str]):
+def _not_dumpable() -> None:
+    """This process and the children forked from it become non-dumpable: their /proc entries are
+    root's, so the target code in one child cannot open a sibling's or this process's pipes through
+    /proc/PID/fd, nor trace them, to write another target's verdict."""
+    import ctypes
+
+    PR_SET_DUMPABLE = 4
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def _tail(pipe, limit: int = 1 << 20) -> str:
+    """What a child wrote, its last `limit` bytes at most, decoded whatever they are."""
+    kept = b""
+    while chunk := pipe.read(1 << 16):
+        kept = (kept + chunk)[-limit:]
+    return kept.decode("utf-8", errors="replace")
+
+
+def _fork(prove, args: list[str], others: list):
     """(pid, the read end of its stdout) of a child that runs prove(args) and exits."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid:
         os.close(write_end)
-        return pid, os.fdopen(read_end)
+        return pid, os.fdopen(read_end, "rb")
     os.close(read_end)
+    for other in others:
+        other.close()
     os.dup2(write_end, 1)  # everything the child writes to stdout, the target's code included, goes to the pipe
     os.close(write_end)
     sys.stdout = os.fdopen(1, "w", closefd=False)
