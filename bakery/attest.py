@@ -111,7 +111,8 @@ def attest(store, subject: Reference, record: dict, signer: sign.Signer, sign_ke
 
 def sign_artifact(artifact: Reference, signer: sign.Signer, baked: list | None = None) -> dict:
     """A cosign signature on the kernel artifact's manifest digest, in its own repository; with
-    `baked` (the record's artifacts), only if it holds exactly the .so files the image baked."""
+    `baked` (the record's artifacts), only if it holds exactly their files: each .so the image baked,
+    its schema and the compiler line."""
     from .store import RegistryStore
 
     if artifact.digest is None:
