@@ -344,9 +344,9 @@ def take_outputs(folder: Path, expected: set[str]) -> dict[str, str]:
     found = {e.name: e for e in os.scandir(folder)}
     unexpected, missing = sorted(set(found) - expected), sorted(expected - set(found))
     if unexpected or missing:
-        raise IntegrityError(f"the compile left {', '.join(repr(n)[:80] for n in unexpected[:5]) or 'nothing unexpected'}"
-                             f" and lacks {', '.join(missing) or 'nothing'} in /out: refused (the toolchain image is "
-                             f"broken or hostile)")
+        left = ", ".join(repr(n)[:80] for n in unexpected[:5]) or "nothing unexpected"
+        raise IntegrityError(f"the compile left {left} and lacks {', '.join(missing) or 'nothing'} in /out: "
+                             f"refused (the toolchain image is broken or hostile)")
     outputs = {}
     for name in sorted(found):
         info = found[name].stat(follow_symlinks=False)

@@ -68,9 +68,9 @@ def _check_bwrap(bwrap: str) -> None:
 def command(argv: list[str], readable: list[Path], inputs: Path, status_fd: int | None = None) -> list[str]:
     """The bwrap command line that runs argv in the sandbox; `inputs` appears at /inputs."""
     _check_bwrap(BWRAP)
-    args = [BWRAP, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--uid", "65534", "--gid", "65534", "--clearenv"]
-    if status_fd is not None:  # bwrap writes the child's pid there once the sandbox stands
+    args = [BWRAP, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+            "--cap-drop", "ALL", "--uid", "65534", "--gid", "65534", "--clearenv"]
+    if status_fd is not None:  # bwrap writes the code's exit code there once the sandbox stood and ran it
         args += ["--json-status-fd", str(status_fd)]
     for name, value in ENV.items():
         args += ["--setenv", name, value]
@@ -117,7 +117,8 @@ def run(argv: list[str], readable: list[Path], inputs: Path, timeout: float) -> 
     finally:
         os.close(status_read)
     if b'"exit-code"' not in status:  # bwrap writes it only once the sandbox stood and the code ran
-        raise EnvironmentProblem(f"the proofs' sandbox cannot start here ({(stderr.strip().splitlines() or ['?'])[0]}): "
+        said = (stderr.strip().splitlines() or ["?"])[0]
+        raise EnvironmentProblem(f"the proofs' sandbox cannot start here ({said}): "
                                  f"bubblewrap needs unprivileged user namespaces (on Ubuntu 24.04: sysctl "
                                  f"kernel.apparmor_restrict_unprivileged_userns=0) or root")
     return subprocess.CompletedProcess(argv, code, stdout, stderr)
