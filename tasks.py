@@ -189,27 +189,35 @@ def lock(c, base=None, lock=None):
     print(Path(lock) if lock else PROJECT / "overlays" / "overlays.lock")
 
 
-@task(help={"base": "base image REF@sha256:DIGEST, overriding image/base.yaml"})
+@task(help={"base": "base image REF@sha256:DIGEST, overriding image/base.yaml",
+            "device": "cpu (default: Triton's interpreter) or cuda (the proofs' Triton kernels compiled for the GPU "
+                      "torch sees, CUDA or ROCm)"})
 @reports_errors
-def prove(c, base=None):
+def prove(c, base=None, device="cpu"):
     """Run each overlay's behavioural proof on the base's stock target and on the overlaid one."""
     import dataclasses
 
     from bakery.build import Options
+    from bakery.prove import DEVICES
     from bakery.rebase import prove_base
 
-    rows = prove_base(Options(PROJECT, base), log=_log)
+    if device not in DEVICES:
+        raise Exit(f"error: --device {device}: say cpu or cuda", code=2)
+    rows = prove_base(Options(PROJECT, base, device=device), log=_log)
     width = max(len(r.overlay.id) for r in rows)
-    print(f"{'overlay':<{width}}  {'stock':<13} {'overlaid':<13} {'seconds':>7}  detail")
+    checks = max(len(r.overlay.proof.script.name) if r.overlay.proof.script else 8 for r in rows) + len(device) + 3
+    print(f"{'overlay':<{width}}  {'stock':<13} {'overlaid':<13} {'check':<{checks}} {'seconds':>7}  detail")
     for r in rows:
         over = r.overlaid.verdict if r.overlaid else "(audit)"
+        ran_on = r.stock.measured.get("ran_on", device)  # the fence's model and SwiGLU's torch run on the CPU
+        check = f"{r.overlay.proof.script.name} ({ran_on})" if r.overlay.proof.script else "hardware"
         if r.overlay.proof.script is None:  # marked: only the hardware can judge it
             r = dataclasses.replace(r, stock=dataclasses.replace(r.stock, verdict="hardware-only"))
             over = "hardware-only"
         seconds = r.stock.seconds + (r.overlaid.seconds if r.overlaid else 0)
         detail = r.overlay.proof.hardware if r.overlay.proof.script is None else \
             (r.overlaid.reason if r.overlaid else r.stock.reason)
-        print(f"{r.overlay.id:<{width}}  {r.stock.verdict:<13} {over:<13} {seconds:>7.1f}  {detail}")
+        print(f"{r.overlay.id:<{width}}  {r.stock.verdict:<13} {over:<13} {check:<{checks}} {seconds:>7.1f}  {detail}")
     bad = [r.overlay.id for r in rows if not r.ok]
     if bad:
         raise Exit(f"error: not proven (a required overlay must be BROKEN on stock and FIXED overlaid): "

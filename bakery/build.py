@@ -42,6 +42,7 @@ class Options:
     keys: tuple[Path, ...] = ()  # release public keys, beside the policy's: who may vouch for kernels
     policy: Path | None = None  # default PROJECT/provenance/policy.yaml
     recompile: bool = False  # compile hip/ here even where the registry holds a signed artifact
+    device: str = "cpu"  # where `invoke prove` runs the proofs' Triton kernels: cpu (interpreted) or cuda
 
     def toolchain_for(self, base: base_mod.BaseSpec) -> str:
         return self.toolchain or os.environ.get("BAKERY_TOOLCHAIN") or str(base.source)

@@ -23,10 +23,11 @@ from importlib import metadata
 from pathlib import Path, PurePosixPath
 
 from . import sandbox
-from .errors import InputError
+from .errors import EnvironmentProblem, InputError
 from .layer import write_blob
 
 FIXED, BROKEN, CANNOT = "FIXED", "BROKEN", "CANNOT-PROVE"
+DEVICES = ("cpu", "cuda")  # cpu: Triton's interpreter; cuda: kernels compiled for the GPU torch sees (CUDA or ROCm)
 HELPER = "_proof.py"  # shared by every proof script: part of each proof's code
 TIMEOUT_S = 900
 
@@ -101,8 +102,8 @@ def _versions() -> str:
     return f"python {sys.version.split()[0]}; " + ", ".join(found)
 
 
-def cache_key(spec: ProofSpec, target: bytes, reads: dict[str, bytes]) -> str:
-    h = hashlib.sha256(f"{spec.code_sha256}\n{_versions()}\n".encode())
+def cache_key(spec: ProofSpec, target: bytes, reads: dict[str, bytes], device: str = "cpu") -> str:
+    h = hashlib.sha256(f"{spec.code_sha256}\n{_versions()}\n{device}\n".encode())
     h.update(hashlib.sha256(target).hexdigest().encode())
     for path in spec.reads:
         h.update(f"\n{path} {hashlib.sha256(reads[path]).hexdigest()}".encode())
@@ -129,12 +130,12 @@ def _cached(key: str) -> Verdict | None:
         return None
 
 
-def run(spec: ProofSpec, target: bytes, reads: dict[str, bytes]) -> Verdict:
+def run(spec: ProofSpec, target: bytes, reads: dict[str, bytes], device: str = "cpu") -> Verdict:
     """One proof on one version of the target; cached unless CANNOT-PROVE."""
-    return run_batch(spec, [target], reads)[0]
+    return run_batch(spec, [target], reads, device)[0]
 
 
-def run_batch(spec: ProofSpec, targets: list[bytes], reads: dict[str, bytes]) -> list[Verdict]:
+def run_batch(spec: ProofSpec, targets: list[bytes], reads: dict[str, bytes], device: str = "cpu") -> list[Verdict]:
     """One proof on several versions of its target (stock and overlaid): what is not cached runs
     in one sandboxed process, which loads torch and Triton once and forks a run per target."""
     if spec.script is None:
@@ -142,11 +143,11 @@ def run_batch(spec: ProofSpec, targets: list[bytes], reads: dict[str, bytes]) ->
     missing = [p for p in spec.reads if reads.get(p) is None]
     if missing:
         return [Verdict(CANNOT, f"the base has no {', '.join(missing)}, which the proof reads")] * len(targets)
-    keys = [cache_key(spec, t, reads) for t in targets]
+    keys = [cache_key(spec, t, reads, device) for t in targets]
     verdicts = [_cached(k) for k in keys]
     todo = [i for i, v in enumerate(verdicts) if v is None]
     if todo:
-        for i, verdict in zip(todo, _execute(spec, [targets[i] for i in todo], reads)):
+        for i, verdict in zip(todo, _execute(spec, [targets[i] for i in todo], reads, device)):
             verdicts[i] = verdict
             if verdict.verdict != CANNOT:
                 write_blob(_cache_dir() / f"{keys[i]}.json", json.dumps({"key": keys[i], **verdict.to_json()}).encode())
@@ -158,7 +159,25 @@ def readable(spec: ProofSpec) -> list[Path]:
     return list(spec.code)
 
 
-def _execute(spec: ProofSpec, targets: list[bytes], reads: dict[str, bytes]) -> list[Verdict]:
+def gpu_devices() -> tuple[list[str], list[Path]]:
+    """(device nodes, read-only /sys paths) of one GPU for a proof on the GPU: NVIDIA's control
+    nodes and its first GPU, or AMD's /dev/kfd, the first render node and the KFD topology ROCm
+    reads. Nothing more of /dev or /sys: not the other GPUs of a shared host, not a display node.
+    (AMD's list follows ROCm's documented needs; no AMD GPU has run it here.)"""
+    dev = Path("/dev")
+    nvidia = sorted(dev.glob("nvidia[0-9]*"), key=lambda p: int(p.name[6:]))
+    if nvidia:
+        nodes = [dev / "nvidiactl", dev / "nvidia-uvm", nvidia[0]]
+        return [str(n) for n in nodes if n.is_char_device()], []
+    render = sorted((dev / "dri").glob("renderD*"))
+    if (dev / "kfd").is_char_device() and render:
+        sys_paths = [p for p in (Path("/sys/class/kfd"), Path("/sys/devices/virtual/kfd")) if p.exists()]
+        return [str(dev / "kfd"), str(render[0])], sys_paths
+    raise EnvironmentProblem("--device cuda: no GPU device nodes here (/dev/nvidia*, /dev/kfd); "
+                             "run the proofs with --device cpu (Triton's interpreter)")
+
+
+def _execute(spec: ProofSpec, targets: list[bytes], reads: dict[str, bytes], device: str) -> list[Verdict]:
     """Run the proof on the targets' bytes in the sandbox: they are the base's code, untrusted."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bakery-proof-") as tmp:
@@ -169,7 +188,9 @@ def _execute(spec: ProofSpec, targets: list[bytes], reads: dict[str, bytes]) -> 
         paths = [f"{sandbox.INPUTS}/{n}" for n in names]
         argv = [sys.executable, str(spec.script), *paths[:len(targets)], "--", *paths[len(targets):]]
         try:
-            done = sandbox.run(argv, readable(spec), Path(tmp), TIMEOUT_S)
+            nodes, sys_paths = gpu_devices() if device != "cpu" else ([], [])
+            done = sandbox.run(argv, readable(spec) + sys_paths, Path(tmp), TIMEOUT_S,
+                               env={"BAKERY_PROOF_DEVICE": device}, devices=nodes)
         except subprocess.TimeoutExpired:
             return [Verdict(CANNOT, f"timed out after {TIMEOUT_S} s", time.monotonic() - started)] * len(targets)
     return _verdicts(done, len(targets), round(time.monotonic() - started, 1))
@@ -196,7 +217,7 @@ def _verdicts(done: subprocess.CompletedProcess, count: int, seconds: float) -> 
             for i in range(count)]
 
 
-def run_many(jobs: dict) -> dict:
+def run_many(jobs: dict, device: str = "cpu") -> dict:
     """{key: (spec, target bytes, reads)} -> {key: Verdict}: the targets of one proof together in one
     process, every proof at once (the cores are shared out by the kernel: how long each proof takes
     is not known before it runs, so no order of a queue would be better)."""
@@ -204,6 +225,6 @@ def run_many(jobs: dict) -> dict:
     for key, (spec, target, reads) in jobs.items():
         groups.setdefault((spec, id(reads)), (spec, reads, []))[2].append((key, target))
     with ThreadPoolExecutor(max(1, len(groups))) as pool:
-        futures = [(members, pool.submit(run_batch, spec, [t for _, t in members], reads))
+        futures = [(members, pool.submit(run_batch, spec, [t for _, t in members], reads, device))
                    for spec, reads, members in groups.values()]
         return {key: verdict for members, f in futures for (key, _), verdict in zip(members, f.result())}

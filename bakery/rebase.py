@@ -10,6 +10,7 @@ The lock, the patches and the stock bytes are written only when every required o
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from .build import Options, base_files, open_base
 from .errors import BakeryError
 from .overlays import Overlay
 
-FIXED_UPSTREAM, NEEDS_PORTING = "fixed-upstream", "needs porting"
+FIXED_UPSTREAM, NEEDS_PORTING, TARGET_MOVED = "fixed-upstream", "needs porting", "target moved"
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def prove_base(opts: Options, log=print) -> list[ProofRow]:
                 jobs[(o.id, "overlaid")] = None
                 log(f"{o.id}: the patch does not apply to this base ({e}); run `invoke rebase`")
     log(f"running {sum(1 for j in jobs.values() if j and j[0].script)} proofs on {len(registered)} overlays")
-    verdicts = prove.run_many({k: j for k, j in jobs.items() if j})
+    verdicts = prove.run_many({k: j for k, j in jobs.items() if j}, opts.device)
     missing = prove.Verdict(prove.CANNOT, "the target is not in this base")
     no_patch = prove.Verdict(prove.CANNOT, "the patch does not apply to this base: run `invoke rebase`")
     return [ProofRow(o, verdicts.get((o.id, "stock"), missing),
@@ -103,8 +104,8 @@ def _decide(overlay: Overlay, new: bytes | None, old: bytes | None, files: dict,
         stock = prove.run(spec, new, files)
         log(f"  {overlay.id}: stock {stock.verdict} ({stock.reason})")
         if stock.verdict == prove.FIXED:
-            return RebaseRow(overlay, FIXED_UPSTREAM, f"the new base's own code proves FIXED: {stock.reason}",
-                             None, new)
+            return RebaseRow(overlay, FIXED_UPSTREAM, f"the new base's own code proves FIXED by "
+                                                      f"{spec.script.name}: {stock.reason}", None, new)
     found, conflicted = overlays_mod.candidates(overlay, new, old)
     tried = []
     for how, result in found:
@@ -119,8 +120,8 @@ def _decide(overlay: Overlay, new: bytes | None, old: bytes | None, files: dict,
         verdict = prove.run(spec, result, files)
         log(f"  {overlay.id}: {how} -> {verdict.verdict} ({verdict.reason})")
         if verdict.verdict == prove.FIXED:
-            return RebaseRow(overlay, f"ported ({how}), proven", verdict.reason, result, new)
-        tried.append(f"{how}: {verdict.verdict}")
+            return RebaseRow(overlay, f"ported ({how}), proven", f"{spec.script.name}: {verdict.reason}", result, new)
+        tried.append(f"{how}: {verdict.verdict} by {spec.script.name}")
     where = _write_porting_kit(out / overlay.id, overlay, new, old, conflicted or (found[0][1] if found else None),
                                files)
     return RebaseRow(overlay, NEEDS_PORTING, "; ".join(tried + (["merge: conflicts"] if conflicted else []))
@@ -133,20 +134,21 @@ def _write_porting_kit(folder: Path, overlay: Overlay, new: bytes, old: bytes | 
     markers, or the best candidate), the old stock, the other files the proof reads, and the
     command that re-runs the proof."""
     folder.mkdir(parents=True, exist_ok=True)
-    for r in overlay.proof.reads if overlay.proof else ():
+    read_names = [f"{i}-{Path(r).name}" for i, r in enumerate(overlay.proof.reads if overlay.proof else ())]
+    for r, name in zip(overlay.proof.reads if overlay.proof else (), read_names):  # numbered: names repeat
         if files.get(r) is not None:
             (folder / "reads").mkdir(exist_ok=True)
-            (folder / "reads" / Path(r).name).write_bytes(files[r])
+            (folder / "reads" / name).write_bytes(files[r])
     (folder / "stock.py").write_bytes(new)
     (folder / "ours.py").write_bytes(draft if draft is not None else new)
     if old is not None:
         (folder / "old-stock.py").write_bytes(old)
-    reads = " ".join(f"\"$(dirname \"$0\")/reads/{Path(r).name}\"" for r in (overlay.proof.reads if overlay.proof else ()))
+    reads = " ".join(f"\"$(dirname \"$0\")/reads/{name}\"" for name in read_names)
     script = overlay.proof.script if overlay.proof and overlay.proof.script else None
     (folder / "prove.sh").write_text(
         "#!/bin/sh\n# re-run the overlay's proof on ours.py after editing it; then save it as the patch with\n"
         f"#   diff -u stock.py ours.py, paths a/{overlay.relative} b/{overlay.relative}\n"
-        + (f"exec python3 {script} \"$(dirname \"$0\")/ours.py\" {reads}\n" if script
+        + (f"exec python3 {script} \"$(dirname \"$0\")/ours.py\" -- {reads}\n" if script
            else "echo 'this overlay has no CPU proof: check it on the hardware'\n"))
     (folder / "prove.sh").chmod(0o755)
     return folder
@@ -167,7 +169,9 @@ def rebase(opts: Options, log=print) -> tuple[list, bool]:
     rows = []
     for n, o in enumerate(required, 1):
         log(f"[{n}/{len(required)}] {o.id}")
-        rows.append(_decide(o, files.get(o.target), _old_stock(project, o, old_lock), files, out, log))
+        old = _old_stock(project, o, old_lock)
+        new = files.get(o.target)
+        rows.append(_moved(base, o, old) if new is None else _decide(o, new, old, files, out, log))
     ok = all(r.carried for r in rows)
     if ok:
         _commit(project, opts, str(base.spec.image), rows, old_lock, log)
@@ -175,6 +179,27 @@ def rebase(opts: Options, log=print) -> tuple[list, bool]:
 
 
 AUDIT_HOLDS, AUDIT_CHANGED = "audit holds", "audit changed: re-check"
+
+
+def _moved(base, overlay: Overlay, old: bytes | None) -> RebaseRow:
+    """The target is not at its path in the new base: where did it go? The files of the same name
+    under the same package, the one most like the old stock bytes first. Nothing is carried: the
+    overlay must be registered at its new path (a person checks it is the same code)."""
+    path = overlay.target
+    package = re.match(r"(.*?-packages/[^/]+/)", path)
+    pattern = (package.group(1) if package else path.rsplit("/", 1)[0] + "/") + "*/" + path.rsplit("/", 1)[1]
+    candidates = [p if p.startswith("/") else "/" + p for p in base.fs.glob(pattern.lstrip("/"))]
+    found = base_files(base, candidates)
+    like = sorted(((difflib.SequenceMatcher(None, old or b"", data, autojunk=False).quick_ratio(), p)
+                   for p, data in found.items() if data is not None), reverse=True)
+    if not like:
+        return RebaseRow(overlay, TARGET_MOVED, f"{path} is not in the new base, nor any file of its name under "
+                                                f"{pattern.rsplit('*', 1)[0]} (removed upstream?)")
+    (ratio, where), others = like[0], [p for _, p in like[1:]]
+    return RebaseRow(overlay, TARGET_MOVED, f"{path} is not in the new base; a file of its name is at {where}"
+                     + (f" ({ratio:.0%} like the old stock)" if old else "")
+                     + (f", others at {', '.join(others)}" if others else "")
+                     + ": if it is the same code, set target: to it in overlays.yaml and run invoke rebase again")
 
 
 def audit_rows(base, registered: list[Overlay]) -> list[RebaseRow]:

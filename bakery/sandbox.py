@@ -65,20 +65,24 @@ def _check_bwrap(bwrap: str) -> None:
                                  f"sandbox (--disable-userns needs 0.8; Debian 12 and Ubuntu 24.04 have it)")
 
 
-def command(argv: list[str], readable: list[Path], inputs: Path, status_fd: int | None = None) -> list[str]:
-    """The bwrap command line that runs argv in the sandbox; `inputs` appears at /inputs."""
+def command(argv: list[str], readable: list[Path], inputs: Path, status_fd: int | None = None,
+            env: dict | None = None, devices: list[str] = ()) -> list[str]:
+    """The bwrap command line that runs argv in the sandbox; `inputs` appears at /inputs; `env` adds
+    to the sandbox's few variables; `devices` are device nodes (a GPU's) it may open."""
     _check_bwrap(BWRAP)
     args = [BWRAP, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
             "--cap-drop", "ALL", "--uid", "65534", "--gid", "65534", "--clearenv"]
     if status_fd is not None:  # bwrap writes the code's exit code there once the sandbox stood and ran it
         args += ["--json-status-fd", str(status_fd)]
-    for name, value in ENV.items():
+    for name, value in {**ENV, **(env or {})}.items():
         args += ["--setenv", name, value]
     # the empty, writable places first (a bind under /tmp, a project in a temporary folder, stays
     # visible), each capped: they live in memory
     args += ["--size", str(TMP_BYTES), "--tmpfs", "/tmp", "--size", str(TMP_BYTES), "--tmpfs", HOME,
              "--proc", "/proc", "--dev", "/dev", "--size", str(TMP_BYTES), "--tmpfs", "/dev/shm"]
     args += _system_binds()
+    for node in devices:  # a GPU's nodes, bound after --dev: the rest of /dev stays the minimal one
+        args += ["--dev-bind", node, node]
     for path in _python_roots() + sorted({p.resolve() for p in readable}):
         args += ["--ro-bind", str(path), str(path)]
     # the root bwrap builds (the folders above each bind) and /dev are read-only too: only /tmp, HOME
@@ -94,7 +98,8 @@ def _tail(f, limit: int = 1 << 20) -> str:
     return f.read().decode("utf-8", errors="replace")
 
 
-def run(argv: list[str], readable: list[Path], inputs: Path, timeout: float) -> subprocess.CompletedProcess:
+def run(argv: list[str], readable: list[Path], inputs: Path, timeout: float, env: dict | None = None,
+        devices: list[str] = ()) -> subprocess.CompletedProcess:
     """argv in the sandbox (its paths as the sandbox sees them): its exit status and the tail of its
     stdout and stderr as text. A sandbox that does not stand up is this machine's problem, not a
     verdict on the code; bwrap says it stood up and ran the code (its exit code) on a status pipe the
@@ -104,7 +109,8 @@ def run(argv: list[str], readable: list[Path], inputs: Path, timeout: float) -> 
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             # no file the sandboxed code writes, its stdout and stderr included, grows past OUTPUT_BYTES
             # (set by prlimit, not in a preexec_fn: this runs in threads, where those may deadlock)
-            limited = ["prlimit", f"--fsize={OUTPUT_BYTES}", "--"] + command(argv, readable, inputs, status_write)
+            sandboxed = command(argv, readable, inputs, status_write, env, devices)
+            limited = ["prlimit", f"--fsize={OUTPUT_BYTES}", "--"] + sandboxed
             try:
                 code = subprocess.run(limited, stdout=out, stderr=err, stdin=subprocess.DEVNULL, timeout=timeout,
                                       pass_fds=(status_write,)).returncode

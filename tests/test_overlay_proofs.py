@@ -35,18 +35,24 @@ def table(fixture_base):
     rows = {}
     for line in result.stdout.splitlines()[1:]:
         words = line.split()
-        rows[words[0]] = words[1:3]
+        rows[words[0]] = words[1:]
     return rows
 
 
 @pytest.mark.parametrize("overlay", REQUIRED)
 def test_each_overlay_is_broken_on_stock_and_fixed_overlaid(table, overlay):
-    assert table[overlay] == ["BROKEN", "FIXED"]
+    assert table[overlay][:2] == ["BROKEN", "FIXED"]
+
+
+def test_the_prove_table_names_the_check_behind_each_verdict(table):
+    gumbel = next(o for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml") if o.id == "independent-draft-gumbel")
+    assert table["independent-draft-gumbel"][2:4] == [gumbel.proof.script.name, "(cpu)"]
+    assert table["sparse-mla-prefill-bh64"][2] == "hardware"
 
 
 def test_hardware_only_overlay_says_why_and_audit_records_are_proven_on_stock(table):
-    assert table["sparse-mla-prefill-bh64"] == ["hardware-only", "hardware-only"]
-    assert table["deterministic-indexer-topk"] == ["BROKEN", "(audit)"]
+    assert table["sparse-mla-prefill-bh64"][:2] == ["hardware-only", "hardware-only"]
+    assert table["deterministic-indexer-topk"][:2] == ["BROKEN", "(audit)"]
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +220,74 @@ def test_the_gumbel_proof_catches_a_salt_that_keeps_the_targets_key(versions, re
                                "torch.bitwise_xor(seeds, 0, out=self.seeds)")
     assert mutated != overlaid
     verdict = prove.run(spec_of("independent-draft-gumbel"), mutated.encode(), reads)
-    assert verdict.verdict == prove.BROKEN and "recovered tokens follow the draft's noise" in verdict.reason
+    assert verdict.verdict == prove.BROKEN and "replacements follow the draft's noise" in verdict.reason, verdict.reason
+
+
+DSPARK = "/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu/spec_decode/dspark/speculator.py"
+
+
+def test_the_gumbel_proof_draws_drafts_through_the_bases_own_dspark_sampler(versions, reads):
+    """The draft's key comes from DSpark's own call, not from the proof: make DSpark key its draws
+    by the drafted position itself (Q) instead of the one before it (Q-1, the key the target's
+    resample uses), and the stock speculator's drafts no longer share the target's noise."""
+    stock = versions["independent-draft-gumbel"][0].read_bytes()
+    assert prove.run(spec_of("independent-draft-gumbel"), stock, reads).verdict == prove.BROKEN
+    keyed = reads[DSPARK].replace(b"sample_pos[:, i] - 1,", b"sample_pos[:, i],")
+    assert keyed != reads[DSPARK]
+    verdict = prove.run(spec_of("independent-draft-gumbel"), stock, {**reads, DSPARK: keyed})
+    assert verdict.verdict == prove.FIXED, verdict.reason
+
+
+def test_a_branch_on_a_name_the_proof_does_not_model_is_cannot_prove(versions):
+    """Upstream often ships a fix behind a flag that is off by default. A stand-in's value is not
+    known, so the fence gated on an unmodeled vllm.envs flag is CANNOT-PROVE naming it, never
+    FIXED because a stand-in happened to be true."""
+    overlaid = versions["cpu-kv-transfer-fence"][1].read_text()
+    line = "        stream.wait_stream(current_platform.current_stream())\n"
+    gated = overlaid.replace(line, "        if self.gpu_to_cpu or envs.VLLM_KV_OFFLOAD_FENCE_LOADS:\n    " + line)
+    gated = gated.replace("\nimport torch\n", "\nimport torch\nimport vllm.envs as envs\n", 1)
+    assert gated.count("envs.VLLM_KV_OFFLOAD_FENCE_LOADS") == 1 and "import vllm.envs as envs" in gated
+    verdict = prove.run(spec_of("cpu-kv-transfer-fence"), gated.encode(), {})
+    assert verdict.verdict == prove.CANNOT and "vllm.envs.VLLM_KV_OFFLOAD_FENCE_LOADS" in verdict.reason, verdict
+
+
+def test_an_argument_the_target_no_longer_takes_is_cannot_prove(versions, reads):
+    """The proof gives rejection_sample use_block_verification=True (DSpark as served): a base
+    whose function dropped it would silently run another path, so the proof says it cannot tell."""
+    rejection = "/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.py"
+    renamed = reads[rejection].replace(b"use_block_verification", b"block_verify")
+    assert renamed != reads[rejection]
+    verdict = prove.run(spec_of("independent-draft-gumbel"), versions["independent-draft-gumbel"][0].read_bytes(),
+                        {**reads, rejection: renamed})
+    assert verdict.verdict == prove.CANNOT and "no longer takes use_block_verification" in verdict.reason, verdict
+
+
+def test_the_swiglu_proof_imports_bakery_kernels_as_the_image_does(versions):
+    """An overlay whose import of the package never succeeds in the image (a misspelt name) serves
+    the stock arithmetic through its fallback: BROKEN, though its fast path alone is exact."""
+    overlaid = versions["exact-swiglu-clamp-kernel"][1].read_bytes()
+    misspelt = overlaid.replace(b"import bakery_kernels as _bakery_kernels", b"import bakery_kernel as _bakery_kernels")
+    assert misspelt != overlaid
+    assert prove.run(spec_of("exact-swiglu-clamp-kernel"), overlaid, {}).verdict == prove.FIXED
+    verdict = prove.run(spec_of("exact-swiglu-clamp-kernel"), misspelt, {})
+    assert verdict.verdict == prove.BROKEN and verdict.measured["fallback"]["differ"] > 0, verdict.reason
+
+
+def test_proofs_on_a_gpu_where_there_is_none_say_so_in_one_line(tmp_path, monkeypatch):
+    if list(Path("/dev").glob("nvidia*")) or Path("/dev/kfd").exists():
+        pytest.skip("this machine has a GPU")
+    monkeypatch.setenv("BAKERY_CACHE", str(tmp_path))
+    from bakery.errors import EnvironmentProblem
+
+    with pytest.raises(EnvironmentProblem, match="no GPU device nodes here"):
+        prove.run(spec_of("cpu-kv-transfer-fence"), b"x = 1\n", {}, device="cuda")
+    result = invoke(ROOT, "prove", "--device", "tpu")
+    assert result.returncode == 2 and "--device tpu: say cpu or cuda" in result.stderr
+
+
+def test_the_verdict_cache_key_covers_the_device():
+    spec = spec_of("cpu-kv-transfer-fence")
+    assert prove.cache_key(spec, b"t", {}, "cpu") != prove.cache_key(spec, b"t", {}, "cuda")
 
 
 @pytest.mark.parametrize("mutation", [

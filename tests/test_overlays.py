@@ -252,6 +252,21 @@ def test_rebase_needs_porting_writes_a_kit_and_nothing_else(project, registry, f
     assert after == before
 
 
+def test_rebase_says_where_a_moved_target_went(project, registry, fixture_base, tmp_path):
+    """Upstream moved the fence's file into a subpackage: not "needs porting" with no clue, but its
+    own status, naming where a file of that name now is (the one like the old stock first), and
+    nothing written."""
+    moved = FENCE.replace("/cpu/gpu_worker.py", "/cpu/workers/gpu_worker.py")
+    new = docker_base(registry, "nightly-moved", fixture_base,
+                      [f"mkdir -p {moved.rsplit('/', 1)[0]} && mv {FENCE} {moved}"], tmp_path)
+    before = {p: p.read_bytes() for p in (project / "overlays").rglob("*") if p.is_file()}
+    result = invoke(project, "rebase", "--base", str(new))
+    assert result.returncode == 2, result.stdout + result.stderr
+    row = next(line for line in result.stdout.splitlines() if line.startswith("cpu-kv-transfer-fence"))
+    assert "target moved" in row and f"a file of its name is at {moved} (100% like the old stock)" in row, row
+    assert {p: p.read_bytes() for p in (project / "overlays").rglob("*") if p.is_file()} == before
+
+
 def test_rebase_retires_an_overlay_that_upstream_fixed(project, registry, fixture_base, tmp_path, versions_dir):
     """The new base ships the Gumbel fix itself: its own code proves FIXED, so the overlay is
     recorded as already-upstream and no longer baked; the rest are re-locked."""

@@ -3,11 +3,16 @@
 A proof runs the code in one version of its overlay's target (stock from a base, or overlaid) and
 compares what it does with a reference written from the defect's description. It ends by printing
 one JSON line: {"verdict": FIXED | BROKEN | CANNOT-PROVE, "reason": ..., "measured": {...}}.
-Imports no triton: scripts that interpret kernels set TRITON_INTERPRET before they import it.
+Where the proofs' Triton kernels run is DEVICE, from BAKERY_PROOF_DEVICE (`invoke prove --device`):
+cpu, Triton's interpreter (set here, before any script imports triton: import this module first),
+or cuda, the kernels compiled for the GPU torch sees. Verdicts are cached per device.
 """
 
 import ast
+import importlib.abc
+import importlib.machinery
 import importlib.util
+import inspect
 import json
 import os
 import sys
@@ -15,7 +20,13 @@ import tempfile
 import textwrap
 import time
 import traceback
+import types
 from pathlib import Path
+
+DEVICE = os.environ.get("BAKERY_PROOF_DEVICE", "cpu")
+USES_DEVICE = False  # a proof whose kernels run on DEVICE sets it; the others say they ran on the CPU
+if DEVICE == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: jit then builds interpreted kernels
 
 
 class CannotProve(Exception):
@@ -41,6 +52,7 @@ def function_source(path: str, name: str, within: str | None = None) -> str:
 def module(name: str, parts: list[str]):
     """Import the source parts, joined, as module `name` from a file of its own (Triton re-reads a
     kernel's source from its file, so the code under test must live in one)."""
+    _interpreter_shims()
     path = Path(tempfile.mkdtemp()) / f"{name}.py"
     path.write_text("\n\n\n".join(parts) + "\n")
     spec = importlib.util.spec_from_file_location(name, path)
@@ -49,7 +61,301 @@ def module(name: str, parts: list[str]):
     return loaded
 
 
+UNMODELED: list[str] = []  # stand-ins the target's code branched on: no verdict can rest on a guess
+
+
+def _stand_in(path: str):
+    made = Anything()
+    object.__setattr__(made, "path", path)
+    return made
+
+
+def _decided_by(path: str):
+    """A stand-in's value was asked for (truth, length, iteration): what it would be in the image
+    is not known here, so the run records it and its verdict becomes CANNOT-PROVE (report)."""
+    if path not in UNMODELED:
+        UNMODELED.append(path)
+
+
+class _AnyClass(type):
+    def __getattr__(cls, name):  # a stand-in class's attributes (CUDAGraphMode.NONE) are stand-ins too
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _stand_in(f"{cls.path}.{name}")
+
+    def __bool__(cls):
+        _decided_by(cls.path)
+        return False
+
+
+class Anything(metaclass=_AnyClass):
+    """Stands for any vLLM name the proof does not exercise: constructible, callable, any attribute.
+    Used as a decorator (called on one class or function) it returns what it decorates unchanged,
+    so the target's own classes and functions stay the target's. Its value is never guessed: the
+    target's code branching on it (if, len, iteration) makes the run CANNOT-PROVE, naming it."""
+
+    path = "a stand-in"
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __call__(self, *args, **kwargs):
+        if len(args) == 1 and not kwargs and (inspect.isclass(args[0]) or inspect.isfunction(args[0])):
+            return args[0]
+        return _stand_in(f"{self.path}()")
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _stand_in(f"{self.path}.{name}")
+
+    def __getitem__(self, key):
+        return _stand_in(f"{self.path}[...]")
+
+    def __bool__(self):
+        _decided_by(self.path)
+        return False
+
+    def __len__(self):
+        _decided_by(self.path)
+        raise TypeError(f"{self.path} is a stand-in: its length is not known")
+
+    def __iter__(self):
+        _decided_by(self.path)
+        raise TypeError(f"{self.path} is a stand-in: its items are not known")
+
+    def __class_getitem__(cls, key):  # Generic[...] annotations evaluated at import
+        return cls
+
+
+class _Stub(types.ModuleType):
+    """A vLLM module the proof does not exercise: every name in it is a fresh subclassable stand-in,
+    except its submodules that the proof loads or models (`from vllm import _custom_ops`)."""
+
+    known: frozenset = frozenset()
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if f"{self.__name__}.{name}" in self.known:
+            return importlib.import_module(f"{self.__name__}.{name}")
+        return type(name, (Anything,), {"stand_in": True, "path": f"{self.__name__}.{name}"})
+
+
+def _triton_utils() -> dict:
+    """vllm.triton_utils as it is where Triton is installed: the real Triton."""
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    _interpreter_shims()
+    import triton
+    import triton.language as tl
+    from triton.language.extra import libdevice
+    return {"HAS_TRITON": True, "triton": triton, "tl": tl,
+            "tldevice": _interpreter_libdevice(libdevice) if interpreted else libdevice}
+
+
+def _interpreter_philox() -> None:
+    """Triton's Philox4x32-10 (tl.rand, tl.randint), computed by numpy in one pass instead of op by
+    op through the interpreter: the same rounds and constants, about ten times fewer interpreter
+    steps per random draw. tests/test_proof_releases.py checks it gives bit for bit what the interpreted
+    Triton function gives. 64-bit Philox stays Triton's own."""
+    import numpy as np
+    import triton.language as tl
+    from triton.language import random
+    from triton.runtime import interpreter
+
+    original = random.philox_impl
+    if getattr(original, "numpy_philox", False):
+        return
+
+    def umulhi(a, b):
+        return ((a.astype(np.uint64) * b.astype(np.uint64)) >> np.uint64(32)).astype(np.uint32)
+
+    def philox_impl(c0, c1, c2, c3, k0, k1, n_rounds=random.N_ROUNDS_DEFAULT):
+        if c0.dtype != tl.uint32:
+            return original(c0, c1, c2, c3, k0, k1, n_rounds)
+        given = (c0, c1, c2, c3, k0, k1)
+        kind = max((x.type for x in given), key=lambda t: len(getattr(t, "shape", ())))  # broadcast's type
+        c0, c1, c2, c3, k0, k1 = np.broadcast_arrays(*(np.asarray(x.handle.data, dtype=np.uint32) for x in given))
+        a, b = np.uint32(0xD2511F53), np.uint32(0xCD9E8D57)
+        with np.errstate(over="ignore"):
+            for _ in range(int(getattr(n_rounds, "value", n_rounds))):
+                _c0, _c2 = c0, c2
+                c0 = umulhi(np.full_like(_c2, b), _c2) ^ c1 ^ k0
+                c2 = umulhi(np.full_like(_c0, a), _c0) ^ c3 ^ k1
+                c1, c3 = b * _c2, a * _c0
+                k0, k1 = k0 + np.uint32(0x9E3779B9), k1 + np.uint32(0xBB67AE85)
+        return tuple(tl.tensor(interpreter.TensorHandle(np.ascontiguousarray(x), tl.uint32), kind)
+                     for x in (c0, c1, c2, c3))
+
+    philox_impl.numpy_philox = True
+    random.philox_impl = philox_impl
+
+
+def _interpreter_libdevice(libdevice):
+    """libdevice for Triton's interpreter, whose own libdevice functions are empty: the ones vLLM's
+    kernels call, computed by numpy in the kernel's own dtype (a GPU runs the real library)."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    shim = types.ModuleType("libdevice (interpreted)")
+    shim.__dict__.update(vars(libdevice))
+
+    def elementwise(op):
+        def apply(x):
+            return interpreter.tl.core.tensor(interpreter.TensorHandle(op(x.handle.data), x.handle.dtype.scalar),
+                                              x.type)
+        return apply
+
+    for name, op in (("log1p", np.log1p), ("expm1", np.expm1), ("exp", np.exp), ("log", np.log)):
+        setattr(shim, name, elementwise(op))
+    return shim
+
+
+class _Loader(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, real: dict[str, str], modeled: dict[str, dict], absent: tuple[str, ...]):
+        self.real, self.modeled, self.absent = real, modeled, absent
+
+    def find_spec(self, name, path, target=None):
+        if name in self.absent:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        if name in self.real:
+            return importlib.util.spec_from_file_location(name, self.real[name])
+        if name == "vllm" or name.startswith("vllm."):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = _Stub(spec.name)
+        module.known = frozenset(self.real) | frozenset(self.modeled)
+        module.__path__ = []
+        if spec.name == "vllm.triton_utils":
+            module.__dict__.update(_triton_utils())
+        module.__dict__.update(self.modeled.get(spec.name, {}))
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+def _interpreter_shims() -> None:
+    """What Triton's interpreter needs to run vLLM's kernels, and to run them fast enough; nothing
+    where the kernels are compiled (DEVICE cuda)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        _interpreter_bool_masks()
+        _interpreter_philox()
+        _interpreter_patch_once()
+
+
+def _interpreter_patch_once() -> None:
+    """Triton's interpreter re-patches its language modules (an inspect.getmembers walk of
+    triton.language) on every call of a @triton.jit helper inside a kernel, which is most of an
+    interpreted kernel's time; the patch it makes is the same each time. Patch each set of modules
+    once per kernel launch instead: the launch still patches first and restores at its end."""
+    import inspect as inspect_
+    from triton.runtime import interpreter
+
+    if getattr(interpreter._patch_lang, "once", False):
+        return
+    original, launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
+    done: set = set()
+    langs_of = (interpreter.tl, interpreter.tl.core)
+
+    def patch_lang(fn):
+        langs = frozenset(id(v) for v in fn.__globals__.values() if inspect_.ismodule(v) and v in langs_of)
+        if langs and langs <= done:
+            return interpreter._LangPatchScope()
+        scope = original(fn)
+        done.update(langs)
+        return scope
+
+    def launch_once(self, *args, **kwargs):
+        done.clear()
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            done.clear()
+
+    patch_lang.once = True
+    interpreter._patch_lang, interpreter.GridExecutor.__call__ = patch_lang, launch_once
+
+
+def _interpreter_bool_masks() -> None:
+    """Triton's interpreter hands some masks broadcast from a scalar (a kernel's `is_valid_req`,
+    `valid_block`) to its store as int32, which it then refuses; on a GPU they are i1. Give it the
+    booleans it wants. Only the interpreter is touched, never what a kernel computes."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    masked_store = interpreter.InterpreterBuilder.create_masked_store
+    if getattr(masked_store, "bool_masks", False):
+        return
+
+    def create_masked_store(self, ptrs, value, mask, cache_policy):
+        if mask.data.dtype != np.bool_:
+            mask = interpreter.TensorHandle(mask.data.astype(np.bool_), interpreter.tl.int1)
+        return masked_store(self, ptrs, value, mask, cache_policy)
+
+    create_masked_store.bool_masks = True
+    interpreter.InterpreterBuilder.create_masked_store = create_masked_store
+
+
+def load_vllm(real: dict[str, str], modeled: dict[str, dict] | None = None,
+              absent: tuple[str, ...] = ()) -> dict[str, types.ModuleType]:
+    """The one loader every proof uses: import vLLM modules from the given files (module name ->
+    the file of the target's base, stock or overlaid), as vLLM itself would import them. Their
+    `vllm.*` imports resolve to those files where given, to `modeled` names where the proof models
+    a module (a platform, a custom op), to the real Triton for vllm.triton_utils, and to stand-ins
+    for everything else, which the proof does not exercise; `absent` modules do not import, as in
+    an image without them. Real modules may be named outside vllm (a package the image bakes).
+    A module that does not load is CANNOT-PROVE with the error; a name the proof then needs and
+    does not find is `need`'s. Called again, it loads afresh with the new mapping."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Loader)]
+    for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.") or n in real or n in absent]:
+        del sys.modules[name]
+    sys.meta_path.insert(0, _Loader(real, modeled or {}, absent))
+    loaded = {}
+    for name in real:
+        try:
+            loaded[name] = importlib.import_module(name)
+        except CannotProve:
+            raise
+        except Exception as e:
+            raise CannotProve(f"{name} does not load: {type(e).__name__}: {str(e)[:200]}") from e
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(sys.modules[parent], child, loaded[name])
+    return loaded
+
+
+def need(owner, name: str):
+    """owner.name, or CANNOT-PROVE naming the symbol the proof needs and the target lacks."""
+    found = getattr(owner, name, None)
+    if found is None or isinstance(found, Anything) or (inspect.isclass(found) and "stand_in" in vars(found)):
+        where = getattr(owner, "__name__", type(owner).__name__)
+        raise CannotProve(f"{where}.{name} is not in the target (renamed or removed upstream?)")
+    return found
+
+
+def call(fn, known: dict, what: str):
+    """fn(**known): a parameter the target added that the proof has no value for and no default,
+    or one the proof gives that the target no longer takes, is CANNOT-PROVE naming it (the proof
+    must learn what the change means first)."""
+    params = inspect.signature(fn).parameters
+    missing = [n for n, p in params.items() if n not in known and p.default is inspect.Parameter.empty
+               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and n != "self"]
+    if missing:
+        raise CannotProve(f"{what} now takes {', '.join(missing)}, which this proof does not know how to give")
+    gone = [n for n in known if n not in params]
+    if gone and not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        raise CannotProve(f"{what} no longer takes {', '.join(gone)}, which this proof gives it")
+    return fn(**known)
+
+
 def report(fixed: bool, reason: str, **measured) -> None:
+    if UNMODELED:
+        raise CannotProve(f"the target's code branched on {', '.join(UNMODELED[:4])}, which this proof does not "
+                          f"model: its value in the image is not known here (model it, or load its module)")
+    measured["ran_on"] = DEVICE if USES_DEVICE else "cpu"
     print(json.dumps({"verdict": "FIXED" if fixed else "BROKEN", "reason": reason, "measured": measured}))
 
 

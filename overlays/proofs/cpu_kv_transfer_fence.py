@@ -9,13 +9,11 @@ that is current when it is issued.
 Reference, from the defect: compute queued a kernel that uses KV block 3 before the transfer was
 submitted; a store (GPU->CPU) reads that block and a load (CPU->GPU) overwrites it, so in both
 directions the copy must happen after that kernel. FIXED: both do. BROKEN: a direction does not.
+Independent of the patch: the order is read from the happens-before graph the target's own calls
+build (CUDA's and HIP's stream semantics), not from which calls the patch adds. The module loads
+through _proof.load_vllm, with the platform, the custom copy op and the offload specs modeled.
 """
 
-import importlib.abc
-import importlib.machinery
-import importlib.util
-import sys
-import types
 from contextlib import contextmanager
 
 import numpy as np
@@ -108,19 +106,6 @@ def swap_blocks_batch(src, dst, sizes, *args, **kwargs):
     COPIES.append(PLATFORM.current.enqueue(f"copy of {len(sizes)} blocks"))
 
 
-class Anything:
-    """Stands for any name the module imports that this proof does not model."""
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __call__(self, *args, **kwargs):
-        return Anything()
-
-    def __getattr__(self, name):
-        return Anything()
-
-
 class BlockIDsLoadStoreSpec:
     def __init__(self, block_ids):
         self.block_ids = np.array(block_ids, dtype=np.int64)
@@ -140,37 +125,12 @@ class KVRef:
 MODELED = {
     "vllm.platforms": {"current_platform": PLATFORM},
     "vllm._custom_ops": {"swap_blocks_batch": swap_blocks_batch},
-    "vllm.triton_utils": {"HAS_TRITON": False, "triton": Anything(), "tl": Anything()},
+    "vllm.triton_utils": {"HAS_TRITON": False, "triton": _proof.Anything(), "tl": _proof.Anything()},
     "vllm.utils.math_utils": {"cdiv": lambda a, b: -(-a // b)},
     "vllm.utils.torch_utils": {"PIN_MEMORY": False},
     "vllm.v1.kv_offload.base": {"BlockIDsLoadStoreSpec": BlockIDsLoadStoreSpec, "GPULoadStoreSpec": GPULoadStoreSpec,
                                 "LoadStoreSpec": BlockIDsLoadStoreSpec, "OffloadingWorker": object},
 }
-
-
-class StubModule(types.ModuleType):
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return type(name, (Anything,), {})
-
-
-class StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Every vllm.* import resolves to a stub; the names the proof models are real."""
-
-    def find_spec(self, name, path, target=None):
-        if name == "vllm" or name.startswith("vllm."):
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        module = StubModule(spec.name)
-        module.__path__ = []
-        module.__dict__.update(MODELED.get(spec.name, {}))
-        return module
-
-    def exec_module(self, module):
-        pass
 
 
 class GpuTensor(torch.Tensor):
@@ -182,19 +142,10 @@ class GpuTensor(torch.Tensor):
 
 
 def load(target):
-    sys.meta_path.insert(0, StubFinder())
-    for name in MODELED:  # `from vllm import _custom_ops` reads an attribute of the parent first
-        parent, _, child = name.rpartition(".")
-        setattr(importlib.import_module(parent), child, importlib.import_module(name))
     torch.Event = Event
-    spec = importlib.util.spec_from_file_location("gpu_worker_under_test", target)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:
-        raise _proof.CannotProve(f"the target does not load against the model: {type(e).__name__}: {e}")
-    if not hasattr(module, "SingleDirectionOffloadingHandler"):
-        raise _proof.CannotProve("SingleDirectionOffloadingHandler is not in the target (renamed or removed upstream?)")
+    name = "vllm.v1.kv_offload.cpu.gpu_worker"
+    module = _proof.load_vllm({name: target}, MODELED)[name]
+    _proof.need(module, "SingleDirectionOffloadingHandler")
     return module
 
 

@@ -1,8 +1,12 @@
 """(e) Exact SwiGLU with the checkpoint's clamp: run the target's SiluAndMulWithClamp.forward_native.
 
 Usage: python exact_swiglu_clamp.py TARGET   (.../model_executor/layers/activation.py, stock or overlaid)
-The overlaid forward_native calls bakery_kernels, which the image bakes from hip/: it is imported
-from this repository's hip/ (its CPU path; tests/gpu shows the HIP kernel bit-identical to it).
+The target module is imported as vLLM imports it (_proof.load_vllm), twice: as in the image, where
+`import bakery_kernels` finds the package the image bakes from hip/ (here without its compiled
+extension, so its PyTorch path; tests/gpu shows the HIP kernel bit-identical to that path), and
+as in an image without bakery_kernels, where the overlay's `except ImportError` falls back to the
+stock expression. The first decides the verdict; the second is judged against the same reference
+and reported (measured "fallback"), so what a missing package would serve is on record.
 Reference, from the definition: out = silu(min(gate, 10)) * clamp(up, -10, 10) with
 silu(g) = g * sigmoid(g) (and its limit -0 at g = -inf), computed in float64 with numpy and rounded
 once to bf16 (nearest, ties to even). The sweep: every bf16 bit pattern as gate, and up over every
@@ -11,7 +15,6 @@ where the reference is NaN). BROKEN: otherwise; the result says how many ulps of
 """
 
 import decimal
-import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -82,14 +85,18 @@ def reference(x: np.ndarray) -> np.ndarray:
     return round_once_to_bf16(y)
 
 
-def forward_native(target: str):
-    spec = importlib.util.spec_from_file_location("bakery_kernels", HIP)
-    kernels = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(kernels)
-    namespace = {"torch": torch, "_bakery_kernels": kernels}
-    exec(compile(_proof.function_source(target, "forward_native", within="SiluAndMulWithClamp"), target, "exec"),
-         namespace)
-    return namespace["forward_native"]
+ACTIVATION = "vllm.model_executor.layers.activation"
+
+
+def forward_native(target: str, with_package: bool):
+    """SiluAndMulWithClamp.forward_native of the target module, imported with or without the
+    bakery_kernels package beside it."""
+    if with_package:
+        modules = _proof.load_vllm({ACTIVATION: target, "bakery_kernels": str(HIP)})
+    else:
+        modules = _proof.load_vllm({ACTIVATION: target}, absent=("bakery_kernels",))
+    layer_class = _proof.need(modules[ACTIVATION], "SiluAndMulWithClamp")
+    return _proof.need(layer_class, "forward_native")
 
 
 def ordered(bits: np.ndarray) -> np.ndarray:
@@ -98,24 +105,33 @@ def ordered(bits: np.ndarray) -> np.ndarray:
     return np.where(b & 0x8000, -(b & 0x7FFF), b)
 
 
-def prove(args):
-    forward = forward_native(args[0])
-    x = sweep()
+def judge(forward, x: np.ndarray, want: np.ndarray) -> dict:
     layer = SimpleNamespace(swiglu_limit=LIMIT, alpha=1.0, beta=0.0)
     got = forward(layer, torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)).view(torch.int16).numpy()
     got = got.view(np.uint16)
-    want = reference(x)
     got_nan = (got & 0x7F80 == 0x7F80) & (got & 0x7F != 0)
     want_nan = want == 0x7FC0
     same = np.where(want_nan, got_nan, got == want)
     finite = ~want_nan & ~got_nan
     ulps = np.abs(ordered(got) - ordered(want))[finite]
-    wrong = int((~same).sum())
-    _proof.report(wrong == 0, "bit-exact on every input" if wrong == 0 else
-                  f"{wrong} of {same.size} outputs differ (up to {int(ulps.max()) if ulps.size else 0} ulps; "
-                  f"{int((want_nan != got_nan).sum())} NaN where the reference is not, or the reverse)",
-                  outputs=int(same.size), differ=wrong, max_ulps=int(ulps.max()) if ulps.size else 0,
-                  nan_mismatches=int((want_nan != got_nan).sum()))
+    return dict(outputs=int(same.size), differ=int((~same).sum()), max_ulps=int(ulps.max()) if ulps.size else 0,
+                nan_mismatches=int((want_nan != got_nan).sum()))
+
+
+def described(result: dict) -> str:
+    if result["differ"] == 0:
+        return "bit-exact on every input"
+    return (f"{result['differ']} of {result['outputs']} outputs differ (up to {result['max_ulps']} ulps; "
+            f"{result['nan_mismatches']} NaN where the reference is not, or the reverse)")
+
+
+def prove(args):
+    x = sweep()
+    want = reference(x)
+    image = judge(forward_native(args[0], with_package=True), x, want)
+    fallback = judge(forward_native(args[0], with_package=False), x, want)
+    _proof.report(image["differ"] == 0, f"in the image: {described(image)}; without bakery_kernels: "
+                                        f"{described(fallback)}", **image, fallback=fallback)
 
 
 if __name__ == "__main__":

@@ -19,37 +19,24 @@ on a CPU.
 """
 
 import hashlib
-import os
+import inspect
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: jit then builds interpreted kernels
+import _proof  # beside this script; first: it picks Triton's interpreter or the GPU
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import triton.language as tl  # noqa: E402
-from triton.runtime import interpreter  # noqa: E402
-
-import _proof  # noqa: E402  (beside this script)
-
-# Triton's interpreter hands some scalar masks broadcast to a block (the reader's `valid_block`) to
-# its store as int32, which it then refuses; on the GPU they are i1. Give it the booleans it wants.
-_masked_store = interpreter.InterpreterBuilder.create_masked_store
-
-
-def _create_masked_store(self, ptrs, value, mask, cache_policy):
-    if mask.data.dtype != np.bool_:
-        mask = interpreter.TensorHandle(mask.data.astype(np.bool_), tl.int1)
-    return _masked_store(self, ptrs, value, mask, cache_policy)
-
-
-interpreter.InterpreterBuilder.create_masked_store = _create_masked_store
-
+_proof.USES_DEVICE = True  # its kernels run where --device says
 HEAD, ROPE, RATIO, KV_BLOCK = 128, 64, 4, 64  # DeepSeek V4 indexer: head 128, cache block 256 / 4
 TOKENS = 4 * 80  # 80 compressed entries: one full cache block and a partial one
 KV_BLOCKS = [3, 1]  # physical blocks of the request, out of 4
 
 
 class Platform:
+    """vllm.platforms.current_platform on a ROCm GPU whose FP8 flavour the proof picks."""
     fnuz = False
+
+    def is_rocm(self):
+        return True
 
     def is_fp8_fnuz(self):
         return self.fnuz
@@ -58,17 +45,48 @@ class Platform:
         return torch.float8_e4m3fnuz if self.fnuz else torch.float8_e4m3fn
 
 
+def kernel_launcher(call):
+    """vLLM's declarative launcher (0.33 on: the method returns (grid, launch arguments), the
+    launcher binds the call's own arguments to the kernel's parameters of the same name, with _ptr
+    or in capitals, and launches). Modeled: it moves arguments, it computes nothing."""
+    def launch(self, **given):
+        grid, spec = call(self, **given)[:2]
+        spec = dict(spec)
+        kernel = spec.pop("kernel", None) or self.kernel
+        names = inspect.signature(kernel.fn).parameters
+        for name, value in given.items():
+            target = next((n for n in (name, f"{name}_ptr", name.upper(), f"{name.upper()}_PTR") if n in names), None)
+            if target and target not in spec:
+                spec[target] = value
+        kernel[grid](**spec)
+    return launch
+
+
+class LauncherBase:
+    def __class_getitem__(cls, key):
+        return cls
+
+
+SHIPPED = "vllm.models.deepseek_v4.common.ops.fused_compress_quant_cache"
+READER = "vllm.v1.attention.ops.rocm_aiter_mla_sparse"
+MODELED = {
+    "vllm.platforms": {"current_platform": Platform()},
+    "vllm.platforms.rocm": {"_ON_GFX942": True, "_ON_GFX950": False},  # gfx942: MI300X
+    "vllm.utils.deep_gemm": {"mqa_logits_use_mx_scales": lambda: False},  # no MX scales on gfx942
+    "vllm.utils.math_utils": {"cdiv": lambda a, b: -(-a // b), "round_up": lambda a, b: -(-a // b) * b},
+    "vllm.model_executor.warmup.jit_warmup": {"kernel_launcher": kernel_launcher},
+    "vllm.model_executor.warmup.jit_warmup_triton_helper": {"VllmTritonJitKernel": LauncherBase},
+}
+
+
 def load(writer: str, reader: str):
-    """The writer's launcher and kernel, and the ROCm reader, as one real module."""
-    parts = ["from typing import Any\n\nimport torch\nimport triton\nimport triton.language as tl\n"
-             "current_platform = None"]
-    parts += [_proof.function_source(writer, n) for n in
-              ("compress_norm_rope_store_triton", "_fused_kv_compress_norm_rope_insert_indexer_attn")]
-    parts += [_proof.function_source(reader, n) for n in
-              ("_cp_gather_indexer_quant_cache_kernel", "cp_gather_indexer_k_quant_cache_triton")]
-    module = _proof.module("indexer_cache_under_test", parts)
-    module.current_platform = Platform()
-    return module
+    """The writer's module and the ROCm reader's, loaded as vLLM imports them."""
+    modules = _proof.load_vllm({SHIPPED: writer, READER: reader}, MODELED)
+    return (_proof.need(modules[SHIPPED], "compress_norm_rope_store_triton"),
+            _proof.need(modules[READER], "cp_gather_indexer_k_quant_cache_triton"))
+
+
+PLATFORM = MODELED["vllm.platforms"]["current_platform"]
 
 
 def inputs():
@@ -90,24 +108,26 @@ def inputs():
                 quant_block=HEAD, token_stride=HEAD, scale_dim=4)
 
 
-def write(module, fnuz: bool) -> torch.Tensor:
+def write(writer, fnuz: bool) -> torch.Tensor:
     """The compressor's cache, as the target's writer leaves it for one platform's FP8 flavour."""
-    module.current_platform.fnuz = fnuz
-    cache = torch.zeros(4, KV_BLOCK, HEAD + 4, dtype=torch.uint8)
-    module.compress_norm_rope_store_triton(kv_cache=cache, **inputs())
-    return cache
+    PLATFORM.fnuz = fnuz
+    cache = torch.zeros(4, KV_BLOCK, HEAD + 4, dtype=torch.uint8, device=_proof.DEVICE)
+    given = {k: v.to(_proof.DEVICE) if torch.is_tensor(v) else v for k, v in inputs().items()}
+    given["k_cache_metadata"].slot_mapping = given["k_cache_metadata"].slot_mapping.to(_proof.DEVICE)
+    _proof.call(writer, dict(kv_cache=cache, **given), "compress_norm_rope_store_triton")
+    return cache.cpu()
 
 
-def gather(module, cache: torch.Tensor) -> torch.Tensor:
+def gather(reader, cache: torch.Tensor) -> torch.Tensor:
     """What gfx942 sees: vLLM's ROCm indexer prefill reader, dequantized."""
-    module.current_platform.fnuz = True
-    n = TOKENS // RATIO
-    k_fp8 = torch.zeros(n, HEAD, dtype=torch.float8_e4m3fnuz)
-    k_scale = torch.zeros(n, 4, dtype=torch.uint8)
-    module.cp_gather_indexer_k_quant_cache_triton(
-        cache, k_fp8, k_scale, torch.tensor([KV_BLOCKS], dtype=torch.int32),
-        torch.tensor([0, n], dtype=torch.int32), torch.zeros(n, dtype=torch.int32))
-    return k_fp8.float() * k_scale.view(torch.float32)
+    PLATFORM.fnuz = True
+    n, on = TOKENS // RATIO, _proof.DEVICE
+    k_fp8 = torch.zeros(n, HEAD, dtype=torch.float8_e4m3fnuz, device=on)
+    k_scale = torch.zeros(n, 4, dtype=torch.uint8, device=on)
+    reader(
+        cache.to(on), k_fp8, k_scale, torch.tensor([KV_BLOCKS], dtype=torch.int32, device=on),
+        torch.tensor([0, n], dtype=torch.int32, device=on), torch.zeros(n, dtype=torch.int32, device=on))
+    return k_fp8.cpu().float() * k_scale.cpu().view(torch.float32)
 
 
 def e4m3(codes: np.ndarray, bias: int, nan) -> np.ndarray:
@@ -143,14 +163,28 @@ def fnuz_keys(cache: torch.Tensor) -> np.ndarray:
     return decode(cache, shuffled=True, bias=8, nan=lambda b: b == 0x80)
 
 
+def without_fnuz(error: Exception) -> bool:
+    """Triton compiling for a GPU without FNUZ FP8 (NVIDIA's) refuses the type this proof is about."""
+    return _proof.DEVICE != "cpu" and "fp8e4b8 not supported" in str(error)
+
+
 def prove(args):
-    module = load(*args)
-    ocp_cache = write(module, fnuz=False)
+    try:
+        judge(*load(*args))
+    except Exception as e:
+        if without_fnuz(e):
+            raise _proof.CannotProve("this GPU has no FNUZ FP8 (Triton: fp8e4b8 not supported): only an AMD GPU "
+                                     "(or --device cpu) can run the gfx942 reader") from None
+        raise
+
+
+def judge(writer, reader):
+    ocp_cache = write(writer, fnuz=False)
     reference = ocp_keys(ocp_cache)  # what OCP hardware reads
     if not np.isfinite(reference).all():
         raise _proof.CannotProve("the OCP write does not read back finite keys: the writer changed its contract")
-    fnuz_cache = write(module, fnuz=True)
-    by_reader = gather(module, fnuz_cache).double().numpy()  # vLLM's ROCm reader
+    fnuz_cache = write(writer, fnuz=True)
+    by_reader = gather(reader, fnuz_cache).double().numpy()  # vLLM's ROCm reader
     by_layout = fnuz_keys(fnuz_cache)  # the tiled FNUZ layout, decoded here
     errors = {name: float(np.nan_to_num(np.abs(seen - reference), nan=np.inf).max())
               for name, seen in (("vLLM's ROCm reader", by_reader), ("the tiled FNUZ layout", by_layout))}

@@ -1,116 +1,154 @@
-"""(f) Speculative sampling with the base's own Gumbel sampler, under Triton's interpreter.
+"""(f) Speculative decoding through the base's own DSpark draft sampler and rejection sampler, under
+Triton's interpreter.
 
-Usage: python independent_draft_gumbel.py SPECULATOR_PY GUMBEL_PY
+Usage: python independent_draft_gumbel.py SPECULATOR_PY -- GUMBEL_PY DFLASH_PY DSPARK_PY REJECTION_PY
 SPECULATOR_PY is the stock or overlaid vllm/v1/worker/gpu/spec_decode/speculator.py, whose
-_copy_request_inputs decides the seeds the draft samples with; GUMBEL_PY is
-vllm/v1/worker/gpu/sample/gumbel.py from the same base, whose kernel draws both the draft token of
-position Q (keyed by the seeds the speculator copied, at Q-1 + 1 as its sample_draft passes) and
-the recovery resample of a rejected Q (keyed by the target's (seed, Q)).
-Reference, from rejection sampling itself (Leviathan et al.; Chen et al.): a rejected draft is
-replaced by an independent draw from max(0, p - q), so over many requests the pair (draft,
-recovered) must follow q x residual. With the target's key reused, the recovered token is the one
-whose noise made the draft win: the pairs cluster on the diagonal. FIXED: the chi-square statistic
-of the n x (draft, recovered) histogram against n q x residual is below 20.5 (the 0.001 critical
-value for its 5 degrees of freedom). BROKEN: above it. Sized so: with p = (.45, .45, .10) and
-q = (.2, .2, .6), sharing the key puts every recovered token of drafts 0 and 1 on the draft itself.
-In 20,000 simulated runs of 120 requests (numpy's Gumbel draws, the key shared) the statistic never
-fell below 30; with independent keys it passed 20.5 about once in 2,000, the test's own level. The
-seeds are fixed, so a verdict repeats; nothing in the environment changes n.
+_copy_request_inputs sets the seeds the draft samples with; the others are from the same base:
+sample/gumbel.py, spec_decode/dflash/speculator.py, spec_decode/dspark/speculator.py and
+spec_decode/rejection_sampler_utils.py. All load as vLLM imports them (_proof.load_vllm). For each
+of N requests, one probabilistic draft token is proposed by DSparkSpeculator._sample_sequential
+(the served path for this model: its own Gumbel call, its own position convention, the seeds its
+inherited _copy_request_inputs copied) and verified by rejection_sample (its accept test, its
+resample kernel for a rejected token). Only the draft and target distributions are the proof's.
+Reference, from rejection sampling itself (Leviathan et al.; Chen et al.), independent of how any
+vLLM version keys its noise: the draft d follows q, is kept with probability min(1, p_d/q_d), and
+is otherwise replaced by an independent draw from max(0, p - q). Here p gives token 0 nothing, so
+every draft 0 is replaced, by token 2 with probability 0.65 (its share of the residual), while
+drafts 1 and 2 (p >= q) are always kept and tell nothing about replacement: only drafts 0 are
+verified. When the target reuses the draft's Gumbel key, the noise that made draft 0 win also
+picks its replacement, which then favours token 2 (its noise is the least bound by draft 0's win
+over token 1): about 0.83 instead of 0.65.
+FIXED: the chi-square statistic of the replacements of the drafts 0 against 0.65/0.35 is below
+10.83 (0.001, 1 degree of freedom); BROKEN: above it, or a draft 0 kept. Sized so (N = 700
+requests, about 245 drafts 0): in 20,000 simulated runs with the key shared the statistic fell
+below 10.83 in 0.05%; with independent keys it exceeded it in 0.07%. Before judging, the drafts
+themselves must follow q (chi-square below 13.8, 2 degrees of freedom), or the proof cannot tell:
+its stand-in for the draft model did not reach the speculator's sampler as it thinks. The seeds
+are fixed, so a verdict repeats; nothing in the environment changes N.
 """
 
-import ast
-import os
-import textwrap
-from types import SimpleNamespace
+import _proof  # beside this script; first: it picks Triton's interpreter or the GPU
+import torch
 
-os.environ["TRITON_INTERPRET"] = "1"
-
-import torch  # noqa: E402
-
-import _proof  # noqa: E402  (beside this script)
-
-
-def gumbel_module(path: str):
-    source = open(path).read().replace(
-        "from vllm.triton_utils import HAS_TRITON, tl, tldevice, triton",
-        "import triton\nimport triton.language as tl\nfrom triton.language.extra import libdevice as tldevice\n"
-        "HAS_TRITON = True")
-    # Triton's interpreter has no libdevice log1p: log(1 - u) stands in for it. Only the precision of
-    # the Gumbel transform changes; how the noise is keyed, (seed, position), is the code as shipped.
-    source = source.replace("tldevice.log1p(-u)", "tl.log(1.0 - u)")
-    return _proof.module("gumbel_under_test", [source])
+_proof.USES_DEVICE = True  # its kernels run where --device says
+SPEC = "vllm.v1.worker.gpu.spec_decode"
+P = (0.0, 0.7405, 0.2595)  # the target's next-token distribution
+Q = (0.35, 0.618, 0.032)  # the draft's
+N, POSITION = 700, 1234  # requests; the position of the drafted token
+CRITICAL = 10.828  # chi-square, 1 degree of freedom, p = 0.001
+DRAFTS_CRITICAL = 13.816  # chi-square, 2 degrees of freedom, p = 0.001
 
 
-def copy_request_inputs(path: str):
-    """Speculator._copy_request_inputs, lifted out of its class (it only touches self's buffers)."""
-    text = open(path).read()
-    cls = next((n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ClassDef) and n.name == "DraftModelSpeculator"),
-               None)
-    fn = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "_copy_request_inputs"), None) \
-        if cls else None
-    if fn is None:
-        raise _proof.CannotProve("DraftModelSpeculator._copy_request_inputs is not in the target (renamed upstream?)")
-    namespace = {"torch": torch}
-    module_consts = [n for n in ast.parse(text).body if isinstance(n, ast.Assign)
-                     and all(isinstance(t, ast.Name) and t.id.isupper() for t in n.targets)]
-    for const in module_consts:
-        exec(compile(ast.unparse(const), path, "exec"), namespace)
-    exec(compile(textwrap.dedent(ast.unparse(fn)), path, "exec"), namespace)
-    return namespace["_copy_request_inputs"]
+def load(target: str, reads: list[str]):
+    if len(reads) != 4:
+        raise _proof.CannotProve("needs the base's gumbel.py, dflash/ and dspark/speculator.py and "
+                                 "rejection_sampler_utils.py beside the target")
+    modules = _proof.load_vllm({
+        "vllm.v1.worker.gpu.sample.gumbel": reads[0],
+        f"{SPEC}.speculator": target,
+        f"{SPEC}.dflash.speculator": reads[1],
+        f"{SPEC}.dspark.speculator": reads[2],
+        f"{SPEC}.rejection_sampler_utils": reads[3]})
+    return (_proof.need(modules[f"{SPEC}.dspark.speculator"], "DSparkSpeculator"),
+            _proof.need(modules[f"{SPEC}.rejection_sampler_utils"], "rejection_sample"))
 
 
-def sample(gumbel, logits, idx, temperature, seeds, pos):
-    """vLLM's _gumbel_sample_kernel over a vocabulary that fits one block (gumbel_sample would use
-    a 1024-lane block, which the interpreter runs far slower for an 8-token vocabulary)."""
-    n, vocab = logits.shape
-    local_argmax = torch.empty(n, 1, dtype=torch.int64)
-    local_max = torch.empty(n, 1, dtype=torch.float32)
-    gumbel._gumbel_sample_kernel[(n, 1)](local_argmax, 1, local_max, 1, None, 0, None, logits, logits.stride(0),
-                                         idx, seeds, pos, temperature, vocab,
-                                         BLOCK_SIZE=1 << (vocab - 1).bit_length(),
-                                         APPLY_TEMPERATURE=True, USE_FP64=False, PER_TOKEN_COL=False)
-    return local_argmax[:, 0]
+class DraftModel:
+    """The draft model's outputs: its hidden state is the draft logits themselves, no Markov bias."""
+
+    def compute_draft_logits(self, hidden):
+        return hidden
+
+    def markov_embed(self, prev):
+        return prev
+
+    def markov_bias(self, embed):
+        return torch.zeros(())
 
 
-SAMPLES, POSITION = 120, 1234
-CRITICAL = 20.515  # chi-square, 5 degrees of freedom, p = 0.001
+def draft(speculator_class, seeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(draft tokens, the draft logits the speculator kept for verification), from the
+    speculator's own code: the seeds through _copy_request_inputs, the draws by _sample_sequential."""
+    n, vocab = len(seeds), len(Q)
+    concrete = type("Speculator", (speculator_class,), {})
+    concrete.__abstractmethods__ = frozenset()  # built without __init__ (no model, no GPU): its buffers are set here
+    spec = object.__new__(concrete)
+    state = dict(
+        num_speculative_steps=1, max_num_reqs=n, vocab_size=vocab, model=DraftModel(),
+        temperature=torch.zeros(n), seeds=torch.zeros(n, dtype=torch.int64),
+        idx_mapping=torch.zeros(n, dtype=torch.int32), sample_indices=torch.arange(n),
+        sample_idx_mapping=torch.arange(n, dtype=torch.int32), sample_pos=torch.full((n,), POSITION),
+        input_buffers=type("Buffers", (), {"input_ids": torch.zeros(n, dtype=torch.int64)}),
+        _anchor_idx=torch.arange(n), draft_logits=torch.zeros(n, 1, vocab), _d2t_scatter_index=None,
+        _draft_scatter_buf=None, _step_cols=torch.arange(1), use_fp64_gumbel=False,
+        draft_tokens=torch.zeros(n, 1, dtype=torch.int64), _draft_topk=None,
+        enable_adaptive_verification=False, use_confidence_head=False, use_acceptance_estimator=False,
+        acceptance_estimator=None, draft_watermarker=None)
+    spec.__dict__.update(state)
+    try:
+        _proof.call(spec._copy_request_inputs, dict(num_reqs=n, idx_mapping=torch.arange(n, dtype=torch.int32),
+                                                   temperature=torch.ones(n), seeds=seeds),
+                    "the speculator's _copy_request_inputs")
+        _proof.call(spec._sample_sequential, dict(num_reqs=n, head_hidden=torch.tensor(Q).log().repeat(n, 1)),
+                    "DSparkSpeculator._sample_sequential")
+    except AttributeError as e:
+        raise _proof.CannotProve(f"the draft sampler needs {e.name or e}, which this proof does not set") from e
+    return spec.draft_tokens[:, 0].clone(), spec.draft_logits
+
+
+def verify(rejection_sample, drafts, draft_logits, seeds) -> torch.Tensor:
+    """The token the target emits at the drafted position: the draft if accepted, else the
+    resampled one, from rejection_sample over two logits per request (the draft's, the bonus)."""
+    n = len(drafts)
+    known = dict(
+        target_logits=torch.tensor(P).log().repeat(2 * n, 1), draft_logits=draft_logits,
+        draft_sampled=torch.stack([torch.zeros(n, dtype=torch.int64), drafts], 1).reshape(-1),
+        cu_num_logits=torch.arange(0, 2 * n + 1, 2, dtype=torch.int32),
+        pos=torch.tensor([POSITION - 1, POSITION]).repeat(n),
+        idx_mapping=torch.arange(n, dtype=torch.int32),
+        expanded_idx_mapping=torch.arange(n, dtype=torch.int32).repeat_interleave(2),
+        expanded_local_pos=torch.tensor([0, 1], dtype=torch.int32).repeat(n),
+        temperature=torch.ones(n), seed=seeds, num_speculative_steps=1,
+        use_block_verification=True)  # DSpark as served: probabilistic drafts, block rejection
+    sampled, _ = _proof.call(rejection_sample, known, "rejection_sample")
+    return sampled[:, 0]
+
+
+def residual() -> torch.Tensor:
+    """max(0, p - q), normalized: the law of a replacement under exact speculative sampling."""
+    p, q = (torch.tensor(law, dtype=torch.float64, device="cpu") for law in (P, Q))
+    r = (p - q).clamp(min=0)
+    return r / r.sum()
+
+
+def chi2(observed: torch.Tensor, expected: torch.Tensor) -> float:
+    if (observed[expected == 0] > 0).any():
+        return float("inf")  # an outcome the law gives no mass to
+    cells = expected > 0
+    return float(((observed[cells] - expected[cells]) ** 2 / expected[cells]).sum())
 
 
 def prove(args):
-    gumbel, copy_inputs = gumbel_module(args[1]), copy_request_inputs(args[0])
-    n = SAMPLES
-    p = torch.tensor([0.45, 0.45, 0.10])  # target
-    q = torch.tensor([0.20, 0.20, 0.60])  # draft
-    residual = (p - q).clamp(min=0)
-    residual = residual / residual.sum()
-    g = torch.Generator().manual_seed(11)
-    seeds = torch.randint(0, 2**62, (n,), generator=g, dtype=torch.int64)
-    idx = torch.arange(n, dtype=torch.int32)
-    temperature = torch.ones(n)
-    pos = torch.full((n,), POSITION, dtype=torch.int64)
-
-    # the speculator's buffers, filled by the (stock or overlaid) code under test
-    spec = SimpleNamespace(temperature=torch.zeros(n), seeds=torch.zeros(n, dtype=torch.int64),
-                           idx_mapping=torch.zeros(n, dtype=torch.int32), draft_logits=None)
-    copy_inputs(spec, n, idx, temperature, seeds)
-
-    draft = sample(gumbel, q.log().repeat(n, 1), idx, temperature, spec.seeds, pos)
-    recovered = sample(gumbel, residual.log().repeat(n, 1), idx, temperature, seeds, pos)
-    observed = torch.zeros(3, 3)
-    observed.index_put_((draft, recovered), torch.ones(n), accumulate=True)
-    expected = n * torch.outer(q, residual)
-    cells = expected > 0
-    if observed[~cells].sum() > 0:
-        chi2 = float("inf")  # a recovered token the residual gives no mass to
-    else:
-        chi2 = float(((observed[cells] - expected[cells]) ** 2 / expected[cells]).sum())
-    diagonal = int(observed.diagonal()[:2].sum())
-    _proof.report(chi2 < CRITICAL,
-                  f"draft and recovered tokens are independent (chi-square {chi2:.1f} < {CRITICAL})" if chi2 < CRITICAL
-                  else f"recovered tokens follow the draft's noise (chi-square {chi2:.1f} >= {CRITICAL}; {diagonal} "
-                       f"of {int(observed[:2].sum())} recoveries of drafts 0 and 1 repeat the draft)",
-                  n=n, observed=observed.int().tolist(), expected=expected.round(decimals=1).tolist(),
-                  chi2=round(chi2, 2))
+    speculator_class, rejection_sample = load(args[0], args[1:])
+    seeds = torch.randint(0, 2**62, (N,), generator=torch.Generator().manual_seed(11), dtype=torch.int64)
+    torch.set_default_device(_proof.DEVICE)  # every buffer below where the kernels run
+    seeds = seeds.to(_proof.DEVICE)
+    drafts, draft_logits = draft(speculator_class, seeds)
+    drawn = torch.bincount(drafts, minlength=len(Q)).double().cpu()
+    if chi2(drawn, N * torch.tensor(Q, dtype=torch.float64, device="cpu")) >= DRAFTS_CRITICAL:
+        raise _proof.CannotProve(f"the speculator's drafts do not follow q (counts {drawn.int().tolist()}): "
+                                 "the proof's stand-in does not reach its sampler as it should")
+    zero = drafts == 0
+    emitted = verify(rejection_sample, drafts[zero], draft_logits[zero], seeds[zero])
+    replaced = torch.bincount(emitted, minlength=len(P)).double().cpu()
+    statistic = chi2(replaced, int(zero.sum()) * residual())
+    share = float(replaced[2] / replaced.sum())
+    _proof.report(statistic < CRITICAL,
+                  f"replacements follow max(0, p - q) (token 2 replaced {share:.0%} of drafts 0, chi-square "
+                  f"{statistic:.1f} < {CRITICAL})" if statistic < CRITICAL else
+                  f"replacements follow the draft's noise: token 2 replaced {share:.0%} of drafts 0, max(0, p - q) "
+                  f"gives it {float(residual()[2]):.0%} (chi-square {statistic:.1f} >= {CRITICAL})",
+                  n=N, drafts=drawn.int().tolist(), replacements=replaced.int().tolist(), chi2=round(statistic, 2))
 
 
 if __name__ == "__main__":

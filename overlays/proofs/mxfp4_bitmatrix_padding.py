@@ -6,16 +6,16 @@ Usage: python mxfp4_bitmatrix_padding.py TARGET KEYED_ADD
 Reference, from the defect: with top_k 6 a block holds 32 * 6 = 192 entries, padded to 256 lanes;
 each program may write only its own block's entries, and the sorted result groups entries by
 expert in flat order. FIXED: program 0 alone writes nothing past entry 191 and every program
-together gives the reference. BROKEN: otherwise.
+together gives the reference. BROKEN: otherwise. Independent of the patch: the reference is a
+stable sort of (expert, entry) written here, and "no write past the block" is read from memory.
+Loaded by lifting: _stage2_pow2 is defined inside a function whose imports are triton_kernels'
+(not vLLM's), so the loader lifts it and the _keyed_add it scans with from the base's files.
 """
 
-import os
+import _proof  # beside this script; first: it picks Triton's interpreter or the GPU
+import torch
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: jit then builds interpreted kernels
-
-import torch  # noqa: E402
-
-import _proof  # noqa: E402  (beside this script)
+_proof.USES_DEVICE = True  # its kernel runs where --device says
 
 
 def prove(args):
@@ -41,11 +41,13 @@ def prove(args):
     ref_row[ref_col.long()] = torch.arange(flat.numel(), dtype=torch.int32)
 
     def run(grid):
-        col_sorted = torch.full((flat.numel(),), -1, dtype=torch.int32)
-        row_sorted = torch.full((flat.numel(),), -1, dtype=torch.int32)
-        kernel[grid](col_sorted, row_sorted, experts, n_tokens, partial, partial.stride(0), partial.stride(1),
-                     col_offs, TOKS_PER_ROW=top_k, BLOCK_PER_TOK=block_m, BLOCK_SIZE_PADDED=padded)
-        return col_sorted, row_sorted
+        on = _proof.DEVICE
+        col_sorted = torch.full((flat.numel(),), -1, dtype=torch.int32, device=on)
+        row_sorted = torch.full((flat.numel(),), -1, dtype=torch.int32, device=on)
+        kernel[grid](col_sorted, row_sorted, experts.to(on), n_tokens, partial.to(on), partial.stride(0),
+                     partial.stride(1), col_offs.to(on), TOKS_PER_ROW=top_k, BLOCK_PER_TOK=block_m,
+                     BLOCK_SIZE_PADDED=padded)
+        return col_sorted.cpu(), row_sorted.cpu()
 
     _, row_block0 = run((1,))  # program 0 alone
     outside = [i for i in (row_block0 >= 0).nonzero().flatten().tolist() if i >= block_size]

@@ -17,13 +17,13 @@ import sys
 from pathlib import Path
 
 os.environ["TRITON_DISABLE_LINE_INFO"] = "1"  # the source's line numbers differ between versions
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "overlays" / "proofs"))
+import _proof as lift  # noqa: E402  (the overlay proofs' helper)
 
+os.environ.pop("TRITON_INTERPRET", None)  # set by the helper for CPU proofs: here Triton compiles for real
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "overlays" / "proofs"))
-import _proof as lift  # noqa: E402  (the overlay proofs' helper)
 
 KERNEL = "_fused_kv_compress_norm_rope_insert_indexer_attn"
 # the launcher's argument types for DeepSeek V4's indexer (head 128, one float32 scale per token)
