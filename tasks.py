@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
+import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -305,6 +307,89 @@ def attach(c, image, envelope, key, role="smoke"):
     digest = attest_mod.attach_envelopes(store.RegistryStore(ref), ref, {kind: data})
     _log(f"{kind} attached: {store.signature_tag(ref.digest, 'att')} -> {digest}")
     print(ref)
+
+
+@task(help={"containers": "an empty or new directory: policy.json, registries.d/ and the release keys are written "
+                          "there, to install as /etc/containers on a podman or CRI-O node",
+            "policy": "verification policy (default: provenance/policy.yaml)",
+            "key": "a release public key PEM, added to the policy's roles.release keys (repeatable)",
+            "mirror": "MIRROR_HOST/REPO=ORIGINAL_HOST/REPO: a mirror of an allowed repository that nodes pull from, "
+                      "signatures copied with it (repeatable)",
+            "accept": "HOST/NAMESPACE/NAME of another image the nodes may pull unsigned (the pause image, the proxy, "
+                      "a device plugin; repeatable): everything else not ours is refused"},
+      iterable=["key", "mirror", "accept"])
+@reports_errors
+def policy(c, containers, policy=None, key=None, mirror=None, accept=None):
+    """Write the node policy that makes podman/CRI-O pull our repositories only when the release keys signed them."""
+    from bakery import nodes, provenance
+
+    rules = provenance.load_policy(Path(policy) if policy else PROJECT / "provenance" / "policy.yaml", PROJECT,
+                                   {"release": [Path(k) for k in key or []]})
+    files = nodes.containers_policy(rules, nodes.parse_mirrors(mirror or []), accept=tuple(accept or ()))
+    nodes.write_tree(Path(containers), files)
+    for name in sorted(files):
+        _log(f"  {name}")
+    print(Path(containers) / "policy.json")
+
+
+@task(help={"image": "the release REGISTRY/REPO@sha256:DIGEST to run",
+            "proxy_image": "the Caddy image, by digest (CADDY@sha256:DIGEST)",
+            "hostname": "the proxy's HTTPS name (name or name:port)",
+            "allow": "a source CIDR the proxy admits (repeatable; everyone else gets 403)",
+            "email": "ACME contact address (not needed with --internal-tls)",
+            "internal_tls": "certificate from Caddy's own CA (a private name, no ACME)",
+            "compose": "write DIR/.env and DIR/Caddyfile, then docker compose up -d (IMAGE verified first, smoke "
+                       "required, as for --k8s)",
+            "snapshot": "the model snapshot directory on the host or nodes, mounted read-only",
+            "compose_file": "with --compose: the compose file (default: image/compose.yaml)",
+            "k8s": "write Kubernetes manifests for --replicas single-MI300X nodes into DIR (new or empty)",
+            "replicas": "with --k8s: how many MI300X nodes (one GPU each)",
+            "key": "release public key for verify", "smoke_key": "smoke public key for verify",
+            "policy": "verification policy (default: provenance/policy.yaml)"},
+      iterable=["allow"])
+@reports_errors
+def deploy(c, image, proxy_image, hostname, allow=None, email=None, internal_tls=False, compose=None, snapshot=None,
+           compose_file=None, k8s=None, replicas=1, key=None, smoke_key=None, policy=None):
+    """Run one verified digest behind the seed's proxy: --compose (this host) or --k8s (a fleet manifest)."""
+    import yaml
+
+    from bakery import nodes
+    from bakery.refs import Reference
+
+    if bool(compose) == bool(k8s):
+        raise Exit("error: say where: --compose DIR (this host) or --k8s DIR (manifests), one of them", code=2)
+    if not snapshot:
+        raise Exit("error: --snapshot DIR: the model snapshot's path on the nodes (mounted read-only)", code=2)
+    image_ref = Reference.parse_pinned(image, "--image")  # one digest runs, never what a tag points to
+    proxy_ref = Reference.parse_pinned(proxy_image, "--proxy-image")
+    spec = yaml.safe_load(Path(compose_file or PROJECT / "image" / "compose.yaml").read_text())
+    caddy = nodes.caddyfile(hostname, email, allow or [], "inference:8000", internal_tls)  # bad input: before anything
+    verify(c, str(image_ref), key=key, smoke_key=smoke_key, policy=policy, require_smoke=True)  # exits on failure
+    if k8s:
+        files = nodes.k8s_manifests(str(image_ref), str(proxy_ref), int(replicas), spec, snapshot, hostname, email,
+                                    allow or [], internal_tls)
+        nodes.write_tree(Path(k8s), files)
+        print(Path(k8s))
+        return
+    out = Path(compose).resolve()
+    settings = {"BAKERY_IMAGE": str(image_ref), "BAKERY_PROXY_IMAGE": str(proxy_ref), "MODEL_SNAPSHOT": snapshot,
+                "BAKERY_DEPLOY_DIR": str(out)}
+    nodes.write_tree(out, {".env": "".join(f"{k}={v}\n" for k, v in settings.items()).encode(), "Caddyfile": caddy})
+    # the verified values, also in the environment: compose lets an exported variable beat the env file
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")} | settings
+    up = subprocess.run([*_compose_command(), "--project-directory", str(out), "--env-file", str(out / ".env"),
+                         "-f", str(Path(compose_file or PROJECT / "image" / "compose.yaml").resolve()), "up", "-d"],
+                        env=env)
+    if up.returncode != 0:
+        raise Exit(f"error: docker compose up failed (exit {up.returncode}); {out} holds what it was given", code=1)
+    print(out)
+
+
+def _compose_command() -> list[str]:
+    """Docker's compose plugin, else a docker-compose binary (this repository's .tools/ one last)."""
+    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    return [shutil.which("docker-compose") or str(PROJECT / ".tools" / "bin" / "docker-compose")]
 
 
 @task(help={"image": "REGISTRY/REPO@sha256:DIGEST (or :TAG, resolved and reported)",

@@ -162,7 +162,8 @@ def test_workflow_runs_the_tasks_the_readme_documents():
 @pytest.fixture
 def compose(tmp_path):
     def run(*args, env=None):
-        full = {k: v for k, v in os.environ.items() if k not in ("BAKERY_IMAGE", "MODEL_SNAPSHOT")}
+        full = {k: v for k, v in os.environ.items()
+                if k not in ("BAKERY_IMAGE", "MODEL_SNAPSHOT", "BAKERY_PROXY_IMAGE", "BAKERY_DEPLOY_DIR")}
         full.update(env or {})
         return subprocess.run([str(ROOT / ".tools" / "bin" / "docker-compose"), "-f", str(COMPOSE), *args],
                               capture_output=True, text=True, env=full, cwd=tmp_path)
@@ -170,7 +171,8 @@ def compose(tmp_path):
 
 
 def test_compose_config_is_valid_and_runs_one_digest(compose, tmp_path):
-    env = {"BAKERY_IMAGE": DIGEST_REF, "MODEL_SNAPSHOT": str(tmp_path / "7872f01b1d1fe23eabc4c98b48bffcef5a386062")}
+    env = {"BAKERY_IMAGE": DIGEST_REF, "MODEL_SNAPSHOT": str(tmp_path / "7872f01b1d1fe23eabc4c98b48bffcef5a386062"),
+           "BAKERY_PROXY_IMAGE": "docker.io/library/caddy@sha256:" + "b" * 64, "BAKERY_DEPLOY_DIR": str(tmp_path)}
     assert compose("config", "-q", env=env).returncode == 0
     config = json.loads(compose("config", "--format", "json", env=env).stdout)
     service = config["services"]["inference"]
@@ -179,8 +181,14 @@ def test_compose_config_is_valid_and_runs_one_digest(compose, tmp_path):
     assert set(mounts) == {"/models/DeepSeek-V4-Flash-0731", "/root/.aiter", "/var/crash/vllm"}
     assert mounts["/models/DeepSeek-V4-Flash-0731"]["read_only"] is True
     assert not any("dist-packages" in t for t in mounts)  # no overlay bind mounts
-    missing = compose("config", "-q", env={"MODEL_SNAPSHOT": "/x"})
+    missing = compose("config", "-q", env={**env, "BAKERY_IMAGE": ""})
     assert missing.returncode != 0 and "set BAKERY_IMAGE" in missing.stderr
+    # vLLM has no host port: only the proxy, on 443, with the Caddyfile invoke deploy rendered
+    assert "ports" not in service
+    proxy = config["services"]["proxy"]
+    assert [p["published"] for p in proxy["ports"]] == ["443"] and proxy["image"] == env["BAKERY_PROXY_IMAGE"]
+    assert {v["target"]: v["source"] for v in proxy["volumes"] if v["type"] == "bind"} == {
+        "/etc/caddy/Caddyfile": str(tmp_path / "Caddyfile")}
 
 
 def test_tools_are_there():

@@ -717,3 +717,68 @@ def test_cosign_accepts_the_honest_image(kind, role, honest):
 
 def test_the_corpus_is_at_least_fifty_cases():
     assert len(BUILD_CASES) + len(VERIFY_CASES) >= 50
+
+
+# -- invoke deploy --compose: nothing starts unless the digest verifies (issue 19) -----------------
+
+STAND_IN_COMPOSE = """\
+# A stand-in for image/compose.yaml where no GPU exists: the same variables, the image's self-check
+# instead of vLLM (no /dev/kfd here), and a stand-in proxy that prints the Caddyfile it was given.
+services:
+  inference:
+    image: ${BAKERY_IMAGE:?}
+    entrypoint: ["/usr/local/bin/bakery-selfcheck"]
+    volumes: ["${MODEL_SNAPSHOT:?}:/models/DeepSeek-V4-Flash-0731:ro"]
+    restart: "no"
+  proxy:
+    image: ${BAKERY_PROXY_IMAGE:?}
+    entrypoint: ["cat", "/etc/caddy/Caddyfile"]
+    volumes: ["${BAKERY_DEPLOY_DIR:?}/Caddyfile:/etc/caddy/Caddyfile:ro"]
+    restart: "no"
+"""
+
+
+def deploy_compose(h, ref, tmp_path, name):
+    (tmp_path / "compose.yaml").write_text(STAND_IN_COMPOSE)
+    (tmp_path / "snapshot").mkdir(exist_ok=True)
+    policy = dev_policy(tmp_path / "policy.yaml", h["base"])
+    env = {"PATH": f"{ROOT / '.tools' / 'bin'}:{os.environ['PATH']}"}
+    return invoke(h["project"], "deploy", "--compose", str(tmp_path / name), "--image", str(ref),
+                  "--proxy-image", str(h["base"]), "--snapshot", str(tmp_path / "snapshot"),
+                  "--hostname", "api.internal", "--internal-tls", "--allow", "10.0.0.0/8",
+                  "--compose-file", str(tmp_path / "compose.yaml"), *keyargs(h), "--policy", str(policy), env=env)
+
+
+def project_containers(name: str) -> list[str]:
+    listed = subprocess.run(["docker", "ps", "-a", "-q", "--filter", f"label=com.docker.compose.project={name}"],
+                            capture_output=True, text=True, check=True)
+    return listed.stdout.split()
+
+
+def test_deploy_compose_verifies_then_starts_the_stack(honest, tmp_path):
+    ref = clone(honest, "deploy-ok")
+    result = deploy_compose(honest, ref, tmp_path, "deploy-ok")
+    try:
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert f"verified {ref}" in result.stdout
+        assert f"BAKERY_IMAGE={ref}\n" in (tmp_path / "deploy-ok" / ".env").read_text()
+        started = project_containers("deploy-ok")
+        assert len(started) == 2
+        subprocess.run(["docker", "wait", *started], capture_output=True, check=True)
+        shown = [subprocess.run(["docker", "logs", c], capture_output=True, text=True) for c in started]
+        logs = "".join(s.stdout + s.stderr for s in shown)
+        assert "bakery-selfcheck: " in logs and "remote_ip 10.0.0.0/8" in logs
+    finally:
+        for c in project_containers("deploy-ok"):
+            subprocess.run(["docker", "rm", "-f", c], capture_output=True)
+
+
+def test_deploy_compose_starts_nothing_for_a_digest_that_does_not_verify(honest, tmp_path):
+    """No smoke result on the digest: verify (smoke required) refuses, so no file is written and no
+    container exists."""
+    ref = clone(honest, "deploy-unsmoked")
+    drop_predicate(TEST_RESULT)(honest, ref, {})
+    result = deploy_compose(honest, ref, tmp_path, "deploy-unsmoked")
+    assert result.returncode != 0 and f"verified {ref}" not in result.stdout
+    assert not (tmp_path / "deploy-unsmoked").exists()
+    assert project_containers("deploy-unsmoked") == []
