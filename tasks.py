@@ -398,9 +398,13 @@ def _compose_command() -> list[str]:
             "policy": "verification policy (default: provenance/policy.yaml)",
             "layout": "verify an OCI layout directory (offline) instead of a registry",
             "require_smoke": "also demand a passing MI300X smoke attestation",
-            "skip_blobs": "do not download and hash every layer (faster, weaker)"})
+            "rebuilder_key": "a rebuilder public key PEM, added to the policy's roles.rebuilder keys (repeatable)",
+            "require_rebuilds": "demand that this many distinct rebuilder keys attest a rebuild giving this digest",
+            "skip_blobs": "do not download and hash every layer (faster, weaker)"},
+      iterable=["rebuilder_key"])
 @reports_errors
-def verify(c, image, key=None, smoke_key=None, policy=None, layout=None, require_smoke=False, skip_blobs=False):
+def verify(c, image, key=None, smoke_key=None, policy=None, layout=None, require_smoke=False, skip_blobs=False,
+           rebuilder_key=None, require_rebuilds=0):
     """For ops: prove IMAGE is ours, what is in it and how it was made; exit 0 only if all checks hold."""
     from bakery import provenance, store, verify as verify_mod
     from bakery.refs import Reference
@@ -416,14 +420,54 @@ def verify(c, image, key=None, smoke_key=None, policy=None, layout=None, require
         ref = ref.with_digest(Digest.of(body))
         _log(f"{image} is {ref.digest}")
     pol = provenance.load_policy(Path(policy) if policy else PROJECT / "provenance" / "policy.yaml", PROJECT,
-                                 _role_keys(key, smoke_key))
-    report = verify_mod.verify(where, ref, pol, require_smoke, not skip_blobs)
+                                 {**_role_keys(key, smoke_key), "rebuilder": [Path(k) for k in rebuilder_key or []]})
+    report = verify_mod.verify(where, ref, pol, require_smoke, not skip_blobs, int(require_rebuilds))
     for ok, what in report.checks:
         print(f"{'ok  ' if ok else 'FAIL'} {what}")
     for k, v in report.summary.items():
         print(f"{k}: {', '.join(v) if isinstance(v, list) else v}")
     verify_mod.require(report)
     print(f"verified {ref}")
+
+
+@task(help={"image": "the released REGISTRY/REPO@sha256:DIGEST to rebuild",
+            "release_key": "a release public key PEM: the provenance is read only once its signature holds",
+            "policy": "verification policy (default: provenance/policy.yaml)",
+            "toolchain": "compile hip/ in this image (default: the one the provenance names)",
+            "workdir": "where to clone and build (default: a new temporary folder, kept for inspection)",
+            "attest": "sign the outcome (match or not) onto IMAGE as this rebuilder, with --key",
+            "key": "with --attest: this rebuilder's encrypted private key (default: BAKERY_REBUILDER_SIGNING_KEY)"})
+@reports_errors
+def reproduce(c, image, release_key=None, policy=None, toolchain=None, workdir=None, attest=False, key=None):
+    """Rebuild IMAGE from its signed provenance here, from nothing; exit 0 only if the digest is the same."""
+    import tempfile
+
+    from bakery import attest as attest_mod, keys, provenance, reproduce as rep, sign, store
+    from bakery.refs import Reference
+
+    ref = Reference.parse_pinned(image, "image")
+    where = store.open_store(ref, None)
+    rules = provenance.load_policy(Path(policy) if policy else PROJECT / "provenance" / "policy.yaml", PROJECT,
+                                   _role_keys(release_key, None))
+    signer = sign.Signer(keys.load_private(Path(key) if key else None, keys.REBUILDER_KEY_ENV)) if attest else None
+    plan = rep.plan(rep.signed_provenance(where, ref, rules))
+    work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="bakery-reproduce-"))
+    layout, _ = rep.rebuild(plan, work, toolchain, _log)
+    digest, manifest = rep.rebuilt_digest(layout)
+    diffs = [] if digest == ref.digest else \
+        rep.differences(where, where.manifest(str(ref.digest)), store.LayoutStore(layout), manifest)
+    if signer:
+        attest_mod.attach(where, ref, {provenance.REBUILD_PREDICATE: rep.statement(ref, plan, digest, diffs)}, signer)
+        _log(f"attested the rebuild ({'match' if not diffs else 'other bytes'}) as rebuilder {signer.keyid[:12]}")
+    if not diffs:
+        print(f"reproduced {ref}: the rebuild of {plan.repository}@{plan.revision[:12]} is byte-identical")
+        return
+    for d in diffs:
+        print(f"layer {d['layer']} differs: original {d['original']}, rebuilt {d['rebuilt']}")
+        for f in d["files"]:
+            print(f"  {f['path']}: original {f['original'] or '(absent)'}, rebuilt {f['rebuilt'] or '(absent)'}")
+    raise Exit(f"error: not reproduced: {ref.digest} was released, the rebuild of {plan.revision[:12]} gives "
+               f"{digest} (the rebuild is in {work})", code=5)
 
 
 @task(help={"image": "REGISTRY/REPO@sha256:DIGEST to smoke-test",

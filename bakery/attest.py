@@ -21,6 +21,7 @@ SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
 DSSE = "application/vnd.dsse.envelope.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
+SIGNER_ANNOTATION = "dev.bakery.rebuilder"  # unsigned: only keeps rebuilders' statements apart, never trusted
 ZERO_TIME = "0001-01-01T00:00:00Z"
 
 
@@ -65,11 +66,14 @@ def attach_envelopes(store, subject: Reference, envelopes: dict[str, bytes]) -> 
         with malformed(f"attestation manifest {tag}"):
             for layer in json.loads(existing)["layers"]:
                 desc = Descriptor.from_json(layer)
-                layers[desc.annotations.get("predicateType")] = desc
+                layers[(desc.annotations.get("predicateType"), desc.annotations.get(SIGNER_ANNOTATION, ""))] = desc
     for predicate_type, envelope in envelopes.items():
         desc = store.put_blob(envelope, DSSE)
-        layers[predicate_type] = Descriptor(DSSE, desc.digest, desc.size,
-                                            {SIGNATURE_ANNOTATION: "", "predicateType": predicate_type})
+        annotations = {SIGNATURE_ANNOTATION: "", "predicateType": predicate_type}
+        if predicate_type == provenance.REBUILD_PREDICATE:  # one per rebuilder: each replaces only its own
+            annotations[SIGNER_ANNOTATION] = sign.read_envelope(envelope, "rebuild attestation")[2][0].get("keyid", "")
+        layers[(predicate_type, annotations.get(SIGNER_ANNOTATION, ""))] = Descriptor(DSSE, desc.digest, desc.size,
+                                                                                      annotations)
     return store.put_manifest(tag, _manifest(store, [layers[k] for k in sorted(layers, key=str)], subject, DSSE))
 
 

@@ -16,7 +16,9 @@ from .layer import write_blob
 PASSWORD_ENV = "BAKERY_KEY_PASSWORD"
 KEY_ENV = "BAKERY_SIGNING_KEY"  # the encrypted PEM itself, for CI secrets: the release role's key
 SMOKE_KEY_ENV = "BAKERY_SMOKE_SIGNING_KEY"  # the smoke role's, given only to the MI300X job
-ROLES = ("release", "smoke")  # release: image signature, SBOM, provenance; smoke: the MI300X result
+REBUILDER_KEY_ENV = "BAKERY_REBUILDER_SIGNING_KEY"  # a rebuilder's, on the machine that rebuilds
+# release: image signature, SBOM, provenance; smoke: the MI300X result; rebuilder: "I rebuilt it"
+ROLES = ("release", "smoke", "rebuilder")
 
 
 def _password(confirm: bool) -> bytes:
@@ -36,7 +38,7 @@ def generate(directory: Path, role: str = "release") -> tuple[Path, Path]:
     """Write ROLE.key (encrypted PKCS#8 PEM, mode 0600) and ROLE.pub (PEM)."""
     if role not in ROLES:
         raise InputError(f"--role {role!r}: one of {', '.join(ROLES)} (release signs the image, its SBOM and "
-                         f"provenance; smoke signs the MI300X smoke result)")
+                         f"provenance; smoke signs the MI300X smoke result; rebuilder signs an independent rebuild)")
     key_path, pub_path = directory / f"{role}.key", directory / f"{role}.pub"
     if key_path.exists():
         raise InputError(f"{key_path} exists: refusing to overwrite a signing key; move it away first")

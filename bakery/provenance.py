@@ -15,13 +15,16 @@ STATEMENT = "https://in-toto.io/Statement/v1"
 SLSA_PREDICATE = "https://slsa.dev/provenance/v1"
 SPDX_PREDICATE = "https://spdx.dev/Document"
 TEST_RESULT_PREDICATE = "https://in-toto.io/attestation/test-result/v0.1"
+REBUILD_PREDICATE = "https://github.com/dsv4-mi300x/bakery/rebuild/v1"  # `invoke reproduce --attest`
 BUILD_TYPE = "https://github.com/dsv4-mi300x/bakery/build/v1"
 # Whose keys may sign a statement of each predicate type. The type is read from the signed
 # statement itself, never from a label beside it; a type not listed here no key may sign.
-SIGNED_BY = {SLSA_PREDICATE: "release", SPDX_PREDICATE: "release", TEST_RESULT_PREDICATE: "smoke"}
+SIGNED_BY = {SLSA_PREDICATE: "release", SPDX_PREDICATE: "release", TEST_RESULT_PREDICATE: "smoke",
+             REBUILD_PREDICATE: "rebuilder"}
 SMOKE_SPEC = "provenance/smoke.yaml"
 POLICY_KEYS = {"roles": dict, "allowed_sources": list, "allowed_builders": list, "allowed_repositories": list,
-               "allow_dirty": bool, "base": str, "require_smoke": bool, "smoke_spec": str, "smoke_arch": str,
+               "allow_dirty": bool, "base": str, "require_smoke": bool, "require_rebuilds": int, "smoke_spec": str,
+               "smoke_arch": str,
                "smoke_compute_units": int}
 
 
@@ -104,6 +107,7 @@ class Policy:
     smoke_spec: str  # sha256 hex of the smoke spec a smoke result must have run (default: the committed one)
     smoke_arch: str = "gfx942"  # the GPU a smoke result must come from: an MI300X is gfx942 with 304 CUs
     smoke_compute_units: int = 304  # (MI300A and MI308X are gfx942 too, with 228 and 80)
+    require_rebuilds: int = 0  # distinct rebuilder keys that must attest a matching rebuild
 
     def role_for(self, predicate_type: str) -> Role | None:
         """The role whose keys may sign a statement of this type; None: no key may."""
@@ -152,7 +156,8 @@ def load_policy(path: Path, project: Path, keys: dict | None = None) -> Policy:
                   str(Reference.parse_pinned(base, f"{path}: base") if base else
                       load_spec(project / "image" / "base.yaml").image),
                   bool(doc.get("require_smoke", False)), _smoke_spec(doc.get("smoke_spec"), project, path),
-                  doc.get("smoke_arch") or "gfx942", doc.get("smoke_compute_units") or 304)
+                  doc.get("smoke_arch") or "gfx942", doc.get("smoke_compute_units") or 304,
+                  int(doc.get("require_rebuilds") or 0))
 
 
 def _one_role_per_key(roles: dict, path: Path) -> None:

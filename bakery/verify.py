@@ -124,10 +124,11 @@ class Unjudged(Exception):
     """A statement whose role has no key here (and is not required): it can be neither accepted nor refused."""
 
 
-def _open_statement(store, desc: Descriptor, policy) -> tuple[str, dict]:
-    """(predicateType, statement) of one attestation layer, opened with the keys of the role that
-    the statement's own predicateType names. The layer's annotation is not signed: it must agree
-    with the statement or the layer is refused."""
+def _open_statement(store, desc: Descriptor, policy) -> tuple[str, dict, set[str]]:
+    """(predicateType, statement, signing keyids) of one attestation layer, opened with the keys of
+    the role that the statement's own predicateType names. The layer's annotation is not signed: it
+    must agree with the statement or the layer is refused. A rebuild statement is one rebuilder's:
+    one key; how many rebuilders agree is counted across statements (_rebuilds)."""
     labelled = str(desc.annotations.get("predicateType", "(none)"))
     data = store.document(desc, f"attestation layer {labelled}")
     payload_type, payload, _ = sign.read_envelope(data, f"attestation layer {labelled}")
@@ -148,10 +149,11 @@ def _open_statement(store, desc: Descriptor, policy) -> tuple[str, dict]:
     if payload_type != sign.IN_TOTO:
         raise IntegrityError(f"attestation {kind}: payloadType {payload_type}, not {sign.IN_TOTO}")
     signers = _signers(role, lambda k: sign.open_envelope(data, k, f"attestation {kind}"))
-    if len(signers) < role.threshold:
-        raise IntegrityError(f"attestation {kind} signed by {len(signers)} of {role.threshold} required "
+    needed = 1 if kind == provenance.REBUILD_PREDICATE else role.threshold
+    if len(signers) < needed:
+        raise IntegrityError(f"attestation {kind} signed by {len(signers)} of {needed} required "
                              f"{role.name} key(s)")
-    return kind, statement
+    return kind, statement, signers
 
 
 def _attestations(store, ref: Reference, policy, report: Report) -> dict:
@@ -165,7 +167,7 @@ def _attestations(store, ref: Reference, policy, report: Report) -> dict:
     counts: dict[str, int] = {}
     for desc in _layers(manifest, f"attestation manifest {tag}"):
         try:
-            kind, statement = _open_statement(store, desc, policy)
+            kind, statement, signers = _open_statement(store, desc, policy)
         except IntegrityError as e:
             report.check(False, str(e))
             continue
@@ -177,9 +179,12 @@ def _attestations(store, ref: Reference, policy, report: Report) -> dict:
             subjects = [s["digest"].get("sha256") for s in statement.get("subject", [])]
         if report.check(ref.digest.hex in subjects, f"attestation {kind} is about this digest"
                         + ("" if ref.digest.hex in subjects else f" (it names sha256:{', '.join(map(str, subjects))})")):
-            found[kind] = statement["predicate"]
+            if kind == provenance.REBUILD_PREDICATE:  # one per rebuilder: counted by key, never one for all
+                found.setdefault(kind, []).append((signers, statement["predicate"]))
+            else:
+                found[kind] = statement["predicate"]
     for kind, n in sorted(counts.items()):
-        if n > 1:
+        if n > 1 and kind != provenance.REBUILD_PREDICATE:
             report.check(False, f"{n} signed statements of type {kind} for this digest: refused (one per type; "
                                 f"which one counts must not be the choice of whoever can push)")
             found.pop(kind, None)
@@ -211,11 +216,27 @@ def _provenance(prov: dict, manifest: bytes, policy, report: Report) -> None:
                                           f"is the provenance's base")
 
 
-def verify(store, ref: Reference, policy, require_smoke: bool = False, blobs: bool = True) -> Report:
+def _rebuilds(rebuilds: list, ref: Reference, needed: int, report: Report) -> None:
+    """At least `needed` distinct rebuilder keys attest a rebuild that gave this very digest."""
+    agreeing, disagreeing = set(), set()
+    for signers, predicate in rebuilds:
+        with malformed("a rebuild attestation"):
+            match = predicate["match"] is True and predicate["result"] == str(ref.digest)
+        (agreeing if match else disagreeing).update(signers)
+    report.check(len(agreeing) >= needed, f"rebuilt to this digest by {len(agreeing)} of {needed} required rebuilder "
+                                          f"key(s)" + (f"; {len(disagreeing)} rebuilder(s) got other bytes"
+                                                       if disagreeing else ""))
+
+
+def verify(store, ref: Reference, policy, require_smoke: bool = False, blobs: bool = True,
+           require_rebuilds: int = 0) -> Report:
     report = Report()
-    for name in ("release",) + (("smoke",) if require_smoke or policy.require_smoke else ()):
+    rebuilds_needed = max(require_rebuilds, policy.require_rebuilds)
+    flags = {"release": "key", "smoke": "smoke-key", "rebuilder": "rebuilder-key"}
+    for name in ("release",) + (("smoke",) if require_smoke or policy.require_smoke else ()) \
+            + (("rebuilder",) if rebuilds_needed else ()):
         if not policy.roles[name].keys:
-            raise InputError(f"no {name} public key: pass --{'key' if name == 'release' else 'smoke-key'} FILE, or "
+            raise InputError(f"no {name} public key: pass --{flags[name]} FILE, or "
                              f"list it under roles.{name}.keys in the policy")
     manifest = store.manifest(str(ref.digest))
     if not report.check(manifest is not None, f"image {ref} present"):
@@ -229,6 +250,9 @@ def verify(store, ref: Reference, policy, require_smoke: bool = False, blobs: bo
     prov = found.get(provenance.SLSA_PREDICATE)
     if report.check(prov is not None, "SLSA provenance attestation present and signed"):
         _step(report, "the signed provenance", _provenance, prov, manifest, policy, report)
+    if rebuilds_needed:
+        _step(report, "the rebuild attestations", _rebuilds, found.get(provenance.REBUILD_PREDICATE, []), ref,
+              rebuilds_needed, report)
     smoke_checked = require_smoke or policy.require_smoke
     if smoke_checked:
         _step(report, "the signed smoke result", _smoke, found.get(provenance.TEST_RESULT_PREDICATE), policy, report)

@@ -57,7 +57,9 @@ def test_release_shape_least_privilege_and_gating():
     on = wf[True] if True in wf else wf["on"]  # YAML 1.1 reads `on` as a boolean
     assert on["push"]["tags"] == ["v*"] and "workflow_dispatch" in on
     assert "mi300x" in wf["jobs"]["smoke"]["runs-on"] and "self-hosted" in wf["jobs"]["smoke"]["runs-on"]
-    assert wf["jobs"]["promote"]["needs"] == ["build", "attach-smoke"]
+    # a digest is tagged only once smoke-tested and rebuilt by a fresh runner to the same bytes
+    assert wf["jobs"]["promote"]["needs"] == ["build", "attach-smoke", "rebuild"]
+    assert wf["jobs"]["rebuild"]["needs"] == ["build", "sign"]
     assert wf["jobs"]["smoke"]["needs"] == ["build", "sign"]  # verify-before-run needs the signature
     for job in wf["jobs"].values():
         assert set(job["permissions"]) <= {"contents", "packages"}
@@ -79,10 +81,14 @@ def test_each_job_holds_only_its_own_key():
     assert job_secrets(jobs["smoke"]) == {"BAKERY_SMOKE_SIGNING_KEY", "BAKERY_SMOKE_KEY_PASSWORD", "GITHUB_TOKEN"}
     assert job_secrets(jobs["attach-smoke"]) == {"GITHUB_TOKEN"}
     assert job_secrets(jobs["promote"]) == {"GITHUB_TOKEN"}
+    # the rebuilder rebuilds (the base's code sandboxed, the compile in a container) with its own
+    # key, which vouches for that rebuild and nothing else; never the release key
+    assert job_secrets(jobs["rebuild"]) == {"BAKERY_REBUILDER_SIGNING_KEY", "BAKERY_KEY_PASSWORD", "GITHUB_TOKEN"}
+    assert "invoke reproduce" in job_commands(jobs["rebuild"]) and "--attest" in job_commands(jobs["rebuild"])
     # each key is an environment's secret: only the job of that environment (and its protection
     # rules: tags, reviewers) reads it, not any workflow on any branch
     assert {name: job.get("environment") for name, job in jobs.items() if job.get("environment")} == \
-        {"sign": "release", "smoke": "smoke"}
+        {"sign": "release", "smoke": "smoke", "rebuild": "rebuilder"}
 
 
 def test_the_build_trusts_no_cache_it_did_not_make():

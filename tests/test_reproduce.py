@@ -1,0 +1,227 @@
+"""Independent rebuild (issue 21): `invoke reproduce IMAGE@DIGEST` rebuilds a released digest from its
+signed provenance alone (a fresh clone of the revision, an empty cache, kernels compiled again) and
+compares bytes; where they differ it names the layer and the files, with both sha256.
+
+The "releases" here are built from a committed copy of this checkout whose origin is itself (the
+provenance's source repository), as the release workflow builds from a tag.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import copy_project, dev_policy, invoke, last_line
+from test_attest import PASSWORD
+
+SITE = "/usr/local/lib/python3.12/dist-packages"
+FENCE = f"{SITE}/vllm/v1/kv_offload/cpu/gpu_worker.py"
+IDENTITY = {"GIT_AUTHOR_NAME": "release", "GIT_AUTHOR_EMAIL": "release@example.com",
+            "GIT_COMMITTER_NAME": "release", "GIT_COMMITTER_EMAIL": "release@example.com"}
+
+
+def git(project: Path, *args: str) -> str:
+    import os
+
+    return subprocess.run(["git", "-C", str(project), *args], capture_output=True, text=True, check=True,
+                          env={**os.environ, **IDENTITY}).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def setup(registry, fixture_base, fixture_lock, toolchain, tmp_path_factory):
+    root = tmp_path_factory.mktemp("reproduce")
+    project = copy_project(root / "project", fixture_lock)
+    subprocess.run(["git", "-C", str(project), "remote", "remove", "origin"], capture_output=True)
+    git(project, "remote", "add", "origin", str(project))  # the source repository the provenance names
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "--allow-empty", "-m", "release")
+    assert invoke(project, "keygen", "--out", str(root / "k"), env=PASSWORD).returncode == 0
+    for who in ("a", "b"):  # two rebuilders, each with its own key on its own machine
+        assert invoke(project, "keygen", "--role", "rebuilder", "--out", str(root / who), env=PASSWORD).returncode == 0
+    return {"project": project, "root": root, "key": root / "k" / "release.key", "pub": root / "k" / "release.pub",
+            "policy": dev_policy(root / "policy.yaml", fixture_base), "base": fixture_base, "registry": registry,
+            "rebuilders": {who: (root / who / "rebuilder.key", root / who / "rebuilder.pub") for who in ("a", "b")}}
+
+
+def release(s, name: str, epoch: int) -> str:
+    """Build the project as it is now (committed or not), push, sign and attest: a release."""
+    out = s["root"] / f"out-{name}"
+    built = invoke(s["project"], "build", "--base", str(s["base"]), "--push", f"{s['registry']}/repro/{name}:1",
+                   "--out", str(out), env={"SOURCE_DATE_EPOCH": str(epoch)})
+    assert built.returncode == 0, built.stderr
+    ref = last_line(built)
+    attested = invoke(s["project"], "attest", ref, "--record", str(out / "build-record.json"), "--key", str(s["key"]),
+                      env=PASSWORD)
+    assert attested.returncode == 0, attested.stderr
+    return ref
+
+
+def reproduce(s, ref: str, name: str, rebuilder: str | None = None):
+    attest = ["--attest", "--key", str(s["rebuilders"][rebuilder][0])] if rebuilder else []
+    return invoke(s["project"], "reproduce", ref, "--release-key", str(s["pub"]), "--policy", str(s["policy"]),
+                  "--workdir", str(s["root"] / f"rebuild-{name}"), *attest, env=PASSWORD)
+
+
+def verify_rebuilt(s, ref: str, needed: int):
+    keys = [a for who in ("a", "b") for a in ("--rebuilder-key", str(s["rebuilders"][who][1]))]
+    return invoke(s["project"], "verify", ref, "--key", str(s["pub"]), "--policy", str(s["policy"]), *keys,
+                  "--require-rebuilds", str(needed))
+
+
+@pytest.fixture(scope="module")
+def clean(setup):
+    ref = release(setup, "clean", 1700000300)
+    return ref, reproduce(setup, ref, "clean", rebuilder="a")
+
+
+def test_a_release_built_from_a_clean_revision_is_reproduced_and_attested(setup, clean):
+    ref, result = clean
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"reproduced {ref}" in result.stdout and "byte-identical" in result.stdout
+    assert "attested the rebuild (match) as rebuilder" in result.stderr
+
+
+def test_verify_counts_distinct_rebuilders_that_got_this_digest(setup, clean):
+    ref, _ = clean
+    one = verify_rebuilt(setup, ref, 2)
+    assert one.returncode != 0 and "FAIL rebuilt to this digest by 1 of 2 required rebuilder key(s)" in one.stdout
+    assert reproduce(setup, ref, "clean-b", rebuilder="b").returncode == 0
+    two = verify_rebuilt(setup, ref, 2)
+    assert two.returncode == 0, two.stdout + two.stderr
+    assert "ok   rebuilt to this digest by 2 of 2 required rebuilder key(s)" in two.stdout
+    again = reproduce(setup, ref, "clean-b2", rebuilder="b")  # a rebuilder's second word replaces its first
+    assert again.returncode == 0 and verify_rebuilt(setup, ref, 3).stdout.count("by 2 of 3") == 1
+
+
+def test_cosign_agrees_with_the_rebuilder_key_and_type(setup, clean):
+    from bakery import provenance
+    from test_attest import cosign
+
+    ref, _ = clean
+    ok = cosign("verify-attestation", "--key", str(setup["rebuilders"]["a"][1]), "--type",
+                provenance.REBUILD_PREDICATE, ref)
+    assert ok.returncode == 0, ok.stderr
+    wrong = cosign("verify-attestation", "--key", str(setup["pub"]), "--type", provenance.REBUILD_PREDICATE, ref)
+    assert wrong.returncode != 0
+
+
+def named_difference(result, path: str) -> tuple[str, str]:
+    """The (original, rebuilt) sha256 reproduce printed for one file."""
+    named = [line for line in result.stdout.splitlines() if line.strip().startswith(f"{path}:")]
+    assert len(named) == 1 and "original " in named[0] and "rebuilt " in named[0], result.stdout
+    original, rebuilt = (part.split()[-1] for part in named[0].split(":", 1)[1].split(","))
+    assert original != rebuilt and len(original) == len(rebuilt) == 64
+    return original, rebuilt
+
+
+def test_a_release_built_from_a_dirty_tree_is_not_and_the_file_is_named(setup):
+    """An uncommitted edit of the self-check went into the image; the revision does not have it."""
+    selfcheck = setup["project"] / "image" / "selfcheck.py"
+    clean = selfcheck.read_bytes()
+    selfcheck.write_bytes(clean + b"\n# an edit nobody committed\n")
+    try:
+        ref = release(setup, "dirty", 1700000302)
+    finally:
+        selfcheck.write_bytes(clean)
+    result = reproduce(setup, ref, "dirty")
+    assert result.returncode == 5 and "not reproduced" in result.stderr, result.stdout + result.stderr
+    original, _ = named_difference(result, "/usr/local/bin/bakery-selfcheck")
+    assert original == hashlib.sha256(clean + b"\n# an edit nobody committed\n").hexdigest()
+
+
+def test_a_release_built_with_a_changed_overlay_is_not_and_its_target_is_named(setup):
+    """An overlay's patch edited (and re-locked) but not committed; the revision has the old one."""
+    patch = setup["project"] / "overlays" / "patches" / "cpu-kv-transfer-fence.patch"
+    clean = patch.read_bytes()
+    dirty = clean.replace(b"+        # Fence both directions", b"+        # (edited) Fence both directions", 1)
+    assert dirty != clean
+    patch.write_bytes(dirty)
+    try:
+        lock = invoke(setup["project"], "lock", "--base", str(setup["base"]))
+        assert lock.returncode == 0, lock.stderr
+        ref = release(setup, "overlay", 1700000301)
+    finally:
+        patch.write_bytes(clean)
+        git(setup["project"], "checkout", "--", "overlays")
+    result = reproduce(setup, ref, "overlay", rebuilder="a")
+    assert result.returncode == 5 and "not reproduced" in result.stderr, result.stdout + result.stderr
+    named_difference(result, FENCE)
+    # the rebuilder said so, signed: a threshold of one is not met by a rebuild that got other bytes
+    refused = verify_rebuilt(setup, ref, 1)
+    assert refused.returncode != 0 and "by 0 of 1 required rebuilder key(s); 1 rebuilder(s) got other bytes" \
+        in refused.stdout
+
+
+def test_a_release_that_baked_a_poisoned_kernel_artifact_is_not_reproduced(setup, clean, tmp_path):
+    """The kernel artifact in the registry is swapped for one whose .so was altered, and signed with
+    the release key (a compromised sign job): a build that fetches it bakes the altered .so. The
+    rebuilder compiles hip/ itself, so its .so differs, and it says which file."""
+    import json
+
+    from bakery import attest as attest_mod, keys, sign
+    from bakery.refs import Descriptor, Digest, Reference
+    from bakery.registry import OCI_MANIFEST, Registry
+    from bakery.store import RegistryStore
+    from conftest import cold_compile_cache
+
+    ref, _ = clean
+    registry = Registry(setup["registry"])
+    repo = "repro/clean"
+    import requests
+
+    listed = requests.get(f"http://{setup['registry']}/v2/{repo}/tags/list", timeout=30).json()["tags"]
+    tag = next(t for t in listed if t.startswith("kernels-"))
+    body, _, _ = registry.get_manifest(Reference(setup["registry"], repo, tag))
+    manifest = json.loads(body)
+    config = json.loads(registry.fetch_blob(repo, Descriptor.from_json(manifest["config"])))
+    for layer in manifest["layers"]:
+        if layer["annotations"]["org.opencontainers.image.title"].endswith(".so"):
+            data = registry.fetch_blob(repo, Descriptor.from_json(layer)) + b"\0poisoned after signing"
+            desc = Descriptor.of("application/octet-stream", data, layer["annotations"])
+            registry.upload_blob(repo, desc, lambda d=data: iter([d]))
+            layer.update(desc.to_json())
+            config["sha256"][layer["annotations"]["org.opencontainers.image.title"]] = hashlib.sha256(data).hexdigest()
+            poisoned = layer["annotations"]["org.opencontainers.image.title"]
+    config_bytes = json.dumps(config, sort_keys=True).encode()
+    config_desc = Descriptor.of(manifest["config"]["mediaType"], config_bytes)
+    registry.upload_blob(repo, config_desc, lambda: iter([config_bytes]))
+    manifest["config"] = config_desc.to_json()
+    body = json.dumps(manifest, sort_keys=True).encode()
+    registry.put_manifest(repo, tag, body, OCI_MANIFEST)
+    artifact = Reference(setup["registry"], repo, None, Digest.of(body))
+    import os
+    os.environ["BAKERY_KEY_PASSWORD"] = PASSWORD["BAKERY_KEY_PASSWORD"]
+    try:
+        signer = sign.Signer(keys.load_private(setup["key"]))
+    finally:
+        del os.environ["BAKERY_KEY_PASSWORD"]
+    attest_mod.sign_image(RegistryStore(artifact), artifact, signer)
+
+    out = setup["root"] / "out-poisoned"
+    built = invoke(setup["project"], "build", "--base", str(setup["base"]), "--push", f"{setup['registry']}/{repo}:2",
+                   "--out", str(out), "--key", str(setup["pub"]), "--policy", str(setup["policy"]),
+                   env={"SOURCE_DATE_EPOCH": "1700000300", "BAKERY_CACHE": str(cold_compile_cache(tmp_path))})
+    assert built.returncode == 0, built.stderr
+    released = last_line(built)
+    assert released != ref  # the same source and epoch, but the altered .so
+    assert invoke(setup["project"], "attest", released, "--record", str(out / "build-record.json"),
+                  "--key", str(setup["key"]), env=PASSWORD).returncode == 0
+    result = reproduce(setup, released, "poisoned")
+    assert result.returncode == 5, result.stdout + result.stderr
+    named = [line.split(":")[0].strip() for line in result.stdout.splitlines()
+             if line.strip().startswith("/") and line.split(":")[0].endswith(poisoned)]
+    assert len(named) == 1, result.stdout
+    named_difference(result, named[0])
+
+
+def test_a_provenance_not_signed_by_the_release_key_is_never_rebuilt_from(setup, clean):
+    """The provenance says what to clone and run: read it only once the release key's signature
+    on the image and on the statement holds (here the key given is another's), and clone nothing."""
+    ref, _ = clean
+    result = invoke(setup["project"], "reproduce", ref, "--release-key", str(setup["rebuilders"]["a"][1]),
+                    "--policy", str(setup["policy"]), "--workdir", str(setup["root"] / "rebuild-untrusted"))
+    assert result.returncode == 5 and "its provenance cannot be trusted to rebuild from" in result.stderr
+    assert not (setup["root"] / "rebuild-untrusted").exists()
