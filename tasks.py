@@ -31,6 +31,14 @@ def reports_errors(fn):
     def wrapper(*args, **kwargs):
         from bakery.errors import BakeryError
 
+        if any(v in ("--help", "-h") for v in list(args[1:]) + list(kwargs.values())):
+            # `invoke TASK --help`: invoke hands a flag after a task with a positional argument to
+            # that argument; show the task's help instead of running it with "--help" as its value
+            import subprocess
+
+            subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(PROJECT), "--help",
+                            fn.__name__.replace("_", "-")])
+            raise Exit(code=0)
         try:
             return fn(*args, **kwargs)
         except BakeryError as e:

@@ -20,3 +20,11 @@ def test_every_task_has_help():
         result = invoke(ROOT, "--help", name)
         assert result.returncode == 0 and "Usage: inv[oke] [--core-opts] " + name in result.stdout
     assert "REPO@sha256" in invoke(ROOT, "--help", "build").stdout
+
+
+def test_help_after_the_task_name_shows_help_and_runs_nothing():
+    """`invoke verify --help`: invoke gives a flag after a task with a positional argument to that
+    argument; the task shows its help instead of verifying an image named --help."""
+    for name in ("verify", "policy", "reproduce", "prove", "build"):
+        result = invoke(ROOT, name, "--help")
+        assert result.returncode == 0 and "Usage: inv[oke] [--core-opts] " + name in result.stdout, result.stderr
