@@ -444,9 +444,12 @@ def verify(c, image, key=None, smoke_key=None, policy=None, layout=None, require
             "toolchain": "compile hip/ in this image (default: the one the provenance names)",
             "workdir": "where to clone and build (default: a new temporary folder, kept for inspection)",
             "attest": "sign the outcome (match or not) onto IMAGE as this rebuilder, with --key",
-            "key": "with --attest: this rebuilder's encrypted private key (default: BAKERY_REBUILDER_SIGNING_KEY)"})
+            "key": "with --attest: this rebuilder's encrypted private key (default: BAKERY_REBUILDER_SIGNING_KEY)",
+            "outcome": "write what the rebuild gave (its manifest, the differences) to this file, for "
+                       "`invoke attest-rebuild` in a job that holds the key and runs no build"})
 @reports_errors
-def reproduce(c, image, release_key=None, policy=None, toolchain=None, workdir=None, attest=False, key=None):
+def reproduce(c, image, release_key=None, policy=None, toolchain=None, workdir=None, attest=False, key=None,
+              outcome=None):
     """Rebuild IMAGE from its signed provenance here, from nothing; exit 0 only if the digest is the same."""
     import tempfile
 
@@ -457,17 +460,20 @@ def reproduce(c, image, release_key=None, policy=None, toolchain=None, workdir=N
     where = store.open_store(ref, None)
     rules = provenance.load_policy(Path(policy) if policy else PROJECT / "provenance" / "policy.yaml", PROJECT,
                                    _role_keys(release_key, None))
-    signer = sign.Signer(keys.load_private(Path(key) if key else None, keys.REBUILDER_KEY_ENV)) if attest else None
     plan = rep.plan(rep.signed_provenance(where, ref, rules))
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="bakery-reproduce-"))
-    layout, _ = rep.rebuild(plan, work, toolchain, _log)
+    layout, _ = rep.rebuild(plan, work, toolchain, _log)  # the revision's code runs with none of our secrets
     digest, manifest = rep.rebuilt_digest(layout)
     diffs = [] if digest == ref.digest else \
         rep.differences(where, where.manifest(str(ref.digest)), store.LayoutStore(layout), manifest)
-    if signer:
+    if outcome:
+        rep.write_outcome(Path(outcome), ref, manifest, diffs)
+    if attest:  # the key is read only now, after the revision's code has finished
+        signer = sign.Signer(keys.load_private(Path(key) if key else None, keys.REBUILDER_KEY_ENV))
         attest_mod.attach(where, ref, {provenance.REBUILD_PREDICATE: rep.statement(ref, plan, digest, diffs)}, signer)
-        _log(f"attested the rebuild ({'match' if not diffs else 'other bytes'}) as rebuilder {signer.keyid[:12]}")
-    if not diffs:
+        _log(f"attested the rebuild ({'match' if digest == ref.digest else 'other bytes'}) as rebuilder "
+             f"{signer.keyid[:12]}")
+    if digest == ref.digest:
         print(f"reproduced {ref}: the rebuild of {plan.repository}@{plan.revision[:12]} is byte-identical")
         return
     for d in diffs:
@@ -476,6 +482,29 @@ def reproduce(c, image, release_key=None, policy=None, toolchain=None, workdir=N
             print(f"  {f['path']}: original {f['original'] or '(absent)'}, rebuilt {f['rebuilt'] or '(absent)'}")
     raise Exit(f"error: not reproduced: {ref.digest} was released, the rebuild of {plan.revision[:12]} gives "
                f"{digest} (the rebuild is in {work})", code=5)
+
+
+@task(help={"image": "the released REGISTRY/REPO@sha256:DIGEST that was rebuilt",
+            "outcome": "the file `invoke reproduce --outcome` wrote",
+            "release_key": "a release public key PEM (the provenance is re-read and checked here)",
+            "policy": "verification policy (default: provenance/policy.yaml)",
+            "key": "this rebuilder's encrypted private key (default: BAKERY_REBUILDER_SIGNING_KEY)"})
+@reports_errors
+def attest_rebuild(c, image, outcome, release_key=None, policy=None, key=None):
+    """Sign a rebuild's outcome as a rebuilder, where no build runs: the match is recomputed from the rebuilt manifest's bytes."""
+    from bakery import attest as attest_mod, keys, provenance, reproduce as rep, sign, store
+    from bakery.refs import Digest, Reference
+
+    ref = Reference.parse_pinned(image, "image")
+    where = store.open_store(ref, None)
+    rules = provenance.load_policy(Path(policy) if policy else PROJECT / "provenance" / "policy.yaml", PROJECT,
+                                   _role_keys(release_key, None))
+    plan = rep.plan(rep.signed_provenance(where, ref, rules))  # from the signed provenance, not the file
+    manifest, diffs = rep.read_outcome(Path(outcome), ref)
+    digest = Digest.of(manifest)  # the file's claim of a match counts for nothing: the bytes decide
+    signer = sign.Signer(keys.load_private(Path(key) if key else None, keys.REBUILDER_KEY_ENV))
+    attest_mod.attach(where, ref, {provenance.REBUILD_PREDICATE: rep.statement(ref, plan, digest, diffs)}, signer)
+    print(f"attested: the rebuild of {ref.digest} gave {digest} ({'match' if digest == ref.digest else 'other bytes'})")
 
 
 @task(help={"image": "REGISTRY/REPO@sha256:DIGEST to smoke-test",

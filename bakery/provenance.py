@@ -145,6 +145,9 @@ def load_policy(path: Path, project: Path, keys: dict | None = None) -> Policy:
         threshold = entry.get("threshold", 1)
         if threshold < 1:
             raise InputError(f"{path}: roles.{name}.threshold must be at least 1")
+        if name == "rebuilder" and threshold != 1:
+            raise InputError(f"{path}: roles.rebuilder.threshold must be 1 (each rebuilder signs its own rebuild); "
+                             f"how many must agree is require_rebuilds")
         roles[name] = Role(name, tuple(keys_mod.load_public(f) for f in files), threshold)
     unknown = set(doc.get("roles") or {}) - set(keys_mod.ROLES)
     if unknown:

@@ -11,10 +11,11 @@ differ are named with both sha256. Plan and compare are pure; clone, build and r
 
 from __future__ import annotations
 
-import gzip
 import hashlib
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -24,6 +25,12 @@ from pathlib import Path
 from . import provenance
 from .errors import EnvironmentProblem, IntegrityError, InputError, malformed
 from .refs import Descriptor, Digest, Reference
+
+
+OUTCOME_SCHEMA = "https://github.com/dsv4-mi300x/bakery/rebuild-outcome/v1"
+# what the rebuild's environment keeps of ours: the tools' paths and locale, the Docker endpoint
+BUILD_ENV = {"PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "DOCKER_HOST", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY",
+             "BAKERY_REGISTRY_HOSTS"}
 
 
 @dataclass(frozen=True)
@@ -45,17 +52,27 @@ def plan(prov: dict) -> Plan:
                       for b in prov["runDetails"].get("byproducts", []) if "toolchain" in b.get("annotations", {})}
         if len(toolchains) > 1:
             raise InputError(f"the provenance names {len(toolchains)} toolchains; a rebuild needs one")
-        return Plan(str(source["repository"]), str(source["revision"]), bool(source.get("dirty")), str(params["base"]),
-                    int(params["sourceDateEpoch"]), next(iter(toolchains), None))
+        found = Plan(str(source["repository"]), str(source["revision"]), bool(source.get("dirty")),
+                     str(params["base"]), int(params["sourceDateEpoch"]), next(iter(toolchains), None))
+    if not re.fullmatch(r"[0-9a-f]{40}", found.revision):
+        raise IntegrityError(f"the provenance's revision {found.revision[:60]!r} is not a git commit id")
+    if found.toolchain and not (re.fullmatch(r"sha256:[0-9a-f]{64}", found.toolchain) or "@sha256:" in found.toolchain):
+        raise IntegrityError(f"the provenance's toolchain {found.toolchain[:80]!r} is not pinned by content "
+                             f"(an image ID or REF@sha256:...): give --toolchain to choose the compiler yourself")
+    return found
 
 
 def signed_provenance(store, ref: Reference, policy) -> dict:
-    """The SLSA provenance of ref, once the image signature and the statement's signature hold."""
+    """The SLSA provenance of ref, once the image signature and the statement's signature hold and
+    what it says passes the policy (an allowed source repository and builder, the pinned base, a
+    clean checkout unless the policy allows dirty): what it names is cloned and run here."""
     from . import verify
 
     report = verify.Report()
     verify._signature(store, ref, policy, report)
     found = verify._attestations(store, ref, policy, report)
+    if provenance.SLSA_PREDICATE in found:
+        verify._provenance(found[provenance.SLSA_PREDICATE], store.manifest(str(ref.digest)) or b"{}", policy, report)
     if report.failures:
         raise IntegrityError(f"{ref}: {report.failures[0]}: its provenance cannot be trusted to rebuild from")
     if provenance.SLSA_PREDICATE not in found:
@@ -75,12 +92,14 @@ def rebuild(p: Plan, workdir: Path, toolchain: str | None, log) -> tuple[Path, P
     cache, the kernels compiled (the artifact the original used is never fetched)."""
     source = workdir / "source"
     log(f"cloning {p.repository} at {p.revision[:12]}")
-    _git("clone", "-q", "--no-checkout", p.repository, str(source))
+    _git("-c", "protocol.allow=never", "-c", "protocol.https.allow=always", "-c", "protocol.file.allow=always",
+         "clone", "-q", "--no-checkout", "--", p.repository, str(source))
     _git("checkout", "-q", "--detach", p.revision, cwd=source)
     layout, out = workdir / "layout", workdir / "out"
     tools = toolchain or p.toolchain
-    env = {**os.environ, "SOURCE_DATE_EPOCH": str(p.epoch), "BAKERY_CACHE": str(workdir / "cache")}
-    env.pop("BAKERY_TOOLCHAIN", None)
+    # the revision's own build code runs here: it gets no key, password or token of this machine's
+    env = {k: v for k, v in os.environ.items() if k in BUILD_ENV}
+    env.update({"SOURCE_DATE_EPOCH": str(p.epoch), "BAKERY_CACHE": str(workdir / "cache")})
     argv = [sys.executable, "-m", "invoke", "--search-root", str(source), "build", "--base", p.base,
             "--layout", str(layout), "--out", str(out), "--recompile"] + (["--toolchain", tools] if tools else [])
     log(f"building {p.revision[:12]} with an empty cache (SOURCE_DATE_EPOCH={p.epoch})")
@@ -92,17 +111,42 @@ def rebuild(p: Plan, workdir: Path, toolchain: str | None, log) -> tuple[Path, P
 
 
 def _files(store, desc: Descriptor) -> dict[str, str]:
-    """{path: sha256} of the regular files of one layer (whatever its compression)."""
-    raw = b"".join(store.stream(desc))
-    data = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+    """{path as the layer names it: what it is} for every entry of one layer: a regular file's
+    sha256, else its kind and target; mode and owner too when they are not root's 0644/0755."""
     files = {}
-    with tarfile.open(fileobj=__import__("io").BytesIO(data), mode="r:") as tar:
+    with tarfile.open(fileobj=_Chunks(store.stream(desc)), mode="r|*") as tar:  # streamed: no layer in memory
         for member in tar:
             if member.isfile():
-                files["/" + member.name.lstrip("./")] = hashlib.sha256(tar.extractfile(member).read()).hexdigest()
-            elif member.issym() or member.islnk():
-                files["/" + member.name.lstrip("./")] = f"link to {member.linkname}"
+                h = hashlib.sha256()
+                for chunk in iter(lambda f=tar.extractfile(member): f.read(1 << 20), b""):
+                    h.update(chunk)
+                what = h.hexdigest()
+            else:
+                what = f"{'link' if member.issym() or member.islnk() else 'entry'} {member.type!r} {member.linkname}"
+            if (member.mode, member.uid, member.gid) not in ((0o644, 0, 0), (0o755, 0, 0)):
+                what += f" (mode {member.mode:o}, owner {member.uid}:{member.gid})"
+            files[member.name] = what
     return files
+
+
+class _Chunks(io.RawIOBase):
+    """A file over an iterator of byte chunks (a blob as the store streams it, digest-checked)."""
+
+    def __init__(self, chunks):
+        self.chunks, self.rest = iter(chunks), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, out) -> int:
+        while not self.rest:
+            self.rest = next(self.chunks, None)
+            if self.rest is None:
+                self.rest = b""
+                return 0
+        n = min(len(out), len(self.rest))
+        out[:n], self.rest = self.rest[:n], self.rest[n:]
+        return n
 
 
 def differences(original, original_manifest: bytes, rebuilt, rebuilt_manifest: bytes) -> list[dict]:
@@ -124,14 +168,21 @@ def differences(original, original_manifest: bytes, rebuilt, rebuilt_manifest: b
                     "files": changed})
     if a.get("config", {}).get("digest") != b.get("config", {}).get("digest") and not out:
         out.append({"layer": "config", "original": a["config"]["digest"], "rebuilt": b["config"]["digest"], "files": []})
+    if not out and original_manifest != rebuilt_manifest:  # the same layers and config, another manifest
+        out.append({"layer": "manifest", "original": str(Digest.of(original_manifest)),
+                    "rebuilt": str(Digest.of(rebuilt_manifest)), "files": []})
     return out
 
 
 def rebuilt_digest(layout: Path) -> tuple[Digest, bytes]:
-    index = json.loads((layout / "index.json").read_text())
+    """The rebuilt manifest's digest, as its bytes hash (the layout's index only points at it)."""
     with malformed("the rebuilt layout's index.json"):
-        digest = Digest.parse(index["manifests"][0]["digest"])
-    return digest, (layout / "blobs" / "sha256" / digest.hex).read_bytes()
+        (entry,) = json.loads((layout / "index.json").read_text())["manifests"]
+        digest = Digest.parse(entry["digest"])
+    body = (layout / "blobs" / "sha256" / digest.hex).read_bytes()
+    if Digest.of(body) != digest:
+        raise IntegrityError(f"the rebuilt layout's manifest does not hash to {digest}")
+    return digest, body
 
 
 def statement(ref: Reference, p: Plan, result: Digest, diffs: list[dict]) -> bytes:
@@ -147,3 +198,27 @@ def statement(ref: Reference, p: Plan, result: Digest, diffs: list[dict]) -> byt
                  "result": str(result), "match": result == ref.digest,
                  "differences": [{"layer": d["layer"], "files": [f["path"] for f in d["files"]]} for d in diffs]}
     return provenance.statement(ref, provenance.REBUILD_PREDICATE, predicate)
+
+
+def write_outcome(path: Path, ref: Reference, manifest: bytes, diffs: list[dict]) -> None:
+    """What a rebuild gave, for a signer elsewhere: the rebuilt manifest itself (the signer hashes
+    it) and the differences (shown, never trusted)."""
+    import base64
+
+    from .layer import write_blob
+
+    write_blob(path, json.dumps({"schema": OUTCOME_SCHEMA, "image": str(ref),
+                                 "manifest": base64.b64encode(manifest).decode(),
+                                 "differences": diffs}, indent=1).encode())
+
+
+def read_outcome(path: Path, ref: Reference) -> tuple[bytes, list[dict]]:
+    import base64
+
+    from .inputs import load_json
+
+    doc = load_json(path, OUTCOME_SCHEMA, "rebuild outcome", "run `invoke reproduce --outcome FILE` first")
+    with malformed(f"rebuild outcome {path}", InputError):
+        if doc["image"] != str(ref):
+            raise ValueError(f"it is about {doc['image']}, not {ref}")
+        return base64.b64decode(doc["manifest"], validate=True), list(doc["differences"])

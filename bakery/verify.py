@@ -150,6 +150,8 @@ def _open_statement(store, desc: Descriptor, policy) -> tuple[str, dict, set[str
         raise IntegrityError(f"attestation {kind}: payloadType {payload_type}, not {sign.IN_TOTO}")
     signers = _signers(role, lambda k: sign.open_envelope(data, k, f"attestation {kind}"))
     needed = 1 if kind == provenance.REBUILD_PREDICATE else role.threshold
+    if not signers and kind == provenance.REBUILD_PREDICATE:  # anyone may rebuild; only listed rebuilders count
+        raise Unjudged(f"attestation {kind} by a rebuilder this policy does not list: not counted")
     if len(signers) < needed:
         raise IntegrityError(f"attestation {kind} signed by {len(signers)} of {needed} required "
                              f"{role.name} key(s)")

@@ -58,8 +58,10 @@ def test_release_shape_least_privilege_and_gating():
     assert on["push"]["tags"] == ["v*"] and "workflow_dispatch" in on
     assert "mi300x" in wf["jobs"]["smoke"]["runs-on"] and "self-hosted" in wf["jobs"]["smoke"]["runs-on"]
     # a digest is tagged only once smoke-tested and rebuilt by a fresh runner to the same bytes
-    assert wf["jobs"]["promote"]["needs"] == ["build", "attach-smoke", "rebuild"]
+    assert wf["jobs"]["promote"]["needs"] == ["build", "attach-smoke", "attest-rebuild"]
     assert wf["jobs"]["rebuild"]["needs"] == ["build", "sign"]
+    # the two writers of the .att manifest run one after the other (a read-modify-write each)
+    assert "attach-smoke" in wf["jobs"]["attest-rebuild"]["needs"]
     assert wf["jobs"]["smoke"]["needs"] == ["build", "sign"]  # verify-before-run needs the signature
     for job in wf["jobs"].values():
         assert set(job["permissions"]) <= {"contents", "packages"}
@@ -81,14 +83,17 @@ def test_each_job_holds_only_its_own_key():
     assert job_secrets(jobs["smoke"]) == {"BAKERY_SMOKE_SIGNING_KEY", "BAKERY_SMOKE_KEY_PASSWORD", "GITHUB_TOKEN"}
     assert job_secrets(jobs["attach-smoke"]) == {"GITHUB_TOKEN"}
     assert job_secrets(jobs["promote"]) == {"GITHUB_TOKEN"}
-    # the rebuilder rebuilds (the base's code sandboxed, the compile in a container) with its own
-    # key, which vouches for that rebuild and nothing else; never the release key
-    assert job_secrets(jobs["rebuild"]) == {"BAKERY_REBUILDER_SIGNING_KEY", "BAKERY_KEY_PASSWORD", "GITHUB_TOKEN"}
-    assert "invoke reproduce" in job_commands(jobs["rebuild"]) and "--attest" in job_commands(jobs["rebuild"])
+    # the rebuild runs the revision's build code: no key, read-only packages; the rebuilder's key
+    # signs in a job that runs no build (it hashes the rebuilt manifest itself)
+    assert job_secrets(jobs["rebuild"]) == {"GITHUB_TOKEN"} and jobs["rebuild"]["permissions"]["packages"] == "read"
+    assert "invoke reproduce" in job_commands(jobs["rebuild"]) and "--attest" not in job_commands(jobs["rebuild"])
+    assert job_secrets(jobs["attest-rebuild"]) == {"BAKERY_REBUILDER_SIGNING_KEY", "BAKERY_KEY_PASSWORD",
+                                                    "GITHUB_TOKEN"}
+    assert not BASE_CODE.search(job_commands(jobs["attest-rebuild"]))
     # each key is an environment's secret: only the job of that environment (and its protection
     # rules: tags, reviewers) reads it, not any workflow on any branch
     assert {name: job.get("environment") for name, job in jobs.items() if job.get("environment")} == \
-        {"sign": "release", "smoke": "smoke", "rebuild": "rebuilder"}
+        {"sign": "release", "smoke": "smoke", "attest-rebuild": "rebuilder"}
 
 
 def test_the_build_trusts_no_cache_it_did_not_make():
@@ -101,7 +106,7 @@ def test_the_build_trusts_no_cache_it_did_not_make():
     assert commands.index("BAKERY_CACHE=") < commands.index("invoke disk") < commands.index("invoke build")
 
 
-BASE_CODE = re.compile(r"invoke (build|prove|lock|rebase|compile|smoke|fixture|toolchain|demo|test)\b|docker ")
+BASE_CODE = re.compile(r"invoke (build|prove|lock|rebase|compile|smoke|fixture|toolchain|demo|test|reproduce)\b|docker ")
 
 
 def job_commands(job: dict) -> str:
