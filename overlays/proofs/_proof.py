@@ -250,7 +250,8 @@ def _interpreter_patch_once() -> None:
     """Triton's interpreter re-patches its language modules (an inspect.getmembers walk of
     triton.language) on every call of a @triton.jit helper inside a kernel, which is most of an
     interpreted kernel's time; the patch it makes is the same each time. Patch each set of modules
-    once per kernel launch instead: the launch still patches first and restores at its end."""
+    once per kernel launch instead: the launch still patches first and restores at its end. And
+    remember its dtype mapping (a pure function it recomputes for every value)."""
     import inspect as inspect_
     from triton.runtime import interpreter
 
@@ -259,9 +260,13 @@ def _interpreter_patch_once() -> None:
     original, launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
     done: set = set()
     langs_of = (interpreter.tl, interpreter.tl.core)
+    langs_by_fn: dict = {}  # which language modules a function's globals hold: looked up once per function
 
     def patch_lang(fn):
-        langs = frozenset(id(v) for v in fn.__globals__.values() if inspect_.ismodule(v) and v in langs_of)
+        langs = langs_by_fn.get(fn)
+        if langs is None:
+            langs = langs_by_fn[fn] = frozenset(id(v) for v in fn.__globals__.values()
+                                                if inspect_.ismodule(v) and v in langs_of)
         if langs and langs <= done:
             return interpreter._LangPatchScope()
         scope = original(fn)
@@ -277,6 +282,19 @@ def _interpreter_patch_once() -> None:
 
     patch_lang.once = True
     interpreter._patch_lang, interpreter.GridExecutor.__call__ = patch_lang, launch_once
+    # the interpreter maps a Triton dtype to numpy's by building a dict on every call: keep the answers
+    np_dtype, known = interpreter._get_np_dtype, {}
+
+    def get_np_dtype(tt_dtype):
+        key = tt_dtype.element_ty if isinstance(tt_dtype, interpreter.tl.block_type) else tt_dtype  # same answer
+        try:
+            if key not in known:
+                known[key] = np_dtype(key)
+            return known[key]
+        except TypeError:  # a type that does not hash: ask the interpreter
+            return np_dtype(tt_dtype)
+
+    interpreter._get_np_dtype = get_np_dtype
 
 
 def _interpreter_bool_masks() -> None:
