@@ -213,20 +213,15 @@ def caddyfile(hostname: str, email: str | None, cidrs: list[str], upstream: str,
     if not internal_tls and not (email and re.fullmatch(r"[^@\s]+@[^@\s]+\.[^@\s]+", email)):
         raise InputError("--email: ACME needs a contact address (or use --internal-tls for a private CA)")
     options = ["\tauto_https disable_redirects"] + ([f"\temail {email}"] if email and not internal_tls else [])
-    site = [f"{hostname} {{"] + (["\ttls internal"] if internal_tls else []) + [
-        "\t@api {",  # both: an API path, from an allowed source (one matcher: no directive order to get wrong)
-        f"\t\tpath {' '.join(API_PATHS)}",
-        f"\t\tremote_ip {' '.join(nets)}",
-        "\t}",
-        "\thandle @api {",
-        f"\t\treverse_proxy {upstream} {{",
-        "\t\t\tflush_interval -1",
-        "\t\t}",
-        "\t}",
-        "\thandle {",
-        "\t\trespond 403",
-        "\t}",
-        "}"]
+    site = [f"{hostname} {{"] + (["\ttls internal"] if internal_tls else [])
+    for n, path in enumerate(API_PATHS):
+        # one matcher per path, with the sources (one matcher: no directive order to get wrong);
+        # the request goes on under the canonical path, so vLLM never sees the spelling Caddy
+        # cleaned to match (/v1//models, /x/../v1/models)
+        site += [f"\t@api{n} {{", f"\t\tpath {path}", f"\t\tremote_ip {' '.join(nets)}", "\t}",
+                 f"\thandle @api{n} {{", f"\t\trewrite * {path}?{{query}}",
+                 f"\t\treverse_proxy {upstream} {{", "\t\t\tflush_interval -1", "\t\t}", "\t}"]
+    site += ["\thandle {", "\t\trespond 403", "\t}", "}"]
     return ("{\n" + "\n".join(options) + "\n}\n\n" + "\n".join(site) + "\n").encode()
 
 

@@ -38,6 +38,7 @@ class Upstream(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):  # noqa: N802 (http.server's name)
         self.send_response(200)
+        self.send_header("X-Upstream-Saw", self.path)
         self.send_header("Content-Length", "13")
         self.end_headers()
         self.wfile.write(b"first\n")
@@ -77,13 +78,16 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def get(proxy, path: str, source: str = "127.0.0.1") -> tuple[int, bytes, float, float]:
-    """(status, body, seconds to the first body bytes, seconds to the end), over verified TLS."""
+def get(proxy, path: str, source: str = "127.0.0.1", seen: list | None = None) -> tuple[int, bytes, float, float]:
+    """(status, body, seconds to the first body bytes, seconds to the end), over verified TLS; the
+    path the upstream saw is appended to `seen`."""
     port, context = proxy
     conn = http.client.HTTPSConnection("localhost", port, context=context, source_address=(source, 0), timeout=20)
     started = time.monotonic()
     conn.request("GET", path)
     response = conn.getresponse()
+    if seen is not None:
+        seen.append(response.getheader("X-Upstream-Saw"))
     first = response.read1(65536)
     first_at = time.monotonic() - started
     rest = response.read()
@@ -97,9 +101,19 @@ def test_an_api_path_from_an_allowed_source_reaches_vllm_over_tls(proxy, path):
     assert status == 200 and body == b"first\nsecond\n"
 
 
-@pytest.mark.parametrize("path", ["/", "/v1/admin", "/v1/chat/completions/../../debug", "/generate2", "/metrics/x"])
+@pytest.mark.parametrize("path", ["/", "/v1/admin", "/v1/chat/completions/../../debug", "/generate2", "/metrics/x",
+                                  "/v1/models/", "/docs"])
 def test_any_other_path_is_403(proxy, path):
     assert get(proxy, path)[0] == 403
+
+
+@pytest.mark.parametrize("asked, canonical", [("/v1//models", "/v1/models"), ("/x/../v1/models", "/v1/models"),
+                                              ("/V1/MODELS", "/v1/models"),  # Caddy matches paths without case
+                                              ("/v1/completions?stream=true", "/v1/completions?stream=true")])
+def test_vllm_sees_only_the_canonical_path(proxy, asked, canonical):
+    """A spelling Caddy cleans to match an allowed path reaches vLLM as that path, query kept."""
+    seen = []
+    assert get(proxy, asked, seen=seen)[0] == 200 and seen == [canonical]
 
 
 def test_a_source_outside_the_allowed_cidrs_is_403(proxy):
