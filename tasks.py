@@ -24,6 +24,13 @@ def _role_keys(release: str | None, smoke: str | None) -> dict:
     return {"release": [Path(release)] if release else [], "smoke": [Path(smoke)] if smoke else []}
 
 
+def _load_policy(policy: str | None, keys: dict):
+    """The verification policy (default: provenance/policy.yaml) with keys given on the command line."""
+    from bakery import provenance
+
+    return provenance.load_policy(Path(policy) if policy else PROJECT / "provenance" / "policy.yaml", PROJECT, keys)
+
+
 def reports_errors(fn):
     """Only here do errors become exit codes: one line on stderr, no traceback."""
 
@@ -329,10 +336,9 @@ def attach(c, image, envelope, key, role="smoke"):
 @reports_errors
 def policy(c, containers, policy=None, key=None, mirror=None, accept=None):
     """Write the node policy that makes podman/CRI-O pull our repositories only when the release keys signed them."""
-    from bakery import nodes, provenance
+    from bakery import nodes
 
-    rules = provenance.load_policy(Path(policy) if policy else PROJECT / "provenance" / "policy.yaml", PROJECT,
-                                   {"release": [Path(k) for k in key or []]})
+    rules = _load_policy(policy, {"release": [Path(k) for k in key or []]})
     files = nodes.containers_policy(rules, nodes.parse_mirrors(mirror or []), accept=tuple(accept or ()))
     nodes.write_tree(Path(containers), files)
     for name in sorted(files):
@@ -414,7 +420,7 @@ def _compose_command() -> list[str]:
 def verify(c, image, key=None, smoke_key=None, policy=None, layout=None, require_smoke=False, skip_blobs=False,
            rebuilder_key=None, require_rebuilds=0):
     """For ops: prove IMAGE is ours, what is in it and how it was made; exit 0 only if all checks hold."""
-    from bakery import provenance, store, verify as verify_mod
+    from bakery import store, verify as verify_mod
     from bakery.refs import Reference
 
     ref = Reference.parse(image)
@@ -427,8 +433,7 @@ def verify(c, image, key=None, smoke_key=None, policy=None, layout=None, require
 
         ref = ref.with_digest(Digest.of(body))
         _log(f"{image} is {ref.digest}")
-    pol = provenance.load_policy(Path(policy) if policy else PROJECT / "provenance" / "policy.yaml", PROJECT,
-                                 {**_role_keys(key, smoke_key), "rebuilder": [Path(k) for k in rebuilder_key or []]})
+    pol = _load_policy(policy, {**_role_keys(key, smoke_key), "rebuilder": [Path(k) for k in rebuilder_key or []]})
     report = verify_mod.verify(where, ref, pol, require_smoke, not skip_blobs, int(require_rebuilds))
     for ok, what in report.checks:
         print(f"{'ok  ' if ok else 'FAIL'} {what}")
@@ -458,11 +463,10 @@ def reproduce(c, image, release_key=None, policy=None, toolchain=None, workdir=N
 
     ref = Reference.parse_pinned(image, "image")
     where = store.open_store(ref, None)
-    rules = provenance.load_policy(Path(policy) if policy else PROJECT / "provenance" / "policy.yaml", PROJECT,
-                                   _role_keys(release_key, None))
+    rules = _load_policy(policy, _role_keys(release_key, None))
     plan = rep.plan(rep.signed_provenance(where, ref, rules))
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="bakery-reproduce-"))
-    layout, _ = rep.rebuild(plan, work, toolchain, _log)  # the revision's code runs with none of our secrets
+    layout = rep.rebuild(plan, work, toolchain, _log)  # the revision's code runs with none of our secrets
     digest, manifest = rep.rebuilt_digest(layout)
     diffs = [] if digest == ref.digest else \
         rep.differences(where, where.manifest(str(ref.digest)), store.LayoutStore(layout), manifest)
@@ -491,14 +495,13 @@ def reproduce(c, image, release_key=None, policy=None, toolchain=None, workdir=N
             "key": "this rebuilder's encrypted private key (default: BAKERY_REBUILDER_SIGNING_KEY)"})
 @reports_errors
 def attest_rebuild(c, image, outcome, release_key=None, policy=None, key=None):
-    """Sign a rebuild's outcome as a rebuilder, where no build runs: the match is recomputed from the rebuilt manifest's bytes."""
+    """Sign a rebuild's outcome as a rebuilder where no build runs; the match is recomputed from the manifest."""
     from bakery import attest as attest_mod, keys, provenance, reproduce as rep, sign, store
     from bakery.refs import Digest, Reference
 
     ref = Reference.parse_pinned(image, "image")
     where = store.open_store(ref, None)
-    rules = provenance.load_policy(Path(policy) if policy else PROJECT / "provenance" / "policy.yaml", PROJECT,
-                                   _role_keys(release_key, None))
+    rules = _load_policy(policy, _role_keys(release_key, None))
     plan = rep.plan(rep.signed_provenance(where, ref, rules))  # from the signed provenance, not the file
     manifest, diffs = rep.read_outcome(Path(outcome), ref)
     digest = Digest.of(manifest)  # the file's claim of a match counts for nothing: the bytes decide
@@ -565,13 +568,12 @@ def smoke(c, image, model_dir, port=8000, report=None, record=False, attest=Fals
 @reports_errors
 def promote(c, image, tag, key=None, smoke_key=None, policy=None):
     """Tag a digest for release, only if it verifies with a passing MI300X smoke attestation."""
-    from bakery import provenance, store, verify as verify_mod
+    from bakery import store, verify as verify_mod
     from bakery.refs import Reference
 
     ref = Reference.parse_pinned(image, "image")
     where = store.RegistryStore(ref)
-    pol = provenance.load_policy(Path(policy) if policy else PROJECT / "provenance" / "policy.yaml", PROJECT,
-                                 _role_keys(key, smoke_key))
+    pol = _load_policy(policy, _role_keys(key, smoke_key))
     report = verify_mod.verify(where, ref, pol, require_smoke=True, blobs=False)
     verify_mod.require(report)
     where.put_manifest(tag, where.manifest(str(ref.digest)))

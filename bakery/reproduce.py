@@ -87,9 +87,9 @@ def _git(*args: str, cwd: Path | None = None) -> str:
     return done.stdout.strip()
 
 
-def rebuild(p: Plan, workdir: Path, toolchain: str | None, log) -> tuple[Path, Path]:
-    """(OCI layout, build record) of the revision built here from nothing: a fresh clone, an empty
-    cache, the kernels compiled (the artifact the original used is never fetched)."""
+def rebuild(p: Plan, workdir: Path, toolchain: str | None, log) -> Path:
+    """The OCI layout of the revision built here from nothing: a fresh clone, an empty cache, the
+    kernels compiled (the artifact the original used is never fetched)."""
     source = workdir / "source"
     log(f"cloning {p.repository} at {p.revision[:12]}")
     _git("-c", "protocol.allow=never", "-c", "protocol.https.allow=always", "-c", "protocol.file.allow=always",
@@ -107,7 +107,7 @@ def rebuild(p: Plan, workdir: Path, toolchain: str | None, log) -> tuple[Path, P
     if done.returncode != 0:
         said = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise EnvironmentProblem(f"the rebuild failed (exit {done.returncode}): {said}")
-    return layout, out / "build-record.json"
+    return layout
 
 
 def _files(store, desc: Descriptor) -> dict[str, str]:
