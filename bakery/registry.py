@@ -61,6 +61,10 @@ class Registry:
         if ref.digest and digest != ref.digest:
             raise IntegrityError(f"manifest {ref}: registry returned bytes with digest {digest}, "
                                  f"expected {ref.digest}; the registry or a proxy is serving wrong content")
+        echoed = resp.headers.get("Docker-Content-Digest")
+        if echoed and echoed != str(digest):
+            raise IntegrityError(f"manifest {ref}: {self.name} says its digest is {echoed}, but the bytes it sent are "
+                                 f"{digest}; the registry or a proxy lies about the digest: nothing kept")
         media_type = resp.headers.get("Content-Type", "").split(";")[0].strip()
         try:
             media_type = json.loads(body).get("mediaType") or media_type
