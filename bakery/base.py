@@ -28,17 +28,18 @@ class BaseSpec:
         return self.image
 
 
-def load_spec(path: Path, override: str | None = None) -> BaseSpec:
-    """Read base.yaml; --base REF@DIGEST replaces the image (and drops the mirror)."""
+def load_spec(path: Path, override: str | None = None, override_mirror: str | None = None) -> BaseSpec:
+    """Read base.yaml; --base REF@DIGEST replaces the image and the mirror (none, or override_mirror)."""
     data = inputs.load_yaml(path, BASE_KEYS, required={"image", "platform"})
     if data["platform"].count("/") != 1:
         raise InputError(f"{path}: platform must look like os/arch, e.g. linux/amd64")
     if override:
-        return BaseSpec(Reference.parse_pinned(override, "--base"), data["platform"], None)
-    image = Reference.parse_pinned(data["image"], f"{path}: image")
-    mirror = Reference.parse(data["mirror"]) if data.get("mirror") else None
+        image, mirror_text, where = Reference.parse_pinned(override, "--base"), override_mirror, "the mirror"
+    else:
+        image, mirror_text, where = Reference.parse_pinned(data["image"], f"{path}: image"), data.get("mirror"), path
+    mirror = Reference.parse(mirror_text) if mirror_text else None
     if mirror and (mirror.tag or mirror.digest):
-        raise InputError(f"{path}: mirror names a repository only (REGISTRY/REPO), got {data['mirror']!r}")
+        raise InputError(f"{where}: mirror names a repository only (REGISTRY/REPO), got {mirror_text!r}")
     return BaseSpec(image, data["platform"], mirror)
 
 

@@ -43,6 +43,7 @@ class Options:
     policy: Path | None = None  # default PROJECT/provenance/policy.yaml
     recompile: bool = False  # compile hip/ here even where the registry holds a signed artifact
     device: str = "cpu"  # where `invoke prove` runs the proofs' Triton kernels: cpu (interpreted) or cuda
+    base_mirror: str | None = None  # with base: read that digest from this REGISTRY/REPO (a kept nightly)
 
     def toolchain_for(self, base: base_mod.BaseSpec) -> str:
         return self.toolchain or os.environ.get("BAKERY_TOOLCHAIN") or str(base.source)
@@ -118,10 +119,10 @@ def needed_files(project: Path) -> tuple[str, ...]:
     return (DIST_INFO,) + tuple(sorted(glob.escape(p.lstrip("/")) for p in paths))
 
 
-def open_base(project: Path, override: str | None, log=print) -> OpenBase:
-    """Resolve the pinned base (or --base) and open its filesystem through the layer cache; layers
-    not yet indexed are streamed now, concurrently, once each."""
-    spec = base_mod.load_spec(project / "image" / "base.yaml", override)
+def open_base(project: Path, override: str | None, log=print, mirror: str | None = None) -> OpenBase:
+    """Resolve the pinned base (or --base, read from mirror when given) and open its filesystem
+    through the layer cache; layers not yet indexed are streamed now, concurrently, once each."""
+    spec = base_mod.load_spec(project / "image" / "base.yaml", override, mirror)
     registry = Registry(spec.source.registry)
     log(f"resolving base {spec.source}")
     image = base_mod.resolve(registry, spec.source, spec.platform)

@@ -157,7 +157,7 @@ def _write_porting_kit(folder: Path, overlay: Overlay, new: bytes, old: bytes | 
 def rebase(opts: Options, log=print) -> tuple[list, bool]:
     """`invoke rebase --base NEW@DIGEST`: rows for every overlay; lock only if all required carried."""
     project = opts.project.resolve()
-    base = open_base(project, opts.base, log)
+    base = open_base(project, opts.base, log, opts.base_mirror)
     registered = overlays_mod.load(project / "overlays" / "overlays.yaml")
     required = [o for o in registered if o.baked]
     files = _reads(base, required)
