@@ -263,6 +263,67 @@ def rebase(c, base, lock=None, out=None):
     print(f"lock written for {base}: now set image: in image/base.yaml to it and commit overlays/ and the lock")
 
 
+LEDGER = PROJECT / "image" / "nightlies.yaml"
+
+
+@task(help={"from_": "the upstream REGISTRY/REPO whose nightlies to keep, e.g. docker.io/vllm/vllm-openai-rocm",
+            "mirror": "your REGISTRY/REPO they are copied to, by digest",
+            "tags": "only upstream tags matching this glob (default: *)",
+            "ledger": "the ledger (default: image/nightlies.yaml)",
+            "no_bump": "only mirror and record; try nothing (the workflow's credentialed job)",
+            "report": "where bump writes its Markdown report (default: out/track/report.md)",
+            "list_": "print the ledger, newest first, with what each nightly would need; change nothing"})
+@reports_errors
+def track(c, from_=None, mirror=None, tags="*", ledger=None, no_bump=False, report=None, list_=False):
+    """Keep every upstream nightly (mirror by digest, record in image/nightlies.yaml), then `invoke bump`.
+    Exit 0: nothing new; 10: bumped and proven (base.yaml, overlays/, ledger changed); 11: needs porting."""
+    from bakery import base as base_mod, track as run
+
+    ledger_path = Path(ledger) if ledger else LEDGER
+    if list_:
+        pinned = base_mod.load_spec(PROJECT / "image" / "base.yaml").image.digest
+        for line in run.listing(run.load_ledger(ledger_path), pinned) or ["(the ledger is empty)"]:
+            print(line)
+        return
+    if not (from_ and mirror):
+        raise Exit("error: name the upstream and your mirror: invoke track --from REGISTRY/REPO --mirror "
+                   "REGISTRY/REPO (or --list to print the ledger)", code=2)
+    platform = base_mod.load_spec(PROJECT / "image" / "base.yaml").platform
+    kept, changed = run.track(PROJECT, from_, mirror, tags, ledger_path, platform, log=_log)
+    print(f"{ledger_path}: {len(kept.nightlies)} nightlies kept" + ("" if changed else " (unchanged)"))
+    if not no_bump:
+        bump(c, ledger=str(ledger_path), report=report)
+
+
+@task(help={"ledger": "the ledger (default: image/nightlies.yaml)",
+            "nightly": "try this kept nightly (sha256:DIGEST, as `invoke track --list` shows) instead of the newest "
+                       "untried: bisect, or re-try after porting",
+            "report": "where to write the Markdown report (default: out/track/report.md)",
+            "out": "where porting kits go (default: out/, as out/rebase/ID/)"})
+@reports_errors
+def bump(c, ledger=None, nightly=None, report=None, out=None):
+    """The nightly bump: rebase onto the newest kept nightly not yet tried, with proofs, read from the mirror.
+    Exit 0: nothing new; 10: carried and proven (base.yaml, overlays/ and the ledger changed); 11: needs porting."""
+    from bakery import track as run
+
+    out_dir = Path(out) if out else PROJECT / "out"
+    result = run.bump(PROJECT, Path(ledger) if ledger else LEDGER, out_dir, nightly, log=_log)
+    if result is None:
+        print("nothing new: every kept nightly newer than the pin has been tried")
+        return
+    report_path = Path(report) if report else PROJECT / "out" / "track" / "report.md"
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text(run.report(result, out_dir / "rebase"))
+    n = result.nightly
+    if result.carried:
+        print(f"bumped to {n.label()} {n.digest} (vLLM {n.vllm}): every overlay carried and proven; review and "
+              f"commit image/base.yaml, overlays/ and {LEDGER.relative_to(PROJECT)}; report: {report_path}")
+    else:
+        print(f"{n.label()} {n.digest} (vLLM {n.vllm}) needs porting; pin, lock and patches unchanged; kits in "
+              f"{out_dir / 'rebase'}; report: {report_path}")
+    raise Exit(code=result.code)
+
+
 @task(help={"out": "directory for ROLE.key (encrypted) and ROLE.pub (default: .)",
             "role": "release (signs the image, its SBOM and provenance; default) or smoke (signs the MI300X result)"})
 @reports_errors

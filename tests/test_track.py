@@ -1,0 +1,228 @@
+"""The nightly tracker against the real local registry: an "upstream" repository with tags on the two
+fixture bases (vLLM 0.26.0, the pin, and 0.27.0, the next nightly) and a tag that moves between
+them; a registry that breaks off its tag list or lies about a digest, through a proxy."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from datetime import timedelta
+
+import pytest
+import yaml
+
+from conftest import copy_project, invoke, last_line
+from proxy import FaultyProxy
+
+from bakery import mirror, track
+from bakery.refs import Descriptor, Digest, Reference
+from bakery.registry import Registry
+
+
+def put_tag(registry: Registry, src: Reference, dest: Reference, created: str | None = None) -> Digest:
+    """Tag src's image in dest (blobs mounted); with created, a copy whose config says that time
+    (a different digest: the nightly built later)."""
+    if created is None:
+        return mirror.copy(src, dest, {registry.name: registry}, log=lambda m: None).digest
+    body, media_type, _ = registry.get_manifest(src)
+    manifest = json.loads(body)
+    config = json.loads(registry.fetch_blob(src.repository, Descriptor.from_json(manifest["config"])))
+    config["created"] = created
+    config_bytes = json.dumps(config).encode()
+    config_desc = Descriptor(manifest["config"]["mediaType"], Digest.of(config_bytes), len(config_bytes))
+    registry.upload_blob(dest.repository, config_desc, lambda: iter([config_bytes]))
+    for layer in manifest["layers"]:
+        registry.mount_blob(dest.repository, Digest.parse(layer["digest"]), src.repository)
+    manifest["config"] = config_desc.to_json()
+    body = json.dumps(manifest).encode()
+    registry.put_manifest(dest.repository, str(Digest.of(body)), body, media_type)
+    return registry.put_manifest(dest.repository, dest.tag, body, media_type)
+
+
+@pytest.fixture
+def nightlies(registry, fixture_base, fixture_base_027):
+    """upstream: nightly-a on 0.26.0 (the pin), nightly-b on 0.27.0 built a day later, latest on 0.26.0."""
+    reg = Registry(registry)
+    name = f"{registry}/track-{uuid.uuid4().hex[:8]}"
+    upstream, kept = Reference.parse(f"{name}/vllm-openai-rocm"), Reference.parse(f"{name}/mirror")
+    config = reg.fetch_blob(fixture_base.repository, Descriptor.from_json(json.loads(reg.get_manifest(fixture_base)[0])["config"]))
+    later = track.parse_time(json.loads(config)["created"]) + timedelta(days=1)
+    a = put_tag(reg, fixture_base, upstream.with_tag("nightly-a"))
+    b = put_tag(reg, fixture_base_027, upstream.with_tag("nightly-b"), later.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    put_tag(reg, fixture_base, upstream.with_tag("latest"))
+    return {"registry": reg, "upstream": upstream, "mirror": kept, "a": a, "b": b}
+
+
+def git(project, *args):
+    subprocess.run(["git", "-c", "user.name=test", "-c", "user.email=test@example.invalid", "-C", str(project),
+                    *args], check=True, capture_output=True)
+
+
+@pytest.fixture
+def pinned_project(tmp_path, fixture_lock, fixture_base):
+    """A checkout pinned to the 0.26.0 fixture (its lock), committed, with no ledger yet."""
+    project = copy_project(tmp_path / "project", fixture_lock)
+    (project / "image" / "base.yaml").write_text(f"image: {fixture_base}\nplatform: linux/amd64\nmirror: null\n")
+    git(project, "add", "-A")
+    git(project, "commit", "-qm", "pin the fixture")
+    return project
+
+
+def run_track(project, n, *extra, tags="*"):
+    return invoke(project, "track", "--from", n["upstream"].name, "--mirror", n["mirror"].name, "--tags", tags,
+                  *extra)
+
+
+def ledger(project) -> dict:
+    return yaml.safe_load((project / "image" / "nightlies.yaml").read_text())
+
+
+def changed_paths(project) -> set[str]:
+    out = subprocess.run(["git", "-C", str(project), "status", "--porcelain", "--untracked-files=all"],
+                         capture_output=True, text=True, check=True).stdout
+    return {line[3:] for line in out.splitlines() if not line[3:].startswith("out/")}
+
+
+def test_track_mirrors_all_picks_the_newest_carries_and_proves_then_rests(pinned_project, nightlies):
+    project, n = pinned_project, nightlies
+    result = run_track(project, n)
+    assert result.returncode == track.BUMPED, result.stdout + result.stderr
+    doc = ledger(project)
+    entries = {e["digest"]: e for e in doc["nightlies"]}
+    assert [e["digest"] for e in doc["nightlies"]] == [str(n["b"]), str(n["a"])]  # newest first
+    assert entries[str(n["a"])]["tags"] == ["latest", "nightly-a"] and entries[str(n["b"])]["tags"] == ["nightly-b"]
+    assert entries[str(n["a"])]["vllm"] == {"version": "0.26.0", "commit": "ffd46bfab"}
+    assert entries[str(n["b"])]["vllm"]["version"] == "0.27.0"
+    assert entries[str(n["a"])]["aiter"]["version"] == "0.1.7.post2.dev18"
+    for digest in (n["a"], n["b"]):  # kept in the mirror, by digest and by a kept- tag
+        assert n["registry"].manifest_exists(n["mirror"].repository, digest)
+        assert entries[str(digest)]["mirrored"] == str(n["mirror"].with_digest(digest))
+    assert entries[str(n["a"])]["tried"] is None  # the pin itself is not tried again
+    tried = entries[str(n["b"])]["tried"]
+    assert tried["outcome"] == "carried" and tried["overlays"]["cpu-kv-transfer-fence"] == "ported (exact), proven"
+    # the change is base.yaml, overlays/ and the ledger, nothing else
+    assert changed_paths(project) <= {"image/base.yaml", "image/nightlies.yaml", "overlays/overlays.lock"} | \
+        {p for p in changed_paths(project) if p.startswith("overlays/")}
+    assert {"image/base.yaml", "image/nightlies.yaml", "overlays/overlays.lock"} <= changed_paths(project)
+    spec = yaml.safe_load((project / "image" / "base.yaml").read_text())
+    assert spec["image"] == f"{n['upstream'].name}@{n['b']}" and spec["mirror"] == n["mirror"].name
+    report = (project / "out" / "track" / "report.md").read_text()
+    assert "carried and proven" in report and "| cpu-kv-transfer-fence | yes | ported (exact), proven |" in report
+    assert "stock BROKEN" in report  # each proof's verdict and reason, as it ran
+    assert "| dspark-causal-verify-flatten | no (audit) | audit changed: re-check |" in report
+
+    git(project, "add", "-A", "image", "overlays")
+    git(project, "commit", "-qm", "bump")
+    before = (project / "image" / "nightlies.yaml").read_bytes()
+    again = run_track(project, n)
+    assert again.returncode == track.NOTHING_NEW, again.stdout + again.stderr
+    assert "nothing new" in last_line(again) and changed_paths(project) == set()
+    assert (project / "image" / "nightlies.yaml").read_bytes() == before
+
+    # latest moves to 0.27.0: recorded as moved, not silently replaced; nothing to try
+    put_tag(n["registry"], n["upstream"].with_digest(n["b"]), n["upstream"].with_tag("latest"))
+    moved = run_track(project, n)
+    assert moved.returncode == track.NOTHING_NEW, moved.stdout + moved.stderr
+    entries = {e["digest"]: e for e in ledger(project)["nightlies"]}
+    assert entries[str(n["a"])]["tags"] == ["nightly-a"] and entries[str(n["a"])]["moved"] == {"latest": str(n["b"])}
+    assert entries[str(n["b"])]["tags"] == ["latest", "nightly-b"]
+
+    listed = invoke(project, "track", "--list")
+    assert listed.returncode == 0, listed.stderr
+    rows = listed.stdout.splitlines()
+    assert "the current pin" in rows[0] and "nightly-b" in rows[0] and "vLLM 0.27.0" in rows[0]
+    assert "nightly-a" in rows[1] and "older than the pin" in rows[1]
+
+
+def test_a_nightly_deleted_upstream_stays_buildable_from_the_mirror(pinned_project, nightlies):
+    project, n = pinned_project, nightlies
+    assert run_track(project, n, "--no-bump").returncode == 0
+    reg = n["registry"]
+    # upstream ages the nightly out: its manifest and tag are deleted
+    reg.transport.request("DELETE", f"/v2/{n['upstream'].repository}/manifests/{n['b']}", ok=(202,))
+    gone = run_track(project, n)
+    assert gone.returncode == track.BUMPED, gone.stdout + gone.stderr
+    entry = next(e for e in ledger(project)["nightlies"] if e["digest"] == str(n["b"]))
+    assert entry["tags"] == [] and entry["deleted"] == ["nightly-b"] and entry["tried"]["outcome"] == "carried"
+    built = invoke(project, "build")  # base.yaml: upstream@digest, read from the mirror
+    assert built.returncode == 0, built.stderr
+    record = json.loads((project / "out" / "build-record.json").read_text())
+    assert record["base"]["pinned"] == f"{n['upstream'].name}@{n['b']}"
+
+
+def test_needs_porting_changes_only_the_ledger_and_writes_the_kits(pinned_project, nightlies):
+    """Without its committed port, the hardware-only BLOCK_H overlay cannot be carried onto 0.27.0
+    (no proof runs here, so only bytes a person wrote may carry it): exit 11, the pin, lock and
+    patches as they were, the ledger says which overlay, the report names its kit."""
+    project = pinned_project
+    git(project, "rm", "-rq", "overlays/patches/ports/sparse-mla-prefill-bh64")
+    git(project, "commit", "-qm", "no port")
+    result = run_track(project, nightlies)
+    assert result.returncode == track.PORTING, result.stdout + result.stderr
+    assert changed_paths(project) == {"image/nightlies.yaml"}
+    entry = next(e for e in ledger(project)["nightlies"] if e["digest"] == str(nightlies["b"]))
+    assert entry["tried"]["outcome"] == "needs porting"
+    needing = [k for k, v in entry["tried"]["overlays"].items() if v == "needs porting"]
+    assert needing == ["sparse-mla-prefill-bh64"]
+    report = (project / "out" / "track" / "report.md").read_text()
+    assert "out/rebase/sparse-mla-prefill-bh64/" in report and "need porting" in report
+    listed = invoke(project, "track", "--list")
+    assert "needs porting: sparse-mla-prefill-bh64" in listed.stdout
+    # after a person ports it (here: the port restored), the same nightly is tried again by digest
+    git(project, "checkout", "HEAD~1", "--", "overlays/patches/ports/sparse-mla-prefill-bh64")
+    again = invoke(project, "bump", "--nightly", str(nightlies["b"]))
+    assert again.returncode == track.BUMPED, again.stdout + again.stderr
+
+
+def one_line_no_change(project, result, before, *words):
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    line = lines[-1]  # progress above it; the error is one line, last, with no traceback
+    assert line.startswith("error: ") and all(w in line for w in words), result.stderr
+    assert sum(l.startswith(("error", "Traceback")) for l in lines) == 1, result.stderr
+    ledger_file = project / "image" / "nightlies.yaml"
+    assert (ledger_file.read_bytes() if ledger_file.exists() else None) == before
+    assert changed_paths(project) <= ({"image/nightlies.yaml"} if before else set())
+
+
+def track_through(proxy, project, n):
+    return invoke(project, "track", "--from", f"{proxy.host}/{n['upstream'].repository}", "--mirror",
+                  n["mirror"].name, "--no-bump")
+
+
+def test_a_registry_that_breaks_off_or_cuts_its_tag_list_changes_nothing(pinned_project, nightlies, registry):
+    n, project = nightlies, pinned_project
+    repo = n["upstream"].repository
+    first = f"/v2/{repo}/tags/list?n={track.PAGE}"
+    page = json.dumps({"name": repo, "tags": ["latest"]}).encode()
+    json_type = {"Content-Type": "application/json"}
+    link = {**json_type, "Link": f'</v2/{repo}/tags/list?last=latest&n={track.PAGE}>; rel="next"'}
+    # page 2 never comes
+    with FaultyProxy(registry, [], overrides={first: (200, link, page),
+                                              f"/v2/{repo}/tags/list?last=latest&n={track.PAGE}": (404, {}, b"")}) as proxy:
+        one_line_no_change(project, track_through(proxy, project, n), None, "tag list", "broke off at page 2")
+    # a next page outside the listing
+    elsewhere = {**json_type, "Link": '<http://127.0.0.1:9/v2/other/tags/list?n=1>; rel="next"'}
+    with FaultyProxy(registry, [], overrides={first: (200, elsewhere, page)}) as proxy:
+        one_line_no_change(project, track_through(proxy, project, n), None, "outside the listing")
+    # silently cut: after a full run, one page without a link, known tags missing that still resolve
+    with FaultyProxy(registry, []) as proxy:
+        assert track_through(proxy, project, n).returncode == 0
+        before = (project / "image" / "nightlies.yaml").read_bytes()
+        proxy.overrides[first] = (200, json_type, page)
+        one_line_no_change(project, track_through(proxy, project, n), before, "omits nightly-", "which still resolves")
+
+
+def test_a_registry_that_lies_about_a_digest_changes_nothing(pinned_project, nightlies, registry):
+    n = nightlies
+    lie = f"header:Docker-Content-Digest=sha256:{'0' * 64}"
+    with FaultyProxy(registry, [("GET", f"/v2/{n['upstream'].repository}/manifests/nightly-b", lie)] * 8) as proxy:
+        result = track_through(proxy, pinned_project, n)
+    one_line_no_change(pinned_project, result, None, "lies about the digest", "nightly-b")
+
+
+def test_tag_pages_are_followed_on_the_real_registry(nightlies):
+    """The local registry (distribution) paginates with Link when asked for one tag a page."""
+    assert track.list_tags(nightlies["registry"], nightlies["upstream"].repository, page=1) == \
+        ["latest", "nightly-a", "nightly-b"]
