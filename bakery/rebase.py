@@ -154,8 +154,10 @@ def _write_porting_kit(folder: Path, overlay: Overlay, new: bytes, old: bytes | 
     return folder
 
 
-def rebase(opts: Options, log=print) -> tuple[list, bool]:
-    """`invoke rebase --base NEW@DIGEST`: rows for every overlay; lock only if all required carried."""
+def rebase(opts: Options, log=print, retire: bool = True) -> tuple[list, bool]:
+    """`invoke rebase --base NEW@DIGEST`: rows for every overlay; lock only if all required carried.
+    retire=False: an overlay the new base's own code proves fixed is not retired but left for a
+    person (it stops the re-lock, as needs porting does)."""
     project = opts.project.resolve()
     base = open_base(project, opts.base, log, opts.base_mirror)
     registered = overlays_mod.load(project / "overlays" / "overlays.yaml")
@@ -172,7 +174,7 @@ def rebase(opts: Options, log=print) -> tuple[list, bool]:
         old = _old_stock(project, o, old_lock)
         new = files.get(o.target)
         rows.append(_moved(base, o, old) if new is None else _decide(o, new, old, files, out, log))
-    ok = all(r.carried for r in rows)
+    ok = all(r.carried and (retire or r.status != FIXED_UPSTREAM) for r in rows)
     if ok:
         _commit(project, opts, str(base.spec.image), rows, old_lock, log)
     return rows + audit_rows(base, registered), ok

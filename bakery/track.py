@@ -18,7 +18,7 @@ import json
 import re
 import urllib.parse
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import yaml
@@ -33,8 +33,11 @@ SITE = "usr/local/lib/python3.12/dist-packages"  # where the ROCm image installs
 VERSION_FILES = {"vllm": f"{SITE}/vllm/_version.py", "aiter": f"{SITE}/aiter/_version.py"}
 PAGE = 100  # tags asked for per page
 MAX_PAGES = 1000
+MAX_NEW = 30  # new digests one run copies: more is refused (narrow --tags), never a flood into the mirror
+FUTURE = timedelta(days=1)  # a config created later than this from now is not believed
 KEEP_TAG = "kept-sha256-{hex}"  # one mirror tag per kept digest, so a registry's GC never takes it
 CARRIED, NEEDS_PORTING = "carried", "needs porting"
+SAFE_VERSION = re.compile(r"[0-9A-Za-z.+_-]{1,100}")  # what a version may be, in the ledger and the report
 NOTHING_NEW, BUMPED, PORTING = 0, 10, 11  # exit codes of `invoke bump` and `invoke track`
 HEADER = """\
 # The nightly ledger, written by `invoke track` (do not edit by hand): every upstream nightly seen,
@@ -71,6 +74,7 @@ class Nightly:
     vllm: Version
     aiter: Version
     mirrored: str  # MIRROR@digest
+    seen: str = ""  # when `invoke track` first saw it (upstream cannot set it)
     tags: tuple[str, ...] = ()
     moved: dict = field(default_factory=dict)  # tag -> the digest it names now
     deleted: tuple[str, ...] = ()
@@ -79,6 +83,11 @@ class Nightly:
     @property
     def when(self) -> datetime:
         return parse_time(self.created)
+
+    @property
+    def order(self) -> tuple:
+        """Newer sorts higher: first seen by us, then the config's claim, then the digest."""
+        return (self.seen, self.when, str(self.digest))
 
     def label(self) -> str:
         return ",".join(self.tags or self.deleted or tuple(self.moved)) or "(untagged)"
@@ -95,7 +104,7 @@ class Ledger:
 
 
 LEDGER_KEYS = {"upstream": str, "mirror": str, "nightlies": list}
-NIGHTLY_KEYS = {"digest": str, "index": str, "created": str, "vllm": dict, "aiter": dict, "mirrored": str,
+NIGHTLY_KEYS = {"digest": str, "index": str, "created": str, "seen": str, "vllm": dict, "aiter": dict, "mirrored": str,
                 "tags": list, "moved": dict, "deleted": list, "tried": dict}
 TRIED_KEYS = {"outcome": str, "overlays": dict}
 
@@ -119,7 +128,7 @@ def load_ledger(path: Path, upstream: str | None = None, mirror: str | None = No
 def _nightly(entry, where: str) -> Nightly:
     if not isinstance(entry, dict):
         raise InputError(f"{where}: expected a mapping")
-    inputs.check_keys(entry, NIGHTLY_KEYS, where, required={"digest", "created", "vllm", "aiter", "mirrored"})
+    inputs.check_keys(entry, NIGHTLY_KEYS, where, required={"digest", "created", "seen", "vllm", "aiter", "mirrored"})
     tried = entry.get("tried")
     if tried is not None:
         inputs.check_keys(tried, TRIED_KEYS, f"{where}.tried")
@@ -128,10 +137,15 @@ def _nightly(entry, where: str) -> Nightly:
     versions = {}
     for name in ("vllm", "aiter"):
         inputs.check_keys(entry[name], {"version": str, "commit": str}, f"{where}.{name}")
-        versions[name] = Version(entry[name]["version"], entry[name]["commit"])
+        version, commit = entry[name]["version"], entry[name]["commit"]
+        if (version is not None and not SAFE_VERSION.fullmatch(version)) or \
+                (commit is not None and not re.fullmatch(r"[0-9a-f]{7,40}", commit)):
+            raise InputError(f"{where}.{name}: not a version and commit: {str(version)[:40]!r} {str(commit)[:40]!r}")
+        versions[name] = Version(version, commit)
     parse_time(entry["created"], where)
+    parse_time(entry["seen"], f"{where}.seen")
     return Nightly(Digest.parse(entry["digest"]), Digest.parse(entry["index"]) if entry.get("index") else None,
-                   entry["created"], versions["vllm"], versions["aiter"], entry["mirrored"],
+                   entry["created"], versions["vllm"], versions["aiter"], entry["mirrored"], entry["seen"],
                    tuple(entry.get("tags") or ()), {str(k): str(Digest.parse(v)) for k, v in
                                                     (entry.get("moved") or {}).items()},
                    tuple(entry.get("deleted") or ()),
@@ -141,6 +155,7 @@ def _nightly(entry, where: str) -> Nightly:
 def ledger_text(ledger: Ledger) -> str:
     def entry(n: Nightly) -> dict:
         return {"digest": str(n.digest), "index": str(n.index) if n.index else None, "created": n.created,
+                "seen": n.seen,
                 "tags": sorted(n.tags), "moved": dict(sorted(n.moved.items())), "deleted": sorted(n.deleted),
                 "vllm": {"version": n.vllm.version, "commit": n.vllm.commit},
                 "aiter": {"version": n.aiter.version, "commit": n.aiter.commit}, "mirrored": n.mirrored,
@@ -160,16 +175,17 @@ def write_ledger(path: Path, ledger: Ledger) -> bool:
 
 
 def newest_first(ledger: Ledger) -> list[Nightly]:
-    return sorted(ledger.nightlies, key=lambda n: (n.when, str(n.digest)), reverse=True)
+    return sorted(ledger.nightlies, key=lambda n: n.order, reverse=True)
 
 
 def parse_time(text: str, where: str = "created") -> datetime:
     """RFC 3339 as image configs write it (nanoseconds included), as an aware UTC datetime."""
     m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", text or "")
-    if not m:
-        raise InputError(f"{where}: {text!r} is not an RFC 3339 time")
-    stamp = m.group(1) + (f".{m.group(2)[:6]:0<6}" if m.group(2) else "") + m.group(3).replace("Z", "+00:00")
-    return datetime.fromisoformat(stamp).astimezone(timezone.utc)
+    stamp = m and m.group(1) + (f".{m.group(2)[:6]:0<6}" if m.group(2) else "") + m.group(3).replace("Z", "+00:00")
+    try:
+        return datetime.fromisoformat(stamp).astimezone(timezone.utc)
+    except (TypeError, ValueError, OverflowError):
+        raise InputError(f"{where}: {str(text)[:60]!r} is not an RFC 3339 time") from None
 
 
 # -- the upstream: tags, digests, what each base says it is --------------------------------------
@@ -224,7 +240,7 @@ def read_versions(files: dict) -> dict[str, Version]:
     for name, path in VERSION_FILES.items():
         text = files.get(path)
         text = text.decode("utf-8", "replace") if text else ""
-        version = re.search(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"\n]{1,100})['"]""", text, re.M)
+        version = re.search(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([0-9A-Za-z.+_-]{1,100})['"]""", text, re.M)
         commit = re.search(r"""^__commit_id__\s*=\s*(?:commit_id\s*=\s*)?['"]g?([0-9a-f]{7,40})['"]""", text, re.M)
         local = re.search(r"\+g([0-9a-f]{7,40})", version.group(1)) if version else None
         out[name] = Version(version.group(1) if version else None,
@@ -245,18 +261,27 @@ class Seen:
         return self.image.manifest_digest
 
 
-def resolve_tags(registry: Registry, upstream: Reference, pattern: str, platform: str, log) -> list[Seen]:
+def resolve_tags(registry: Registry, upstream: Reference, pattern: str, platform: str, now: datetime,
+                 log) -> tuple[list[str], list[Seen]]:
+    """(every matching tag, the ones kept): a tag that is no nightly of ours (another platform, no
+    believable creation time) is skipped with a line, not fatal; a registry that lies is fatal."""
     tags = [t for t in list_tags(registry, upstream.repository) if fnmatch.fnmatchcase(t, pattern)]
     log(f"{upstream.name}: {len(tags)} tags match {pattern!r}")
     seen = []
     for tag in tags:
-        image = base_mod.resolve(registry, upstream.with_tag(tag), platform)
-        config = image.config
-        if image.index_digest is None and f"{config.get('os')}/{config.get('architecture')}" != platform:
-            log(f"  {tag}: an image for {config.get('os')}/{config.get('architecture')}, not {platform}: not kept")
+        try:
+            image = base_mod.resolve(registry, upstream.with_tag(tag), platform)
+            config = image.config
+            if image.index_digest is None and f"{config.get('os')}/{config.get('architecture')}" != platform:
+                raise InputError(f"an image for {config.get('os')}/{config.get('architecture')}, not {platform}")
+            created = config.get("created")
+            if not isinstance(created, str) or parse_time(created, "its config's created") > now + FUTURE:
+                raise InputError(f"its config's created {str(created)[:40]!r} is missing or in the future")
+        except InputError as e:
+            log(f"  {tag}: not kept ({e})")
             continue
         seen.append(Seen(tag, image))
-    return seen
+    return tags, seen
 
 
 def check_deletions(registry: Registry, upstream: Reference, ledger: Ledger, listed: set[str], pattern: str) -> None:
@@ -280,13 +305,24 @@ def keep(src_registry: Registry, dest: Reference, seen: Seen, registries: dict, 
 
     dest_registry = registries.setdefault(dest.registry, Registry(dest.registry)) \
         if dest.registry != src_registry.name else src_registry
+    kept_tag = KEEP_TAG.format(hex=seen.digest.hex)
     if dest_registry.manifest_exists(dest.repository, seen.digest):
+        if not _tag_exists(dest_registry, dest.repository, kept_tag):  # untagged copies may be collected
+            dest_registry.put_manifest(dest.repository, kept_tag, seen.image.manifest_bytes,
+                                       seen.image.manifest_media_type)
         return str(dest.with_digest(seen.digest))
     log(f"  mirroring {seen.tag} ({seen.digest}) to {dest.name}")
     src = seen.image.ref.with_digest(seen.digest)
-    copied = mirror.copy(src, dest.with_tag(KEEP_TAG.format(hex=seen.digest.hex)),
-                         {src_registry.name: src_registry, dest.registry: dest_registry}, log=log)
+    copied = mirror.copy(src, dest.with_tag(kept_tag), {src_registry.name: src_registry, dest.registry: dest_registry},
+                         log=log)
     return str(copied)
+
+
+def _tag_exists(registry: Registry, repo: str, tag: str) -> bool:
+    try:
+        return registry.get_manifest(Reference(registry.name, repo, tag, None)) is not None
+    except NotFound:
+        return False
 
 
 def describe(project: Path, mirrored: str, platform: str) -> tuple[str, dict[str, Version]]:
@@ -316,20 +352,26 @@ def track(project: Path, upstream: str, mirror: str, pattern: str, ledger_path: 
             raise InputError(f"{what} names a repository (REGISTRY/REPO), not a tag or digest: {ref}")
     ledger = load_ledger(ledger_path, up.name, dest.name)
     registry = Registry(up.registry)
-    seen = resolve_tags(registry, up, pattern, platform, log)
-    check_deletions(registry, up, ledger, {s.tag for s in seen}, pattern)
+    now = datetime.now(timezone.utc)
+    listed, seen = resolve_tags(registry, up, pattern, platform, now, log)
+    check_deletions(registry, up, ledger, set(listed), pattern)
+    new = {s.digest for s in seen if ledger.find(s.digest) is None}
+    if len(new) > MAX_NEW:
+        raise InputError(f"{up.name} offers {len(new)} nightlies not yet kept under {pattern!r}, more than {MAX_NEW} "
+                         f"in one run: narrow --tags (upstream keeps 14 nightly tags; is this the right repository?)")
     registries: dict = {}
     mirrored = {s.digest: keep(registry, dest, s, registries, log) for s in seen}
-    updated = merge(ledger, seen, mirrored, pattern,
-                    {d: describe(project, m, platform) for d, m in mirrored.items() if ledger.find(d) is None}, log)
+    described = {d: describe(project, mirrored[d], platform) for d in new}
+    updated = merge(ledger, seen, set(listed), mirrored, pattern, described, now.strftime("%Y-%m-%dT%H:%M:%SZ"), log)
     return updated, write_ledger(ledger_path, updated)
 
 
-def merge(ledger: Ledger, seen: list[Seen], mirrored: dict, pattern: str, described: dict, log) -> Ledger:
+def merge(ledger: Ledger, seen: list[Seen], listed: set[str], mirrored: dict, pattern: str, described: dict,
+          now: str, log) -> Ledger:
     """The ledger after this run: new digests added, tags moved or deleted recorded, never replaced."""
-    now = {}  # digest -> tags naming it now
+    naming = {}  # digest -> the tags naming it now
     for s in seen:
-        now.setdefault(s.digest, []).append(s.tag)
+        naming.setdefault(s.digest, []).append(s.tag)
     where = {s.tag: s.digest for s in seen}
     out = []
     for n in ledger.nightlies:
@@ -337,6 +379,9 @@ def merge(ledger: Ledger, seen: list[Seen], mirrored: dict, pattern: str, descri
         for tag in n.tags:
             if not fnmatch.fnmatchcase(tag, pattern):
                 tags.append(tag)  # outside this run's pattern: as it was
+            elif tag not in where and tag in listed:
+                tags.append(tag)  # still listed, but not a nightly we keep now: left as it was, said so
+                log(f"  {tag}: now names an image this tracker does not keep; the ledger leaves it on {n.digest}")
             elif tag not in where:
                 deleted.append(tag)
                 log(f"  {tag}: deleted upstream; {n.digest} stays kept at {n.mirrored}")
@@ -345,15 +390,15 @@ def merge(ledger: Ledger, seen: list[Seen], mirrored: dict, pattern: str, descri
                 log(f"  {tag}: moved from {n.digest} to {where[tag]}")
             else:
                 tags.append(tag)
-        tags += [t for t in now.pop(n.digest, []) if t not in tags]
+        tags += [t for t in naming.pop(n.digest, []) if t not in tags]
         out.append(replace(n, tags=tuple(sorted(tags)), moved=moved,
                            deleted=tuple(sorted(set(deleted) - set(tags)))))
-    for digest, tags in now.items():
+    for digest, tags in naming.items():
         image = next(s.image for s in seen if s.digest == digest)
         created, versions = described[digest]
         log(f"  new: {','.join(tags)} {digest} vLLM {versions['vllm']}, AITER {versions['aiter']}, created {created}")
         out.append(Nightly(digest, image.index_digest, created, versions["vllm"], versions["aiter"],
-                           mirrored[digest], tuple(sorted(tags))))
+                           mirrored[digest], now, tuple(sorted(tags))))
     return replace(ledger, nightlies=tuple(out))
 
 
@@ -362,7 +407,7 @@ def merge(ledger: Ledger, seen: list[Seen], mirrored: dict, pattern: str, descri
 def pending(ledger: Ledger, pinned: Digest) -> Nightly | None:
     """The newest kept nightly, newer than the pin, not yet tried (None: nothing new)."""
     pin = ledger.find(pinned)
-    newer = [n for n in newest_first(ledger) if n.tried is None and n is not pin and (pin is None or n.when > pin.when)]
+    newer = [n for n in newest_first(ledger) if n.tried is None and n is not pin and (pin is None or n.order > pin.order)]
     return newer[0] if newer else None
 
 
@@ -401,22 +446,29 @@ def bump(project: Path, ledger_path: Path, out: Path, nightly: str | None = None
     log(f"trying {chosen.label()} {chosen.digest} (vLLM {chosen.vllm}), read from {ledger.mirror}")
     proof_log: list[str] = []
 
-    def both(line: str) -> None:
+    def both(line: str) -> None:  # proof reasons come from the base's code: no control characters
+        line = plain(line, 400)
         proof_log.append(line)
         log(line)
 
-    rows, carried = rebase_mod.rebase(Options(project, target, out=out, base_mirror=ledger.mirror), log=both)
+    # retire=False: a base whose own code "proves" a fix runs inside that proof; retiring an overlay
+    # takes a person (invoke rebase), never an unattended bump
+    rows, carried = rebase_mod.rebase(Options(project, target, out=out, base_mirror=ledger.mirror), log=both,
+                                      retire=False)
     if carried:
-        pin(spec_path, target, ledger.mirror)
+        pin(spec_path, target, ledger.mirror, chosen)
     statuses = {r.overlay.id: r.status for r in rows}
     tried = replace(chosen, tried=Tried(CARRIED if carried else NEEDS_PORTING, statuses))
     write_ledger(ledger_path, replace(ledger, nightlies=tuple(tried if n is chosen else n for n in ledger.nightlies)))
     return Bump(tried, ledger.upstream, rows, carried, proof_log, str(spec.image))
 
 
-def pin(spec_path: Path, image: str, mirror: str) -> None:
-    """Set image: and mirror: in base.yaml, its comments kept."""
+def pin(spec_path: Path, image: str, mirror: str, nightly: Nightly | None = None) -> None:
+    """Set image: and mirror: in base.yaml, its comments kept but the one naming the versions."""
     text = spec_path.read_text()
+    if nightly is not None:
+        text = re.sub(r"(?m)^# vLLM .*\n", f"# vLLM {nightly.vllm}, AITER {nightly.aiter}: nightly {nightly.label()}, "
+                      f"pinned by invoke bump.\n", text, count=1)
     text = re.sub(r"(?m)^image: .*$", f"image: {image}", text, count=1)
     text = re.sub(r"(?m)^mirror: .*$", f"mirror: {mirror}", text, count=1) if re.search(r"(?m)^mirror:", text) \
         else text.rstrip("\n") + f"\nmirror: {mirror}\n"
@@ -426,32 +478,58 @@ def pin(spec_path: Path, image: str, mirror: str) -> None:
 def report(result: Bump, kits: Path) -> str:
     """The pull request's (or issue's) body: what was tried, each overlay's verdict, what changed."""
     n = result.nightly
-    head = (f"vLLM nightly {n.label()}: overlays carried and proven" if result.carried
-            else f"vLLM nightly {n.label()}: overlays need porting")
-    cell = lambda s: str(s).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    required = [r for r in result.rows if r.overlay.baked]
+    retired = [r.overlay.id for r in required if r.status == "fixed-upstream"]
+    head = (f"Nightly {n.label()}: overlays carried and proven" if result.carried
+            else f"Nightly {n.label()}: overlays need porting" if any(not r.carried for r in required)
+            else f"Nightly {n.label()}: an overlay may be fixed upstream, confirm by hand")
+    cell = escaped
     lines = [f"# {head}", "", "| | |", "| --- | --- |",
              f"| upstream | `{result.upstream}@{n.digest}` |", f"| tags | {cell(n.label())} |",
              f"| created | {n.created} |", f"| vLLM | {cell(n.vllm)} |", f"| AITER | {cell(n.aiter)} |",
              f"| mirrored | `{n.mirrored}` |", f"| previous pin | `{result.previous}` |", "",
              "## Overlays (`invoke rebase`, each proven on the new base)", "",
              "| overlay | required | status | verdict and reason |", "| --- | --- | --- | --- |"]
-    required = [r for r in result.rows if r.overlay.baked]
     audits = [r for r in result.rows if not r.overlay.baked]
-    lines += [f"| {r.overlay.id} | yes | {cell(r.status)} | {cell(r.detail)} |" for r in required]
-    lines += [f"| {r.overlay.id} | no (audit) | {cell(r.status)} | {cell(r.detail)} |" for r in audits]
+    lines += [f"| {r.overlay.id} | yes | {r.status} | {cell(r.detail)} |" for r in required]  # statuses are ours
+    lines += [f"| {r.overlay.id} | no (audit) | {r.status} | {cell(r.detail)} |" for r in audits]
     changed = [r for r in audits if r.status.startswith("audit changed")]
     lines += ["", "## Audit records that changed", ""]
-    lines += [f"- **{r.overlay.id}**: {r.detail}" for r in changed] or ["none"]
+    lines += [f"- **{r.overlay.id}**: {escaped(r.detail)}" for r in changed] or ["none"]
     porting = [r for r in required if not r.carried]
     lines += ["", "## Porting kits", ""]
     lines += [f"- `{kits / r.overlay.id}/`: edit `ours.py`, then run `prove.sh`" for r in porting
               if (kits / r.overlay.id).is_dir()] or ["none"]
-    lines += ["", "## Proofs as they ran", "", "```", *result.proof_log, "```", ""]
+    fence = "`" * max(3, 1 + max((len(run) for line in result.proof_log for run in re.findall(r"`+", line)), default=0))
+    quiet = lambda line: re.sub(r"([@#])(?=\w)", "\\1\u200b", plain(line, 400))  # noqa: E731 (no mentions, no links)
+    if retired and not result.carried:
+        lines += ["", "## Fixed upstream? Confirm by hand", "",
+                  f"The new base's own code proves {', '.join(retired)} fixed. An unattended bump never retires an "
+                  f"overlay on that word (the base's code runs inside its own proof): check the upstream change, "
+                  f"then run `invoke rebase --base {result.upstream}@{n.digest}`, which retires it."]
+    lines += ["", "## Proofs as they ran", "", fence, *map(quiet, result.proof_log), fence, ""]
     if result.carried:
         lines += ["This change pins the nightly in `image/base.yaml` (read from the mirror), re-locks `overlays/` "
-                  "and records the outcome in `image/nightlies.yaml`; nothing else. Merging it lets the release "
-                  "workflow build, sign and smoke-test the new pin.", ""]
-    return "\n".join(lines)
+                  "and records the outcome in `image/nightlies.yaml`; nothing else. Merging it moves the pin; a "
+                  "release (a `v*` tag) then builds, signs and smoke-tests it.", ""]
+    text = "\n".join(lines)
+    return text if len(text) <= REPORT_LIMIT else text[:REPORT_LIMIT] + "\n\n(report cut at its size limit)\n"
+
+
+REPORT_LIMIT = 60000  # a pull request's body holds 65536 characters
+
+
+def plain(text: str, limit: int) -> str:
+    """One line of someone else's text, without control characters, at most limit long."""
+    text = re.sub(r"[\x00-\x1f\x7f\u2028\u2029]", " ", str(text))
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def escaped(text: str) -> str:
+    """A Markdown table cell of someone else's text: no row breaks, no HTML, no code, no mentions or
+    issue links (a `Closes #1` in a PR body would close an issue on merge)."""
+    text = re.sub(r"([\\`*_{}\[\]<>()+!|~])", r"\\\1", plain(text, 600))
+    return re.sub(r"([@#])(?=\w)", "\\1\u200b", text)  # a zero-width space: no mention, no issue link
 
 
 def listing(ledger: Ledger, pinned: Digest) -> list[str]:
@@ -464,11 +542,11 @@ def listing(ledger: Ledger, pinned: Digest) -> list[str]:
         elif n.tried and n.tried.outcome == CARRIED:
             state = "carried and proven (a later pin may have replaced it)"
         elif n.tried:
-            state = "needs porting: " + ", ".join(sorted(i for i, s in n.tried.overlays.items()
-                                                         if s not in ("fixed-upstream",) and not s.startswith(
-                                                             ("ported", "audit", "by hand"))))
+            state = "needs porting: " + ", ".join(sorted(f"{i}" + ("" if s == NEEDS_PORTING else f" ({s})")
+                                                         for i, s in n.tried.overlays.items()
+                                                         if not s.startswith(("ported", "audit", "by hand"))))
         else:
-            state = "not tried" + (" (older than the pin)" if pin and n.when <= pin.when else "")
+            state = "not tried" + (" (older than the pin)" if pin and n.order <= pin.order else "")
         upstream = " [tag gone upstream]" if not n.tags else ""
         rows.append(f"{n.created[:19]}  {n.label():<28} {str(n.digest)[:19]}  vLLM {n.vllm}  AITER {n.aiter}  "
                     f"{state}{upstream}  try: invoke bump --nightly {n.digest}")

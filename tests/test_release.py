@@ -191,8 +191,11 @@ def test_nightly_runs_daily_and_by_hand_with_least_privilege_per_job():
     assert {name: job["permissions"] for name, job in jobs.items()} == {
         "track": {"contents": "read", "packages": "write"}, "bump": {"contents": "read", "packages": "read"},
         "propose": {"contents": "write", "pull-requests": "write"}, "porting": {"issues": "write"}}
-    assert jobs["bump"]["needs"] == "track" and jobs["propose"]["needs"] == jobs["porting"]["needs"] == "bump"
-    assert "changed == 'true'" in jobs["propose"]["if"] and "outcome == 'porting'" in jobs["porting"]["if"]
+    assert jobs["bump"]["needs"] == "track" and jobs["porting"]["needs"] == "bump"
+    # the ledger goes up for review even when the bump fails; a bump's change only when there is one
+    assert jobs["propose"]["needs"] == ["track", "bump"] and jobs["propose"]["if"].startswith("always() && ")
+    assert "needs.bump.outputs.changed == 'true'" in jobs["propose"]["if"]
+    assert jobs["porting"]["if"] == "needs.bump.outputs.outcome == 'porting'"
 
 
 def test_no_job_that_can_write_runs_base_code():
@@ -212,36 +215,70 @@ def test_no_job_that_can_write_runs_base_code():
         assert "invoke" not in job_commands(wf["jobs"][name]) and "docker" not in job_commands(wf["jobs"][name])
 
 
-def apply_step(tmp_path, patch: str) -> subprocess.CompletedProcess:
-    """Run the propose job's apply step, as written, on a repository with this change."""
+def apply_step(tmp_path, patch: str | None) -> subprocess.CompletedProcess:
+    """Run the propose job's apply step, as written, on a repository with this change (None: the
+    bump job did not finish, only the ledger came)."""
     step = next(s for s in yaml.safe_load(NIGHTLY.read_text())["jobs"]["propose"]["steps"]
                 if s.get("name", "").startswith("Apply the change"))
-    repo, change = tmp_path / "repo", tmp_path / "change"
-    (repo / "image").mkdir(parents=True)
-    (repo / "overlays").mkdir()
-    change.mkdir()
+    repo, change, ledger = tmp_path / "repo", tmp_path / "change", tmp_path / "ledger"
+    for folder in (repo / "image", repo / "overlays", change, ledger):
+        folder.mkdir(parents=True)
     (repo / "image" / "base.yaml").write_text("image: old\n")
     (repo / "tasks.py").write_text("print('ours')\n")
-    (change / "change.patch").write_text(patch)
+    (ledger / "nightlies.yaml").write_text("nightlies: []\n")
+    if patch is not None:
+        (change / "change.patch").write_text(patch)
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-C", str(repo)]
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     subprocess.run(git + ["add", "-A"], check=True)
     subprocess.run(git + ["commit", "-qm", "base"], check=True)
     return subprocess.run(["bash", "-e", "-c", step["run"]], cwd=repo, capture_output=True, text=True,
-                          env={**os.environ, "CHANGE": str(change), "RUNNER_TEMP": str(tmp_path)})
+                          env={**os.environ, "CHANGE": str(change), "LEDGER": str(ledger), "RUNNER_TEMP": str(tmp_path)})
+
+
+PIN = ("--- a/image/base.yaml\n+++ b/image/base.yaml\n@@ -1 +1 @@\n-image: old\n+image: new\n"
+       "diff --git a/overlays/overlays.lock b/overlays/overlays.lock\nnew file mode 100644\n"
+       "--- /dev/null\n+++ b/overlays/overlays.lock\n@@ -0,0 +1 @@\n+{}\n")
 
 
 def test_the_proposal_takes_only_the_pin_the_ledger_and_overlays(tmp_path):
-    pin = ("--- a/image/base.yaml\n+++ b/image/base.yaml\n@@ -1 +1 @@\n-image: old\n+image: new\n"
-           "--- /dev/null\n+++ b/overlays/overlays.lock\n@@ -0,0 +1 @@\n+{}\n")
-    ok = apply_step(tmp_path / "ok", pin)
+    ok = apply_step(tmp_path / "ok", PIN)
     assert ok.returncode == 0, ok.stderr
     assert (tmp_path / "ok" / "repo" / "image" / "base.yaml").read_text() == "image: new\n"
-    sneaky = pin + "--- a/tasks.py\n+++ b/tasks.py\n@@ -1 +1 @@\n-print('ours')\n+print('theirs')\n"
-    refused = apply_step(tmp_path / "sneaky", sneaky)
-    assert refused.returncode != 0 and "touches other paths" in refused.stderr and "tasks.py" in refused.stdout
-    assert (tmp_path / "sneaky" / "repo" / "tasks.py").read_text() == "print('ours')\n"
-    assert (tmp_path / "sneaky" / "repo" / "image" / "base.yaml").read_text() == "image: old\n"
+    ledger_only = apply_step(tmp_path / "ledger", None)
+    assert ledger_only.returncode == 0 and (tmp_path / "ledger" / "repo" / "image" / "nightlies.yaml").is_file()
+
+
+@pytest.mark.parametrize("sneaky", [
+    "--- a/tasks.py\n+++ b/tasks.py\n@@ -1 +1 @@\n-print('ours')\n+print('theirs')\n",
+    # a rename shows only its new name in --numstat: tasks.py would be deleted under an allowed name
+    "diff --git a/tasks.py b/overlays/stock/" + "a" * 64 + "\nsimilarity index 100%\nrename from tasks.py\n"
+    "rename to overlays/stock/" + "a" * 64 + "\n",
+    # a link inside overlays/ pointing out of it
+    "diff --git a/overlays/stock/" + "b" * 64 + " b/overlays/stock/" + "b" * 64 + "\nnew file mode 120000\n"
+    "--- /dev/null\n+++ b/overlays/stock/" + "b" * 64 + "\n@@ -0,0 +1 @@\n+../../tasks.py\n\\ No newline at end of file\n",
+    # the proofs are the checks themselves: never changed by a bump
+    "diff --git a/overlays/proofs/x.py b/overlays/proofs/x.py\nnew file mode 100644\n"
+    "--- /dev/null\n+++ b/overlays/proofs/x.py\n@@ -0,0 +1 @@\n+print('FIXED')\n",
+    # a mode change: an executable under an allowed name
+    "diff --git a/image/base.yaml b/image/base.yaml\nold mode 100644\nnew mode 100755\n",
+], ids=["other-path", "rename", "symlink", "proofs", "mode"])
+def test_the_proposal_refuses_anything_else(tmp_path, sneaky):
+    refused = apply_step(tmp_path, PIN + sneaky)
+    assert refused.returncode != 0 and "refused" in refused.stderr, refused.stdout + refused.stderr
+    repo = tmp_path / "repo"
+    assert (repo / "tasks.py").read_text() == "print('ours')\n" and (repo / "image" / "base.yaml").read_text() == "image: old\n"
+    assert not (repo / "overlays" / "overlays.lock").exists()
+
+
+def test_the_proposal_pushes_only_its_own_branches():
+    step = next(s for s in yaml.safe_load(NIGHTLY.read_text())["jobs"]["propose"]["steps"]
+                if s.get("name", "").startswith("Push the branch"))
+    for branch, ok in (("nightly/0123456789ab", True), ("nightly/ledger", True), ("main", False),
+                       ("nightly/../main", False), ("nightly/0123456789ab\nmain", False)):
+        run = subprocess.run(["bash", "-e", "-c", step["run"].split("if git diff --cached")[0]],
+                             env={**os.environ, "BRANCH": branch}, capture_output=True, text=True)
+        assert (run.returncode == 0) == ok, (branch, run.stderr)
 
 
 @pytest.fixture

@@ -5,7 +5,9 @@ them; a registry that breaks off its tag list or lies about a digest, through a 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+from pathlib import Path
 import uuid
 from datetime import timedelta
 
@@ -20,15 +22,15 @@ from bakery.refs import Descriptor, Digest, Reference
 from bakery.registry import Registry
 
 
-def put_tag(registry: Registry, src: Reference, dest: Reference, created: str | None = None) -> Digest:
-    """Tag src's image in dest (blobs mounted); with created, a copy whose config says that time
-    (a different digest: the nightly built later)."""
-    if created is None:
+def put_tag(registry: Registry, src: Reference, dest: Reference, created: str | None = None, **config_edits) -> Digest:
+    """Tag src's image in dest (blobs mounted); with created (or other config fields), a copy whose
+    config says so (a different digest: the nightly built later)."""
+    if created is None and not config_edits:
         return mirror.copy(src, dest, {registry.name: registry}, log=lambda m: None).digest
     body, media_type, _ = registry.get_manifest(src)
     manifest = json.loads(body)
     config = json.loads(registry.fetch_blob(src.repository, Descriptor.from_json(manifest["config"])))
-    config["created"] = created
+    config.update(config_edits, **({"created": created} if created else {}))
     config_bytes = json.dumps(config).encode()
     config_desc = Descriptor(manifest["config"]["mediaType"], Digest.of(config_bytes), len(config_bytes))
     registry.upload_blob(dest.repository, config_desc, lambda: iter([config_bytes]))
@@ -226,3 +228,87 @@ def test_tag_pages_are_followed_on_the_real_registry(nightlies):
     """The local registry (distribution) paginates with Link when asked for one tag a page."""
     assert track.list_tags(nightlies["registry"], nightlies["upstream"].repository, page=1) == \
         ["latest", "nightly-a", "nightly-b"]
+
+
+def test_a_tag_that_is_no_nightly_of_ours_is_skipped_not_fatal(pinned_project, nightlies):
+    """An arm64 image and one claiming to be built next year sit among the nightlies: each is
+    skipped with a line, the rest are kept, and the next run does not take them for a cut list."""
+    n = nightlies
+    put_tag(n["registry"], n["upstream"].with_digest(n["b"]), n["upstream"].with_tag("nightly-arm"),
+            architecture="arm64")
+    put_tag(n["registry"], n["upstream"].with_digest(n["b"]), n["upstream"].with_tag("nightly-future"),
+            "2027-12-24T00:00:00Z")
+    first = run_track(pinned_project, n, "--no-bump")
+    assert first.returncode == 0, first.stderr
+    assert "nightly-arm: not kept (an image for linux/arm64, not linux/amd64)" in first.stderr
+    assert "nightly-future: not kept" in first.stderr and "in the future" in first.stderr
+    assert {e["digest"] for e in ledger(pinned_project)["nightlies"]} == {str(n["a"]), str(n["b"])}
+    again = run_track(pinned_project, n, "--no-bump")
+    assert again.returncode == 0 and "(unchanged)" in again.stdout, again.stderr
+
+
+def test_bump_never_retires_an_overlay_on_the_base_s_own_word(pinned_project, nightlies, fixture_base, tmp_path):
+    """The next nightly's own code proves the Gumbel fix: a person may retire the overlay with
+    `invoke rebase`, but an unattended bump must not (a base's code runs inside its own proof and
+    could print FIXED). Exit 11, overlays.yaml and the lock as they were, the report says why."""
+    from bakery import base as base_mod, overlays as overlays_mod, patch as patch_mod
+    from bakery.extract import BaseFilesystem
+
+    from conftest import ROOT, docker
+
+    n, reg = nightlies, nightlies["registry"]
+    o = next(o for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml") if o.id == "independent-draft-gumbel")
+    stock = BaseFilesystem(reg, base_mod.resolve(reg, fixture_base, "linux/amd64")).read([o.target])[o.target.lstrip("/")]
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "speculator.py").write_bytes(patch_mod.apply(o.parsed(), stock.data)[0])
+    (tmp_path / "ctx" / "Dockerfile").write_text(f"FROM {fixture_base}\nCOPY speculator.py {o.target}\n")
+    tag = f"{n['upstream'].name}:nightly-fixed"
+    docker("build", "-q", "-t", tag, str(tmp_path / "ctx"))
+    docker("push", tag)
+    result = run_track(pinned_project, n, tags="nightly-[af]*")  # nightly-b (0.27.0) left out
+    assert result.returncode == track.PORTING, result.stdout + result.stderr
+    assert changed_paths(pinned_project) == {"image/nightlies.yaml"}
+    entry = next(e for e in ledger(pinned_project)["nightlies"] if "nightly-fixed" in e["tags"])
+    assert entry["tried"]["overlays"]["independent-draft-gumbel"] == "fixed-upstream"
+    report = (pinned_project / "out" / "track" / "report.md").read_text()
+    assert "confirm by hand" in report and "invoke rebase --base" in report
+
+
+def test_the_report_carries_no_markup_from_the_base():
+    """A proof's reason comes from code the base ships: in the pull request's body it may not end
+    the table, hide the rest in an HTML comment, mention people or close issues."""
+    from types import SimpleNamespace
+
+    hostile = "x | y\r<!-- hidden\n``` Closes #1 @org/team [link](http://e.invalid)"
+    nightly = track.Nightly(Digest.of(b"n"), None, "2026-12-01T00:00:00Z", track.Version("0.27.0", "abcdef0"),
+                            track.Version(None, None), "reg/m@" + str(Digest.of(b"n")), "2026-12-01T00:00:00Z",
+                            ("nightly-b",))
+    overlay = SimpleNamespace(id="cpu-kv-transfer-fence", baked=True)
+    row = SimpleNamespace(overlay=overlay, status="ported (exact), proven", detail=hostile, carried=True)
+    text = track.report(track.Bump(nightly, "reg/u", [row], True, [hostile, "```"], "reg/u@sha256:" + "0" * 64),
+                        Path("out/rebase"))
+    table = [l for l in text.splitlines() if l.startswith("| cpu-kv")]
+    assert len(table) == 1 and len(re.findall(r"(?<!\\)\|", table[0])) == 5, table
+    fence = next(l for l in text.splitlines() if l.startswith("```"))
+    assert len(fence) > 3 and text.count("\n" + fence + "\n") == 2  # longer than any run of backticks inside
+    outside, log, rest = text.split("\n" + fence + "\n")
+    for bad in ("<!--", "Closes #1", "@org", "](http", "\r"):
+        assert bad not in outside + rest, bad
+    assert "Closes #1" not in log and "@org" not in log and "\r" not in log  # code, but still no links or mentions
+    assert track.read_versions({track.VERSION_FILES["vllm"]: b"__version__ = '1.0<!--x'\n"})["vllm"].version is None
+
+
+def test_the_next_nightly_is_ours_to_order_not_upstream_s():
+    """Which nightly bump tries next: first seen by the tracker, then the config's claim. A config
+    claiming an old date cannot hide a nightly first seen after the pin, nor a later claim jump
+    one seen with the pin."""
+    def entry(name, created, seen, tried=None):
+        return track.Nightly(Digest.of(name.encode()), None, created, track.Version("1", None), track.Version("1", None),
+                             "m@x", seen, (name,), tried=tried)
+    pin = entry("pin", "2026-11-01T00:00:00Z", "2026-11-01T00:00:00Z")
+    older_claim = entry("later-seen", "2020-01-01T00:00:00Z", "2026-11-02T00:00:00Z")
+    same_run_older = entry("same-run", "2026-10-01T00:00:00Z", "2026-11-01T00:00:00Z")
+    tried = entry("tried", "2026-11-03T00:00:00Z", "2026-11-03T00:00:00Z", track.Tried("needs porting", {}))
+    ledger_ = track.Ledger("u", "m", (pin, older_claim, same_run_older, tried))
+    assert track.pending(ledger_, pin.digest) is older_claim
+    assert track.pending(track.Ledger("u", "m", (pin, same_run_older, tried)), pin.digest) is None
