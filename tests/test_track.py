@@ -204,10 +204,15 @@ def test_a_registry_that_breaks_off_or_cuts_its_tag_list_changes_nothing(pinned_
     with FaultyProxy(registry, [], overrides={first: (200, link, page),
                                               f"/v2/{repo}/tags/list?last=latest&n={track.PAGE}": (404, {}, b"")}) as proxy:
         one_line_no_change(project, track_through(proxy, project, n), None, "tag list", "broke off at page 2")
-    # a next page outside the listing
-    elsewhere = {**json_type, "Link": '<http://127.0.0.1:9/v2/other/tags/list?n=1>; rel="next"'}
-    with FaultyProxy(registry, [], overrides={first: (200, elsewhere, page)}) as proxy:
-        one_line_no_change(project, track_through(proxy, project, n), None, "outside the listing")
+    # a next page outside the listing: another repository on the same host, or another host
+    for target in ("/v2/other/tags/list?n=1", f"http://127.0.0.1:9/v2/{repo}/tags/list?n=1"):
+        elsewhere = {**json_type, "Link": f'<{target}>; rel="next"'}
+        with FaultyProxy(registry, [], overrides={first: (200, elsewhere, page)}) as proxy:
+            one_line_no_change(project, track_through(proxy, project, n), None, "outside the listing")
+    # a page that starts the list over: a loop, not a listing
+    with FaultyProxy(registry, [], overrides={first: (200, link, page),
+                                              f"/v2/{repo}/tags/list?last=latest&n={track.PAGE}": (200, link, page)}) as proxy:
+        one_line_no_change(project, track_through(proxy, project, n), None, "repeats tags")
     # silently cut: after a full run, one page without a link, known tags missing that still resolve
     with FaultyProxy(registry, []) as proxy:
         assert track_through(proxy, project, n).returncode == 0
