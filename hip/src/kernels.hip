@@ -295,6 +295,35 @@ __device__ inline void for_row(const float* row, int64_t n, F f) {
   for (int64_t i = head + 4 * nv + threadIdx.x; i < n; i += blockDim.x) f(i, row[i]);
 }
 
+// w += q exactly with two 32-bit shared atomics (the low word's carry goes to the high word): a
+// 64-bit shared atomic add is a compare-and-swap loop on NVIDIA GPUs.
+__device__ inline void add_u64(unsigned long long* w, unsigned long long q) {
+  unsigned int* half = reinterpret_cast<unsigned int*>(w);  // little-endian: [0] low, [1] high
+  unsigned int lo = unsigned(q), hi = unsigned(q >> 32);
+  if (lo != 0 && atomicAdd(&half[0], lo) > 0xFFFFFFFFu - lo) ++hi;
+  if (hi != 0) atomicAdd(&half[1], hi);
+}
+
+// sh.lmin/lmax = the block's min and max of each thread's mn/mx (sh.wt is the scratch); every thread.
+__device__ inline void block_min_max(TkShared& sh, unsigned long long mn, unsigned long long mx) {
+  const int t = threadIdx.x;
+  for (int pass = 0; pass < 2; ++pass) {
+    unsigned long long v = pass == 0 ? ~mn : mx;  // both as a max
+    sh.wt[t] = v;
+    __syncthreads();
+    if (t < 32) {
+      for (int j = t + 32; j < int(blockDim.x); j += 32) v = sh.wt[j] > v ? sh.wt[j] : v;
+      sh.wt[t] = v;
+    }
+    __syncthreads();
+    if (t == 0) {
+      for (int j = 1; j < 32; ++j) v = sh.wt[j] > v ? sh.wt[j] : v;
+      if (pass == 0) sh.lmin = ~v; else sh.lmax = v;
+    }
+    __syncthreads();
+  }
+}
+
 __device__ inline void zero_hist(TkShared& sh, int nb) {
   for (int t = threadIdx.x; t < nb; t += blockDim.x) {
     sh.cnt[t] = 0;
@@ -382,7 +411,7 @@ __device__ Cut select_cut(TkShared& sh, const float* row, int64_t n, const Cut& 
       }
       int b = cbin(v, lo, scale);
       atomicAdd(&sh.cnt[b], 1u);
-      if (kWeight) atomicAdd(&sh.wt[b], q);
+      if (kWeight) add_u64(&sh.wt[b], q);
     });
     __syncthreads();
     res.bin = choose_bin<kWeight>(sh, kCoarseBins, need, above, true, p);
@@ -403,22 +432,20 @@ __device__ Cut select_cut(TkShared& sh, const float* row, int64_t n, const Cut& 
   };
   for (;;) {
     if (!in_list && cand <= unsigned(kListCap)) {  // gather the candidates into shared memory
-      if (threadIdx.x == 0) {
-        sh.list_n = 0;
-        sh.lmin = ~0ull;
-        sh.lmax = 0;
-      }
+      if (threadIdx.x == 0) sh.list_n = 0;
       __syncthreads();
+      unsigned long long mn = ~0ull, mx = 0;
       for_row(row, n, [&](int64_t i, float x) {
         float v = tk_sanitize(x);
         unsigned long long key = key64(v, i);
         if (!in_coarse(v, key) || (s < 64 && (key >> s) != (prefix >> s))) return;
         if (kWeight && weight_q(sh, v, xmax) == 0) return;
         sh.list[atomicAdd(&sh.list_n, 1u)] = key;
-        atomicMin(&sh.lmin, key);
-        atomicMax(&sh.lmax, key);
+        mn = key < mn ? key : mn;
+        mx = key > mx ? key : mx;
       });
       __syncthreads();
+      block_min_max(sh, mn, mx);
       in_list = true;
     }
     if (in_list && s == 64) {
@@ -444,7 +471,7 @@ __device__ Cut select_cut(TkShared& sh, const float* row, int64_t n, const Cut& 
       }
       int d = int((key >> shift) & mask);
       atomicAdd(&sh.cnt[d], 1u);
-      if (kWeight) atomicAdd(&sh.wt[d], q);
+      if (kWeight) add_u64(&sh.wt[d], q);
     };
     if (in_list) {
       for (unsigned int i = threadIdx.x; i < sh.list_n; i += blockDim.x) {
@@ -565,21 +592,19 @@ topk_topp_mask_f32_kernel(float* __restrict__ logits, int64_t n, int64_t row_str
       } else {
         bool from_list = use_k && kr <= kListCap;
         if (from_list) {  // the survivors fit in shared memory: gather them once
-          if (t == 0) {
-            sh.list_n = 0;
-            sh.lmin = ~0ull;
-            sh.lmax = 0;
-          }
+          if (t == 0) sh.list_n = 0;
           __syncthreads();
+          unsigned long long mn = ~0ull, mx = 0;
           for_row(row, n, [&](int64_t i, float x) {
             float v = tk_sanitize(x);
             unsigned long long key = key64(v, i);
             if (!keeps(ck, v, key)) return;
             sh.list[atomicAdd(&sh.list_n, 1u)] = key;
-            atomicMin(&sh.lmin, key);
-            atomicMax(&sh.lmax, key);
+            mn = key < mn ? key : mn;
+            mx = key > mx ? key : mx;
           });
           __syncthreads();
+          block_min_max(sh, mn, mx);
         }
         cp = select_cut<true>(sh, row, n, from_list ? all : ck, xmax - kWeightSpan,
                               float(kCoarseBins) / kWeightSpan, 0, pr, xmax, from_list);
