@@ -278,16 +278,27 @@ __device__ inline void for_row(const float* row, int64_t n, F f) {
   for (int64_t i = threadIdx.x; i < head; i += blockDim.x) f(i, row[i]);
   int64_t nv = (n - head) / 4;
   const float4* v4 = reinterpret_cast<const float4*>(row + head);
+  const int64_t bd = blockDim.x;
   int64_t j = threadIdx.x;
-  for (; j + 3 * int64_t(blockDim.x) < nv; j += 4 * int64_t(blockDim.x)) {
-    float4 a = v4[j], b = v4[j + blockDim.x], c = v4[j + 2 * blockDim.x], d = v4[j + 3 * blockDim.x];
-    int64_t i = head + 4 * j, st = 4 * int64_t(blockDim.x);
-    f(i, a.x); f(i + 1, a.y); f(i + 2, a.z); f(i + 3, a.w);
-    f(i + st, b.x); f(i + st + 1, b.y); f(i + st + 2, b.z); f(i + st + 3, b.w);
-    f(i + 2 * st, c.x); f(i + 2 * st + 1, c.y); f(i + 2 * st + 2, c.z); f(i + 2 * st + 3, c.w);
-    f(i + 3 * st, d.x); f(i + 3 * st + 1, d.y); f(i + 3 * st + 2, d.z); f(i + 3 * st + 3, d.w);
+  if (j + bd < nv) {
+    float4 a = v4[j], b = v4[j + bd];
+    for (;;) {
+      const int64_t i = head + 4 * j, st = 4 * bd;
+      const bool more = j + 3 * bd < nv;
+      float4 a2 = a, b2 = b;
+      if (more) {
+        a2 = v4[j + 2 * bd];
+        b2 = v4[j + 3 * bd];
+      }
+      f(i, a.x); f(i + 1, a.y); f(i + 2, a.z); f(i + 3, a.w);
+      f(i + st, b.x); f(i + st + 1, b.y); f(i + st + 2, b.z); f(i + st + 3, b.w);
+      j += 2 * bd;
+      if (!more) break;
+      a = a2;
+      b = b2;
+    }
   }
-  for (; j < nv; j += blockDim.x) {
+  for (; j < nv; j += bd) {
     float4 a = v4[j];
     int64_t i = head + 4 * j;
     f(i, a.x); f(i + 1, a.y); f(i + 2, a.z); f(i + 3, a.w);
@@ -626,15 +637,24 @@ topk_topp_mask_f32_kernel(float* __restrict__ logits, int64_t n, int64_t row_str
   for (int64_t i = threadIdx.x; i < head; i += blockDim.x) row[i] = out(i, row[i]);
   int64_t nv = (n - head) / 4;
   float4* v4 = reinterpret_cast<float4*>(row + head);
-  for (int64_t j = threadIdx.x; j < nv; j += blockDim.x) {
-    float4 a = v4[j];
-    int64_t i = head + 4 * j;
+  auto out4 = [&](int64_t i, float4 a) {
     a.x = out(i, a.x);
     a.y = out(i + 1, a.y);
     a.z = out(i + 2, a.z);
     a.w = out(i + 3, a.w);
-    v4[j] = a;
+    return a;
+  };
+  const int64_t bd = blockDim.x;
+  int64_t j = threadIdx.x;
+  for (; j + 3 * bd < nv; j += 4 * bd) {
+    float4 a = v4[j], b = v4[j + bd], c = v4[j + 2 * bd], d = v4[j + 3 * bd];
+    int64_t i = head + 4 * j;
+    v4[j] = out4(i, a);
+    v4[j + bd] = out4(i + 4 * bd, b);
+    v4[j + 2 * bd] = out4(i + 8 * bd, c);
+    v4[j + 3 * bd] = out4(i + 12 * bd, d);
   }
+  for (; j < nv; j += bd) v4[j] = out4(head + 4 * j, v4[j]);
   for (int64_t i = head + 4 * nv + threadIdx.x; i < n; i += blockDim.x) row[i] = out(i, row[i]);
 }
 
