@@ -107,7 +107,8 @@ def script(recipe: Recipe) -> str:
         # it must load in the image's torch and register its operators (on CPU, too)
         lines.append(f'python3 -W ignore -c "import torch; torch.ops.load_library(\'/out/{name}.so\'); '
                      f'print(torch.ops.bakery.topk.default._schema); '
-                     f'print(torch.ops.bakery.swiglu_clamp.default._schema)" > /out/{q(name)}.schema')
+                     f'print(torch.ops.bakery.swiglu_clamp.default._schema); '
+                     f'print(torch.ops.bakery.top_k_top_p_.default._schema)" > /out/{q(name)}.schema')
     return "\n".join(lines) + "\n"
 
 

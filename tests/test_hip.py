@@ -17,7 +17,7 @@ from bakery.errors import InputError, IntegrityError
 
 from conftest import ROOT, cold_compile_cache, dev_policy, docker, invoke, last_line
 
-KERNELS = ["swiglu_clamp_bf16_kernel", "topk_f32_kernel"]
+KERNELS = ["swiglu_clamp_bf16_kernel", "topk_f32_kernel", "topk_topp_mask_f32_kernel"]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,8 @@ def test_device_code_is_gfx942_with_the_kernels(compiled):
 def test_it_loads_in_cpu_torch_and_registers_its_operators(compiled):
     _, artifact, _ = compiled
     assert artifact.schema.splitlines() == ["bakery::topk(Tensor logits, int k) -> Tensor",
-                                            "bakery::swiglu_clamp(Tensor x, float limit) -> Tensor"]
+                                            "bakery::swiglu_clamp(Tensor x, float limit) -> Tensor",
+                                            "bakery::top_k_top_p_(Tensor(a!) logits, Tensor? k, Tensor? p) -> Tensor(a!)"]
 
 
 def test_wrong_arch_or_missing_kernel_fails(compiled):

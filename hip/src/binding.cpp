@@ -1,8 +1,10 @@
-// Torch operators bakery::swiglu_clamp and bakery::topk on LibTorch's stable ABI: one build serves
+// Torch operators bakery::swiglu_clamp, bakery::topk and bakery::top_k_top_p_ on LibTorch's stable ABI: one build serves
 // any torch that keeps that ABI, without matching its private C++ ABI. Plain C++: torch's headers
 // stay out of HIP translation units (in HIP mode they pull thrust/complex.h).
 #include <dlfcn.h>
 #include <stdint.h>
+
+#include <optional>
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/library.h>
@@ -15,6 +17,8 @@ extern "C" int bakery_swiglu_clamp_bf16(const void* x, void* out, int64_t rows, 
                                         void* stream);
 extern "C" int bakery_topk_f32(const float* logits, int64_t rows, int64_t n, int64_t k, int64_t* indices,
                                void* stream);
+extern "C" int bakery_topk_topp_mask_f32(float* logits, int64_t rows, int64_t n, int64_t row_stride, const void* k,
+                                         int k_is_int64, const float* p, void* stream);
 
 namespace {
 
@@ -60,15 +64,57 @@ Tensor topk(Tensor logits, int64_t k) {
   return indices;
 }
 
+// vLLM's apply_top_k_top_p(logits, k, p): masks logits [B, V] (float32, unit stride along V) in
+// place with -inf and returns them. k: int32 or int64 [B] (V or more: no top-k for that row); p:
+// float32 [B] (1: no top-p); either may be None. Reads k and p on the device: no host sync.
+Tensor top_k_top_p_(Tensor logits, std::optional<Tensor> k, std::optional<Tensor> p) {
+  STD_TORCH_CHECK(logits.is_cuda(), "bakery::top_k_top_p_: logits must be on the GPU");
+  STD_TORCH_CHECK(logits.scalar_type() == ScalarType::Float, "bakery::top_k_top_p_: logits must be float32");
+  STD_TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1,
+                  "bakery::top_k_top_p_: logits must be [rows, n] with unit stride along n");
+  int64_t rows = logits.size(0), n = logits.size(1);
+  const void* kp = nullptr;
+  int k64 = 0;
+  if (k.has_value()) {
+    const Tensor& kt = *k;
+    STD_TORCH_CHECK(kt.is_cuda() && kt.get_device_index() == logits.get_device_index(),
+                    "bakery::top_k_top_p_: k must be on the logits' GPU");
+    STD_TORCH_CHECK(kt.scalar_type() == ScalarType::Int || kt.scalar_type() == ScalarType::Long,
+                    "bakery::top_k_top_p_: k must be int32 or int64");
+    STD_TORCH_CHECK(kt.dim() == 1 && kt.size(0) == rows && kt.is_contiguous(),
+                    "bakery::top_k_top_p_: k must be a contiguous [rows]");
+    kp = kt.data_ptr();
+    k64 = kt.scalar_type() == ScalarType::Long;
+  }
+  const float* pp = nullptr;
+  if (p.has_value()) {
+    const Tensor& pt = *p;
+    STD_TORCH_CHECK(pt.is_cuda() && pt.get_device_index() == logits.get_device_index(),
+                    "bakery::top_k_top_p_: p must be on the logits' GPU");
+    STD_TORCH_CHECK(pt.scalar_type() == ScalarType::Float, "bakery::top_k_top_p_: p must be float32");
+    STD_TORCH_CHECK(pt.dim() == 1 && pt.size(0) == rows && pt.is_contiguous(),
+                    "bakery::top_k_top_p_: p must be a contiguous [rows]");
+    pp = static_cast<const float*>(pt.data_ptr());
+  }
+  if (kp == nullptr && pp == nullptr) return logits;
+  int rc = bakery_topk_topp_mask_f32(static_cast<float*>(logits.data_ptr()), rows, n, logits.stride(0), kp, k64, pp,
+                                     current_stream(logits));
+  STD_TORCH_CHECK(rc != 2, "bakery::top_k_top_p_: rows and n must be below 2^31");
+  STD_TORCH_CHECK(rc == 0, "bakery::top_k_top_p_: kernel launch failed");
+  return logits;
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY(bakery, m) {
   m.def("swiglu_clamp(Tensor x, float limit) -> Tensor");
   m.def("topk(Tensor logits, int k) -> Tensor");
+  m.def("top_k_top_p_(Tensor(a!) logits, Tensor? k, Tensor? p) -> Tensor(a!)");
 }
 
 // ROCm builds of torch dispatch HIP tensors under the CUDA key.
 STABLE_TORCH_LIBRARY_IMPL(bakery, CUDA, m) {
   m.impl("swiglu_clamp", TORCH_BOX(&swiglu_clamp));
   m.impl("topk", TORCH_BOX(&topk));
+  m.impl("top_k_top_p_", TORCH_BOX(&top_k_top_p_));
 }
