@@ -27,7 +27,8 @@ EM_AMDGPU = 224
 BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
 RECIPE_KEYS = {"arch": str, "extensions": list, "python": list}
 EXT_KEYS = {"name": str, "hip_sources": list, "cxx_sources": list, "headers": list, "hip_flags": list,
-            "cxx_flags": list, "libs": list, "kernels": list, "dest": str}
+            "cxx_flags": list, "libs": list, "kernels": list, "dest": str, "serves": list}
+SERVES_KEYS = {"function": str, "operator": str, "overlay": str}
 PY_KEYS = {"src": str, "dest": str}
 NO_TOOLCHAIN = 42
 
@@ -59,6 +60,10 @@ def load(root: Path) -> Recipe:
     for i, ext in enumerate(spec["extensions"]):
         inputs.check_keys(ext, EXT_KEYS, f"{root / 'extensions.yaml'}: extensions[{i}]",
                           required={"name", "hip_sources", "kernels", "dest"})
+        for j, use in enumerate(ext.get("serves") or []):
+            if not isinstance(use, dict):
+                raise InputError(f"{root / 'extensions.yaml'}: extensions[{i}].serves[{j}] must be a mapping")
+            inputs.check_keys(use, SERVES_KEYS, f"{root / 'extensions.yaml'}: extensions[{i}].serves[{j}]")
     for i, py in enumerate(spec.get("python") or []):
         inputs.check_keys(py, PY_KEYS, f"{root / 'extensions.yaml'}: python[{i}]")
     recipe = Recipe(root, spec["arch"], tuple(spec["extensions"]), tuple(spec.get("python") or []))
@@ -106,7 +111,6 @@ def script(recipe: Recipe) -> str:
                      f'-L"$TORCH/lib" {libs} -o /out/{q(name)}.so')
         # it must load in the image's torch and register its operators (on CPU, too)
         lines.append(f'python3 -W ignore -c "import torch; torch.ops.load_library(\'/out/{name}.so\'); '
-                     f'print(torch.ops.bakery.topk.default._schema); '
                      f'print(torch.ops.bakery.swiglu_clamp.default._schema); '
                      f'print(torch.ops.bakery.top_k_top_p_.default._schema)" > /out/{q(name)}.schema')
     return "\n".join(lines) + "\n"
@@ -200,11 +204,13 @@ class Artifact:
     sources: tuple[dict, ...]
     schema: str
     code_objects: tuple[dict, ...]
+    serves: tuple[dict, ...] = ()  # the vLLM functions its operators serve, through which overlay
 
     def record(self) -> dict:
         return {"name": self.name, "path": self.dest, "sha256": hashlib.sha256(self.data).hexdigest(),
                 "arch": self.arch, "toolchain": self.toolchain, "sources": list(self.sources),
-                "schema": self.schema.splitlines(), "code_objects": list(self.code_objects)}
+                "schema": self.schema.splitlines(), "code_objects": list(self.code_objects),
+                "serves": [dict(s) for s in self.serves]}
 
 
 def toolchain_identity(connect, image: str) -> str:
@@ -381,7 +387,8 @@ def _artifacts(recipe: Recipe, out: Path, image_id: str) -> list[Artifact]:
         sources = tuple({"path": f"hip/{s}", "sha256": hashlib.sha256((recipe.root / s).read_bytes()).hexdigest()}
                         for key in ("hip_sources", "cxx_sources", "headers") for s in ext.get(key, []))
         artifacts.append(Artifact(ext["name"], ext["dest"], data, recipe.arch, f"{compiler}; image {image_id}",
-                                  sources, (out / f"{ext['name']}.schema").read_text(), tuple(objects)))
+                                  sources, (out / f"{ext['name']}.schema").read_text(), tuple(objects),
+                                  tuple(ext.get("serves") or ())))
     return artifacts
 
 

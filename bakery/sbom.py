@@ -93,7 +93,9 @@ def document(record: dict, image_name: str) -> bytes:
     for artifact in record.get("artifacts", []):
         aid = _id("Artifact", artifact["name"])
         packages.append(_package(aid, artifact["path"], None, artifact["sha256"], "FILE",
-                                 comment=f"compiled for {artifact['arch']} with {artifact['toolchain']}"))
+                                 comment=f"compiled for {artifact['arch']} with {artifact['toolchain']}"
+                                 + "".join(f"; {s['operator']} serves {s['function']} (overlay {s['overlay']})"
+                                           for s in artifact.get("serves") or [])))
         rels.append((image_id, "CONTAINS", aid))
         if kernels:
             rels.append(("SPDXRef-KernelArtifact", "CONTAINS", aid))

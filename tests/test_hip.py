@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from bakery.errors import InputError, IntegrityError
 
 from conftest import ROOT, cold_compile_cache, dev_policy, docker, invoke, last_line
 
-KERNELS = ["swiglu_clamp_bf16_kernel", "topk_f32_kernel", "topk_topp_mask_f32_kernel"]
+KERNELS = ["swiglu_clamp_bf16_kernel", "topk_topp_mask_f32_kernel"]
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +43,7 @@ def test_device_code_is_gfx942_with_the_kernels(compiled):
 
 def test_it_loads_in_cpu_torch_and_registers_its_operators(compiled):
     _, artifact, _ = compiled
-    assert artifact.schema.splitlines() == ["bakery::topk(Tensor logits, int k) -> Tensor",
-                                            "bakery::swiglu_clamp(Tensor x, float limit) -> Tensor",
+    assert artifact.schema.splitlines() == ["bakery::swiglu_clamp(Tensor x, float limit) -> Tensor",
                                             "bakery::top_k_top_p_(Tensor(a!) logits, Tensor? k, Tensor? p) -> Tensor(a!)"]
 
 
@@ -119,6 +119,14 @@ def test_build_bakes_the_outputs_and_records_them(project, registry, fixture_bas
     assert baked["sha256"] == hashlib.sha256(artifact.data).hexdigest()
     assert baked["path"] == "/usr/local/lib/python3.12/dist-packages/bakery_kernels/_C_stable_libtorch.so"
     assert {s["path"] for s in baked["sources"]} == {"hip/src/kernels.hip", "hip/src/binding.cpp", "hip/src/gpu_compat.h"}
+    # which vLLM function each operator serves, in the record and in the SBOM's word for the file
+    assert {(s["operator"], s["function"]) for s in baked["serves"]} == {
+        ("bakery::top_k_top_p_", "vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p"),
+        ("bakery::swiglu_clamp", "vllm.model_executor.layers.activation.SiluAndMulWithClamp.forward_native")}
+    from bakery import sbom as sbom_mod
+    spdx = json.loads(sbom_mod.document(record, f"{registry}/test/kernels"))
+    [package] = [p for p in spdx["packages"] if p["SPDXID"].startswith("SPDXRef-Artifact")]
+    assert "bakery::top_k_top_p_ serves vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p" in package["comment"]
     ref = last_line(result)
     docker("pull", "-q", ref)
     out = docker("run", "--rm", "--entrypoint", "sh", ref, "-c",
@@ -135,8 +143,7 @@ def test_python_glue_falls_back_without_the_extension():
     spec.loader.exec_module(glue)
     assert glue.HAVE_EXTENSION is False
     logits = torch.tensor([[float("nan"), 1.0, float("inf"), float("-inf"), 1.0]])
-    values, indices = glue.topk(logits, 3)
-    assert indices.tolist() == [[2, 1, 4]] and torch.isfinite(values).all()
+    assert glue.top_k_top_p(logits, torch.tensor([2]), None).tolist() == [[-float("inf"), 1.0, float("inf")] + [-float("inf")] * 2]
     x = torch.tensor([[12.0, -3.0, 20.0, -15.0]], dtype=torch.bfloat16)
     want = torch.nn.functional.silu(torch.tensor([10.0, -3.0])) * torch.tensor([10.0, -10.0])
     assert torch.allclose(glue.swiglu_clamp(x, 10.0).float(), want.to(torch.bfloat16).float())
@@ -321,3 +328,34 @@ def test_a_toolchain_that_leaves_a_link_in_out_reads_nothing_of_the_host(toolcha
     assert "compile output toolchain.txt is not a regular file" in errors[0]
     assert "cHVzaDp0b2tlbg" not in result.stdout + result.stderr
     assert [p.name for p in (tmp_path / "cache" / "hip").iterdir()] == []  # nothing kept
+
+
+def test_each_operator_serves_a_vllm_function_through_a_baked_overlay():
+    """Nothing baked is dead weight: every operator the extension registers serves the vLLM
+    function extensions.yaml names, through a baked overlay whose patch, applied to the locked
+    stock bytes, calls that operator's glue inside that very function."""
+    import ast
+
+    from bakery import overlays as overlays_mod, patch as patch_mod
+
+    recipe = hip.load(ROOT / "hip")
+    registered = {o.id: o for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml")}
+    lock = {e["id"]: e for e in overlays_mod.read_lock(ROOT / "overlays" / "overlays.lock")["overlays"]}
+    operators = set(re.findall(r'm\.def\("(\w+)\(', (ROOT / "hip" / "src" / "binding.cpp").read_text()))
+    glue = (ROOT / "hip" / "bakery_kernels" / "__init__.py").read_text()
+    for ext in recipe.extensions:
+        assert {s["operator"].removeprefix("bakery::") for s in ext["serves"]} == operators
+        for use in ext["serves"]:
+            op, overlay = use["operator"].removeprefix("bakery::"), registered[use["overlay"]]
+            assert overlay.baked and f"torch.ops.bakery.{op}(" in glue
+            parts = use["function"].split(".")
+            cut = next(i for i in range(len(parts), 0, -1) if overlay.target.endswith("/".join(parts[:i]) + ".py"))
+            stock = overlays_mod.read_stock(ROOT / "overlays", lock[overlay.id]["base_sha256"])
+            tree = ast.parse(patch_mod.apply(overlay.for_target(stock).parsed(), stock)[0])
+            scope = tree
+            for name in parts[cut:]:
+                scope = next(n for n in ast.walk(scope) if isinstance(n, (ast.ClassDef, ast.FunctionDef))
+                             and n.name == name)
+            calls = {f"{n.func.value.id}.{n.func.attr}" for n in ast.walk(scope) if isinstance(n, ast.Call)
+                     and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)}
+            assert f"_bakery_kernels.{op.rstrip('_')}" in calls, (use, calls)

@@ -1,6 +1,6 @@
 """The project's GPU kernels for vLLM's overlays, with PyTorch fallbacks of the same semantics.
 
-`swiglu_clamp`, `topk` and `top_k_top_p` use the compiled extension (_C_stable_libtorch, built from hip/src for
+`swiglu_clamp` and `top_k_top_p` use the compiled extension (_C_stable_libtorch, built from hip/src for
 gfx942) when it loads and the tensor is on the GPU; otherwise the PyTorch path below, which is
 also the reference the kernels are tested against bit for bit.
 """
@@ -22,8 +22,8 @@ def _load() -> bool:
         return False
     try:
         torch.ops.load_library(_LIB)
-        return hasattr(torch.ops, "bakery") and hasattr(torch.ops.bakery, "topk") \
-            and hasattr(torch.ops.bakery, "top_k_top_p_")
+        return hasattr(torch.ops, "bakery") and hasattr(torch.ops.bakery, "top_k_top_p_") \
+            and hasattr(torch.ops.bakery, "swiglu_clamp")
     except (OSError, RuntimeError):
         return False
 
@@ -76,26 +76,6 @@ def swiglu_clamp(x: torch.Tensor, limit: float) -> torch.Tensor:
     if HAVE_EXTENSION and x.is_cuda and x.dtype == torch.bfloat16 and x.is_contiguous():
         return torch.ops.bakery.swiglu_clamp(x, float(limit))
     return swiglu_clamp_exact(x, limit)
-
-
-def sanitize(logits: torch.Tensor) -> torch.Tensor:
-    """NaN and -inf rank lowest, +inf highest, all finite: what the kernel ranks by."""
-    return torch.nan_to_num(logits, nan=-FLT_MAX, posinf=FLT_MAX, neginf=-FLT_MAX)
-
-
-def topk_reference(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the k largest sanitized logits per row, ties to the lower index, best first."""
-    return torch.sort(sanitize(logits), dim=-1, descending=True, stable=True).indices[..., :k]
-
-
-def topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values, indices): deterministic top-k over sanitized logits."""
-    if HAVE_EXTENSION and logits.is_cuda and logits.dtype == torch.float32 and logits.dim() == 2 \
-            and logits.is_contiguous():
-        indices = torch.ops.bakery.topk(logits, int(k))
-    else:
-        indices = topk_reference(logits, k)
-    return torch.gather(sanitize(logits), -1, indices), indices
 
 
 # -- top-k / top-p masking (vLLM's apply_top_k_top_p) ---------------------------------------------
@@ -247,6 +227,12 @@ def top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | 
     loaded and logits are float32 on the GPU (deterministic, no host sync); else PyTorch."""
     if k is None and p is None:
         return logits
+    if HAVE_EXTENSION and logits.is_cuda and logits.dim() == 2 and logits.dtype in (torch.bfloat16, torch.float16):
+        # a 16-bit float widens to float32 exactly, so the ranking and the kept values are the same;
+        # the buffer's size follows the shape alone (graph-safe)
+        wide = logits.float()
+        top_k_top_p(wide, k, p)
+        return logits.copy_(wide)
     if HAVE_EXTENSION and logits.is_cuda and logits.dtype == torch.float32 and logits.dim() == 2 \
             and logits.stride(1) == 1:
         if k is not None and (k.dtype not in (torch.int32, torch.int64) or not k.is_contiguous()

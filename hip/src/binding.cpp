@@ -1,4 +1,4 @@
-// Torch operators bakery::swiglu_clamp, bakery::topk and bakery::top_k_top_p_ on LibTorch's stable ABI: one build serves
+// Torch operators bakery::swiglu_clamp and bakery::top_k_top_p_ on LibTorch's stable ABI: one build serves
 // any torch that keeps that ABI, without matching its private C++ ABI. Plain C++: torch's headers
 // stay out of HIP translation units (in HIP mode they pull thrust/complex.h).
 #include <dlfcn.h>
@@ -15,8 +15,6 @@
 
 extern "C" int bakery_swiglu_clamp_bf16(const void* x, void* out, int64_t rows, int64_t d, float limit,
                                         void* stream);
-extern "C" int bakery_topk_f32(const float* logits, int64_t rows, int64_t n, int64_t k, int64_t* indices,
-                               void* stream);
 extern "C" int bakery_topk_topp_mask_f32(float* logits, int64_t rows, int64_t n, int64_t row_stride, const void* k,
                                          int k_is_int64, const float* p, void* stream);
 
@@ -49,19 +47,6 @@ Tensor swiglu_clamp(Tensor x, double limit) {
                                     current_stream(x));
   STD_TORCH_CHECK(rc == 0, "bakery::swiglu_clamp: kernel launch failed");
   return out;
-}
-
-Tensor topk(Tensor logits, int64_t k) {
-  STD_TORCH_CHECK(logits.is_cuda(), "bakery::topk: logits must be on the GPU");
-  STD_TORCH_CHECK(logits.scalar_type() == ScalarType::Float, "bakery::topk: logits must be float32");
-  STD_TORCH_CHECK(logits.is_contiguous() && logits.dim() == 2, "bakery::topk: logits must be a contiguous [rows, n]");
-  int64_t rows = logits.size(0), n = logits.size(1);
-  STD_TORCH_CHECK(k >= 0 && k <= n, "bakery::topk: k must be in [0, n]");
-  Tensor indices = torch::stable::new_empty(logits, {rows, k}, ScalarType::Long);
-  int rc = bakery_topk_f32(static_cast<const float*>(logits.data_ptr()), rows, n, k,
-                           static_cast<int64_t*>(indices.data_ptr()), current_stream(logits));
-  STD_TORCH_CHECK(rc == 0, "bakery::topk: kernel launch failed");
-  return indices;
 }
 
 // vLLM's apply_top_k_top_p(logits, k, p): masks logits [B, V] (float32, unit stride along V) in
@@ -108,13 +93,11 @@ Tensor top_k_top_p_(Tensor logits, std::optional<Tensor> k, std::optional<Tensor
 
 STABLE_TORCH_LIBRARY(bakery, m) {
   m.def("swiglu_clamp(Tensor x, float limit) -> Tensor");
-  m.def("topk(Tensor logits, int k) -> Tensor");
   m.def("top_k_top_p_(Tensor(a!) logits, Tensor? k, Tensor? p) -> Tensor(a!)");
 }
 
 // ROCm builds of torch dispatch HIP tensors under the CUDA key.
 STABLE_TORCH_LIBRARY_IMPL(bakery, CUDA, m) {
   m.impl("swiglu_clamp", TORCH_BOX(&swiglu_clamp));
-  m.impl("topk", TORCH_BOX(&topk));
   m.impl("top_k_top_p_", TORCH_BOX(&top_k_top_p_));
 }

@@ -67,48 +67,6 @@ extern "C" __global__ void swiglu_clamp_bf16_kernel(const uint16_t* __restrict__
   }
 }
 
-namespace {
-
-// Order-preserving map of a float to uint32 (larger float, larger key), after sanitizing:
-// NaN and -inf rank as the lowest finite value, +inf as the highest.
-__device__ inline uint32_t ordered(float v) {
-  if (v != v || v == -INFINITY) v = -FLT_MAX;
-  if (v == INFINITY) v = FLT_MAX;
-  uint32_t u = __float_as_uint(v);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-constexpr int kTopkThreads = 256;
-
-}  // namespace
-
-// Deterministic top-k of one row per block: k rounds of a block-wide max over unique 64-bit keys
-// (value in the high half, inverted index in the low half): equal values go to the lower index,
-// and the result never depends on thread timing or on what else is in the batch.
-extern "C" __global__ void topk_f32_kernel(const float* __restrict__ logits, int64_t n, int64_t k,
-                                int64_t* __restrict__ indices) {
-  __shared__ unsigned long long best[kTopkThreads];
-  const float* row = logits + int64_t(blockIdx.x) * n;
-  unsigned long long below = ~0ull;
-  for (int64_t j = 0; j < k; ++j) {
-    unsigned long long mine = 0;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      unsigned long long key = (static_cast<unsigned long long>(ordered(row[i])) << 32) |
-                               (0xFFFFFFFFull - static_cast<unsigned long long>(i));
-      if (key < below && key > mine) mine = key;
-    }
-    best[threadIdx.x] = mine;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-      if (threadIdx.x < s && best[threadIdx.x + s] > best[threadIdx.x]) best[threadIdx.x] = best[threadIdx.x + s];
-      __syncthreads();
-    }
-    below = best[0];
-    if (threadIdx.x == 0) indices[int64_t(blockIdx.x) * k + j] = int64_t(0xFFFFFFFFull - (below & 0xFFFFFFFFull));
-    __syncthreads();
-  }
-}
-
 extern "C" int bakery_swiglu_clamp_bf16(const void* x, void* out, int64_t rows, int64_t d, float limit,
                                         void* stream) {
   int64_t total = rows * d;
@@ -116,14 +74,6 @@ extern "C" int bakery_swiglu_clamp_bf16(const void* x, void* out, int64_t rows, 
   int64_t blocks = (total + 255) / 256;
   swiglu_clamp_bf16_kernel<<<unsigned(blocks < 65535 ? blocks : 65535), 256, 0, (gpu_stream_t)stream>>>(
       static_cast<const uint16_t*>(x), static_cast<uint16_t*>(out), rows, d, limit);
-  return gpu_get_last_error() == gpu_success ? 0 : 1;
-}
-
-extern "C" int bakery_topk_f32(const float* logits, int64_t rows, int64_t n, int64_t k, int64_t* indices,
-                               void* stream) {
-  if (rows == 0 || k == 0) return 0;
-  if (k > n || n > 0xFFFFFFFFll) return 2;
-  topk_f32_kernel<<<unsigned(rows), kTopkThreads, 0, (gpu_stream_t)stream>>>(logits, n, k, indices);
   return gpu_get_last_error() == gpu_success ? 0 : 1;
 }
 
