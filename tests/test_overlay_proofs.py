@@ -25,7 +25,7 @@ from conftest import ROOT, invoke
 pytest.importorskip("torch", reason="the overlay proofs need CPU torch (pip install -e '.[test]')")
 
 REQUIRED = ["mxfp4-bitmatrix-padding-mask", "cpu-kv-transfer-fence", "fnuz-indexer-cache-writer",
-            "exact-swiglu-clamp-kernel", "independent-draft-gumbel"]
+            "exact-swiglu-clamp-kernel", "independent-draft-gumbel", "deterministic-sampler-topk-topp"]
 
 
 @pytest.fixture(scope="module")
@@ -271,6 +271,34 @@ def test_the_swiglu_proof_imports_bakery_kernels_as_the_image_does(versions):
     assert prove.run(spec_of("exact-swiglu-clamp-kernel"), overlaid, {}).verdict == prove.FIXED
     verdict = prove.run(spec_of("exact-swiglu-clamp-kernel"), misspelt, {})
     assert verdict.verdict == prove.BROKEN and verdict.measured["fallback"]["differ"] > 0, verdict.reason
+
+
+SAMPLER = "deterministic-sampler-topk-topp"
+ROUTE = b"        return _bakery_kernels.top_k_top_p(logits, k, p)\n"
+
+
+@pytest.mark.parametrize("route, named", [
+    # ties broken to the higher token index: the row reversed, masked, reversed back
+    (b"        return _bakery_kernels.top_k_top_p(logits.flip(-1), None if k is None else k, p).flip(-1)\n",
+     "ties: "),
+    # the deterministic path for big batches only: a row alone takes the stock sort
+    (b"        if logits.shape[0] >= 8:\n            return _bakery_kernels.top_k_top_p(logits, k, p)\n",
+     "batch dependence: "),
+    # NaN ranked first and kept, as the sort path ranks it
+    (b"        nan = logits.isnan()\n        out = _bakery_kernels.top_k_top_p(logits.masked_fill(nan, 3e38), k, p)\n"
+     b"        return out.masked_fill_(nan & (out > float('-inf')), float('nan'))\n", "NaN: "),
+], ids=["ties to the higher index", "only in big batches", "NaN kept"])
+def test_the_sampler_proof_names_the_property_a_wrong_route_breaks(versions, reads, route, named):
+    """The overlaid sampler, its route to bakery_kernels changed so that one property of the
+    semantics fails: BROKEN, naming it (the proof's own reference, not the glue, decides)."""
+    overlaid = versions[SAMPLER][1].read_bytes()
+    assert overlaid.count(ROUTE) == 1
+    spec = spec_of(SAMPLER)
+    files = {r: reads[r] for r in spec.reads}
+    assert prove.run(spec, overlaid, files).verdict == prove.FIXED
+    verdict = prove.run(spec, overlaid.replace(ROUTE, route), files)
+    assert verdict.verdict == prove.BROKEN and named in verdict.reason.split("; without bakery_kernels")[0], \
+        verdict.reason
 
 
 def test_proofs_on_a_gpu_where_there_is_none_say_so_in_one_line(tmp_path, monkeypatch):

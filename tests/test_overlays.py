@@ -203,7 +203,8 @@ def test_rebase_026_to_027_end_to_end_without_the_old_base(project, fixture_base
     assert table["cpu-kv-transfer-fence"] == "ported (exact), proven"
     assert table["exact-swiglu-clamp-kernel"] == "ported (offset), proven"
     assert table["sparse-mla-prefill-bh64"] == "ported (known port), not proven here"
-    assert "[6/6] independent-draft-gumbel" in result.stderr
+    assert table["deterministic-sampler-topk-topp"] == "ported (offset), proven"
+    assert "[7/7] independent-draft-gumbel" in result.stderr
     # the audit records' probes: 0.27.0 brings the Gluon decode path the DSpark causal fix targets
     assert {k: v for k, v in table.items() if k not in lock_ids(lock)} == {
         "deterministic-indexer-topk": "audit holds", "dspark-causal-verify-flatten": "audit changed: re-check",
@@ -219,7 +220,7 @@ def test_rebase_026_to_027_end_to_end_without_the_old_base(project, fixture_base
     assert {k: (v.get("stock"), v.get("overlaid")) for k, v in proofs.items() if "script" in v} == \
         {k: ("BROKEN", "FIXED") for k in ("mxfp4-bitmatrix-padding-mask", "cpu-kv-transfer-fence",
                                           "fnuz-indexer-cache-writer", "exact-swiglu-clamp-kernel",
-                                          "independent-draft-gumbel")}
+                                          "independent-draft-gumbel", "deterministic-sampler-topk-topp")}
     assert all(len(v.get("code_sha256", "x" * 64)) == 64 for v in proofs.values())
 
 
@@ -232,6 +233,7 @@ def test_committed_ports_carry_every_overlay_to_027(project, fixture_base_027):
         "cpu-kv-transfer-fence": "ported (exact), proven", "fnuz-indexer-cache-writer": "ported (exact), proven",
         "exact-swiglu-clamp-kernel": "ported (known port), proven",
         "independent-draft-gumbel": "ported (known port), proven",
+        "deterministic-sampler-topk-topp": "ported (offset), proven",
         "sparse-mla-prefill-bh64": "ported (known port), not proven here"}
 
 
@@ -283,7 +285,7 @@ def test_rebase_retires_an_overlay_that_upstream_fixed(project, registry, fixtur
     gumbel = next(o for o in overlays_mod.load(project / "overlays" / "overlays.yaml") if o.id == "independent-draft-gumbel")
     assert gumbel.status == "already-upstream" and not gumbel.baked
     lock = json.loads((project / "overlays" / "overlays.lock").read_text())
-    assert "independent-draft-gumbel" not in {e["id"] for e in lock["overlays"]} and len(lock["overlays"]) == 5
+    assert "independent-draft-gumbel" not in {e["id"] for e in lock["overlays"]} and len(lock["overlays"]) == 6
 
 
 @pytest.fixture

@@ -297,6 +297,36 @@ def _interpreter_patch_once() -> None:
     interpreter._get_np_dtype = get_np_dtype
 
 
+def tensor_ranges() -> None:
+    """Compiled Triton makes a `tl.range` loop variable a tensor (vLLM's top-k/top-p kernel calls
+    `row_id.to(tl.int64)` on it); the interpreter hands out Python ints. Make it a 0-d int32 tensor,
+    as compiled. Opt-in, for the proof whose kernel needs it: the others' kernels keep the ints."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    import numpy as np
+    from triton.runtime import interpreter
+
+    core = interpreter._patch_lang_core
+    if getattr(core, "tensor_ranges", False):
+        return
+    tl = interpreter.tl
+
+    def value(x) -> int:
+        return int(x.handle.data.item()) if hasattr(x, "handle") else int(getattr(x, "value", x))
+
+    def tensor_range(arg1, arg2=None, step=None, **kwargs):
+        start, end = (0, arg1) if arg2 is None else (arg1, arg2)
+        for i in range(value(start), value(end), value(step or 1)):
+            yield tl.tensor(interpreter.TensorHandle(np.array(i, dtype=np.int32), tl.int32), tl.int32)
+
+    def patch_core(lang, scope):
+        core(lang, scope)
+        scope.set_attr(lang, "range", tensor_range)
+
+    patch_core.tensor_ranges = True
+    interpreter._patch_lang_core = patch_core
+
+
 def _interpreter_bool_masks() -> None:
     """Triton's interpreter hands some masks broadcast from a scalar (a kernel's `is_valid_req`,
     `valid_block`) to its store as int32, which it then refuses; on a GPU they are i1. Give it the
