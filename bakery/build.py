@@ -305,6 +305,7 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
     overlay_files = tuple(FileEntry(a.overlay.target, a.result) for a in applied)
 
     recipe = hip_mod.load(project / "hip")
+    hip_mod.check_serves(recipe, {a.overlay.id for a in applied})
     compiled = hip_mod.compile_recipe(recipe, opts.toolchain_for(opened.spec), _cache_dir() / "hip", log, remote,
                                       trust, opts.recompile)
     kernel_files = hip_mod.files(recipe, compiled.artifacts)

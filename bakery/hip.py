@@ -213,6 +213,16 @@ class Artifact:
                 "serves": [dict(s) for s in self.serves]}
 
 
+def check_serves(recipe: Recipe, baked: set[str]) -> None:
+    """What extensions.yaml says an operator serves holds only through an overlay this build bakes."""
+    for ext in recipe.extensions:
+        for use in ext.get("serves") or []:
+            if use["overlay"] not in baked:
+                raise InputError(f"{recipe.root / 'extensions.yaml'}: {ext['name']} says {use['operator']} serves "
+                                 f"{use['function']} through overlay {use['overlay']}, which this build does not "
+                                 f"bake: correct serves: or the overlay")
+
+
 def toolchain_identity(connect, image: str) -> str:
     """The toolchain image by content: the digest it is pinned by (no Docker needed), else the ID
     of the local image Docker has under that name (connect() gives the Docker client)."""

@@ -8,6 +8,8 @@ import importlib.util
 import json
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -342,12 +344,14 @@ def test_each_operator_serves_a_vllm_function_through_a_baked_overlay():
     registered = {o.id: o for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml")}
     lock = {e["id"]: e for e in overlays_mod.read_lock(ROOT / "overlays" / "overlays.lock")["overlays"]}
     operators = set(re.findall(r'm\.def\("(\w+)\(', (ROOT / "hip" / "src" / "binding.cpp").read_text()))
-    glue = (ROOT / "hip" / "bakery_kernels" / "__init__.py").read_text()
+    glue = ast.parse((ROOT / "hip" / "bakery_kernels" / "__init__.py").read_text())
     for ext in recipe.extensions:
         assert {s["operator"].removeprefix("bakery::") for s in ext["serves"]} == operators
         for use in ext["serves"]:
             op, overlay = use["operator"].removeprefix("bakery::"), registered[use["overlay"]]
-            assert overlay.baked and f"torch.ops.bakery.{op}(" in glue
+            entry = next(n for n in glue.body if isinstance(n, ast.FunctionDef) and n.name == op.rstrip("_"))
+            assert overlay.baked and any(isinstance(n, ast.Call) and ast.unparse(n.func) == f"torch.ops.bakery.{op}"
+                                         for n in ast.walk(entry)), (op, "the glue does not call the operator")
             parts = use["function"].split(".")
             cut = next(i for i in range(len(parts), 0, -1) if overlay.target.endswith("/".join(parts[:i]) + ".py"))
             stock = overlays_mod.read_stock(ROOT / "overlays", lock[overlay.id]["base_sha256"])
@@ -359,3 +363,23 @@ def test_each_operator_serves_a_vllm_function_through_a_baked_overlay():
             calls = {f"{n.func.value.id}.{n.func.attr}" for n in ast.walk(scope) if isinstance(n, ast.Call)
                      and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)}
             assert f"_bakery_kernels.{op.rstrip('_')}" in calls, (use, calls)
+
+
+def test_a_build_that_does_not_bake_the_overlay_an_operator_serves_through_is_refused():
+    recipe = hip.load(ROOT / "hip")
+    hip.check_serves(recipe, {"deterministic-sampler-topk-topp", "exact-swiglu-clamp-kernel"})
+    with pytest.raises(InputError, match="through overlay deterministic-sampler-topk-topp, which this build does not bake"):
+        hip.check_serves(recipe, {"exact-swiglu-clamp-kernel"})
+
+
+def test_a_baked_library_that_does_not_load_stops_the_import(tmp_path):
+    """In the image the library sits beside the glue: if it does not load in the base's torch, the
+    import fails with a RuntimeError, which the overlays' `except ImportError` does not swallow, so
+    vLLM stops instead of serving the stock sampler it was routed away from."""
+    pytest.importorskip("torch")
+    package = tmp_path / "bakery_kernels"
+    package.mkdir()
+    (package / "__init__.py").write_bytes((ROOT / "hip" / "bakery_kernels" / "__init__.py").read_bytes())
+    (package / "_C_stable_libtorch.so").write_bytes(b"not an ELF")
+    run = subprocess.run([sys.executable, "-c", "import bakery_kernels"], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode != 0 and "RuntimeError: bakery_kernels:" in run.stderr and "does not load" in run.stderr

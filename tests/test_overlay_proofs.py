@@ -301,6 +301,18 @@ def test_the_sampler_proof_names_the_property_a_wrong_route_breaks(versions, rea
         verdict.reason
 
 
+def test_the_sampler_proof_cannot_prove_what_the_served_sampler_no_longer_calls(versions, reads):
+    """A base whose served sampler stopped calling apply_top_k_top_p: the overlay would route a
+    function nothing serves with, so no verdict (FIXED would claim a served path that is not there)."""
+    spec = spec_of(SAMPLER)
+    caller = "/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu/sample/sampler.py"
+    files = {r: reads[r] for r in spec.reads}
+    assert files[caller].count(b"apply_top_k_top_p(") == 2
+    files[caller] = files[caller].replace(b"apply_top_k_top_p(", b"apply_top_k_top_p_v2(")
+    verdict = prove.run(spec, versions[SAMPLER][1].read_bytes(), files)
+    assert verdict.verdict == prove.CANNOT and "no longer calls apply_top_k_top_p" in verdict.reason, verdict.reason
+
+
 def test_proofs_on_a_gpu_where_there_is_none_say_so_in_one_line(tmp_path, monkeypatch):
     if list(Path("/dev").glob("nvidia*")) or Path("/dev/kfd").exists():
         pytest.skip("this machine has a GPU")

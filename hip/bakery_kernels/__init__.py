@@ -18,14 +18,21 @@ FLT_MAX = torch.finfo(torch.float32).max
 
 
 def _load() -> bool:
+    """True where the compiled library is baked beside this file and loads; False where it is not
+    there (a checkout, a proof's sandbox). A baked library that does not load, or lacks an operator,
+    is an error (RuntimeError, which the overlays' `except ImportError` does not catch: vLLM stops):
+    a quiet PyTorch fallback on the GPU would serve with host syncs and without the kernel the image
+    says it serves."""
     if not os.path.exists(_LIB):
         return False
     try:
         torch.ops.load_library(_LIB)
-        return hasattr(torch.ops, "bakery") and hasattr(torch.ops.bakery, "top_k_top_p_") \
-            and hasattr(torch.ops.bakery, "swiglu_clamp")
-    except (OSError, RuntimeError):
-        return False
+    except (OSError, RuntimeError) as e:
+        raise RuntimeError(f"bakery_kernels: {_LIB} is baked but does not load in this torch: {e}") from e
+    missing = [op for op in ("top_k_top_p_", "swiglu_clamp") if not hasattr(torch.ops.bakery, op)]
+    if missing:
+        raise RuntimeError(f"bakery_kernels: {_LIB} registers no bakery::{', bakery::'.join(missing)}")
+    return True
 
 
 HAVE_EXTENSION = _load()

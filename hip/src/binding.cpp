@@ -24,12 +24,14 @@ using torch::stable::Tensor;
 using torch::headeronly::ScalarType;
 
 // The caller's current GPU stream (CUDA graphs capture on it). Looked up at run time: a CPU-only
-// torch does not export it, and the library must still load there.
+// torch does not export it, and the library must still load there. On the GPU it must be found:
+// a launch on the null stream would race vLLM's stream and break a graph capture.
 void* current_stream(const Tensor& t) {
   using Fn = AOTITorchError (*)(int32_t, void**);
   static Fn fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "aoti_torch_get_current_cuda_stream"));
   void* stream = nullptr;
-  if (fn != nullptr) fn(t.get_device_index(), &stream);
+  STD_TORCH_CHECK(fn != nullptr && fn(t.get_device_index(), &stream) == AOTI_TORCH_SUCCESS,
+                  "bakery: this torch does not give the current GPU stream (aoti_torch_get_current_cuda_stream)");
   return stream;
 }
 
@@ -58,6 +60,7 @@ Tensor top_k_top_p_(Tensor logits, std::optional<Tensor> k, std::optional<Tensor
   STD_TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1,
                   "bakery::top_k_top_p_: logits must be [rows, n] with unit stride along n");
   int64_t rows = logits.size(0), n = logits.size(1);
+  STD_TORCH_CHECK(rows <= 1 || logits.stride(0) >= n, "bakery::top_k_top_p_: rows must not overlap");
   const void* kp = nullptr;
   int k64 = 0;
   if (k.has_value()) {

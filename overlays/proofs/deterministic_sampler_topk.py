@@ -1,10 +1,13 @@
 """(h) The sampler's top-k/top-p: one answer per row, whatever the batch, whatever ties and NaN.
 
-Usage: python deterministic_sampler_topk.py TARGET TRITON
+Usage: python deterministic_sampler_topk.py TARGET TRITON SAMPLER
 TARGET is the stock or overlaid vllm/v1/sample/ops/topk_topp_sampler.py, TRITON the same base's
-topk_topp_triton.py. They load as vLLM imports them on ROCm (_proof.load_vllm, a platform that is
-not the CPU): apply_top_k_top_p, which the served sampler (vllm/v1/worker/gpu/sample/sampler.py)
-calls, takes vLLM's Triton kernel for 8 rows or more and its sort path below. The overlaid target
+topk_topp_triton.py, SAMPLER its vllm/v1/worker/gpu/sample/sampler.py: the served sampler of the
+V2 model runner (which DSpark speculative decoding selects), read as text; if its Sampler no longer
+calls apply_top_k_top_p from the target, what the overlay routes is off the served path, and the
+proof says it cannot tell (CANNOT-PROVE). The target and TRITON load as vLLM imports them on ROCm
+(_proof.load_vllm, a platform that is not the CPU): apply_top_k_top_p takes vLLM's Triton kernel
+for 8 rows or more and its sort path below (0.26-0.29; from 0.30 Triton for every batch). The overlaid target
 finds the bakery_kernels package the image bakes (here its PyTorch path: tests/gpu shows the HIP
 kernel bit-identical to it); the run without the package is reported too.
 Reference, written here from the semantics of the seed's fix (sampler.topk-tiebreak-sanitize) in
@@ -21,6 +24,7 @@ p=0.95 without top-k, k=1 on a tied maximum, ties inside the nucleus, a mixed ro
 batch. BROKEN names what fails: ties (not exactly k), NaN (kept), batch dependence, other rows.
 """
 
+import ast
 import contextlib
 import inspect
 import math
@@ -205,9 +209,25 @@ def described(failed: list[str], unjudged: int) -> str:
     return verdict + (f" ({unjudged} top-p decisions within 1e-4 of p not judged)" if unjudged else "")
 
 
+def served(sampler_py: str) -> None:
+    """The served sampler imports apply_top_k_top_p from the target's module and its Sampler calls it."""
+    tree = ast.parse(Path(sampler_py).read_text())
+    imported = any(isinstance(n, ast.ImportFrom) and n.module == SAMPLER and
+                   any(a.name == "apply_top_k_top_p" and a.asname is None for a in n.names) for n in tree.body)
+    sampler = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Sampler"), None)
+    called = sampler is not None and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and
+                                         n.func.id == "apply_top_k_top_p" for n in ast.walk(sampler))
+    if not (imported and called):
+        raise _proof.CannotProve("the served sampler (vllm/v1/worker/gpu/sample/sampler.py) no longer calls "
+                                 "apply_top_k_top_p from this module: what the overlay routes may be off the "
+                                 "served path; find what the base's Sampler calls now")
+
+
 def prove(args):
-    if len(args) != 2:
-        raise _proof.CannotProve("needs the base's topk_topp_triton.py beside the target")
+    if len(args) != 3:
+        raise _proof.CannotProve("needs the base's topk_topp_triton.py and worker/gpu/sample/sampler.py "
+                                 "beside the target")
+    served(args[2])
     _proof.tensor_ranges()
     x, k, p, what = inputs()
     image, unjudged = judge(apply_top_k_top_p(args[0], args[1], with_package=True), x, k, p, what)
