@@ -95,7 +95,8 @@ def swiglu_clamp(x: torch.Tensor, limit: float) -> torch.Tensor:
 #   q = 0 if u > 23 * 65536, else rint(A[u >> 14] * B[(u >> 7) & 127] * C[u & 127] * 2**32),
 # float32 products of the tables A[i] = exp(-i/4), B[j] = exp(-j/512), C[l] = exp(-l/65536), each
 # built by _exp_det and rounded to float32. So q is exp(x - x_max) * 2**32 to about 2e-5 relative
-# (x - x_max taken to 1/65536, below e**-23 it is 0), and it never decreases as x grows. This is the
+# where q is above 1e5 units (to half a unit, 2**-33, below that; x - x_max taken to 1/65536; 0
+# from about e**-22.2 down), and it never decreases as x grows. This is the
 # one difference from a float64 sum of exp(x - x_max). If a survivor is +inf, each +inf survivor
 # weighs 2**32 and the others 0; if the best is -inf (or NaN) all weigh 0. The survivor at rank
 # position j (0-based) is kept iff the sum of q over the survivors before it is < p * W exactly (W the

@@ -86,9 +86,9 @@ extern "C" int bakery_swiglu_clamp_bf16(const void* x, void* out, int64_t rows, 
 //   q = rint(A[u >> 14] * B[(u >> 7) & 127] * C[u & 127] * 2^32), float32 products, where
 //   A[i] = exp(-i/4), B[j] = exp(-j/512), C[l] = exp(-l/65536) are float32 tables built from a fixed
 //   float64 polynomial (exp_det), identically here and in Python;
-// so q is exp(x - x_max) to about 2e-5 relative, non-decreasing in x, and every sum of q is an exact
-// integer (no rounding, no dependence on order). With a +inf survivor each +inf weighs 2^32 and the
-// rest 0. The survivor at rank position j is kept iff (sum of q ranked before it) < ceil(p * W), W the
+// so q is exp(x - x_max) to about 2e-5 relative above 1e5 units (half a unit below), non-decreasing
+// in x, and every sum of q is an exact integer (no rounding, no dependence on order). With a +inf
+// survivor each +inf weighs 2^32 and the rest 0. The survivor at rank position j is kept iff (sum of q ranked before it) < ceil(p * W), W the
 // sum over all survivors, p taken exactly; position 0 always. Thresholds are found by counting
 // passes (coarse value bins, then 8-bit key digits), in global memory or, once at most kListCap
 // candidates remain, in a shared-memory list. Integer atomics only: no result depends on timing.
