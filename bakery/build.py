@@ -304,8 +304,7 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
     overlays, applied, stale, proofs = checked_overlays(project, opts, opened, log)
     overlay_files = tuple(FileEntry(a.overlay.target, a.result) for a in applied)
 
-    recipe = hip_mod.load(project / "hip")
-    hip_mod.check_serves(recipe, {a.overlay.id for a in applied})
+    recipe = hip_mod.served(hip_mod.load(project / "hip"), {a.overlay.id for a in applied}, log)
     compiled = hip_mod.compile_recipe(recipe, opts.toolchain_for(opened.spec), _cache_dir() / "hip", log, remote,
                                       trust, opts.recompile)
     kernel_files = hip_mod.files(recipe, compiled.artifacts)

@@ -12,7 +12,7 @@ import struct
 import sys
 import tempfile
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import inputs
@@ -213,14 +213,19 @@ class Artifact:
                 "serves": [dict(s) for s in self.serves]}
 
 
-def check_serves(recipe: Recipe, baked: set[str]) -> None:
-    """What extensions.yaml says an operator serves holds only through an overlay this build bakes."""
+def served(recipe: Recipe, baked: set[str], log=print) -> Recipe:
+    """The recipe with only the `serves` claims this build makes true: one through an overlay it does
+    not bake (retired as fixed upstream, or a build with other overlays) is left out of the record
+    and the SBOM, and said."""
+    extensions = []
     for ext in recipe.extensions:
+        kept = [use for use in ext.get("serves") or [] if use["overlay"] in baked]
         for use in ext.get("serves") or []:
             if use["overlay"] not in baked:
-                raise InputError(f"{recipe.root / 'extensions.yaml'}: {ext['name']} says {use['operator']} serves "
-                                 f"{use['function']} through overlay {use['overlay']}, which this build does not "
-                                 f"bake: correct serves: or the overlay")
+                log(f"warning: {use['operator']} serves {use['function']} only through overlay {use['overlay']}, "
+                    f"which this build does not bake: not recorded as served")
+        extensions.append({**ext, "serves": kept})
+    return replace(recipe, extensions=tuple(extensions))
 
 
 def toolchain_identity(connect, image: str) -> str:

@@ -365,11 +365,17 @@ def test_each_operator_serves_a_vllm_function_through_a_baked_overlay():
             assert f"_bakery_kernels.{op.rstrip('_')}" in calls, (use, calls)
 
 
-def test_a_build_that_does_not_bake_the_overlay_an_operator_serves_through_is_refused():
+def test_a_build_records_only_what_its_overlays_make_served():
+    """A serves: claim holds through its overlay: a build that does not bake that overlay (retired as
+    fixed upstream, or other overlays) leaves the claim out of its record and SBOM, and says so."""
     recipe = hip.load(ROOT / "hip")
-    hip.check_serves(recipe, {"deterministic-sampler-topk-topp", "exact-swiglu-clamp-kernel"})
-    with pytest.raises(InputError, match="through overlay deterministic-sampler-topk-topp, which this build does not bake"):
-        hip.check_serves(recipe, {"exact-swiglu-clamp-kernel"})
+    both = {"deterministic-sampler-topk-topp", "exact-swiglu-clamp-kernel"}
+    assert hip.served(recipe, both, log=lambda m: None) == recipe
+    said = []
+    only_swiglu = hip.served(recipe, {"exact-swiglu-clamp-kernel"}, log=said.append)
+    assert [u["overlay"] for u in only_swiglu.extensions[0]["serves"]] == ["exact-swiglu-clamp-kernel"]
+    assert len(said) == 1 and "only through overlay deterministic-sampler-topk-topp" in said[0]
+    assert only_swiglu.key("toolchain") == recipe.key("toolchain")  # the same compile: only the claim differs
 
 
 def test_a_baked_library_that_does_not_load_stops_the_import(tmp_path):

@@ -317,3 +317,17 @@ def test_the_next_nightly_is_ours_to_order_not_upstream_s():
     ledger_ = track.Ledger("u", "m", (pin, older_claim, same_run_older, tried))
     assert track.pending(ledger_, pin.digest) is older_claim
     assert track.pending(track.Ledger("u", "m", (pin, same_run_older, tried)), pin.digest) is None
+
+
+def test_an_upstream_that_floods_new_nightlies_is_refused_before_copying(pinned_project, nightlies, monkeypatch):
+    """More new digests in one run than MAX_NEW: refused with one line before anything is mirrored
+    or recorded (a hostile or mistaken upstream cannot fill the mirror and the ledger)."""
+    from bakery.errors import InputError
+
+    n = nightlies
+    monkeypatch.setattr(track, "MAX_NEW", 1)
+    with pytest.raises(InputError, match="offers 2 nightlies not yet kept .* more than 1 in one run"):
+        track.track(pinned_project, n["upstream"].name, n["mirror"].name, "*",
+                    pinned_project / "image" / "nightlies.yaml", "linux/amd64", log=lambda m: None)
+    assert not (pinned_project / "image" / "nightlies.yaml").exists()
+    assert not n["registry"].manifest_exists(n["mirror"].repository, n["b"])
