@@ -483,16 +483,15 @@ def report(result: Bump, kits: Path) -> str:
     head = (f"Nightly {n.label()}: overlays carried and proven" if result.carried
             else f"Nightly {n.label()}: overlays need porting" if any(not r.carried for r in required)
             else f"Nightly {n.label()}: an overlay may be fixed upstream, confirm by hand")
-    cell = escaped
     lines = [f"# {head}", "", "| | |", "| --- | --- |",
-             f"| upstream | `{result.upstream}@{n.digest}` |", f"| tags | {cell(n.label())} |",
-             f"| created | {n.created} |", f"| vLLM | {cell(n.vllm)} |", f"| AITER | {cell(n.aiter)} |",
+             f"| upstream | `{result.upstream}@{n.digest}` |", f"| tags | {escaped(n.label())} |",
+             f"| created | {n.created} |", f"| vLLM | {escaped(n.vllm)} |", f"| AITER | {escaped(n.aiter)} |",
              f"| mirrored | `{n.mirrored}` |", f"| previous pin | `{result.previous}` |", "",
              "## Overlays (`invoke rebase`, each proven on the new base)", "",
              "| overlay | required | status | verdict and reason |", "| --- | --- | --- | --- |"]
     audits = [r for r in result.rows if not r.overlay.baked]
-    lines += [f"| {r.overlay.id} | yes | {r.status} | {cell(r.detail)} |" for r in required]  # statuses are ours
-    lines += [f"| {r.overlay.id} | no (audit) | {r.status} | {cell(r.detail)} |" for r in audits]
+    lines += [f"| {r.overlay.id} | yes | {r.status} | {escaped(r.detail)} |" for r in required]  # statuses are ours
+    lines += [f"| {r.overlay.id} | no (audit) | {r.status} | {escaped(r.detail)} |" for r in audits]
     changed = [r for r in audits if r.status.startswith("audit changed")]
     lines += ["", "## Audit records that changed", ""]
     lines += [f"- **{r.overlay.id}**: {escaped(r.detail)}" for r in changed] or ["none"]

@@ -375,6 +375,27 @@ def load_vllm(real: dict[str, str], modeled: dict[str, dict] | None = None,
     return loaded
 
 
+def bind_launch(kernel, given: dict, spec: dict) -> dict:
+    """The launch arguments vLLM's declarative launchers (0.33 on) give a Triton kernel: what the
+    launch spec names, then the calling function's own arguments bound to the kernel's parameters of
+    the same name (as is, with _ptr, in capitals, or both), then a bound tensor's strides to
+    NAME_STRIDE_D. Modeled for the proofs: it moves arguments, it computes nothing."""
+    import torch
+
+    names = inspect.signature(kernel.fn).parameters
+    spec = dict(spec)
+    for name, value in given.items():
+        target = next((n for n in (name, f"{name}_ptr", name.upper(), f"{name.upper()}_PTR") if n in names), None)
+        if target and target not in spec:
+            spec[target] = value
+    for name in names:
+        base, sep, dim = name.rpartition("_STRIDE" if "_STRIDE" in name else "_stride")
+        source = spec.get(base, spec.get(base + ("_PTR" if sep == "_STRIDE" else "_ptr")))
+        if sep and name not in spec and torch.is_tensor(source) and dim.lstrip("_").isdigit():
+            spec[name] = source.stride(int(dim.lstrip("_")))
+    return spec
+
+
 def need(owner, name: str):
     """owner.name, or CANNOT-PROVE naming the symbol the proof needs and the target lacks."""
     found = getattr(owner, name, None)

@@ -79,28 +79,15 @@ class Platform:
 
 
 def dispatcher(*, kernel=None, warmup_inputs=None):
-    """vLLM's declarative Triton dispatcher (0.33 on: the function returns the grid and launch
-    arguments, the dispatcher binds the function's own arguments to the kernel's parameters of the
-    same name, in capitals or with _ptr, and a tensor's strides to NAME_STRIDE_D, and launches).
-    Modeled: it moves arguments, computes nothing."""
+    """vLLM's declarative Triton dispatcher (0.33 on): the decorated function returns the grid and
+    launch arguments; the rest is bound as _proof.bind_launch models it, and the kernel launched."""
     def decorate(dispatch):
         def launch(*args, **kwargs):
             given = inspect.signature(dispatch).bind(*args, **kwargs)
             given.apply_defaults()
             grid, spec = dispatch(*args, **kwargs)[:2]
             spec = {k: v for k, v in spec.items() if k not in ("num_warps", "num_stages")}
-            names = inspect.signature(kernel.fn).parameters
-            for name, value in given.arguments.items():
-                target = next((n for n in (name, f"{name}_ptr", name.upper(), f"{name.upper()}_PTR") if n in names),
-                              None)
-                if target and target not in spec:
-                    spec[target] = value
-            for name in names:  # X_STRIDE_D (or x_stride_d) of a bound tensor X: its stride along D
-                base, sep, dim = name.rpartition("_STRIDE" if "_STRIDE" in name else "_stride")
-                source = spec.get(base, spec.get(base + ("_PTR" if sep == "_STRIDE" else "_ptr")))
-                if sep and name not in spec and torch.is_tensor(source) and dim.lstrip("_").isdigit():
-                    spec[name] = source.stride(int(dim.lstrip("_")))
-            kernel[grid](**spec)
+            kernel[grid](**_proof.bind_launch(kernel, given.arguments, spec))
         return launch
     return decorate
 

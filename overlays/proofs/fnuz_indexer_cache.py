@@ -19,7 +19,6 @@ on a CPU.
 """
 
 import hashlib
-import inspect
 
 import _proof  # beside this script; first: it picks Triton's interpreter or the GPU
 import numpy as np
@@ -46,19 +45,13 @@ class Platform:
 
 
 def kernel_launcher(call):
-    """vLLM's declarative launcher (0.33 on: the method returns (grid, launch arguments), the
-    launcher binds the call's own arguments to the kernel's parameters of the same name, with _ptr
-    or in capitals, and launches). Modeled: it moves arguments, it computes nothing."""
+    """vLLM's declarative launcher (0.33 on): the method returns (grid, launch arguments); the rest
+    is bound as _proof.bind_launch models it, and the kernel launched."""
     def launch(self, **given):
         grid, spec = call(self, **given)[:2]
         spec = dict(spec)
         kernel = spec.pop("kernel", None) or self.kernel
-        names = inspect.signature(kernel.fn).parameters
-        for name, value in given.items():
-            target = next((n for n in (name, f"{name}_ptr", name.upper(), f"{name.upper()}_PTR") if n in names), None)
-            if target and target not in spec:
-                spec[target] = value
-        kernel[grid](**spec)
+        kernel[grid](**_proof.bind_launch(kernel, given, spec))
     return launch
 
 
