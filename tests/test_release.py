@@ -145,7 +145,7 @@ def test_nothing_that_runs_the_candidate_can_push():
     assert runs_candidate == ["smoke"]
     assert jobs["smoke"]["permissions"] == {"contents": "read", "packages": "read"}
     assert "--envelope" in job_commands(jobs["smoke"]) and "--envelope" in job_commands(jobs["attach-smoke"])
-    assert "--key smoke.pub --role smoke" in job_commands(jobs["attach-smoke"])
+    assert '--key "$RUNNER_TEMP/smoke.pub" --role smoke' in job_commands(jobs["attach-smoke"])
 
 
 def test_actions_are_pinned_by_commit_and_packages_by_hash():
