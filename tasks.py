@@ -179,10 +179,13 @@ def demo(c):
     print(ref)
 
 
-@task(help={"k": "only tests matching this pytest -k expression", "x": "stop at the first failure"})
-def test(c, k=None, x=False):
-    """Run the whole test suite against the real engine and registry (started if need be)."""
+@task(help={"k": "only tests matching this pytest -k expression", "x": "stop at the first failure",
+            "rehearsal": "also run the workflow rehearsals under act (tests/test_rehearse.py: minutes each; CI runs them)"})
+def test(c, k=None, x=False, rehearsal=False):
+    """Run the test suite against the real engine and registry (started if need be)."""
     args = [sys.executable, "-m", "pytest", "-ra", "tests"]
+    if not rehearsal:
+        args += ["-m", "not rehearsal"]
     if k:
         args += ["-k", k]
     if x:
@@ -625,17 +628,20 @@ def smoke(c, image, model_dir, port=8000, report=None, record=False, attest=Fals
             "tag": "the release tag to point at it (e.g. v1.2.0)",
             "key": "a release public key PEM (added to the policy's)",
             "smoke_key": "a smoke public key PEM (added to the policy's)",
-            "policy": "verification policy (default: provenance/policy.yaml)"})
+            "policy": "verification policy (default: provenance/policy.yaml)",
+            "rebuilder_key": "a rebuilder public key PEM, added to the policy's roles.rebuilder keys (repeatable)",
+            "require_rebuilds": "demand that this many distinct rebuilder keys attest a rebuild giving this digest"},
+      iterable=["rebuilder_key"])
 @reports_errors
-def promote(c, image, tag, key=None, smoke_key=None, policy=None):
+def promote(c, image, tag, key=None, smoke_key=None, policy=None, rebuilder_key=None, require_rebuilds=0):
     """Tag a digest for release, only if it verifies with a passing MI300X smoke attestation."""
     from bakery import store, verify as verify_mod
     from bakery.refs import Reference
 
     ref = Reference.parse_pinned(image, "image")
     where = store.RegistryStore(ref)
-    pol = _load_policy(policy, _role_keys(key, smoke_key))
-    report = verify_mod.verify(where, ref, pol, require_smoke=True, blobs=False)
+    pol = _load_policy(policy, {**_role_keys(key, smoke_key), "rebuilder": [Path(k) for k in rebuilder_key or []]})
+    report = verify_mod.verify(where, ref, pol, require_smoke=True, blobs=False, require_rebuilds=int(require_rebuilds))
     verify_mod.require(report)
     where.put_manifest(tag, where.manifest(str(ref.digest)))
     print(f"{ref.name}:{tag} -> {ref.digest}")
@@ -730,3 +736,31 @@ def compile(c, toolchain=None, verify=False, registry=None, key=None, policy=Non
     for a in compiled.artifacts:
         _log(f"  {a.name}: {a.arch}, kernels {', '.join(a.code_objects[0]['kernels'])}; {a.toolchain}")
         print(f"{hashlib.sha256(a.data).hexdigest()}  {a.dest}")
+
+
+@task(help={"workflow": "release (default: a v* tag push) or nightly (a schedule)",
+            "drill": "release: broken-proof, unsigned-kernels, smoke-failed, rebuild-mismatch, foreign-revision or "
+                     "dirty-checkout (each must stop the release); nightly: needs-porting",
+            "smoke_stand_in": "release: the smoke job's MI300X step signs the tests' stand-in report (there is no "
+                              "MI300X here), so attach-smoke and promote run",
+            "work": "folder for the rehearsal's clone, keys, logs and artifacts (default: out/rehearsal)"})
+@reports_errors
+def rehearse(c, workflow="release", drill=None, smoke_stand_in=False, work=None):
+    """Run a workflow end to end on this machine under act, against the local registry; print the job table."""
+    from bakery import rehearse as rehearse_mod
+    from bakery.errors import InputError
+
+    where = Path(work) if work else PROJECT / "out" / "rehearsal"
+    if workflow == "release":
+        name = drill or ("stand-in" if smoke_stand_in else "no-mi300x")
+        outcome = rehearse_mod.release(PROJECT, where / name, _log,
+                                       smoke="stand-in" if smoke_stand_in else "none", drill=drill)
+    elif workflow == "nightly":
+        if drill not in (None, "needs-porting"):
+            raise InputError(f"--drill {drill}: the nightly workflow's is needs-porting")
+        outcome = rehearse_mod.nightly(PROJECT, where / (drill or "nightly"), _log, porting=drill == "needs-porting")
+    else:
+        raise InputError(f"--workflow {workflow}: release or nightly")
+    print(outcome.table())
+    if outcome.image:
+        print(f"candidate: {outcome.image}")

