@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(docker.io docker-registry skopeo debootstrap bubblewrap caddy apache2-utils python3-venv git ca-certificates)
+packages=(docker.io docker-registry skopeo debootstrap bubblewrap caddy apache2-utils python3-venv git ca-certificates gh)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

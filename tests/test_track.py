@@ -17,29 +17,10 @@ import yaml
 from conftest import copy_project, invoke, last_line
 from proxy import FaultyProxy
 
-from bakery import mirror, track
+from bakery import track
+from bakery.rehearse import tag_image as put_tag
 from bakery.refs import Descriptor, Digest, Reference
 from bakery.registry import Registry
-
-
-def put_tag(registry: Registry, src: Reference, dest: Reference, created: str | None = None, **config_edits) -> Digest:
-    """Tag src's image in dest (blobs mounted); with created (or other config fields), a copy whose
-    config says so (a different digest: the nightly built later)."""
-    if created is None and not config_edits:
-        return mirror.copy(src, dest, {registry.name: registry}, log=lambda m: None).digest
-    body, media_type, _ = registry.get_manifest(src)
-    manifest = json.loads(body)
-    config = json.loads(registry.fetch_blob(src.repository, Descriptor.from_json(manifest["config"])))
-    config.update(config_edits, **({"created": created} if created else {}))
-    config_bytes = json.dumps(config).encode()
-    config_desc = Descriptor(manifest["config"]["mediaType"], Digest.of(config_bytes), len(config_bytes))
-    registry.upload_blob(dest.repository, config_desc, lambda: iter([config_bytes]))
-    for layer in manifest["layers"]:
-        registry.mount_blob(dest.repository, Digest.parse(layer["digest"]), src.repository)
-    manifest["config"] = config_desc.to_json()
-    body = json.dumps(manifest).encode()
-    registry.put_manifest(dest.repository, str(Digest.of(body)), body, media_type)
-    return registry.put_manifest(dest.repository, dest.tag, body, media_type)
 
 
 @pytest.fixture

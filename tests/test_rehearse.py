@@ -1,0 +1,306 @@
+"""The release workflow, run end to end under act (`invoke rehearse`), as a v* tag push.
+
+Real: act runs every job of the committed release.yml on this host, with the four actions vendored
+at the pinned commits, its artifact server on 127.0.0.1, the local registry with basic auth standing
+in for GHCR, a bare repository standing in for GitHub's git hosting. Stand-ins, said where used:
+there is no MI300X here, so the smoke job must fail closed; in the rehearsals that go past it, the
+smoke job's one MI300X step signs the report the tests use for the MI300X's (tests/test_smoke.py),
+with the smoke key the job holds.
+
+Slow (a rehearsal is minutes on 2 cores): marked `rehearsal`; .ci/run runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from bakery import provenance, rehearse
+from bakery.refs import Reference
+from bakery.registry import Registry
+
+from conftest import ROOT, invoke
+
+pytestmark = pytest.mark.rehearsal
+
+COSIGN = ROOT / ".tools" / "bin" / "cosign"
+
+
+@pytest.fixture(scope="session")
+def rehearsals(tmp_path_factory, registry):
+    """One folder for every rehearsal of the session (they share the fixture lock and wheels)."""
+    return tmp_path_factory.mktemp("rehearsals")
+
+
+def run(rehearsals, name: str, **kwargs) -> rehearse.Outcome:
+    outcome = rehearse.release(ROOT, rehearsals / name, log=lambda m: None, **kwargs)
+    print(f"\n{name}\n{outcome.table()}")
+    return outcome
+
+
+def job_log(outcome: rehearse.Outcome, job: str) -> str:
+    lines = []
+    for line in outcome.log.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("jobID") == job:
+            lines.append(entry.get("msg", ""))
+    return "\n".join(lines)
+
+
+def registry_env(outcome: rehearse.Outcome) -> dict:
+    host, user, password = outcome.extra["stage"].registry
+    return {"BAKERY_REGISTRY_HOSTS": host, "BAKERY_REGISTRY_USER": user, "BAKERY_REGISTRY_PASSWORD": password}
+
+
+def tag_digest(outcome: rehearse.Outcome, tag: str) -> str | None:
+    """What the rehearsal registry's image repository says `tag` is, or None."""
+    from bakery.errors import NotFound
+
+    stage = outcome.extra["stage"]
+    host = stage.registry[0]
+    saved = dict(os.environ)
+    os.environ.update(registry_env(outcome))
+    try:
+        return str(Registry(host).get_manifest(Reference.parse(f"{stage.image_repo}:{tag}"))[2])
+    except NotFound:
+        return None
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def assert_stopped_at(outcome: rehearse.Outcome, job: str) -> None:
+    """`job` failed, every job before it in the chain succeeded, nothing after it ran, no tag moved."""
+    order = list(rehearse.RELEASE_JOBS)
+    results = {name: j.result for name, j in outcome.jobs.items()}
+    assert results[job] == "failure", outcome.table()
+    for name in order[:order.index(job)]:
+        assert results[name] == "success", outcome.table()
+    for name in order[order.index(job) + 1:]:
+        assert results[name] != "success", outcome.table()
+    assert tag_digest(outcome, rehearse.TAG) is None  # nothing promoted
+
+
+# -- no MI300X here: the smoke job fails closed ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def no_mi300x(rehearsals):
+    return run(rehearsals, "no-mi300x")
+
+
+def test_without_an_mi300x_the_release_stops_at_smoke_and_nothing_is_promoted(no_mi300x):
+    assert [no_mi300x.result(j) for j in ("build", "sign", "rebuild", "attest-rebuild")] == ["success"] * 4, \
+        no_mi300x.table()
+    assert_stopped_at(no_mi300x, "smoke")
+    smoke = job_log(no_mi300x, "smoke")
+    assert "verified " + no_mi300x.image in smoke  # verify-before-run ran and passed, one rebuild required
+    assert "error: no MI300X here: /dev/kfd does not exist" in smoke
+    # the candidate exists, signed, but no tag was written for it
+    assert no_mi300x.image and tag_digest(no_mi300x, f"candidate-{no_mi300x.extra['sha']}") == \
+        no_mi300x.image.split("@")[1]
+
+
+def test_the_build_was_clean_and_the_rebuild_matched(no_mi300x):
+    """The build ran from the tag's checkout, nothing written into it (a key file there made every
+    release build dirty); the independent rebuild from the provenance gave the same digest."""
+    assert "ok   built from a clean checkout" in job_log(no_mi300x, "smoke")
+    assert f"reproduced {no_mi300x.image}" in job_log(no_mi300x, "rebuild")
+
+
+# -- past the MI300X, with the stand-in: attach, attest the rebuild, promote ----------------------------
+
+@pytest.fixture(scope="module")
+def promoted(rehearsals):
+    return run(rehearsals, "stand-in", smoke="stand-in")
+
+
+def test_the_stand_in_changes_one_step_of_the_smoke_job_and_nothing_else(promoted):
+    committed = yaml.safe_load((promoted.extra["stage"].repo / ".github" / "workflows" / "release.yml").read_text())
+    ran = yaml.safe_load((promoted.work / "release-smoke-stand-in.yml").read_text())
+    ran["on"] = ran.pop("on", None)
+    committed["on"] = committed.pop(True)
+    smoke_ran, smoke_committed = ran["jobs"].pop("smoke"), committed["jobs"].pop("smoke")
+    assert ran == committed
+    changed = [i for i, (a, b) in enumerate(zip(smoke_ran["steps"], smoke_committed["steps"])) if a != b]
+    assert [smoke_committed["steps"][i]["name"] for i in changed] == [rehearse.SMOKE_STEP]
+    assert "STAND-IN" in smoke_ran["steps"][changed[0]]["name"]
+    smoke_ran.pop("steps"), smoke_committed.pop("steps")
+    assert smoke_ran == smoke_committed  # same runner, environment, needs, permissions
+
+
+def test_with_the_stand_in_every_job_passes_and_the_tag_names_the_candidate(promoted):
+    assert all(j.result == "success" for j in promoted.jobs.values()), promoted.table()
+    assert tag_digest(promoted, rehearse.TAG) == promoted.image.split("@")[1]
+    assert "(match)" in job_log(promoted, "attest-rebuild")
+
+
+def cosign(outcome, *args) -> subprocess.CompletedProcess:
+    home = outcome.work / "home"  # holds the runner's docker login for the rehearsal registry
+    return subprocess.run([str(COSIGN), *args, "--insecure-ignore-tlog=true", "--allow-http-registry"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "HOME": str(home), "DOCKER_CONFIG": str(home / ".docker")})
+
+
+def test_the_promoted_tag_passes_cosign_with_each_roles_key(promoted):
+    stage = promoted.extra["stage"]
+    tagged = f"{stage.image_repo}:{rehearse.TAG}"
+    pub = {role: str(stage.keys / f"{role}.pub") for role in ("release", "smoke", "rebuilder")}
+    assert cosign(promoted, "verify", "--key", pub["release"], tagged).returncode == 0
+    for predicate, role in provenance.SIGNED_BY.items():
+        good = cosign(promoted, "verify-attestation", "--key", pub[role], "--type", predicate, tagged)
+        assert good.returncode == 0, (predicate, good.stderr)
+    # and each statement only with its own role's key: the smoke key vouches for no provenance
+    wrong = cosign(promoted, "verify-attestation", "--key", pub["smoke"], "--type", provenance.SLSA_PREDICATE, tagged)
+    assert wrong.returncode != 0
+
+
+def test_the_promoted_tag_passes_invoke_verify_with_smoke_and_one_rebuild(promoted):
+    stage = promoted.extra["stage"]
+    keys = ["--key", str(stage.keys / "release.pub"), "--smoke-key", str(stage.keys / "smoke.pub"),
+            "--rebuilder-key", str(stage.keys / "rebuilder.pub")]
+    tagged = f"{stage.image_repo}:{rehearse.TAG}"
+    digest = tag_digest(promoted, rehearse.TAG)
+    ref = f"{stage.image_repo}@{digest}"
+    # from a checkout of the released revision, as ops verify
+    done = invoke(stage.repo, "verify", ref, *keys, "--require-smoke", "--require-rebuilds", "1",
+                  env=registry_env(promoted))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "smoke" in done.stdout and "rebuil" in done.stdout
+    # two rebuilds are more than were attested: the same check can fail
+    more = invoke(stage.repo, "verify", ref, *keys, "--require-smoke", "--require-rebuilds", "2",
+                  env=registry_env(promoted))
+    assert more.returncode == 5, more.stdout
+    assert tagged  # the tag was checked above; verify takes the digest
+
+
+def test_the_promoted_digest_passes_the_node_policy_on_podman(promoted, tmp_path):
+    from test_nodes import NODE_SPEC, PODMAN  # noqa: F401  (the Debian 13 podman node the tests use)
+    from bakery import fixture as fixture_mod
+    from conftest import docker
+
+    stage = promoted.extra["stage"]
+    host, user, password = stage.registry
+    tar = fixture_mod.rootfs_tar(NODE_SPEC, log=lambda m: None)
+    node = f"bakery-test-node:{tar.stem.rsplit('-', 1)[-1]}"
+    if docker("image", "inspect", node, check=False).returncode != 0:
+        docker("import", str(tar), node)
+    etc = tmp_path / "containers"
+    written = invoke(stage.repo, "policy", "--containers", str(etc), "--key", str(stage.keys / "release.pub"))
+    assert written.returncode == 0, written.stderr
+    (etc / "registries.conf.d").mkdir()
+    (etc / "registries.conf.d" / "50-rehearsal.conf").write_text(
+        f'[[registry]]\nlocation = "{host}"\ninsecure = true\n')
+    digest = tag_digest(promoted, rehearse.TAG)
+    ours, other = f"{stage.image_repo}@{digest}", f"{host}/dsv4-mi300x/unsigned@{stage.base.digest}"
+    mounts = [f"{etc / name}:/etc/containers/{name}:ro" for name in
+              ("policy.json", "registries.d/bakery.yaml", "bakery-keys", "registries.conf.d/50-rehearsal.conf")]
+    script = (f"{PODMAN} pull -q --creds {user}:{password} {ours} >/dev/null 2>&1; echo \"ours $?\"; "
+              f"{PODMAN} run --rm -q --network host --cgroups disabled --entrypoint /usr/local/bin/bakery-selfcheck "
+              f"{ours} >/dev/null 2>&1; echo \"run $?\"")
+    done = subprocess.run(["docker", "run", "--rm", "--network", "host", "--cap-add", "SYS_ADMIN", "--cap-add",
+                           "NET_ADMIN", "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
+                           "-e", "PODMAN_IGNORE_CGROUPSV1_WARNING=1", *[a for m in mounts for a in ("-v", m)],
+                           node, "sh", "-c", script], capture_output=True, text=True, timeout=900)
+    assert "ours 0" in done.stdout and "run 0" in done.stdout, done.stdout + done.stderr
+    assert other  # the node's refusals of other digests are tests/test_nodes.py's
+
+
+# -- failure drills: each stops the release at the right job, nothing promoted ----------------------------
+
+@pytest.mark.parametrize("drill, stops_at, says", [
+    ("broken-proof", "build", "overlay 'cpu-kv-transfer-fence': its proof says BROKEN"),
+    ("unsigned-kernels", "build", "is signed by 0 of 1 required release key(s)"),
+    ("smoke-failed", "smoke", "FAILED"),
+    ("rebuild-mismatch", "attest-rebuild", "mismatch"),
+    ("foreign-revision", "build", "which is not on main: refused"),
+    ("dirty-checkout", "build", "has changes (above): refused"),
+])
+def test_drill_stops_the_release(rehearsals, drill, stops_at, says):
+    outcome = run(rehearsals, drill, drill=drill)
+    assert_stopped_at(outcome, stops_at)
+    assert says in job_log(outcome, stops_at), job_log(outcome, stops_at)[-3000:]
+
+
+def test_an_unknown_drill_is_one_line_and_exit_2(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(ROOT), "rehearse", "--drill", "nope",
+                           "--work", str(tmp_path / "w")], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2 and done.stderr.strip().startswith("error: --drill nope: known drills:")
+    assert not (tmp_path / "w").exists()
+
+
+# -- the nightly workflow, as its schedule fires --------------------------------------------------------
+# The GitHub API is the stand-in of bakery/github_stand_in.py: it records what gh asked for.
+
+@pytest.fixture(scope="module")
+def nightly_carried(rehearsals):
+    outcome = rehearse.nightly(ROOT, rehearsals / "nightly", log=lambda m: None)
+    print(f"\nnightly\n{outcome.table()}")
+    return outcome
+
+
+def origin_file(outcome, branch: str, path: str) -> str:
+    return rehearse.git("show", f"{branch}:{path}", cwd=outcome.extra["stage"].origin)
+
+
+def test_the_nightly_mirrors_both_carries_and_proves_and_proposes_one_pull_request(nightly_carried):
+    n = nightly_carried
+    assert [n.result(j) for j in ("track", "bump", "propose")] == ["success"] * 3, n.table()
+    assert n.result("porting") != "success"
+    newest = n.extra["tags"]["nightly-b"]
+    branch = f"nightly/{newest.split(':')[1][:12]}"
+    assert sorted(n.extra["branches"]) == sorted(["main", branch])
+    # the branch moves the pin to the mirror's copy of 0.27.0 and records both nightlies
+    pin = yaml.safe_load(origin_file(n, branch, "image/base.yaml"))
+    assert pin["image"] == f"{n.extra['upstream']}@{newest}" and pin["mirror"] == n.extra["vars"]["NIGHTLY_MIRROR"]
+    ledger = yaml.safe_load(origin_file(n, branch, "image/nightlies.yaml"))
+    assert {e["digest"] for e in ledger["nightlies"]} == set(n.extra["tags"].values())
+    changed = rehearse.git("diff", "--name-only", "main", branch, cwd=n.extra["stage"].origin).split()
+    assert {"image/base.yaml", "image/nightlies.yaml", "overlays/overlays.lock"} <= set(changed)
+    assert all(p.startswith(("image/base.yaml", "image/nightlies.yaml", "overlays/")) for p in changed)
+    # one pull request, from that branch, its body the bump's report, asked with the job's token
+    github = n.extra["github"]
+    assert len(github.pulls) == 1, github.pulls
+    pull = github.pulls[0]
+    assert pull["headRefName"] == branch and pull["baseRefName"] == "main"
+    assert pull["title"] == f"nightly: move the pin to {branch} (overlays carried and proven)"
+    assert "carried and proven" in pull["body"] and "| cpu-kv-transfer-fence |" in pull["body"]
+    assert not re.search(r"(?i)\b(close[sd]?|fix(e[sd])?|resolve[sd]?)\s+#\d", pull["body"])  # no issue closed on merge
+    assert "<" not in pull["body"].replace("&lt;", "")  # no raw HTML from the base
+    password = n.extra["stage"].registry[2]
+    assert github.requests and all(r.authorization == f"token {password}" for r in github.requests)
+    assert not github.issues
+
+
+@pytest.fixture(scope="module")
+def nightly_porting(rehearsals):
+    outcome = rehearse.nightly(ROOT, rehearsals / "needs-porting", log=lambda m: None, porting=True)
+    print(f"\nneeds-porting\n{outcome.table()}")
+    return outcome
+
+
+def test_a_nightly_that_needs_porting_offers_the_ledger_and_opens_one_issue(nightly_porting):
+    n = nightly_porting
+    assert all(j.result == "success" for j in n.jobs.values()), n.table()
+    assert sorted(n.extra["branches"]) == ["main", "nightly/ledger"]
+    changed = rehearse.git("diff", "--name-only", "main", "nightly/ledger", cwd=n.extra["stage"].origin).split()
+    assert changed == ["image/nightlies.yaml"]  # the pin and the overlays as they were
+    github = n.extra["github"]
+    assert [p["title"] for p in github.pulls] == ["nightly: record the nightlies kept in the mirror"]
+    assert len(github.issues) == 1, github.issues
+    issue = github.issues[0]
+    assert issue["title"] == "nightly: overlays need porting" and issue["labelNames"] == ["nightly-porting"]
+    assert "sparse-mla-prefill-bh64" in issue["body"] and "porting-kits" in issue["body"]
+    assert any(r.path.endswith("/labels") and r.body.get("name") == "nightly-porting" for r in github.requests)
+    # it looked for an open porting issue before opening one
+    searched = [i for i, r in enumerate(github.requests) if "IssueSearch" in r.body.get("query", "")]
+    created = [i for i, r in enumerate(github.requests) if "createIssue" in r.body.get("query", "")]
+    assert searched and created and searched[0] < created[0]
