@@ -62,6 +62,15 @@ def plan(prov: dict) -> Plan:
     return found
 
 
+def toolchain_ref(p: Plan) -> str | None:
+    """What a fresh machine can pull to compile in. A pinned toolchain is recorded by its digest
+    alone; when that is the base's digest (the release compiles in the ROCm base), the base's
+    reference names it. Otherwise the recorded value as it is (a local image ID, or REF@sha256)."""
+    if p.toolchain and "@" not in p.toolchain and p.base.endswith("@" + p.toolchain):
+        return p.base
+    return p.toolchain
+
+
 def signed_provenance(store, ref: Reference, policy) -> dict:
     """The SLSA provenance of ref, once the image signature and the statement's signature hold and
     what it says passes the policy (an allowed source repository and builder, the pinned base, a
@@ -96,7 +105,7 @@ def rebuild(p: Plan, workdir: Path, toolchain: str | None, log) -> Path:
          "clone", "-q", "--no-checkout", "--", p.repository, str(source))
     _git("checkout", "-q", "--detach", p.revision, cwd=source)
     layout, out = workdir / "layout", workdir / "out"
-    tools = toolchain or p.toolchain
+    tools = toolchain or toolchain_ref(p)
     # the revision's own build code runs here: it gets no key, password or token of this machine's
     env = {k: v for k, v in os.environ.items() if k in BUILD_ENV}
     env.update({"SOURCE_DATE_EPOCH": str(p.epoch), "BAKERY_CACHE": str(workdir / "cache")})

@@ -238,3 +238,19 @@ def test_a_provenance_not_signed_by_the_release_key_is_never_rebuilt_from(setup,
                     "--policy", str(setup["policy"]), "--workdir", str(setup["root"] / "rebuild-untrusted"))
     assert result.returncode == 5 and "its provenance cannot be trusted to rebuild from" in result.stderr
     assert not (setup["root"] / "rebuild-untrusted").exists()
+
+
+def test_a_toolchain_pinned_to_the_base_is_pulled_by_the_bases_reference():
+    """The release compiles in the ROCm base, recorded by its digest alone: a fresh rebuilder cannot
+    pull `sha256:...` by itself, so the rebuild names the base's reference; a local image ID or a
+    REF@sha256 toolchain stays as recorded."""
+    from bakery.reproduce import Plan, toolchain_ref
+
+    digest = "sha256:" + "e" * 64
+    base = f"docker.io/vllm/vllm-openai-rocm@{digest}"
+    assert toolchain_ref(Plan("https://x/y", "0" * 40, False, base, 1, digest)) == base
+    other = "sha256:" + "f" * 64
+    assert toolchain_ref(Plan("https://x/y", "0" * 40, False, base, 1, other)) == other
+    pinned = f"ghcr.io/o/toolchain@{other}"
+    assert toolchain_ref(Plan("https://x/y", "0" * 40, False, base, 1, pinned)) == pinned
+    assert toolchain_ref(Plan("https://x/y", "0" * 40, False, base, 1, None)) is None
