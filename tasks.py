@@ -407,6 +407,10 @@ def policy(c, containers, policy=None, key=None, mirror=None, accept=None):
     nodes.write_tree(Path(containers), files)
     for name in sorted(files):
         _log(f"  {name}")
+    unchecked = nodes.unenforced(rules)
+    if unchecked:
+        _log(f"note: nodes check the release signature only, not {unchecked}: run `invoke verify` (or `invoke "
+             f"deploy`, which does) on a digest before nodes may pull it")
     print(Path(containers) / "policy.json")
 
 
@@ -423,11 +427,12 @@ def policy(c, containers, policy=None, key=None, mirror=None, accept=None):
             "k8s": "write Kubernetes manifests for --replicas single-MI300X nodes into DIR (new or empty)",
             "replicas": "with --k8s: how many MI300X nodes (one GPU each)",
             "key": "release public key for verify", "smoke_key": "smoke public key for verify",
+            "rebuilder_key": "a rebuilder public key for verify (repeatable): the policy asks for its rebuilds",
             "policy": "verification policy (default: provenance/policy.yaml)"},
-      iterable=["allow"])
+      iterable=["allow", "rebuilder_key"])
 @reports_errors
 def deploy(c, image, proxy_image, hostname, allow=None, email=None, internal_tls=False, compose=None, snapshot=None,
-           compose_file=None, k8s=None, replicas=1, key=None, smoke_key=None, policy=None):
+           compose_file=None, k8s=None, replicas=1, key=None, smoke_key=None, policy=None, rebuilder_key=None):
     """Run one verified digest behind the seed's proxy: --compose (this host) or --k8s (a fleet manifest)."""
     import yaml
 
@@ -442,7 +447,8 @@ def deploy(c, image, proxy_image, hostname, allow=None, email=None, internal_tls
     proxy_ref = Reference.parse_pinned(proxy_image, "--proxy-image")
     spec = yaml.safe_load(Path(compose_file or PROJECT / "image" / "compose.yaml").read_text())
     caddy = nodes.caddyfile(hostname, email, allow or [], "inference:8000", internal_tls)  # bad input: before anything
-    verify(c, str(image_ref), key=key, smoke_key=smoke_key, policy=policy, require_smoke=True)  # exits on failure
+    verify(c, str(image_ref), key=key, smoke_key=smoke_key, policy=policy, require_smoke=True,
+           rebuilder_key=rebuilder_key)  # exits on failure; the policy's require_rebuilds holds here too
     if k8s:
         files = nodes.k8s_manifests(str(image_ref), str(proxy_ref), int(replicas), spec, snapshot, hostname, email,
                                     allow or [], internal_tls)

@@ -277,3 +277,11 @@ def k8s_manifests(image: str, proxy_image: str, replicas: int, compose: dict, sn
             return True
 
     return {name: yaml.dump_all(docs, Dumper=Plain, sort_keys=False).encode() for name, docs in documents.items()}
+
+
+def unenforced(policy) -> str:
+    """What the verification policy demands beyond the release signature, which a node's
+    policy.json cannot check (podman and CRI-O verify signatures, not attestations); '' if nothing."""
+    asked = (["a passing MI300X smoke result"] if policy.require_smoke else []) + \
+        ([f"{policy.require_rebuilds} matching rebuild(s)"] if policy.require_rebuilds else [])
+    return " or ".join(asked)

@@ -6,7 +6,7 @@ import re
 
 from conftest import ROOT, invoke
 
-TASKS = ["build", "mirror", "fixture", "stack", "demo", "test", "lock", "rebase", "keygen", "attest", "verify", "smoke", "promote", "toolchain", "compile", "track", "bump"]
+TASKS = ["build", "mirror", "fixture", "stack", "demo", "test", "lock", "rebase", "keygen", "attest", "verify", "smoke", "promote", "toolchain", "compile", "track", "bump", "rehearse"]
 
 
 def test_every_task_is_listed_with_a_summary():

@@ -102,3 +102,22 @@ def test_deploy_needs_exactly_one_place():
     result = invoke(ROOT, "deploy", "--image", "r.example/a/b@sha256:" + "a" * 64, "--proxy-image", CADDY,
                     "--hostname", "a.example.com")
     assert result.returncode == 2 and "one of them" in result.stderr
+
+
+def test_deploy_asks_for_the_rebuild_the_shipped_policy_asks_for(honest, image, tmp_path):
+    """The release promotes only a digest a rebuilder reproduced; deploy, with the shipped policy's
+    require_rebuilds, refuses one nobody rebuilt (this image is signed and smoke-passed, not rebuilt)."""
+    shipped = yaml.safe_load((ROOT / "provenance" / "policy.yaml").read_text())["require_rebuilds"]
+    policy = dev_policy(tmp_path / "policy.yaml", honest["base"], require_rebuilds=shipped)
+    args = ["deploy", "--k8s", str(tmp_path / "k8s"), "--image", str(image), "--proxy-image", CADDY, "--snapshot",
+            "/srv/models/snap", "--hostname", "api.example.com", "--allow", "10.0.0.0/8", "--internal-tls",
+            *keyargs(honest), "--policy", str(policy)]
+    no_key = invoke(honest["project"], *args)
+    assert no_key.returncode == 2 and no_key.stderr.strip() == (
+        "error: no rebuilder public key: pass --rebuilder-key FILE, or list it under roles.rebuilder.keys in the policy")
+    assert invoke(honest["project"], "keygen", "--role", "rebuilder", "--out", str(tmp_path / "r"),
+                  env={"BAKERY_KEY_PASSWORD": "pw"}).returncode == 0
+    result = invoke(honest["project"], *args, "--rebuilder-key", str(tmp_path / "r" / "rebuilder.pub"))
+    assert result.returncode == 5, result.stdout + result.stderr
+    assert "FAIL rebuilt to this digest by 0 of 1 required rebuilder" in result.stdout
+    assert not (tmp_path / "k8s").exists()
