@@ -32,6 +32,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -151,6 +152,10 @@ def vendored_actions(project: Path) -> list[str]:
         raise InputError(f"{root / 'VENDORED.json'}: {e}") from None
     args = []
     for name, entry in sorted(manifest["actions"].items()):
+        present = {p.relative_to(root / name).as_posix() for p in (root / name).rglob("*") if p.is_file()}
+        if present - set(entry["files"]):
+            raise IntegrityError(f"vendored action {entry['repository']}: {sorted(present - set(entry['files']))[0]} "
+                                 f"is not in VENDORED.json: refused")
         for rel, want in sorted(entry["files"].items()):
             path = root / name / rel
             got = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "missing"
@@ -261,8 +266,10 @@ def run_act(project: Path, repo: Path, workflow: Path, event: str, payload: dict
             timeout: float = 3600, env: dict | None = None) -> tuple[dict[str, Job], Path]:
     (work / "event.json").write_text(json.dumps(payload))
     (work / "vars.env").write_text(dotenv(variables))
-    (work / "secrets.env").write_text(dotenv(secrets_))
-    os.chmod(work / "secrets.env", 0o600)
+    with os.fdopen(os.open(work / "secrets.env", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(dotenv(secrets_))
+    if not shutil.which("bwrap"):  # the jobs run on this host: they would apt-get install it here
+        raise EnvironmentProblem("bubblewrap (bwrap) is not installed: scripts/bootstrap.sh installs it")
     cache = tool_cache(work)
     argv = [act_binary(), event, "-W", str(workflow), "-e", str(work / "event.json"),
             "--var-file", str(work / "vars.env"), "--secret-file", str(work / "secrets.env"),
@@ -305,14 +312,27 @@ def _keys(work: Path, password: str) -> Path:
     from . import keys
 
     where = work / "keys"
-    os.environ["BAKERY_KEY_PASSWORD"] = password
-    try:
+    with _environ(BAKERY_KEY_PASSWORD=password):
         for role in ("release", "smoke", "rebuilder"):
             if not (where / f"{role}.key").exists():
                 keys.generate(where, role)
-    finally:
-        del os.environ["BAKERY_KEY_PASSWORD"]
     return where
+
+
+@contextmanager
+def _environ(**values):
+    """os.environ with these values for the block (bakery reads keys and credentials from it), as it
+    was after."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _fixture_lock(project: Path, base, toolchain: str, work: Path, log) -> bytes:
@@ -456,14 +476,13 @@ def _candidate(stage: Stage, sha: str) -> str | None:
     from .registry import Registry
 
     host, user, password = stage.registry
-    os.environ.update({"BAKERY_REGISTRY_USER": user, "BAKERY_REGISTRY_PASSWORD": password,
-                       "BAKERY_REGISTRY_HOSTS": host})
-    try:
-        ref = Reference.parse(f"{stage.image_repo}:candidate-{sha}")
-        _, _, digest = Registry(host).get_manifest(ref)
-        return f"{stage.image_repo}@{digest}"
-    except BakeryError:
-        return None
+    with _environ(BAKERY_REGISTRY_USER=user, BAKERY_REGISTRY_PASSWORD=password, BAKERY_REGISTRY_HOSTS=host):
+        try:
+            ref = Reference.parse(f"{stage.image_repo}:candidate-{sha}")
+            _, _, digest = Registry(host).get_manifest(ref)
+            return f"{stage.image_repo}@{digest}"
+        except BakeryError:
+            return None
 
 
 def _neuter_fence(stage: Stage) -> None:
@@ -513,13 +532,12 @@ def _push_unsigned_kernels(project: Path, stage: Stage, log) -> None:
     from .registry import Registry
 
     host, user, password = stage.registry
-    os.environ.update({"BAKERY_REGISTRY_USER": user, "BAKERY_REGISTRY_PASSWORD": password,
-                       "BAKERY_REGISTRY_HOSTS": host})
     recipe = hip.load(stage.repo / "hip")
     cache = stage.work / "kernels-cache"
     compiled = hip.compile_recipe(recipe, stage.toolchain, cache, log=log)
     repo = stage.image_repo.split("/", 1)[1]
-    hip.push_artifact(Registry(host), repo, compiled.key, cache / compiled.key[:24])
+    with _environ(BAKERY_REGISTRY_USER=user, BAKERY_REGISTRY_PASSWORD=password, BAKERY_REGISTRY_HOSTS=host):
+        hip.push_artifact(Registry(host), repo, compiled.key, cache / compiled.key[:24])
     log(f"pushed an unsigned {hip.artifact_tag(compiled.key)} to {stage.image_repo}")
 
 

@@ -337,6 +337,11 @@ def test_the_vendored_actions_are_the_pinned_ones_and_a_changed_byte_is_refused(
     bundle.write_bytes(bundle.read_bytes().replace(b"core.getInput", b"core.getInpvt", 1))
     with pytest.raises(IntegrityError, match="checkout: dist/index.js is .* VENDORED.json says"):
         rehearse.vendored_actions(copy)
+    shutil.copy2(ROOT / rehearse.ACTIONS / "checkout" / "dist" / "index.js", bundle)
+    rehearse.vendored_actions(copy)  # restored: accepted
+    (copy / rehearse.ACTIONS / "setup-python" / "dist" / "setup" / "extra.js").write_text("require('x')\n")
+    with pytest.raises(IntegrityError, match="setup-python: dist/setup/extra.js is not in VENDORED.json"):
+        rehearse.vendored_actions(copy)
 
 
 def test_the_smoke_stand_in_replaces_one_step_and_the_job_table_reads_acts_log():
