@@ -761,12 +761,19 @@ def rehearse(c, workflow="release", drill=None, smoke_stand_in=False, work=None)
         name = drill or ("stand-in" if smoke_stand_in else "no-mi300x")
         outcome = rehearse_mod.release(PROJECT, where / name, _log,
                                        smoke="stand-in" if smoke_stand_in else "none", drill=drill)
+        # no MI300X here: without the stand-in the release must stop at smoke
+        surprises = outcome.surprises(rehearse_mod.DRILLS[drill][0] if drill else None if smoke_stand_in else "smoke")
     elif workflow == "nightly":
         if drill not in (None, "needs-porting"):
             raise InputError(f"--drill {drill}: the nightly workflow's is needs-porting")
         outcome = rehearse_mod.nightly(PROJECT, where / (drill or "nightly"), _log, porting=drill == "needs-porting")
+        surprises = outcome.surprises(None, () if drill else ("porting",))
     else:
         raise InputError(f"--workflow {workflow}: release or nightly")
     print(outcome.table())
     if outcome.image:
         print(f"candidate: {outcome.image}")
+    if surprises:
+        raise Exit(f"error: the rehearsal did not end as it must ({'; '.join(surprises)}); act's log: {outcome.log}",
+                   code=1)
+    _log(f"rehearsed as expected; act's log: {outcome.log}")

@@ -44,13 +44,14 @@ IMAGE_NAME = "vllm-dsv4-flash-mi300x"
 REGISTRY_PORT = 5010
 TAG = "v0.0.0-rehearsal"
 RELEASE_JOBS = ("build", "sign", "rebuild", "attest-rebuild", "smoke", "attach-smoke", "promote")
+# each drill: the job that must stop the release, and what it plants
 DRILLS = {
-    "broken-proof": "the fence overlay's fix neutered and its lock entry edited to match: the proof says BROKEN",
-    "unsigned-kernels": "an unsigned kernel artifact pushed over kernels-<key> before the build",
-    "smoke-failed": "the MI300X stand-in signs a FAILED result",
-    "rebuild-mismatch": "a file changed in the rebuilder's clone (a post-checkout hook of its git)",
-    "foreign-revision": "the tag is on a commit that is not on main (an unmerged branch)",
-    "dirty-checkout": "the build job's checkout changed after checkout (a post-checkout hook of the runner's git)",
+    "broken-proof": ("build", "the fence overlay's fix neutered and its lock entry edited to match"),
+    "unsigned-kernels": ("build", "an unsigned kernel artifact pushed over kernels-<key> before the build"),
+    "foreign-revision": ("build", "the tag is on a commit that is not on main (an unmerged branch)"),
+    "dirty-checkout": ("build", "the checkout changed after checkout (a post-checkout hook of the runner's git)"),
+    "rebuild-mismatch": ("attest-rebuild", "a file changed in the rebuilder's clone (a post-checkout hook)"),
+    "smoke-failed": ("smoke", "the MI300X stand-in signs a FAILED result"),
 }
 # the step of the smoke job that needs an MI300X; `smoke="stand-in"` replaces it and nothing else
 SMOKE_STEP = "Smoke and sign the result (smoke key)"
@@ -79,6 +80,21 @@ class Outcome:
 
     def result(self, job: str) -> str:
         return self.jobs[job].result
+
+    def surprises(self, stops_at: str | None, unused: tuple[str, ...] = ()) -> list[str]:
+        """How the run differs from a chain that passes up to `stops_at`, fails there and runs
+        nothing after it (None: every job passes but the `unused` ones, whose `if` was false)."""
+        order, found = [n for n in self.jobs if n not in unused], []
+        cut = order.index(stops_at) if stops_at else len(order)
+        found += [f"{n}: {self.jobs[n].result}, expected it not to run" for n in unused
+                  if self.jobs[n].result == "success"]
+        for i, name in enumerate(order):
+            got = self.jobs[name].result
+            if i > cut and got == "success":
+                found.append(f"{name}: success, expected it not to run")
+            elif i <= cut and got != ("success" if i < cut else "failure"):
+                found.append(f"{name}: {got}, expected {'success' if i < cut else 'failure'}")
+        return found
 
 
 # -- pure parts ------------------------------------------------------------------------------------
@@ -191,7 +207,8 @@ def wheelhouse(project: Path, cache: Path, log) -> Path:
     """Every wheel requirements/release.txt and sign.txt pin, by hash, downloaded once: the jobs'
     pip installs from here with no index (the PyTorch index the workflows name is not reachable)."""
     house = cache / "wheels"
-    stamp = house / (hashlib.sha256((project / "requirements" / "release.txt").read_bytes()).hexdigest() + ".ok")
+    locks = b"".join((project / "requirements" / name).read_bytes() for name in ("release.txt", "sign.txt"))
+    stamp = house / (hashlib.sha256(locks).hexdigest() + ".ok")
     if stamp.exists():
         return house
     log(f"downloading the hash-locked wheels into {house} (once)")
@@ -264,19 +281,19 @@ def act_env(home: Path, wheels: Path) -> dict[str, str]:
 def run_act(project: Path, repo: Path, workflow: Path, event: str, payload: dict, work: Path, home: Path,
             wheels: Path, variables: dict, secrets_: dict, platforms: list[str], names, log,
             timeout: float = 3600, env: dict | None = None) -> tuple[dict[str, Job], Path]:
+    if not shutil.which("bwrap"):  # the jobs run on this host: they would apt-get install it here
+        raise EnvironmentProblem("bubblewrap (bwrap) is not installed: scripts/bootstrap.sh installs it")
     (work / "event.json").write_text(json.dumps(payload))
     (work / "vars.env").write_text(dotenv(variables))
     with os.fdopen(os.open(work / "secrets.env", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
         f.write(dotenv(secrets_))
-    if not shutil.which("bwrap"):  # the jobs run on this host: they would apt-get install it here
-        raise EnvironmentProblem("bubblewrap (bwrap) is not installed: scripts/bootstrap.sh installs it")
     cache = tool_cache(work)
     argv = [act_binary(), event, "-W", str(workflow), "-e", str(work / "event.json"),
             "--var-file", str(work / "vars.env"), "--secret-file", str(work / "secrets.env"),
             "--actor", "rehearsal", "--json", "--action-offline-mode", "--no-skip-checkout",
             "--artifact-server-path", str(work / "artifacts"), "--artifact-server-addr", "127.0.0.1",
             "--artifact-server-port", str(free_port()),
-            "--no-cache-server", "--concurrent-jobs", "1",  # one runner: the jobs share this host's workspace
+            "--no-cache-server", "--concurrent-jobs", "1",  # one job at a time: this machine's runner
             "--action-cache-path", str(work / "act-cache"),
             "--env", f"RUNNER_TOOL_CACHE={cache}", "--env", f"AGENT_TOOLSDIRECTORY={cache}",
             "--env", f"GITHUB_RUN_ID={int(time.time())}",
@@ -336,8 +353,12 @@ def _environ(**values):
 
 
 def _fixture_lock(project: Path, base, toolchain: str, work: Path, log) -> bytes:
-    """overlays.lock for this machine's fixture base, computed with proofs by `invoke lock`."""
-    lock = work / "fixture-overlays.lock"
+    """overlays.lock for this machine's fixture base, computed with proofs by `invoke lock`, kept by
+    the base's digest and the overlays' bytes."""
+    inputs = hashlib.sha256(str(base).encode())
+    for path in sorted(p for p in (project / "overlays").rglob("*") if p.is_file() and p.name != "overlays.lock"):
+        inputs.update(path.relative_to(project).as_posix().encode() + b"\0" + path.read_bytes())
+    lock = work / f"fixture-overlays-{inputs.hexdigest()[:16]}.lock"
     if not lock.exists():
         log(f"locking the overlays against the fixture base {base} (proofs run)")
         done = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(project), "lock", "--base",
@@ -361,10 +382,10 @@ def stage_release(project: Path, work: Path, log) -> Stage:
     toolchain = fixture.toolchain(project / "hip" / "toolchain", spec, log=log)
     host, user, password = auth_registry(work)
     keys_dir = _keys(work, "rehearsal-" + password[:8])
-    lock = _fixture_lock(project, base, toolchain, work.parent, log)
     origin, repo = work / "origin.git", work / "repo"
     git("init", "-q", "--bare", str(origin), cwd=work)
     git("clone", "-q", "--no-hardlinks", str(project), str(repo), cwd=work)
+    lock = _fixture_lock(repo, base, toolchain, work.parent, log)  # HEAD's overlays, as the clone has them
     git("remote", "set-url", "origin", f"https://github.com/{REPOSITORY}.git", cwd=repo)
     # a repository of its own: another rehearsal's kernel artifact, signed by its keys, is not this one's
     image_repo = f"{host}/rehearsal-{work.name}-{secrets.token_hex(3)}/{IMAGE_NAME}"

@@ -362,3 +362,21 @@ def test_the_smoke_stand_in_replaces_one_step_and_the_job_table_reads_acts_log()
     assert [(j.result, j.seconds) for j in jobs.values()] == [("success", 90.0), ("failure", 0.0), ("not run", 0.0),
                                                              ("skipped", 0.0)]
     assert rehearse.dotenv({"K": 'a "pem"\nline2\\'}) == 'K="a \\"pem\\"\\nline2\\\\"\n'
+
+
+def test_invoke_rehearse_says_when_a_run_did_not_stop_where_it_must():
+    from bakery import rehearse
+
+    def outcome(*results):
+        log = [json.dumps({"jobID": j, "time": "2026-12-01T10:00:00Z", "jobResult": r})
+               for j, r in zip(rehearse.RELEASE_JOBS, results)]
+        return rehearse.Outcome("release", rehearse.job_table(log, rehearse.RELEASE_JOBS), None, None)
+
+    stopped_at_smoke = outcome("success", "success", "success", "success", "failure")
+    assert stopped_at_smoke.surprises("smoke") == []
+    assert stopped_at_smoke.surprises(None) == ["smoke: failure, expected success",
+                                                "attach-smoke: not run, expected success",
+                                                "promote: not run, expected success"]
+    assert outcome("success", "success").surprises("build") == ["build: success, expected failure",
+                                                               "sign: success, expected it not to run"]
+    assert outcome(*["success"] * 7).surprises(None) == []
