@@ -149,6 +149,9 @@ def test_nothing_that_runs_the_candidate_can_push():
     assert runs_candidate == ["smoke"]
     assert jobs["smoke"]["permissions"] == {"contents": "read", "packages": "read"}
     assert "--envelope" in job_commands(jobs["smoke"]) and "--envelope" in job_commands(jobs["attach-smoke"])
+    # the persistent MI300X runner gets a fresh venv without torch or Triton (it runs no proof)
+    assert 'eval "$PIP_INSTALL_SIGN"' in job_commands(jobs["smoke"])
+    assert 'eval "$PIP_INSTALL"' not in job_commands(jobs["smoke"])
     assert '--key "$RUNNER_TEMP/smoke.pub" --role smoke' in job_commands(jobs["attach-smoke"])
 
 
