@@ -28,6 +28,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -231,11 +232,15 @@ def auth_registry(work: Path) -> tuple[str, str, str]:
     state.mkdir(parents=True, exist_ok=True)
     secret = state / "password"
     if not secret.exists():
-        secret.write_text(secrets.token_hex(16))
+        with os.fdopen(os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(secrets.token_hex(16))
     password = secret.read_text().strip()
     htpasswd = state / "htpasswd"
-    htpasswd.write_text(subprocess.run(["htpasswd", "-Bbn", "rehearsal", password], capture_output=True, text=True,
-                                       check=True).stdout)
+    made = shutil.which("htpasswd") and subprocess.run(["htpasswd", "-Bbn", "rehearsal", password],
+                                                       capture_output=True, text=True)
+    if not made or made.returncode != 0:
+        raise EnvironmentProblem("htpasswd failed (apache2-utils; scripts/bootstrap.sh installs it)")
+    htpasswd.write_text(made.stdout)
     host = stack.ensure_registry(REGISTRY_PORT, auth={"htpasswd": {"realm": "rehearsal", "path": str(htpasswd)}},
                                  name="registry-rehearsal")
     return host, "rehearsal", password
@@ -278,11 +283,24 @@ def act_env(home: Path, wheels: Path) -> dict[str, str]:
     return env
 
 
-def run_act(project: Path, repo: Path, workflow: Path, event: str, payload: dict, work: Path, home: Path,
-            wheels: Path, variables: dict, secrets_: dict, platforms: list[str], names, log,
-            timeout: float = 3600, env: dict | None = None) -> tuple[dict[str, Job], Path]:
+def preflight(port: int | None = None) -> None:
+    """What a rehearsal needs of this machine, checked before minutes of setup."""
+    act_binary()
     if not shutil.which("bwrap"):  # the jobs run on this host: they would apt-get install it here
         raise EnvironmentProblem("bubblewrap (bwrap) is not installed: scripts/bootstrap.sh installs it")
+    if port is not None:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError as e:
+                raise EnvironmentProblem(f"the GitHub stand-in needs 127.0.0.1:{port} (gh matches a remote to GH_HOST "
+                                         f"without a port; binding it takes root): {e.strerror}") from None
+
+
+def run_act(repo: Path, workflow: Path, event: str, payload: dict, work: Path, home: Path,
+            wheels: Path, variables: dict, secrets_: dict, platforms: list[str], names, log,
+            timeout: float = 3600, env: dict | None = None) -> tuple[dict[str, Job], Path]:
+    """act in `repo` (the clone: its workflows, its vendored actions), its JSON log, the job table."""
     (work / "event.json").write_text(json.dumps(payload))
     (work / "vars.env").write_text(dotenv(variables))
     with os.fdopen(os.open(work / "secrets.env", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
@@ -297,16 +315,36 @@ def run_act(project: Path, repo: Path, workflow: Path, event: str, payload: dict
             "--action-cache-path", str(work / "act-cache"),
             "--env", f"RUNNER_TOOL_CACHE={cache}", "--env", f"AGENT_TOOLSDIRECTORY={cache}",
             "--env", f"GITHUB_RUN_ID={int(time.time())}",
-            *[a for p in platforms for a in ("-P", f"{p}=-self-hosted")], *vendored_actions(project)]
+            *[a for p in platforms for a in ("-P", f"{p}=-self-hosted")], *vendored_actions(repo)]
     logfile = work / f"act-{workflow.stem}.jsonl"
     log(f"act {event} {workflow.name} (log: {logfile})")
     with logfile.open("w") as out:
+        # a session of its own: on a timeout or an interrupt, act and every step it started on this
+        # host end with it, not only act
+        act = subprocess.Popen(argv, cwd=repo, env={**act_env(home, wheels), **(env or {})}, stdout=out,
+                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         try:
-            subprocess.run(argv, cwd=repo, env={**act_env(home, wheels), **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
-                           stdin=subprocess.DEVNULL, timeout=timeout)
+            act.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             log(f"act ran past {timeout:.0f} s: stopped")
+            _end(act)
+        except BaseException:
+            _end(act)
+            raise
     return job_table(logfile.read_text().splitlines(), names), logfile
+
+
+def _end(process: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=20)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 # -- the release ---------------------------------------------------------------------------------
@@ -457,6 +495,7 @@ def release(project: Path, work: Path, log, smoke: str = "none", drill: str | No
     or "stand-in" (its MI300X step replaced, see the module's docstring)."""
     if drill is not None and drill not in DRILLS:
         raise InputError(f"--drill {drill}: known drills: {', '.join(sorted(DRILLS))}")
+    preflight()
     work = fresh(work)
     stage = stage_release(project, work, log)
     if drill == "broken-proof":
@@ -482,8 +521,8 @@ def release(project: Path, work: Path, log, smoke: str = "none", drill: str | No
     variables, secrets_ = release_inputs(stage)
     sha = git("rev-parse", "HEAD", cwd=stage.repo)
     payload = {"ref": f"refs/tags/{TAG}", "after": sha, "repository": {"full_name": REPOSITORY}}
-    jobs, logfile = run_act(project, stage.repo, workflow, "push", payload, work, home,
-                            wheelhouse(project, work.parent, log), variables, secrets_,
+    jobs, logfile = run_act(stage.repo, workflow, "push", payload, work, home,
+                            wheelhouse(stage.repo, work.parent, log), variables, secrets_,
                             ["ubuntu-24.04", "mi300x"], RELEASE_JOBS, log)
     outcome = Outcome("release", jobs, logfile, work, extra={"stage": stage, "sha": sha})
     outcome.image = _candidate(stage, sha)
@@ -629,6 +668,7 @@ def nightly(project: Path, work: Path, log, porting: bool = False) -> Outcome:
     from . import stack
     from .github_stand_in import GitHubStandIn
 
+    preflight(GITHUB_PORT)
     work = fresh(work)
     stage = stage_release(project, work, log)
     if porting:
@@ -652,8 +692,8 @@ def nightly(project: Path, work: Path, log, porting: bool = False) -> Outcome:
         extra = {"GH_HOST": "127.0.0.1", "SSL_CERT_FILE": str(github.ca),
                  # gh 2.23 sends GH_TOKEN only to github.com; for another host it reads this one
                  "GH_ENTERPRISE_TOKEN": password, "GH_PROMPT_DISABLED": "1", "NO_COLOR": "1"}
-        jobs, logfile = run_act(project, stage.repo, stage.repo / ".github" / "workflows" / "nightly.yml", "schedule",
-                                {"schedule": "17 5 * * *"}, work, home, wheelhouse(project, work.parent, log),
+        jobs, logfile = run_act(stage.repo, stage.repo / ".github" / "workflows" / "nightly.yml", "schedule",
+                                {"schedule": "17 5 * * *"}, work, home, wheelhouse(stage.repo, work.parent, log),
                                 variables, {"GITHUB_TOKEN": password}, ["ubuntu-24.04"], NIGHTLY_JOBS, log, env=extra)
     branches = git("for-each-ref", "--format=%(refname:short)", "refs/heads", cwd=stage.origin).split()
     return Outcome("nightly", jobs, logfile, work, extra={"stage": stage, "github": github.state, "upstream": upstream,

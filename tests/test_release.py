@@ -353,6 +353,7 @@ def test_the_smoke_stand_in_replaces_one_step_and_the_job_table_reads_acts_log()
     stood = yaml.safe_load(rehearse.with_smoke_stand_in(WORKFLOW.read_text(), "echo stand-in"))
     committed = yaml.safe_load(WORKFLOW.read_text())
     committed["on"] = committed.pop(True)
+    assert [len(j["steps"]) for j in stood["jobs"].values()] == [len(j["steps"]) for j in committed["jobs"].values()]
     different = [(job, i) for job in committed["jobs"] for i, (a, b) in
                  enumerate(zip(committed["jobs"][job]["steps"], stood["jobs"][job]["steps"])) if a != b]
     assert different == [("smoke", [s.get("name") for s in committed["jobs"]["smoke"]["steps"]].index(rehearse.SMOKE_STEP))]
