@@ -290,6 +290,8 @@ def preflight(port: int | None = None) -> None:
         raise EnvironmentProblem("bubblewrap (bwrap) is not installed: scripts/bootstrap.sh installs it")
     if port is not None:
         with socket.socket() as s:
+            # as the stand-in will bind it: a previous run's connections in TIME_WAIT do not count
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(("127.0.0.1", port))
             except OSError as e:
