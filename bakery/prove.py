@@ -29,7 +29,7 @@ from .layer import write_blob
 FIXED, BROKEN, CANNOT = "FIXED", "BROKEN", "CANNOT-PROVE"
 DEVICES = ("cpu", "cuda")  # cpu: Triton's interpreter; cuda: kernels compiled for the GPU torch sees (CUDA or ROCm)
 HELPER = "_proof.py"  # shared by every proof script: part of each proof's code
-TIMEOUT_S = 900
+LIMITS = sandbox.PROOF  # time, memory, processes, file size
 
 
 @dataclass(frozen=True)
@@ -189,10 +189,10 @@ def _execute(spec: ProofSpec, targets: list[bytes], reads: dict[str, bytes], dev
         argv = [sys.executable, str(spec.script), *paths[:len(targets)], "--", *paths[len(targets):]]
         try:
             nodes, sys_paths = gpu_devices() if device != "cpu" else ([], [])
-            done = sandbox.run(argv, readable(spec) + sys_paths, Path(tmp), TIMEOUT_S,
+            done = sandbox.run(argv, readable(spec) + sys_paths, Path(tmp), LIMITS,
                                env={"BAKERY_PROOF_DEVICE": device}, devices=nodes)
         except subprocess.TimeoutExpired:
-            return [Verdict(CANNOT, f"timed out after {TIMEOUT_S} s", time.monotonic() - started)] * len(targets)
+            return [Verdict(CANNOT, f"timed out after {LIMITS.seconds:.0f} s", time.monotonic() - started)] * len(targets)
     return _verdicts(done, len(targets), round(time.monotonic() - started, 1))
 
 

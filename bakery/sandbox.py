@@ -1,24 +1,36 @@
-"""Running code that came with the base (upstream's), where it can reach nothing of ours.
+"""Running code we do not trust (the base's, a revision being rebuilt) where it can reach nothing of ours.
 
-A proof executes the base's own Python: that code is untrusted, and the job that runs it may hold
-registry credentials, a writable venv or, elsewhere, a signing key. It runs under bubblewrap:
-no network (its own empty network namespace), its own PID, IPC and UTS namespaces, every
-capability dropped, no further user namespaces, uid/gid 65534, an empty environment but for
-PATH, HOME, TMPDIR and LANG, a private empty HOME and /tmp (1 GiB each, in memory), no file or
-output past 64 MiB, and a read-only view of exactly: the system's /usr (and its
+One sandbox for every such run: the proofs (the base's Python), `invoke reproduce`'s build of a
+released revision, and a porting kit's prove.sh. It runs under bubblewrap: no network (its own
+empty network namespace), its own PID, IPC and UTS namespaces (so no /proc of ours: not the
+parent's environ, not its command line), every capability dropped, no further user namespaces,
+uid/gid 65534 inside, an empty environment but for PATH, HOME, TMPDIR and LANG, a private empty
+HOME and /tmp (1 GiB each, in memory), and a read-only view of exactly: the system's /usr (and its
 /bin, /lib links), the few /etc files the loader and Python read, the Python installation and
-venv, the folders the caller names, and the inputs. Nothing else of the host exists inside:
-not ~/.docker, not the project's other files, not /work or /root.
+venv, the folders the caller names, and the inputs; writable only where the caller says. Nothing
+else of the host exists inside: not ~/.docker, not the Docker socket, not the project's other
+files, not /work or /root.
+
+On top: a seccomp filter that refuses (EPERM) the calls neither a proof nor a build makes
+(ptrace, mount, keyctl, bpf, ... : REFUSED), and limits: address space per process, file size,
+open files, processes (a pids cgroup where this machine lets us make one, else RLIMIT_NPROC) and
+wall time. A limit hit is an error of the code inside, never a verdict.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import platform
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import EnvironmentProblem
@@ -28,8 +40,61 @@ INPUTS = "/inputs"  # where the caller's input files appear, read-only
 HOME = "/home/sandbox"
 ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "localtime", "alternatives")
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": HOME, "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
+INSIDE = "BAKERY_SANDBOXED"  # set inside: a proof the rebuilt revision runs is already in here
 TMP_BYTES = 1 << 30  # each in-memory place it may write: /tmp, HOME, /dev/shm
-OUTPUT_BYTES = 64 << 20  # any file it writes, its stdout and stderr included
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one sandboxed run may use. memory is per process (RLIMIT_AS: torch and Triton reserve
+    about 0.8 GiB of address space), files is any one file it writes, stdout and stderr included."""
+    seconds: float
+    memory: int = 8 << 30
+    files: int = 64 << 20
+    processes: int = 256
+    open_files: int = 4096
+
+
+PROOF = Limits(seconds=900)
+REBUILD = Limits(seconds=3 * 3600, memory=16 << 30, files=64 << 30, processes=512)
+
+# x86-64 system calls neither a proof nor a build needs: refused with EPERM (the code gets an
+# error it can report; a kill would look like a crash). Names and numbers from the kernel's
+# arch/x86/entry/syscalls/syscall_64.tbl.
+REFUSED = {
+    "ptrace": 101, "syslog": 103, "vhangup": 153, "pivot_root": 155, "adjtimex": 159, "chroot": 161,
+    "acct": 163, "settimeofday": 164, "mount": 165, "umount2": 166, "swapon": 167, "swapoff": 168,
+    "reboot": 169, "iopl": 172, "ioperm": 173, "init_module": 175, "delete_module": 176, "quotactl": 179,
+    "lookup_dcookie": 212, "clock_settime": 227, "kexec_load": 246, "add_key": 248, "request_key": 249,
+    "keyctl": 250, "unshare": 272, "perf_event_open": 298, "fanotify_init": 300, "name_to_handle_at": 303,
+    "open_by_handle_at": 304, "clock_adjtime": 305, "setns": 308, "process_vm_readv": 310,
+    "process_vm_writev": 311, "kcmp": 312, "finit_module": 313, "kexec_file_load": 320, "bpf": 321,
+    "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+    "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
+    "pidfd_getfd": 438, "mount_setattr": 442,
+}
+AUDIT_ARCH_X86_64 = 0xC000003E
+X32_BIT = 0x40000000
+EPERM = 1
+
+
+def seccomp_filter() -> bytes:
+    """The classic-BPF program bwrap installs (--seccomp): another architecture's or x32's calls
+    are refused whole, each REFUSED call gets EPERM, everything else is allowed."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        raise EnvironmentProblem(f"the sandbox's seccomp filter is written for x86-64 (the MI300X hosts); this "
+                                 f"machine is {platform.machine()}")
+    ld_w_abs, jeq_k, jge_k, ret_k = 0x20, 0x15, 0x35, 0x06
+    allow, errno, kill = 0x7FFF0000, 0x00050000 | EPERM, 0x80000000
+
+    def op(code, k, jt=0, jf=0):
+        return struct.pack("=HBBI", code, jt, jf, k)
+
+    prog = [op(ld_w_abs, 4), op(jeq_k, AUDIT_ARCH_X86_64, 1, 0), op(ret_k, kill),  # seccomp_data.arch
+            op(ld_w_abs, 0), op(jge_k, X32_BIT, 0, 1), op(ret_k, errno)]  # seccomp_data.nr
+    for nr in sorted(REFUSED.values()):
+        prog += [op(jeq_k, nr, 0, 1), op(ret_k, errno)]
+    return b"".join(prog + [op(ret_k, allow)])
 
 
 def _python_roots() -> list[Path]:
@@ -56,25 +121,30 @@ def _system_binds() -> list[str]:
 def _check_bwrap(bwrap: str) -> None:
     """bubblewrap is here, and new enough for --disable-userns and --size (0.8)."""
     if shutil.which(bwrap) is None:
-        raise EnvironmentProblem("bubblewrap (bwrap) is not installed: proofs run the base's code and only run "
-                                 "sandboxed; install it with `apt-get install bubblewrap` (scripts/bootstrap.sh does)")
+        raise EnvironmentProblem("bubblewrap (bwrap) is not installed: proofs and rebuilds run code we do not trust "
+                                 "and only run sandboxed; install it with `apt-get install bubblewrap` "
+                                 "(scripts/bootstrap.sh does)")
     said = subprocess.run([bwrap, "--version"], capture_output=True, text=True).stdout.split()
     version = tuple(int(p) for p in said[-1].split(".")[:2] if p.isdigit()) if said else ()
     if version < (0, 8):
-        raise EnvironmentProblem(f"bubblewrap {said[-1] if said else '(unknown version)'} is too old for the proofs' "
+        raise EnvironmentProblem(f"bubblewrap {said[-1] if said else '(unknown version)'} is too old for the "
                                  f"sandbox (--disable-userns needs 0.8; Debian 12 and Ubuntu 24.04 have it)")
 
 
-def command(argv: list[str], readable: list[Path], inputs: Path, status_fd: int | None = None,
-            env: dict | None = None, devices: list[str] = ()) -> list[str]:
+def command(argv: list[str], readable: list[Path], inputs: Path | None, status_fd: int | None = None,
+            env: dict | None = None, devices: list[str] = (), writable: list[Path] = (),
+            seccomp_fd: int | None = None) -> list[str]:
     """The bwrap command line that runs argv in the sandbox; `inputs` appears at /inputs; `env` adds
-    to the sandbox's few variables; `devices` are device nodes (a GPU's) it may open."""
+    to the sandbox's few variables; `devices` are device nodes (a GPU's) it may open; `writable`
+    folders appear at their own paths, writable."""
     _check_bwrap(BWRAP)
     args = [BWRAP, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
             "--cap-drop", "ALL", "--uid", "65534", "--gid", "65534", "--clearenv"]
     if status_fd is not None:  # bwrap writes the code's exit code there once the sandbox stood and ran it
         args += ["--json-status-fd", str(status_fd)]
-    for name, value in {**ENV, **(env or {})}.items():
+    if seccomp_fd is not None:  # installed last, just before argv runs: bwrap's own mounts are done
+        args += ["--seccomp", str(seccomp_fd)]
+    for name, value in {**ENV, INSIDE: "1", **(env or {})}.items():
         args += ["--setenv", name, value]
     # the empty, writable places first (a bind under /tmp, a project in a temporary folder, stays
     # visible), each capped: they live in memory
@@ -85,10 +155,13 @@ def command(argv: list[str], readable: list[Path], inputs: Path, status_fd: int 
         args += ["--dev-bind", node, node]
     for path in _python_roots() + sorted({p.resolve() for p in readable}):
         args += ["--ro-bind", str(path), str(path)]
-    # the root bwrap builds (the folders above each bind) and /dev are read-only too: only /tmp, HOME
-    # and /dev/shm take writes, each capped
-    return args + ["--ro-bind", str(inputs), INPUTS, "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", HOME,
-                   "--"] + argv
+    for path in sorted({p.resolve() for p in writable}):
+        args += ["--bind", str(path), str(path)]
+    if inputs is not None:
+        args += ["--ro-bind", str(inputs), INPUTS]
+    # the root bwrap builds (the folders above each bind) and /dev are read-only too: only /tmp, HOME,
+    # /dev/shm and the writable binds take writes
+    return args + ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", HOME, "--"] + argv
 
 
 def _tail(f, limit: int = 1 << 20) -> str:
@@ -98,33 +171,103 @@ def _tail(f, limit: int = 1 << 20) -> str:
     return f.read().decode("utf-8", errors="replace")
 
 
-def run(argv: list[str], readable: list[Path], inputs: Path, timeout: float, env: dict | None = None,
-        devices: list[str] = ()) -> subprocess.CompletedProcess:
+def _prlimit(limits: Limits, count_processes: bool) -> list[str]:
+    """prlimit, not a preexec_fn: this runs in threads, where those may deadlock."""
+    args = ["prlimit", f"--fsize={limits.files}", f"--as={limits.memory}", f"--nofile={limits.open_files}"]
+    return args + ([f"--nproc={limits.processes}"] if count_processes else []) + ["--"]
+
+
+def _pids_root() -> Path | None:
+    """Where this machine lets us make a pids cgroup: cgroup v1's pids hierarchy, or v2's unified
+    tree with the pids controller on; None where neither is writable (a container's read-only
+    /sys/fs/cgroup)."""
+    v1, v2 = Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")
+    if (v1 / "tasks").exists():
+        return v1 if os.access(v1, os.W_OK) else None
+    try:
+        on = "pids" in (v2 / "cgroup.subtree_control").read_text().split()
+    except OSError:
+        return None
+    return v2 if on and os.access(v2, os.W_OK) else None
+
+
+@contextmanager
+def _process_cap(limits: Limits):
+    """A command prefix that caps the processes of what it runs: a fresh pids cgroup as root
+    (RLIMIT_NPROC counts nothing for root's uid), else RLIMIT_NPROC (which, for an ordinary user,
+    counts that user's processes in the sandbox's user namespace). Yields (prefix, count by rlimit)."""
+    root = _pids_root() if os.geteuid() == 0 else None
+    if root is None:
+        if os.geteuid() == 0:
+            raise EnvironmentProblem("no pids cgroup can be made here (/sys/fs/cgroup is not writable), and as root "
+                                     "RLIMIT_NPROC limits nothing: the sandbox cannot cap its processes; run as an "
+                                     "ordinary user, or give this root a writable cgroup tree")
+        yield [], True
+        return
+    group = root / f"bakery-sandbox-{uuid.uuid4().hex[:12]}"
+    group.mkdir()
+    try:
+        (group / "pids.max").write_text(str(limits.processes))
+        # the shell joins the group, then becomes prlimit, which becomes bwrap: all they start stays in it
+        yield ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group)], False
+    finally:
+        for _ in range(50):  # the last processes may still be leaving
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def _nested(argv: list[str], inputs: Path | None, env: dict | None) -> tuple[list[str], dict]:
+    """Already inside a sandbox (a proof the rebuilt revision runs): no second bubblewrap (the
+    filter refuses it, and nothing here is ours to protect); the same argv, its /inputs paths
+    rewritten to where the inputs are."""
+    where = str(inputs) if inputs is not None else INPUTS
+    argv = [where + a[len(INPUTS):] if a == INPUTS or a.startswith(INPUTS + "/") else a for a in argv]
+    return argv, {**os.environ, **(env or {})}
+
+
+def run(argv: list[str], readable: list[Path], inputs: Path | None, limits: Limits | float,
+        env: dict | None = None, devices: list[str] = (), writable: list[Path] = ()) -> subprocess.CompletedProcess:
     """argv in the sandbox (its paths as the sandbox sees them): its exit status and the tail of its
     stdout and stderr as text. A sandbox that does not stand up is this machine's problem, not a
     verdict on the code; bwrap says it stood up and ran the code (its exit code) on a status pipe the
-    code inside cannot write to."""
-    status_read, status_write = os.pipe()
-    try:
+    code inside cannot write to. Past limits.seconds: subprocess.TimeoutExpired."""
+    if not isinstance(limits, Limits):
+        limits = Limits(seconds=float(limits))
+    if os.environ.get(INSIDE) == "1":
+        argv, nested_env = _nested(argv, inputs, env)
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            # no file the sandboxed code writes, its stdout and stderr included, grows past OUTPUT_BYTES
-            # (set by prlimit, not in a preexec_fn: this runs in threads, where those may deadlock)
-            sandboxed = command(argv, readable, inputs, status_write, env, devices)
-            limited = ["prlimit", f"--fsize={OUTPUT_BYTES}", "--"] + sandboxed
+            code = subprocess.run(_prlimit(limits, False) + argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                  timeout=limits.seconds, env=nested_env).returncode
+            return subprocess.CompletedProcess(argv, code, _tail(out), _tail(err))
+    program = seccomp_filter()
+    status_read, status_write = os.pipe()
+    filter_read, filter_write = os.pipe()
+    os.write(filter_write, program)  # a few hundred bytes: fits the pipe's buffer
+    os.close(filter_write)
+    try:
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, _process_cap(limits) as (cap, nproc):
+            sandboxed = command(argv, readable, inputs, status_write, env, devices, writable, filter_read)
             try:
-                code = subprocess.run(limited, stdout=out, stderr=err, stdin=subprocess.DEVNULL, timeout=timeout,
-                                      pass_fds=(status_write,)).returncode
+                code = subprocess.run(cap + _prlimit(limits, nproc) + sandboxed, stdout=out, stderr=err,
+                                      stdin=subprocess.DEVNULL, timeout=limits.seconds,
+                                      pass_fds=(status_write, filter_read)).returncode
             finally:
                 os.close(status_write)
+                status_write = -1
             status = b""
             while chunk := os.read(status_read, 65536):
                 status += chunk
             stdout, stderr = _tail(out), _tail(err)
     finally:
-        os.close(status_read)
+        for fd in (status_read, filter_read, status_write):
+            if fd >= 0:
+                os.close(fd)
     if b'"exit-code"' not in status:  # bwrap writes it only once the sandbox stood and the code ran
         said = (stderr.strip().splitlines() or ["?"])[0]
-        raise EnvironmentProblem(f"the proofs' sandbox cannot start here ({said}): "
+        raise EnvironmentProblem(f"the sandbox cannot start here ({said}): "
                                  f"bubblewrap needs unprivileged user namespaces (on Ubuntu 24.04: sysctl "
                                  f"kernel.apparmor_restrict_unprivileged_userns=0) or root")
     return subprocess.CompletedProcess(argv, code, stdout, stderr)

@@ -221,3 +221,79 @@ def test_a_sandbox_whose_setup_fails_is_the_machines_problem(tmp_path):
     status pipe, so it is not the code's failure (the stand-in above fails before the child)."""
     with pytest.raises(EnvironmentProblem, match="Can't find source path"):
         sandbox.run([sys.executable, "-c", "pass"], [tmp_path / "not-there.py"], tmp_path, 60)
+
+
+# -- the seccomp filter and the limits, each hit by hostile code ---------------------------------
+
+PROBE_CALLS = '''
+import ctypes, errno, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+said = {}
+for name, nr, args in %s:
+    ctypes.set_errno(0)
+    got = libc.syscall(nr, *args)
+    said[name] = "EPERM" if got == -1 and ctypes.get_errno() == errno.EPERM else f"{got} errno {ctypes.get_errno()}"
+print(json.dumps(said))
+'''
+# (name, number, arguments): each harmless where it is allowed (getpid, an unshare of nothing)
+CALLS = [("ptrace", 101, (0, 0, 0, 0)), ("mount", 165, (0, 0, 0, 0, 0)), ("keyctl", 250, (0, 0, 0, 0, 0)),
+         ("bpf", 321, (0, 0, 0)), ("unshare", 272, (0,)), ("process_vm_readv", 310, (1, 0, 0, 0, 0, 0)),
+         ("perf_event_open", 298, (0, 0, -1, -1, 0)), ("io_uring_setup", 425, (0, 0)), ("getpid", 39, ())]
+
+
+def test_the_filter_numbers_are_the_kernels():
+    """REFUSED names each call by the number the kernel's own header gives it (linux-libc-dev)."""
+    import re
+
+    header = Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h")
+    if not header.exists():
+        pytest.skip("no linux-libc-dev header to check the numbers against")
+    kernel = {name: int(nr) for name, nr in re.findall(r"#define __NR_(\w+) (\d+)", header.read_text())}
+    assert {name: kernel.get(name) for name in sandbox.REFUSED} == sandbox.REFUSED
+    assert all(kernel[name] == nr for name, nr, _ in CALLS)
+
+
+def test_the_filter_refuses_what_no_proof_or_build_needs():
+    """Outside, the calls reach the kernel (whatever it answers); inside, each refused one is EPERM
+    before the kernel looks at it, and getpid still works."""
+    code = PROBE_CALLS % (CALLS,)
+    plain = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout)
+    assert plain["unshare"] == "0 errno 0" and plain["ptrace"] != "EPERM", plain  # the control
+    inside = json.loads(sandbox.run([sys.executable, "-c", code], [], None, 60).stdout)
+    assert {n for n, said in inside.items() if said == "EPERM"} == {n for n, _, _ in CALLS} - {"getpid"}, inside
+    assert inside["getpid"].startswith("2 ") or inside["getpid"].split()[0].isdigit(), inside
+
+
+@pytest.mark.parametrize("name, code, limits, expect", [
+    ("processes", "import os, time\nfor _ in range(200):\n    if os.fork() == 0:\n        time.sleep(5)\n"
+                  "        os._exit(0)\n", sandbox.Limits(seconds=60, processes=32), "Resource temporarily unavailable"),
+    ("memory", "x = bytearray(3 << 30)\n", sandbox.Limits(seconds=60, memory=2 << 30), "MemoryError"),
+    ("file size", "open('/tmp/big', 'wb').write(b'x' * (3 << 20))\n", sandbox.Limits(seconds=60, files=1 << 20),
+     "File too large"),
+])
+def test_each_limit_stops_hostile_code_with_an_error(name, code, limits, expect):
+    """The control runs the same code with room to spare and it ends well; under the limit it fails
+    with the kernel's error, which the caller sees as the code's failure."""
+    roomy = sandbox.Limits(seconds=60, processes=4096, memory=8 << 30, files=64 << 20)
+    assert sandbox.run([sys.executable, "-c", code], [], None, roomy).returncode == 0, name
+    done = sandbox.run([sys.executable, "-c", code], [], None, limits)
+    assert done.returncode != 0 and expect in done.stderr, (name, done.stderr[-500:])
+
+
+def test_a_proof_past_its_limits_is_never_a_verdict(tmp_path, monkeypatch):
+    """A proof that forks without end gets CANNOT-PROVE (the error), not the FIXED it prints first."""
+    monkeypatch.setenv("BAKERY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(prove, "LIMITS", sandbox.Limits(seconds=60, processes=16))
+    proofs = tmp_path / "project" / "overlays" / "proofs"
+    proofs.mkdir(parents=True)
+    shutil.copy(ROOT / "overlays" / "proofs" / "_proof.py", proofs)
+    (proofs / "bomb.py").write_text("import json, os, time\nprint(json.dumps({'target': 0, 'verdict': 'FIXED', "
+                                    "'reason': 'forged'}))\nwhile True:\n    os.fork()\n")
+    verdict = prove.run(prove.ProofSpec(proofs / "bomb.py"), b"", {})
+    assert verdict.verdict == prove.CANNOT, verdict
+
+
+def test_code_past_its_time_is_stopped(tmp_path):
+    with pytest.raises(subprocess.TimeoutExpired):
+        sandbox.run(["sleep", "30"], [], None, sandbox.Limits(seconds=2))
+    assert not list(Path("/sys/fs/cgroup/pids").glob("bakery-sandbox-*"))  # its cgroup is gone too
