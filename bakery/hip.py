@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
 import shutil
 import struct
@@ -15,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from . import inputs
+from . import broker, inputs
 from .errors import EnvironmentProblem, InputError, IntegrityError
 from .layer import FileEntry
 from .refs import Reference
@@ -230,7 +231,8 @@ def served(recipe: Recipe, baked: set[str], log=print) -> Recipe:
 
 def toolchain_identity(connect, image: str) -> str:
     """The toolchain image by content: the digest it is pinned by (no Docker needed), else the ID
-    of the local image Docker has under that name (connect() gives the Docker client)."""
+    of the local image Docker has under that name (connect() gives the Docker client). In a
+    rebuild's sandbox, where no engine is reachable, the broker outside says."""
     import docker
 
     try:
@@ -239,6 +241,8 @@ def toolchain_identity(connect, image: str) -> str:
         pinned = None
     if pinned is not None:
         return str(pinned)
+    if os.environ.get(broker.SOCKET_ENV):
+        return str(broker.ask("GET", "/bakery/toolchain")["identity"])
     client = connect()
     try:
         img = client.images.get(image)
@@ -250,9 +254,14 @@ def toolchain_identity(connect, image: str) -> str:
     return img.id
 
 
-def run_toolchain(client, toolchain: str, root: Path, shell: str, out: Path) -> None:
-    """Run `shell` in a container of `toolchain`: root at /src read-only, `out` at /out, no network."""
-    import os
+COMPILE_TIMEOUT_S = 3600  # the extensions compile in minutes
+LOG_LIMIT = 1 << 20  # what of the compiler's output is read back
+
+
+def run_container(client, toolchain: str, root: Path, shell: str, out: Path) -> tuple[int, str]:
+    """Run `shell` in a container of `toolchain`: root at /src read-only, `out` at /out, no network;
+    (exit status, the tail of its log). Past COMPILE_TIMEOUT_S it is killed (status -1)."""
+    import requests
 
     # as the invoking user (its own 0700 /out stays writable without capabilities), no capabilities,
     # no network: the base's compiler and python run here
@@ -260,12 +269,28 @@ def run_toolchain(client, toolchain: str, root: Path, shell: str, out: Path) -> 
                                       volumes={str(root): {"bind": "/src", "mode": "ro"},
                                                str(out): {"bind": "/out", "mode": "rw"}},
                                       user=f"{os.getuid()}:{os.getgid()}", environment={"HOME": "/tmp"},
-                                      network_disabled=True, cap_drop=["ALL"], security_opt=["no-new-privileges"])
+                                      network_disabled=True, cap_drop=["ALL"], security_opt=["no-new-privileges"],
+                                      pids_limit=4096)
     try:
-        status = container.wait()["StatusCode"]
-        logs = container.logs().decode(errors="replace").strip()
+        try:
+            status = container.wait(timeout=COMPILE_TIMEOUT_S)["StatusCode"]
+        except requests.exceptions.RequestException:  # the engine's wait timed out
+            container.kill()
+            status = -1
+        logs = container.logs(tail=2000)[-LOG_LIMIT:].decode(errors="replace").strip()
     finally:
         container.remove(force=True)
+    if status == -1:
+        logs += f"\n(stopped after {COMPILE_TIMEOUT_S} s)"
+    return status, logs
+
+
+def run_toolchain(client, toolchain: str, root: Path, shell: str, out: Path) -> None:
+    """Compile: run_container here, or through the broker in a rebuild's sandbox; its failure in one line."""
+    if os.environ.get(broker.SOCKET_ENV):
+        status, logs = broker.compile_outside(toolchain, shell, out)
+    else:
+        status, logs = run_container(client(), toolchain, root, shell, out)
     if status == NO_TOOLCHAIN:
         raise EnvironmentProblem(f"toolchain image {toolchain} has no HIP compiler ({logs.splitlines()[-1]}): "
                                  f"compile in the ROCm base, or build the stand-in with `invoke toolchain`")
@@ -388,7 +413,7 @@ def take_outputs(folder: Path, expected: set[str]) -> dict[str, str]:
 def _compile(recipe: Recipe, toolchain: str, image_id: str, out: Path, log) -> None:
     with _cache_entry(out) as tmp:
         log(f"compiling hip/ for {recipe.arch} in {toolchain}")
-        run_toolchain(docker_client(), toolchain, recipe.root, script(recipe), tmp)
+        run_toolchain(docker_client, toolchain, recipe.root, script(recipe), tmp)
         outputs = take_outputs(tmp, expected_outputs(recipe))
         (tmp / "done.json").write_text(json.dumps({"toolchain_image": image_id, "sha256": outputs}))
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import re
 import subprocess
 import sys
@@ -22,15 +21,12 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import provenance
+from . import broker, provenance, sandbox
 from .errors import EnvironmentProblem, IntegrityError, InputError, malformed
 from .refs import Descriptor, Digest, Reference
 
 
 OUTCOME_SCHEMA = "https://github.com/dsv4-mi300x/bakery/rebuild-outcome/v1"
-# what the rebuild's environment keeps of ours: the tools' paths and locale, the Docker endpoint
-BUILD_ENV = {"PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "DOCKER_HOST", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY",
-             "BAKERY_REGISTRY_HOSTS"}
 
 
 @dataclass(frozen=True)
@@ -98,25 +94,39 @@ def _git(*args: str, cwd: Path | None = None) -> str:
 
 def rebuild(p: Plan, workdir: Path, toolchain: str | None, log) -> Path:
     """The OCI layout of the revision built here from nothing: a fresh clone, an empty cache, the
-    kernels compiled (the artifact the original used is never fetched)."""
+    kernels compiled (the artifact the original used is never fetched). The revision's code is
+    what a rebuilder exists to distrust: it runs in the sandbox (no key, password, credential,
+    Docker socket or network; uid 65534 of its own namespaces; limits), and reaches the base and
+    the compiler only through the broker (broker.py). git, ours, clones it out here."""
     source = workdir / "source"
     log(f"cloning {p.repository} at {p.revision[:12]}")
     _git("-c", "protocol.allow=never", "-c", "protocol.https.allow=always", "-c", "protocol.file.allow=always",
          "clone", "-q", "--no-checkout", "--", p.repository, str(source))
-    _git("checkout", "-q", "--detach", p.revision, cwd=source)
-    layout, out = workdir / "layout", workdir / "out"
+    _git("-c", "core.symlinks=true", "checkout", "-q", "--detach", p.revision, cwd=source)
+    hip_dir = source / "hip"
+    if hip_dir.is_symlink() or not hip_dir.is_dir():  # docker would bind where a link points: the host
+        raise IntegrityError(f"{p.revision[:12]}'s hip/ is not a folder of the checkout (a link?): not compiled")
+    build = workdir / "build"
+    for name in ("layout", "out", "cache", "tmp", "broker"):
+        (build / name).mkdir(parents=True, exist_ok=True)
     tools = toolchain or toolchain_ref(p)
-    # the revision's own build code runs here: it gets no key, password or token of this machine's
-    env = {k: v for k, v in os.environ.items() if k in BUILD_ENV}
-    env.update({"SOURCE_DATE_EPOCH": str(p.epoch), "BAKERY_CACHE": str(workdir / "cache")})
+    base = Reference.parse_pinned(p.base, "the provenance's base")
+    grant = broker.Grant(base.registry, base.repository, tools, hip_dir)
     argv = [sys.executable, "-m", "invoke", "--search-root", str(source), "build", "--base", p.base,
-            "--layout", str(layout), "--out", str(out), "--recompile"] + (["--toolchain", tools] if tools else [])
-    log(f"building {p.revision[:12]} with an empty cache (SOURCE_DATE_EPOCH={p.epoch})")
-    done = subprocess.run(argv, cwd=source, env=env, capture_output=True, text=True)
+            "--layout", str(build / "layout"), "--out", str(build / "out"), "--recompile"] \
+        + (["--toolchain", tools] if tools else [])
+    log(f"building {p.revision[:12]} in the sandbox with an empty cache (SOURCE_DATE_EPOCH={p.epoch})")
+    with broker.serve(build / "broker", grant) as socket_path:
+        env = {"SOURCE_DATE_EPOCH": str(p.epoch), "BAKERY_CACHE": str(build / "cache"), "TMPDIR": str(build / "tmp"),
+               broker.SOCKET_ENV: str(socket_path)}
+        try:
+            done = sandbox.run(argv, [source], None, sandbox.REBUILD, env=env, writable=[build])
+        except subprocess.TimeoutExpired:
+            raise EnvironmentProblem(f"the rebuild ran past {sandbox.REBUILD.seconds:.0f} s: stopped") from None
     if done.returncode != 0:
         said = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise EnvironmentProblem(f"the rebuild failed (exit {done.returncode}): {said}")
-    return layout
+        raise EnvironmentProblem(f"the rebuild failed (exit {done.returncode}): {said[:500]}")
+    return build / "layout"
 
 
 def _files(store, desc: Descriptor) -> dict[str, str]:

@@ -251,8 +251,10 @@ def run(argv: list[str], readable: list[Path], inputs: Path | None, limits: Limi
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, _process_cap(limits) as (cap, nproc):
             sandboxed = command(argv, readable, inputs, status_write, env, devices, writable, filter_read)
             try:
+                # bwrap itself stays inside as the namespace's pid 1, whose /proc/1/environ the code
+                # can read: it gets no variable of ours either
                 code = subprocess.run(cap + _prlimit(limits, nproc) + sandboxed, stdout=out, stderr=err,
-                                      stdin=subprocess.DEVNULL, timeout=limits.seconds,
+                                      stdin=subprocess.DEVNULL, timeout=limits.seconds, env={"PATH": ENV["PATH"]},
                                       pass_fds=(status_write, filter_read)).returncode
             finally:
                 os.close(status_write)

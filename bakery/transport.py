@@ -167,6 +167,14 @@ def parse_challenge(header: str) -> tuple[str, dict]:
     return scheme.lower(), params
 
 
+def _session():
+    """A plain session; in a rebuild's sandbox (no network) one that asks the broker outside."""
+    from . import broker
+
+    path = os.environ.get(broker.SOCKET_ENV)
+    return broker.requests_session(path) if path else requests.Session()
+
+
 class Transport:
     """Requests to one registry, authenticating on demand and retrying transient failures.
     Credentials (basic or a token) go only to the registry's own origin: an upload Location or a
@@ -177,7 +185,7 @@ class Transport:
         self.base = f"{scheme_for(registry)}://{api_host(registry)}"
         self.origin = origin(self.base)
         self.credentials = credentials if credentials is not None else load_credentials(registry)
-        self.session = session or requests.Session()
+        self.session = session or _session()
         self._tokens: dict[str, str] = {}
         self._basic = False
 

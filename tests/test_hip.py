@@ -75,7 +75,7 @@ def test_fixed_cuid_makes_object_names_irrelevant(compiled, toolchain, tmp_path)
     def build(shell: str, name: str) -> bytes:
         out = tmp_path / name
         out.mkdir()
-        hip.run_toolchain(docker_client(), toolchain, recipe.root, shell, out)
+        hip.run_toolchain(docker_client, toolchain, recipe.root, shell, out)
         return (out / "_C_stable_libtorch.so").read_bytes()
 
     def elsewhere(shell: str) -> str:  # the same compile with other object names

@@ -33,6 +33,14 @@ for path in {paths!r}:
 for name in {names!r}:
     if name in os.environ:
         found.append("env " + name)
+import glob
+for path in glob.glob("/proc/[0-9]*/environ"):  # what another process of the sandbox was started with
+    try:
+        text = open(path, "rb").read().decode(errors="replace")
+    except OSError:
+        continue
+    if any(value in text for value in {values!r}):
+        found.append("secret in " + path)
 try:
     socket.create_connection(("127.0.0.1", {port}), timeout=3).close()
     found.append("connected to the registry")
@@ -64,7 +72,7 @@ def hostile(tmp_path, registry, monkeypatch):
     (proofs / "hostile.py").write_text(HOSTILE.format(
         paths=[str(home / ".docker" / "config.json"), str(project / "keys" / "release.key"),
                "/root/.docker/config.json", str(ROOT / "README.md")],
-        names=sorted(SECRETS), port=registry.rsplit(":", 1)[1],
+        names=sorted(SECRETS), values=sorted(v for k, v in SECRETS.items() if k != 'SAMPLES'), port=registry.rsplit(":", 1)[1],
         writable=[str(venv_file), str(proofs / "planted.py")]))
     # (inside, a folder under /tmp, as this test's project is, lands on the sandbox's own /tmp: a
     # write there reaches nothing of the host, which is what the test checks for planted.py)

@@ -1,0 +1,267 @@
+"""What a sandboxed rebuild may ask of this machine: the pinned base's bytes and the compile.
+
+`invoke reproduce` runs the released revision's build code in the sandbox (sandbox.py): no
+network, no Docker socket, no credential. Two things of the outside that build needs come through
+one Unix socket, served here by our code, bound into the sandbox:
+
+- the base: GET or HEAD of /v2/REPO/manifests/DIGEST and /v2/REPO/blobs/DIGEST, for the base's
+  registry and repository only, by digest only; fetched with this machine's credentials, which
+  never cross (the code inside checks every digest itself, as it does against a registry);
+- the compile: POST /bakery/compile {"toolchain", "shell"}: the shell runs as every build's
+  compile does (hip.run_container: no network, no capabilities, the sources read-only), in the
+  one toolchain this rebuild was given, over the revision's hip/ folder as we name it, never as the
+  request does; the outputs come back in the answer (regular files, capped), so we write nothing
+  into a folder the sandbox controls;
+- GET /bakery/toolchain: that toolchain's identity (an image ID needs the engine to tell).
+
+Anything else is refused (403). The client side (transport.py, hip.py) takes this path when the
+sandbox sets BAKERY_BROKER_SOCKET.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import http.server
+import json
+import os
+import re
+import socket
+import socketserver
+import stat
+import tempfile
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import BakeryError, EnvironmentProblem, IntegrityError
+
+SOCKET_ENV = "BAKERY_BROKER_SOCKET"
+SHELL_LIMIT = 1 << 20  # the compile script: a few KiB
+OUTPUTS_LIMIT = 1 << 30  # all a compile may hand back, together
+OUTPUT_FILES = 64
+LOG_LIMIT = 64 << 10
+BLOB_PATH = re.compile(r"/v2/(?P<repo>[a-z0-9]+(?:[._/-][a-z0-9]+)*)/(?P<kind>manifests|blobs)/"
+                       r"(?P<digest>sha256:[0-9a-f]{64})")
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What this rebuild may ask for: one base repository, one toolchain, one hip/ folder."""
+    registry: str  # as the base reference names it
+    repository: str
+    toolchain: str | None
+    hip: Path
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    grant: Grant
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, *args) -> None:  # the build's own log says what it fetched
+        pass
+
+    def address_string(self) -> str:
+        return "sandbox"
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's names)
+        self._route("GET")
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._route("HEAD")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._route("POST")
+
+    def _route(self, method: str) -> None:
+        try:
+            path = self.path.split("?", 1)[0]
+            if method == "POST" and path == "/bakery/compile":
+                self._compile()
+            elif method == "GET" and path == "/bakery/toolchain":
+                self._answer(200, json.dumps({"identity": _identity(self.server.grant)}).encode())
+            elif method in ("GET", "HEAD") and path == "/v2/":
+                self._answer(200, b"{}")
+            elif method in ("GET", "HEAD") and (found := BLOB_PATH.fullmatch(path)) and self._granted(found):
+                self._relay(method, path, found.group("repo"))
+            else:
+                self._answer(403, f"not granted to a rebuild: {method} {path[:200]}".encode())
+        except BakeryError as e:
+            self._answer(502, str(e).encode())
+
+    def _granted(self, found: re.Match) -> bool:
+        from .transport import api_host
+
+        grant = self.server.grant
+        host = self.headers.get("Host", "")
+        return host == api_host(grant.registry) and found.group("repo") == grant.repository
+
+    def _relay(self, method: str, path: str, repo: str) -> None:
+        """The registry's answer for one digest, streamed; the sandbox verifies the bytes."""
+        from .registry import ACCEPT, Registry, pull
+
+        registry = Registry(self.server.grant.registry)
+        resp = registry.transport.request(method, path, scopes=pull(repo), headers={"Accept": ACCEPT},
+                                          ok=(200, 404), stream=True)
+        with resp:
+            self.send_response(resp.status_code)
+            for name in ("Content-Type", "Content-Length", "Docker-Content-Digest"):
+                if name in resp.headers:
+                    self.send_header(name, resp.headers[name])
+            if "Content-Length" not in resp.headers:
+                self.send_header("Connection", "close")
+                self.close_connection = True
+            self.end_headers()
+            if method == "GET":
+                for chunk in resp.iter_content(1 << 20):
+                    self.wfile.write(chunk)
+
+    def _compile(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if not 0 < length <= SHELL_LIMIT:
+            return self._answer(413, b"a compile request is a small JSON document")
+        try:
+            request = json.loads(self.rfile.read(length))
+            toolchain, shell = str(request["toolchain"]), str(request["shell"])
+        except (ValueError, KeyError, TypeError):
+            return self._answer(400, b'a compile request is {"toolchain": ..., "shell": ...}')
+        grant = self.server.grant
+        if toolchain != grant.toolchain:
+            return self._answer(403, f"this rebuild compiles in {grant.toolchain}, not {toolchain[:100]}".encode())
+        from . import hip
+        from .stack import docker_client
+
+        with tempfile.TemporaryDirectory(prefix="bakery-broker-") as out:
+            status, logs = hip.run_container(docker_client(), toolchain, grant.hip, shell, Path(out))
+            files = _outputs(Path(out))
+        self._answer(200, json.dumps({"status": status, "logs": logs[-LOG_LIMIT:], "files": files}).encode())
+
+    def _answer(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+
+def _identity(grant: Grant) -> str:
+    from . import hip
+    from .stack import docker_client
+
+    if grant.toolchain is None:
+        raise EnvironmentProblem("this rebuild was given no toolchain")
+    return hip.toolchain_identity(docker_client, grant.toolchain)
+
+
+def _outputs(folder: Path) -> dict[str, str]:
+    """{name: base64} of the regular files the container left (the container runs the base's
+    code: no link followed, a capped count and size)."""
+    os.chmod(folder, 0o700)
+    found, total = {}, 0
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name)[:OUTPUT_FILES + 1]:
+        info = entry.stat(follow_symlinks=False)
+        if len(found) == OUTPUT_FILES or not stat.S_ISREG(info.st_mode) or total + info.st_size > OUTPUTS_LIMIT:
+            raise IntegrityError(f"the compile left {entry.name[:80]!r}: not a regular file, or past "
+                                 f"{OUTPUT_FILES} files or {OUTPUTS_LIMIT} bytes (the toolchain image is hostile)")
+        total += info.st_size
+        with os.fdopen(os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+            found[entry.name] = base64.b64encode(f.read(OUTPUTS_LIMIT + 1)).decode()
+    return found
+
+
+@contextmanager
+def serve(folder: Path, grant: Grant):
+    """The broker on folder/broker.sock while the block runs (the folder is bound into the sandbox)."""
+    path = folder / "broker.sock"
+    server = _Server(str(path), _Handler)
+    server.grant = grant
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield path
+    finally:
+        server.shutdown()
+        server.server_close()
+        path.unlink(missing_ok=True)
+
+
+# -- inside the sandbox -----------------------------------------------------------------------------
+
+class _UnixHTTP(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
+
+
+def ask(method: str, path: str, body: dict | None = None, timeout: float = 3600) -> dict:
+    """One request to the broker from inside the sandbox; its JSON answer, or the error it gave."""
+    conn = _UnixHTTP(os.environ[SOCKET_ENV], timeout)
+    try:
+        data = json.dumps(body).encode() if body is not None else None
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
+        resp = conn.getresponse()
+        said = resp.read(OUTPUTS_LIMIT * 2)
+    except OSError as e:
+        raise EnvironmentProblem(f"the rebuild's broker did not answer {method} {path}: {e}") from None
+    finally:
+        conn.close()
+    if resp.status != 200:
+        raise EnvironmentProblem(f"the rebuild's broker refused {method} {path}: "
+                                 f"{said.decode(errors='replace')[:300]}")
+    return json.loads(said)
+
+
+def compile_outside(toolchain: str, shell: str, out: Path) -> tuple[int, str]:
+    """hip.run_container's answer, from the broker: the outputs written into out here, inside."""
+    answer = ask("POST", "/bakery/compile", {"toolchain": toolchain, "shell": shell})
+    for name, data in answer["files"].items():
+        if "/" in name or name in (".", ".."):
+            raise IntegrityError(f"the broker handed back an output named {name[:80]!r}")
+        (out / name).write_bytes(base64.b64decode(data))
+    return int(answer["status"]), str(answer["logs"])
+
+
+def requests_session(path: str):
+    """A requests session whose every request, http or https, goes to the broker's socket (the
+    Host header keeps naming the registry the code asked for)."""
+    import requests
+    import urllib3
+
+    class Connection(urllib3.connection.HTTPConnection):
+        def connect(self) -> None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(self.timeout if isinstance(self.timeout, (int, float)) else None)
+            self.sock.connect(path)
+
+    class Pool(urllib3.HTTPConnectionPool):
+        ConnectionCls = Connection
+
+    class Adapter(requests.adapters.HTTPAdapter):
+        def get_connection_with_tls_context(self, request, verify, proxies=None, cert=None):
+            return Pool("localhost")
+
+        def send(self, request, **kwargs):
+            from urllib.parse import urlsplit
+
+            request.headers["Host"] = urlsplit(request.url).netloc  # the registry asked for, port and all
+            return super().send(request, **kwargs)
+
+        def cert_verify(self, conn, url, verify, cert) -> None:
+            pass  # plain HTTP to our own socket
+
+    session = requests.Session()
+    session.trust_env = False
+    for prefix in ("http://", "https://"):
+        session.mount(prefix, Adapter())
+    return session

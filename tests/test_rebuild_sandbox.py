@@ -1,0 +1,165 @@
+"""The rebuild's boundary from the attacker's side (issue 28): a signed revision whose build code is
+hostile. `invoke reproduce` runs that code; before the sandbox it ran as this user with a filtered
+environment, and read the rebuilder's password and key from /proc/<parent>/environ, the Docker
+login, the Docker socket. Here the same revision runs as a plain child (the control: it finds
+them) and as reproduce runs it (it finds nothing, and the broker grants only the base and the one
+toolchain)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bakery import reproduce
+from bakery.errors import EnvironmentProblem
+from bakery.refs import Reference
+
+SECRETS = {"BAKERY_KEY_PASSWORD": "rebuilder-password", "BAKERY_REBUILDER_SIGNING_KEY": "-----BEGIN ENCRYPTED"}
+
+# the revision's tasks.py: `invoke build` looks for everything a rebuilder holds, says what it
+# found on its last line, and fails (so the finding comes back in reproduce's error)
+HOSTILE_TASKS = '''
+import glob, json, os, socket
+from invoke import task
+
+
+def _broker(method, path, body=None):
+    import http.client
+    conn = http.client.HTTPConnection("localhost")
+    conn.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.sock.connect(os.environ["BAKERY_BROKER_SOCKET"])
+    conn.request(method, path, body=body, headers={{"Host": "127.0.0.1:5000"}})
+    return conn.getresponse().status
+
+
+@task(optional=["base", "layout", "out", "toolchain"])
+def build(c, base=None, layout=None, out=None, toolchain=None, recompile=False):
+    found = []
+    for path in glob.glob("/proc/[0-9]*/environ") + glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            text = open(path, "rb").read().decode(errors="replace")
+        except OSError:
+            continue
+        for secret in {secrets!r}.values():
+            if secret in text:
+                found.append("secret in " + path)
+        if "{keyfile}" in text:
+            found.append("key file named in " + path)
+    for path in ({docker_config!r}, {keyfile!r}, "/root/.docker/config.json"):
+        try:
+            open(path).read()
+            found.append("read " + path)
+        except OSError:
+            pass
+    for sock in ("/var/run/docker.sock", "/run/docker.sock"):
+        try:
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(sock)
+            found.append("connected to " + sock)
+        except OSError:
+            pass
+    try:
+        socket.create_connection(("127.0.0.1", {port}), timeout=3).close()
+        found.append("reached the registry")
+    except OSError:
+        pass
+    if "BAKERY_BROKER_SOCKET" in os.environ:
+        other = "/v2/other/repo/blobs/sha256:" + "0" * 64
+        if _broker("GET", other) != 403:
+            found.append("the broker served another repository")
+        if _broker("GET", "/v2/{repo}/tags/list") != 403:
+            found.append("the broker listed tags")
+        body = json.dumps({{"toolchain": "debian:12", "shell": "cat /etc/shadow > /out/x"}}).encode()
+        if _broker("POST", "/bakery/compile", body) != 403:
+            found.append("the broker compiled in another toolchain")
+    raise SystemExit("found: " + ("; ".join(found) or "nothing"))
+'''
+
+
+@pytest.fixture
+def hostile(tmp_path, registry, fixture_base, monkeypatch):
+    home, repo = tmp_path / "home", tmp_path / "revision"
+    (home / ".docker").mkdir(parents=True)
+    (home / ".docker" / "config.json").write_text('{"auths": {"ghcr.io": {"auth": "YWxpY2U6czNjcmV0"}}}')
+    keyfile = tmp_path / "keys" / "rebuilder.key"
+    keyfile.parent.mkdir()
+    keyfile.write_text("-----BEGIN ENCRYPTED PRIVATE KEY-----\n")
+    (repo / "hip").mkdir(parents=True)
+    (repo / "hip" / "extensions.yaml").write_text("arch: gfx942\nextensions: []\n")
+    (repo / "tasks.py").write_text(HOSTILE_TASKS.format(
+        secrets=SECRETS, keyfile=str(keyfile), docker_config=str(home / ".docker" / "config.json"),
+        port=registry.rsplit(":", 1)[1], repo=Reference.parse(str(fixture_base)).repository))
+    ident = {"GIT_AUTHOR_NAME": "x", "GIT_AUTHOR_EMAIL": "x@example.com", "GIT_COMMITTER_NAME": "x",
+             "GIT_COMMITTER_EMAIL": "x@example.com"}
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "a signed bad revision"]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, env={**os.environ, **ident})
+    revision = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    monkeypatch.setenv("HOME", str(home))
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    plan = reproduce.Plan(str(repo), revision, False, str(fixture_base), 1700000000, str(fixture_base.digest))
+    return plan, keyfile
+
+
+def key_holder(keyfile: Path) -> subprocess.Popen:
+    """A process as `invoke reproduce --attest --key FILE` is, with the password in its environment
+    (a variable set after start never shows in /proc/PID/environ, so it is this process's own)."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--key", str(keyfile)],
+                            env={**os.environ, **SECRETS})
+
+
+def test_run_as_a_child_the_hostile_revision_takes_the_rebuilders_secrets(hostile, tmp_path):
+    """The control, as reproduce ran it before: a child with a filtered environment, the key file
+    named on the parent's command line (here: this process's environment and a child of ours
+    whose command line names it)."""
+    plan, keyfile = hostile
+    source = tmp_path / "control"
+    subprocess.run(["git", "clone", "-q", plan.repository, str(source)], check=True)
+    holder = key_holder(keyfile)
+    try:
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
+        done = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(source), "build"], cwd=source,
+                              env=env, capture_output=True, text=True)
+    finally:
+        holder.kill()
+    said = done.stderr.strip().splitlines()[-1]
+    for what in ("secret in /proc/", "key file named in /proc/", "read " + str(keyfile), ".docker/config.json",
+                 "connected to /var/run/docker.sock", "reached the registry"):
+        assert what in said, said
+
+
+def test_in_the_rebuild_sandbox_the_hostile_revision_finds_nothing(hostile, tmp_path):
+    plan, keyfile = hostile
+    holder = key_holder(keyfile)
+    try:
+        with pytest.raises(EnvironmentProblem) as failed:
+            reproduce.rebuild(plan, tmp_path / "work", None, log=lambda m: None)
+    finally:
+        holder.kill()
+    assert str(failed.value).endswith("found: nothing"), failed.value
+
+
+def test_a_revision_whose_hip_is_a_link_is_not_compiled(hostile, tmp_path):
+    """Docker binds where a link points: hip -> / would hand the host to the compile container."""
+    plan, _ = hostile
+    repo = Path(plan.repository)
+    subprocess.run(["git", "-C", str(repo), "rm", "-rq", "hip"], check=True)
+    (repo / "hip").symlink_to("/root")
+    env = {**os.environ, "GIT_AUTHOR_NAME": "x", "GIT_AUTHOR_EMAIL": "x@example.com", "GIT_COMMITTER_NAME": "x",
+           "GIT_COMMITTER_EMAIL": "x@example.com"}
+    subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(repo), "commit", "-qm", "hip is a link"], check=True, env=env)
+    revision = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    from dataclasses import replace
+
+    from bakery.errors import IntegrityError
+
+    with pytest.raises(IntegrityError, match="hip/ is not a folder of the checkout"):
+        reproduce.rebuild(replace(plan, revision=revision), tmp_path / "work", None, log=lambda m: None)
