@@ -12,12 +12,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import overlays as overlays_mod, patch as patch_mod, prove
 from .build import Options, base_files, open_base
-from .errors import BakeryError
+from .errors import BakeryError, InputError
 from .overlays import Overlay
 
 FIXED_UPSTREAM, NEEDS_PORTING, TARGET_MOVED = "fixed-upstream", "needs porting", "target moved"
@@ -95,7 +97,8 @@ def _old_stock(project: Path, overlay: Overlay, lock: dict | None) -> bytes | No
     return overlays_mod.read_stock(project / "overlays", entry["base_sha256"])
 
 
-def _decide(overlay: Overlay, new: bytes | None, old: bytes | None, files: dict, out: Path, log) -> RebaseRow:
+def _decide(overlay: Overlay, new: bytes | None, old: bytes | None, files: dict, out: Path, log,
+            project: Path) -> RebaseRow:
     """One required overlay on the new base's bytes."""
     if new is None:
         return RebaseRow(overlay, NEEDS_PORTING, "the target is not in the new base (moved or removed upstream?)")
@@ -123,13 +126,13 @@ def _decide(overlay: Overlay, new: bytes | None, old: bytes | None, files: dict,
             return RebaseRow(overlay, f"ported ({how}), proven", f"{spec.script.name}: {verdict.reason}", result, new)
         tried.append(f"{how}: {verdict.verdict} by {spec.script.name}")
     where = _write_porting_kit(out / overlay.id, overlay, new, old, conflicted or (found[0][1] if found else None),
-                               files)
+                               files, project)
     return RebaseRow(overlay, NEEDS_PORTING, "; ".join(tried + (["merge: conflicts"] if conflicted else []))
                      + f"; edit {where / 'ours.py'}, then run {where / 'prove.sh'}", None, new)
 
 
 def _write_porting_kit(folder: Path, overlay: Overlay, new: bytes, old: bytes | None, draft: bytes | None,
-                       files: dict) -> Path:
+                       files: dict, project: Path) -> Path:
     """out/rebase/<id>/: the new stock file, ours (a draft to edit: the merge with its conflict
     markers, or the best candidate), the old stock, the other files the proof reads, and the
     command that re-runs the proof."""
@@ -143,15 +146,34 @@ def _write_porting_kit(folder: Path, overlay: Overlay, new: bytes, old: bytes | 
     (folder / "ours.py").write_bytes(draft if draft is not None else new)
     if old is not None:
         (folder / "old-stock.py").write_bytes(old)
-    reads = " ".join(f"\"$(dirname \"$0\")/reads/{name}\"" for name in read_names)
-    script = overlay.proof.script if overlay.proof and overlay.proof.script else None
+    # ours.py is the new base's code with our edits: it runs only in the sandbox, through bakery
     (folder / "prove.sh").write_text(
-        "#!/bin/sh\n# re-run the overlay's proof on ours.py after editing it; then save it as the patch with\n"
+        "#!/bin/sh\n# re-run the overlay's proof on ours.py after editing it (in bakery's sandbox: it is the\n"
+        "# new base's code); then save it as the patch with\n"
         f"#   diff -u stock.py ours.py, paths a/{overlay.relative} b/{overlay.relative}\n"
-        + (f"exec python3 {script} \"$(dirname \"$0\")/ours.py\" -- {reads}\n" if script
-           else "echo 'this overlay has no CPU proof: check it on the hardware'\n"))
+        f"kit=$(cd \"$(dirname \"$0\")\" && pwd)\n"
+        f"cd {shlex.quote(str(project))} && exec {shlex.quote(sys.executable)} -m invoke prove --kit \"$kit\"\n")
     (folder / "prove.sh").chmod(0o755)
     return folder
+
+
+def prove_kit(project: Path, folder: Path) -> prove.Verdict:
+    """`invoke prove --kit out/rebase/ID`: the overlay's proof on the kit's ours.py (the new base's
+    code with a person's edits), with the files the kit kept of the new base, in the sandbox."""
+    folder = folder.resolve()
+    registered = {o.id: o for o in overlays_mod.load(project / "overlays" / "overlays.yaml")}
+    overlay = registered.get(folder.name)
+    if overlay is None or not (folder / "ours.py").is_file():
+        raise InputError(f"{folder} is not a porting kit of this project (out/rebase/OVERLAY-ID/ with ours.py)")
+    spec = overlay.proof
+    if spec is None or spec.script is None:
+        raise InputError(f"{overlay.id} has no proof that runs here ({spec.hardware if spec else 'none registered'}): "
+                         f"check ours.py on the hardware")
+    reads = {}
+    for i, path in enumerate(spec.reads):
+        kept = folder / "reads" / f"{i}-{Path(path).name}"
+        reads[path] = kept.read_bytes() if kept.is_file() else None
+    return prove.run(spec, (folder / "ours.py").read_bytes(), reads)
 
 
 def rebase(opts: Options, log=print, retire: bool = True) -> tuple[list, bool]:
@@ -173,7 +195,7 @@ def rebase(opts: Options, log=print, retire: bool = True) -> tuple[list, bool]:
         log(f"[{n}/{len(required)}] {o.id}")
         old = _old_stock(project, o, old_lock)
         new = files.get(o.target)
-        rows.append(_moved(base, o, old) if new is None else _decide(o, new, old, files, out, log))
+        rows.append(_moved(base, o, old) if new is None else _decide(o, new, old, files, out, log, project))
     ok = all(r.carried and (retire or r.status != FIXED_UPSTREAM) for r in rows)
     if ok:
         _commit(project, opts, str(base.spec.image), rows, old_lock, log)

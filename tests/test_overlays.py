@@ -6,6 +6,7 @@ import json
 import shutil
 import struct
 import subprocess
+import sys
 
 import pytest
 
@@ -249,9 +250,21 @@ def test_rebase_needs_porting_writes_a_kit_and_nothing_else(project, registry, f
     kit = project / "out" / "rebase" / "cpu-kv-transfer-fence"
     assert b"<<<<<<< ours" in (kit / "ours.py").read_bytes() and (kit / "stock.py").is_file()
     run = subprocess.run(["sh", str(kit / "prove.sh")], capture_output=True, text=True)  # the markers do not parse
-    assert run.returncode != 0 or "CANNOT-PROVE" in run.stdout
+    assert run.returncode == 5 and "ours.py: CANNOT-PROVE" in run.stdout, run.stdout + run.stderr
     after = {p: p.read_bytes() for p in (project / "overlays").rglob("*") if p.is_file()}
     assert after == before
+    # ours.py is the new base's code: a hostile one that plants a file in the project at import
+    # would have run as the maintainer with plain python3 (the control); prove.sh runs it sandboxed
+    planted = project / "planted-by-the-base"
+    hostile = f"open({str(planted)!r}, 'w').write('x')\n".encode() + (kit / "stock.py").read_bytes()
+    (kit / "ours.py").write_bytes(hostile)
+    script = project / "overlays" / "proofs" / "cpu_kv_transfer_fence.py"
+    plain = subprocess.run([sys.executable, str(script), str(kit / "ours.py"), "--"], capture_output=True, text=True,
+                           cwd=project / "overlays" / "proofs")
+    assert planted.exists(), plain.stderr[-500:]
+    planted.unlink()
+    run = subprocess.run(["sh", str(kit / "prove.sh")], capture_output=True, text=True)
+    assert not planted.exists() and run.returncode == 5, run.stdout + run.stderr
 
 
 def test_rebase_says_where_a_moved_target_went(project, registry, fixture_base, tmp_path):
