@@ -48,8 +48,10 @@ def reports_errors(fn):
             raise Exit(code=0)
         try:
             return fn(*args, **kwargs)
-        except BakeryError as e:
-            raise Exit(f"error: {e}", code=e.exit_code) from None
+        except BakeryError as e:  # it may quote the base's text: shown inert (no escape sequence hides it)
+            from bakery.untrusted import safe
+
+            raise Exit(f"error: {safe(e, limit=8000, lines=True)}", code=e.exit_code) from None
         except KeyboardInterrupt:
             raise Exit("interrupted; nothing was tagged", code=130) from None
         except Exit:
@@ -59,7 +61,9 @@ def reports_errors(fn):
 
             mapped = foreign(e)
             if mapped is not None:
-                raise Exit(f"error: {mapped}", code=mapped.exit_code) from None
+                from bakery.untrusted import safe
+
+                raise Exit(f"error: {safe(mapped, limit=8000, lines=True)}", code=mapped.exit_code) from None
             if os.environ.get("BAKERY_DEBUG"):  # BAKERY_DEBUG=1 shows the traceback
                 raise
             where = traceback.extract_tb(e.__traceback__)[-1]
@@ -211,16 +215,23 @@ def lock(c, base=None, lock=None):
 
 @task(help={"base": "base image REF@sha256:DIGEST, overriding image/base.yaml",
             "device": "cpu (default: Triton's interpreter) or cuda (the proofs' Triton kernels compiled for the GPU "
-                      "torch sees, CUDA or ROCm)"})
+                      "torch sees, CUDA or ROCm)",
+            "kit": "a porting kit (out/rebase/OVERLAY-ID, from `invoke rebase`): prove its edited ours.py instead"})
 @reports_errors
-def prove(c, base=None, device="cpu"):
+def prove(c, base=None, device="cpu", kit=None):
     """Run each overlay's behavioural proof on the base's stock target and on the overlaid one."""
     import dataclasses
 
     from bakery.build import Options
-    from bakery.prove import DEVICES
-    from bakery.rebase import prove_base
+    from bakery.prove import DEVICES, FIXED
+    from bakery.rebase import prove_base, prove_kit
 
+    if kit:
+        verdict = prove_kit(PROJECT, Path(kit))
+        print(f"ours.py: {verdict.verdict} ({verdict.reason})")
+        if verdict.verdict != FIXED:
+            raise Exit("error: ours.py is not proven FIXED: edit it and run prove.sh again", code=5)
+        return
     if device not in DEVICES:
         raise Exit(f"error: --device {device}: say cpu or cuda", code=2)
     rows = prove_base(Options(PROJECT, base, device=device), log=_log)

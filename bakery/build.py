@@ -7,6 +7,7 @@ import email.parser
 import glob
 import hashlib
 import os
+import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from . import overlays as overlays_mod
 from . import prove as prove_mod
 from . import record
 from . import tuning as tuning_mod
+from . import untrusted
 from .errors import BakeryError, InputError, IntegrityError
 from .extract import BaseFilesystem, LayerCache
 from .layer import FileEntry, write_blob, write_layer
@@ -203,16 +205,57 @@ def overlay_proofs(base: OpenBase, applied: list, log=print) -> dict:
     return out
 
 
+DIST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,198}[A-Za-z0-9])?")  # PEP 508's, capped
+DIST_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+!_-]{0,127}")  # PEP 440's characters and legacy ones
+METADATA_LIMIT = 4 << 20  # a METADATA file is kilobytes: its headers are all we parse
+
+
 def python_distributions(fs: BaseFilesystem) -> list[dict]:
-    """Name and version of each Python distribution installed in the base, from its dist-info."""
+    """Name and version of each Python distribution installed in the base, from its dist-info. They
+    go into the SBOM and the signed record: a missing, non-ASCII or odd one refuses the base in one
+    line, before anything is pushed."""
     found = fs.read(fs.glob(DIST_INFO))
     dists = []
     for path, f in sorted(found.items()):
         if f and f.data:
+            if len(f.data) > METADATA_LIMIT:
+                raise IntegrityError(f"the base's /{untrusted.safe(path)} is {len(f.data)} bytes, past "
+                                     f"{METADATA_LIMIT}: not a METADATA file; refused")
             meta = email.parser.BytesParser().parsebytes(f.data, headersonly=True)
-            dists.append({"name": meta.get("Name"), "version": meta.get("Version"), "metadata": "/" + path,
-                          "sha256": f.sha256})
+            fields = {}
+            for field, pattern in (("Name", DIST_NAME), ("Version", DIST_VERSION)):
+                value = meta.get(field)
+                if not isinstance(value, str) or not pattern.fullmatch(value):
+                    said = "none" if value is None else repr(untrusted.safe(value, limit=80))
+                    raise IntegrityError(f"the base's /{untrusted.safe(path)} has {field}: {said}, not a distribution "
+                                         f"{field.lower()}: the base is refused (its SBOM could not name it)")
+                fields[field.lower()] = value
+            dists.append({**fields, "metadata": "/" + path, "sha256": f.sha256})
     return dists
+
+
+def check_attestable(rec: dict, subject: Reference) -> None:
+    """Make now, from the record, what `invoke attest` will sign: a record that cannot give its SBOM
+    or provenance, or gives one a registry would not serve back (past 4 MiB signed), fails here,
+    before anything is pushed or tagged."""
+    import base64
+    import json
+
+    from . import provenance, sbom
+    from .transport import DOCUMENT_LIMIT
+
+    try:
+        statements = {
+            "SBOM": provenance.statement(subject, sbom.SPDX_PREDICATE, json.loads(sbom.document(rec, subject.name))),
+            "provenance": provenance.statement(subject, provenance.SLSA_PREDICATE, provenance.predicate(rec))}
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise IntegrityError(f"the build record cannot give its SBOM and provenance ({type(e).__name__}: "
+                             f"{untrusted.safe(e)}): nothing pushed") from None
+    for what, body in statements.items():
+        signed = len(base64.b64encode(body)) + 4096  # the DSSE envelope: the payload in base64, a signature
+        if signed > DOCUMENT_LIMIT:
+            raise IntegrityError(f"the {what} would be about {signed} bytes signed, past the {DOCUMENT_LIMIT} a "
+                                 f"registry serves back: nothing pushed (is some text of the base huge?)")
 
 
 def overlay_records(project: Path, overlays: list, applied: list, proofs: dict) -> list[dict]:
@@ -329,7 +372,6 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
     derived = Derived(base, opened.registry, manifest, config, config_desc, tuple(layers))
     write_blob(blobs / "sha256" / config_desc.digest.hex, config)
     write_blob(blobs / "sha256" / derived.digest.hex, manifest)
-    pushed, outputs, stats = write_outputs(derived, opts, target, registries, opened.fs.cache.root / "blobs", log)
 
     rec = {
         "schema": record.SCHEMA,
@@ -353,15 +395,21 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
                      "annotations": notes},
         "image": {"repository": spec.repository.name, "env": dict(spec.env), "entrypoint": list(spec.entrypoint),
                   "cmd": list(spec.cmd)},
-        "outputs": outputs,
-        "push": vars(stats) if stats else None,
+        "outputs": [],
+        "push": None,
         "overlays_lock": {"path": str(opts.lock_path), "base": str(opened.spec.image),
                           "sha256": hashlib.sha256(opts.lock_path.read_bytes()).hexdigest()},
         "builder": record.builder(),
         "tools": record.tools(),
         "started": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "finished": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "finished": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),  # again once pushed
         "layer_downloads": opened.fs.cache.downloads,
     }
+    # everything that can fail has run before the first push (a push writes the tag)
+    check_attestable(rec, (target or spec.repository).with_digest(derived.digest))
+    pushed, outputs, stats = write_outputs(derived, opts, target, registries, opened.fs.cache.root / "blobs", log)
+    rec.update({"outputs": outputs, "push": vars(stats) if stats else None,
+                "finished": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "layer_downloads": opened.fs.cache.downloads})
     record.write(opts.out_dir / "build-record.json", rec)
     return pushed or spec.repository.with_digest(derived.digest), rec

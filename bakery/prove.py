@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path, PurePosixPath
 
-from . import sandbox
+from . import sandbox, untrusted
 from .errors import EnvironmentProblem, InputError
 from .layer import write_blob
 
@@ -30,6 +30,7 @@ FIXED, BROKEN, CANNOT = "FIXED", "BROKEN", "CANNOT-PROVE"
 DEVICES = ("cpu", "cuda")  # cpu: Triton's interpreter; cuda: kernels compiled for the GPU torch sees (CUDA or ROCm)
 HELPER = "_proof.py"  # shared by every proof script: part of each proof's code
 LIMITS = sandbox.PROOF  # time, memory, processes, file size
+REASON_LIMIT = 400  # characters of a reason a record keeps
 
 
 @dataclass(frozen=True)
@@ -208,13 +209,32 @@ def _verdicts(done: subprocess.CompletedProcess, count: int, seconds: float) -> 
                 raise TypeError
         except (ValueError, KeyError, TypeError):
             continue  # what the proof printed on its way
+        # the reason is the base's code's to shape: capped and inert before any record, table or PR holds it
+        reason = untrusted.safe(reason, "json", REASON_LIMIT)
         if verdict in (FIXED, BROKEN, CANNOT) and done.returncode == 0:
-            found[index] = Verdict(verdict, reason, float(doc.get("seconds") or 0), doc.get("measured") or {})
+            found[index] = Verdict(verdict, reason, float(doc.get("seconds") or 0), _measured(doc.get("measured")))
         else:
-            found[index] = Verdict(CANNOT, f"the proof failed ({reason})"[:400], float(doc.get("seconds") or 0))
-    why = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+            found[index] = Verdict(CANNOT, f"the proof failed ({reason})", float(doc.get("seconds") or 0))
+    why = untrusted.safe((done.stderr.strip().splitlines() or ["no output"])[-1], "json", REASON_LIMIT)
     return [found.get(i) or Verdict(CANNOT, f"the proof failed (exit {done.returncode}): {why}", seconds)
             for i in range(count)]
+
+
+def _measured(found, depth: int = 2) -> dict:
+    """What a proof measured: a small mapping of short names to numbers, short text or (two levels
+    deep) such mappings; the rest is dropped."""
+    if not isinstance(found, dict):
+        return {}
+    kept = {}
+    for name, value in list(found.items())[:32]:
+        key = untrusted.safe(name, "json", 64)
+        if isinstance(value, (bool, int, float)) or value is None:
+            kept[key] = value
+        elif isinstance(value, dict) and depth > 1:
+            kept[key] = _measured(value, depth - 1)
+        else:
+            kept[key] = untrusted.safe(value, "json", 200)
+    return kept
 
 
 def run_many(jobs: dict, device: str = "cpu") -> dict:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from . import base as base_mod, inputs
+from . import base as base_mod, inputs, untrusted
 from .errors import InputError, IntegrityError, NotFound, RegistryError, malformed
 from .layer import write_blob
 from .refs import Digest, Reference
@@ -519,16 +519,14 @@ REPORT_LIMIT = 60000  # a pull request's body holds 65536 characters
 
 
 def plain(text: str, limit: int) -> str:
-    """One line of someone else's text, without control characters, at most limit long."""
-    text = re.sub(r"[\x00-\x1f\x7f\u2028\u2029]", " ", str(text))
-    return text if len(text) <= limit else text[:limit] + "..."
+    """One line of someone else's text, inert on a terminal, at most about limit long."""
+    return untrusted.safe(text, "terminal", limit)
 
 
 def escaped(text: str) -> str:
     """A Markdown table cell of someone else's text: no row breaks, no HTML, no code, no mentions or
-    issue links (a `Closes #1` in a PR body would close an issue on merge)."""
-    text = re.sub(r"([\\`*_{}\[\]<>()+!|~])", r"\\\1", plain(text, 600))
-    return re.sub(r"([@#])(?=\w)", "\\1\u200b", text)  # a zero-width space: no mention, no issue link
+    issue links, URL-shaped ones included (a `Closes #1` in a PR body would close an issue on merge)."""
+    return untrusted.safe(text, "markdown", 600)
 
 
 def listing(ledger: Ledger, pinned: Digest) -> list[str]:

@@ -1,0 +1,144 @@
+"""Issue 28's corpus: hostile input that reached a sink or a push, each with its honest control.
+
+- bad METADATA in the base (no Name:, a non-ASCII one) used to crash the build after the image
+  and its tag were pushed; now one line, exit 5, and no tag;
+- a record whose SBOM or provenance a registry could not serve back is refused before the push;
+- someone else's text is inert in each sink (terminal, Markdown, JSON), checked against rules
+  written from the issue's description, not from the code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+
+import pytest
+import requests
+
+from bakery import build, untrusted
+from bakery.errors import IntegrityError
+from bakery.refs import Reference
+
+from conftest import invoke, last_line
+from test_errors import one_clear_line
+from test_overlays import docker_base
+
+DIST = "/usr/local/lib/python3.12/dist-packages"
+
+
+def tags(registry: str, repository: str) -> list[str]:
+    resp = requests.get(f"http://{registry}/v2/{repository}/tags/list", timeout=10)
+    return [] if resp.status_code == 404 else (resp.json().get("tags") or [])
+
+
+@pytest.mark.parametrize("name, metadata, said", [
+    ("no-name", r"Metadata-Version: 2.1\nVersion: 1.0\n", "has Name: none"),
+    ("non-ascii", r"Metadata-Version: 2.1\nName: \303\251vil\nVersion: 1.0\n", "has Name: "),
+])
+def test_bad_metadata_is_one_line_and_nothing_is_pushed(name, metadata, said, project, registry, fixture_base,
+                                                         fixture_lock, tmp_path):
+    """The lock is re-pointed at the changed base (its overlaid files are untouched), so the build
+    gets as far as it would for a real nightly with one odd distribution in it."""
+    bad = docker_base(registry, f"metadata-{name}", fixture_base,
+                      [f"mkdir -p {DIST}/evil-1.0.dist-info && printf '{metadata}' > {DIST}/evil-1.0.dist-info/METADATA"],
+                      tmp_path)
+    lock = json.loads(fixture_lock)
+    lock["base"] = str(bad)
+    (project / "overlays" / "overlays.lock").write_text(json.dumps(lock))
+    repo = f"boundaries/metadata-{name}"
+    line = one_clear_line(invoke(project, "build", "--base", str(bad), "--push", f"{registry}/{repo}:candidate"))
+    assert f"evil-1.0.dist-info/METADATA {said}" in line and "refused" in line, line
+    assert tags(registry, repo) == []
+    assert not (project / "out" / "build-record.json").exists()
+
+
+def test_the_same_base_without_the_odd_distribution_builds_and_pushes(project, registry, fixture_base, fixture_lock,
+                                                                      tmp_path):
+    """The control: a well-formed extra distribution is named in the record, and the tag is there."""
+    good = docker_base(registry, "metadata-good", fixture_base,
+                       [f"mkdir -p {DIST}/fine-1.0.dist-info && printf 'Metadata-Version: 2.1\\nName: fine\\n"
+                        f"Version: 1.0\\n' > {DIST}/fine-1.0.dist-info/METADATA"], tmp_path)
+    lock = json.loads(fixture_lock)
+    lock["base"] = str(good)
+    (project / "overlays" / "overlays.lock").write_text(json.dumps(lock))
+    done = invoke(project, "build", "--base", str(good), "--push", f"{registry}/boundaries/metadata-good:candidate")
+    assert done.returncode == 0, done.stderr
+    assert tags(registry, "boundaries/metadata-good") == ["candidate"]
+    record = json.loads((project / "out" / "build-record.json").read_text())
+    assert {"name": "fine", "version": "1.0"}.items() <= next(
+        d for d in record["base"]["python_distributions"] if d["name"] == "fine").items()
+    assert last_line(done).startswith(f"{registry}/boundaries/metadata-good@sha256:")
+
+
+def record_with_reason(reason: str) -> dict:
+    """The smallest record sbom.document and provenance.predicate read, one overlay's proof
+    reason set to `reason`."""
+    digest = "sha256:" + "a" * 64
+    return {"schema": "x", "source": {"repository": "https://example.com/r", "revision": "0" * 40, "dirty": False,
+                                      "source_date_epoch": 1},
+            "inputs": [], "files": [], "deleted": [], "artifacts": [], "kernels": {}, "tuning": [], "layers": [],
+            "base": {"name": "r.example/base", "pinned": f"r.example/base@{digest}", "read_from": "", "platform": "",
+                     "index_digest": None, "manifest": {"digest": digest}, "config": {}, "layers": [],
+                     "python_distributions": []},
+            "overlays": [{"id": "o", "target": "/t.py", "kind": "patch", "status": "required", "baked": True,
+                          "upstream": {"path": "t.py", "ref": "v1", "repo": "https://example.com/u"}, "reason": "r", "platforms": [], "patch": "p", "patch_sha256": "b" * 64,
+                          "proof": {"script": "s.py", "code_sha256": "c" * 64, "stock": "BROKEN", "overlaid": "FIXED",
+                                    "reason": reason},
+                          "base_sha256": "d" * 64, "result_sha256": "e" * 64}],
+            "config": {"digest": digest}, "manifest": {"digest": digest, "annotations": {}},
+            "image": {"repository": "r.example/img", "env": {}, "entrypoint": [], "cmd": []}, "outputs": [],
+            "push": None, "overlays_lock": {"path": "l", "base": "b", "sha256": "f" * 64}, "builder": {"id": "b", "invocation": "i"},
+            "tools": {"bakery": "0"}, "started": "2026-01-01T00:00:00Z", "finished": "2026-01-01T00:00:01Z", "layer_downloads": 0}
+
+
+def test_a_record_too_big_to_serve_back_signed_is_refused_before_the_push():
+    subject = Reference.parse("r.example/img@sha256:" + "a" * 64)
+    build.check_attestable(record_with_reason("fine"), subject)  # the control: small, made whole
+    with pytest.raises(IntegrityError, match="past the 4194304 a registry serves back: nothing pushed"):
+        build.check_attestable(record_with_reason("x" * (5 << 20)), subject)
+
+
+# -- someone else's text, per sink -------------------------------------------------------------------
+
+HOSTILE_TEXT = [
+    "ok\x1b[2K\x1b[1Aerror: hidden\rall good",  # erase the line, move up, overwrite
+    "right\u202eto-left\u2066isolate\u2069",  # bidirectional overrides reorder what is shown
+    "fixes #1, closes https://github.com/dsv4-mi300x/bakery/issues/2, resolves dsv4-mi300x/bakery#3",
+    "Fixes: www.github.com/o/r/issues/4 cc @maintainer",
+    "<img src=x onerror=alert(1)> | table | break\n\nnew paragraph",
+    "\x00nul \x7fdel \x85nel \u2028ls",
+]
+# GitHub's closing keywords and references, written from its documentation's description
+CLOSING = re.compile(r"(?i)\b(close[sd]?|fix(e[sd])?|resolve[sd]?)\b\W+(https?://\S+/issues/\d+|[\w.-]+/[\w.-]+#\d+|"
+                     r"#\d+|www\.\S+/issues/\d+)")
+MENTION = re.compile(r"(?<![\w`])@[A-Za-z0-9-]+")
+
+
+def acts_on_a_terminal(text: str) -> list[str]:
+    """Characters a terminal acts on or that reorder a line: C0/C1 controls, DEL, bidi controls."""
+    return [c for c in text if unicodedata.category(c) == "Cc" or unicodedata.bidirectional(c) in
+            ("LRE", "RLE", "LRO", "RLO", "PDF", "LRI", "RLI", "FSI", "PDI") or c in "\u2028\u2029"]
+
+
+@pytest.mark.parametrize("text", HOSTILE_TEXT)
+def test_each_sink_gets_inert_text(text):
+    for sink in untrusted.SINKS:
+        shown = untrusted.safe(text, sink, limit=1000)
+        assert not acts_on_a_terminal(shown), (sink, shown)
+    markdown = untrusted.safe(text, "markdown", limit=1000)
+    assert not CLOSING.search(markdown) and not MENTION.search(markdown), markdown
+    assert "<" not in markdown.replace("\\<", ""), markdown
+    assert json.loads(json.dumps(untrusted.safe(text, "json"))) == untrusted.safe(text, "json")
+
+
+@pytest.mark.parametrize("text", HOSTILE_TEXT)
+def test_each_hostile_text_acts_when_raw(text):
+    """The control: every text above does something raw (moves the cursor, reorders, closes an
+    issue, mentions someone, or is HTML)."""
+    assert acts_on_a_terminal(text) or CLOSING.search(text) or MENTION.search(text) or "<" in text
+
+
+def test_a_long_text_is_capped_and_says_how_much_was_cut():
+    shown = untrusted.safe("x" * (1 << 20), "json", limit=400)
+    assert len(shown) < 450 and shown.endswith(f"... ({(1 << 20) - 400} more characters)")
