@@ -30,7 +30,7 @@ import zstandard
 from .base import Image
 from .errors import EnvironmentProblem, InputError, IntegrityError
 from .refs import Descriptor, Digest
-from .tarscan import TarError, TarReader, Unsupported
+from .tarscan import TarError, TarReader
 from .registry import Registry
 
 WHITEOUT = ".wh."
@@ -234,17 +234,9 @@ def scan_layer(registry: Registry, repo: str, desc: Descriptor, wanted: set[str]
     and of those matching a `keep` pattern (files known to be needed later, e.g. dist-info).
 
     Returns (index, {path: sha256}); nothing is recorded in the cache until the layer's digest
-    has been checked, so a corrupt download leaves no trace. Members are read by tarscan; a layer
-    with members it leaves to tarfile (GNU sparse files, pax global headers) is streamed again
-    and read by tarfile.
+    has been checked, so a corrupt download leaves no trace. Members are read by tarscan, as the
+    engine will unpack them; a layer it cannot read that way refuses the base.
     """
-    try:
-        return _scan(registry, repo, desc, wanted, cache, keep, fast=True)
-    except Unsupported:
-        return _scan(registry, repo, desc, wanted, cache, keep, fast=False)
-
-
-def _scan(registry, repo, desc, wanted, cache, keep, fast: bool) -> tuple[dict, dict[str, str]]:
     cache.downloads += 1
     entries, whiteouts, opaque, found = {}, [], [], {}
     chunks = registry.stream_blob(repo, desc, label=f"layer {desc.digest.hex[:12]}")
@@ -252,23 +244,13 @@ def _scan(registry, repo, desc, wanted, cache, keep, fast: bool) -> tuple[dict, 
     keep = re.compile("|".join(f"(?:{fnmatch.translate(k)})" for k in keep)) if keep else None
     try:
         stream = _Hashing(decompressed(desc.media_type, io.BufferedReader(raw, 1 << 20)))
-        if fast:
-            reader = TarReader(stream)
-            for member in reader:
-                _take(member, reader.read_data, entries, whiteouts, opaque, found, wanted, keep, cache)
-        else:
-            with tarfile.open(fileobj=stream, mode="r|") as tar:
-                for member in tar:
-                    _take(member, lambda m: tar.extractfile(m).read(), entries, whiteouts, opaque, found, wanted,
-                          keep, cache)
+        reader = TarReader(stream)
+        for member in reader:
+            _take(member, reader.read_data, entries, whiteouts, opaque, found, wanted, keep, cache)
         diff_id = stream.diff_id()
         for _ in chunks:  # drain: the digest check runs when the iterator ends
             pass
-    except Unsupported:
-        chunks.close()
-        raise
-    except (tarfile.TarError, TarError, EOFError, OSError, zlib.error, zstandard.ZstdError, ValueError,
-            UnicodeError) as e:
+    except (TarError, EOFError, OSError, zlib.error, zstandard.ZstdError, ValueError, UnicodeError) as e:
         for _ in chunks:  # a bad digest is the better diagnosis: let the check run first
             pass
         raise IntegrityError(f"layer {desc.digest} of {repo} is not a readable {desc.media_type} "

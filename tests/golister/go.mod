@@ -1,0 +1,3 @@
+module golister
+
+go 1.19
