@@ -63,10 +63,10 @@ def attach_envelopes(store, subject: Reference, envelopes: dict[str, bytes]) -> 
     existing = store.manifest(tag)
     layers = {}
     if existing:
-        with malformed(f"attestation manifest {tag}"):
-            for layer in json.loads(existing)["layers"]:
-                desc = Descriptor.from_json(layer)
-                layers[(desc.annotations.get("predicateType"), desc.annotations.get(SIGNER_ANNOTATION, ""))] = desc
+        from .verify import _layers
+
+        for desc in _layers(existing, f"attestation manifest {tag}"):
+            layers[(desc.annotations.get("predicateType"), desc.annotations.get(SIGNER_ANNOTATION, ""))] = desc
     for predicate_type, envelope in envelopes.items():
         desc = store.put_blob(envelope, DSSE)
         annotations = {SIGNATURE_ANNOTATION: "", "predicateType": predicate_type}

@@ -349,7 +349,7 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
 
     recipe = hip_mod.served(hip_mod.load(project / "hip"), {a.overlay.id for a in applied}, log)
     compiled = hip_mod.compile_recipe(recipe, opts.toolchain_for(opened.spec), _cache_dir() / "hip", log, remote,
-                                      trust, opts.recompile)
+                                      trust, opts.recompile, defer_push=True)
     kernel_files = hip_mod.files(recipe, compiled.artifacts)
     tables = tuning_mod.load(project / "tuning")
     table_files = tuning_mod.files(tables)
@@ -407,6 +407,8 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
     }
     # everything that can fail has run before the first push (a push writes the tag)
     check_attestable(rec, (target or spec.repository).with_digest(derived.digest))
+    if compiled.push:
+        compiled.push()
     pushed, outputs, stats = write_outputs(derived, opts, target, registries, opened.fs.cache.root / "blobs", log)
     rec.update({"outputs": outputs, "push": vars(stats) if stats else None,
                 "finished": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

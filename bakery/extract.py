@@ -274,6 +274,9 @@ def _index_into_cache(job) -> tuple[int, dict]:
     return cache.downloads, index
 
 
+KEPT_LIMIT = 256 << 20
+
+
 def _take(member, read_data, entries, whiteouts, opaque, found, wanted, keep, cache) -> None:
     """Record one tar member: a whiteout, an opaque marker, or an entry (kept if wanted)."""
     path = normalize(member.name)
@@ -288,6 +291,8 @@ def _take(member, read_data, entries, whiteouts, opaque, found, wanted, keep, ca
     entries[path] = [kind, member.size, member.mode, normalize(member.linkname) if kind == "hardlink"
                      else member.linkname]
     if kind == "file" and (path in wanted or (keep is not None and keep.match(path))):
+        if member.size > KEPT_LIMIT:  # kept files are sources and METADATA: read whole, so capped
+            raise TarError(f"{path} is {member.size} bytes, past the {KEPT_LIMIT} a file we read may be")
         found[path] = cache.store(read_data(member))
 
 

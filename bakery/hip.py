@@ -4,6 +4,7 @@ carrying the recipe's kernels."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -68,9 +69,10 @@ def load(root: Path) -> Recipe:
     for i, py in enumerate(spec.get("python") or []):
         inputs.check_keys(py, PY_KEYS, f"{root / 'extensions.yaml'}: python[{i}]")
     recipe = Recipe(root, spec["arch"], tuple(spec["extensions"]), tuple(spec.get("python") or []))
-    for src in recipe.sources():
-        if ".." in src.relative_to(root).parts or not src.is_file():
-            raise InputError(f"{root / 'extensions.yaml'}: source {src.relative_to(root)} does not exist")
+    names = sorted({s for e in recipe.extensions for key in ("hip_sources", "cxx_sources", "headers")
+                    for s in e.get(key, [])} | {p["src"] for p in recipe.python})
+    for name in names:
+        inputs.file_inside(root, name, f"{root / 'extensions.yaml'}: source")
     return recipe
 
 
@@ -324,13 +326,14 @@ class Compiled:
     key: str  # recipe, sources and toolchain
     origin: str  # "cache" (this machine's), "registry" (the artifact) or "compiled"
     artifact: Reference | None  # the OCI artifact holding these outputs, when a registry was given
+    push: object = None  # with defer_push: pushes the artifact (nothing to push: None)
 
     def record(self) -> dict:
         return {"key": self.key, "origin": self.origin, "artifact": str(self.artifact) if self.artifact else None}
 
 
 def compile_recipe(recipe: Recipe, toolchain: str, cache: Path, log=print, remote=None, trust=None,
-                   recompile: bool = False) -> Compiled:
+                   recompile: bool = False, defer_push: bool = False) -> Compiled:
     """The recipe's outputs for this toolchain: from this machine's cache, else from the artifact in
     `remote` ((Registry, repository), the build's target) when `trust(ref)` accepts its signature
     (release keys; None: no key to check with, so compile), else compiled in a container of
@@ -353,9 +356,16 @@ def compile_recipe(recipe: Recipe, toolchain: str, cache: Path, log=print, remot
     if not _outputs_ok(out):
         origin = "compiled"
         _compile(recipe, toolchain, image_id, out, log)
+    push = None
     if remote is not None and artifact is None:
-        artifact = push_artifact(remote[0], remote[1], key, out)
-    return Compiled(_artifacts(recipe, out, image_id), key, origin, artifact)
+        if defer_push:  # the build pushes it once everything that can fail has run
+            from .refs import Digest
+
+            artifact = Reference(remote[0].name, remote[1], None, Digest.of(artifact_manifest(key, out)))
+            push = functools.partial(push_artifact, remote[0], remote[1], key, out)
+        else:
+            artifact = push_artifact(remote[0], remote[1], key, out)
+    return Compiled(_artifacts(recipe, out, image_id), key, origin, artifact, push)
 
 
 @contextmanager
@@ -470,26 +480,39 @@ def artifact_tag(key: str) -> str:
     return f"kernels-{key}"
 
 
-def push_artifact(registry, repo: str, key: str, out: Path) -> Reference:
-    """Push a compile's outputs (one blob per file, a config naming key and sha256s) under
-    REPO:kernels-<key>; deterministic bytes, so the same compile gives the same artifact digest."""
-    from .refs import Descriptor, Digest
+def artifact_parts(key: str, out: Path) -> tuple[list, bytes]:
+    """A compile's outputs as an OCI artifact: ([(descriptor, bytes)] of its blobs, config last,
+    and its manifest); deterministic bytes, so the same compile gives the same artifact digest."""
+    from .refs import Descriptor
     from .registry import OCI_MANIFEST
 
     recorded = json.loads((out / "done.json").read_text())
-    layers = []
+    blobs = []
     for name in sorted(recorded["sha256"]):
         data = (out / name).read_bytes()
-        desc = Descriptor.of("application/octet-stream", data, {TITLE: name})
-        registry.upload_blob(repo, desc, lambda d=data: iter([d]))
-        layers.append(desc)
+        blobs.append((Descriptor.of("application/octet-stream", data, {TITLE: name}), data))
     config = json.dumps({"key": key, "toolchain": recorded["toolchain_image"], "sha256": recorded["sha256"]},
                         sort_keys=True).encode()
     config_desc = Descriptor.of(ARTIFACT_CONFIG, config)
-    registry.upload_blob(repo, config_desc, lambda: iter([config]))
     manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": ARTIFACT_TYPE,
-                           "config": config_desc.to_json(), "layers": [l.to_json() for l in layers]},
+                           "config": config_desc.to_json(), "layers": [d.to_json() for d, _ in blobs]},
                           sort_keys=True).encode()
+    return blobs + [(config_desc, config)], manifest
+
+
+def artifact_manifest(key: str, out: Path) -> bytes:
+    return artifact_parts(key, out)[1]
+
+
+def push_artifact(registry, repo: str, key: str, out: Path) -> Reference:
+    """Push a compile's outputs (one blob per file, a config naming key and sha256s) under
+    REPO:kernels-<key>."""
+    from .refs import Digest
+    from .registry import OCI_MANIFEST
+
+    blobs, manifest = artifact_parts(key, out)
+    for desc, data in blobs:
+        registry.upload_blob(repo, desc, lambda d=data: iter([d]))
     registry.put_manifest(repo, artifact_tag(key), manifest, OCI_MANIFEST)
     return Reference(registry.name, repo, None, Digest.of(manifest))
 

@@ -46,9 +46,7 @@ def load_spec(path: Path) -> ImageSpec:
     files = []
     for i, entry in enumerate(data.get("files") or []):
         inputs.check_keys(entry, FILE_KEYS, f"{path}: files[{i}]", required={"src", "dest"})
-        src = path.parent / entry["src"]
-        if ".." in Path(entry["src"]).parts or not src.is_file():
-            raise InputError(f"{path}: files[{i}].src {entry['src']!r} is not a file under {path.parent}")
+        src = inputs.file_inside(path.parent, entry["src"], f"{path}: files[{i}].src")
         files.append(FileEntry(entry["dest"], src.read_bytes(), bool(entry.get("executable"))))
     for key in ("env", "labels"):
         for k, v in (data.get(key) or {}).items():

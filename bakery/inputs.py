@@ -59,3 +59,13 @@ def load_json(path: Path, schema: str, what: str, remedy: str) -> dict:
         found = doc.get("schema") if isinstance(doc, dict) else None
         raise InputError(f"{path} is not a {what} (schema {found!r}): {remedy}")
     return doc
+
+
+def file_inside(folder: Path, name: str, where: str) -> Path:
+    """folder/name, a regular file that is really inside folder: not absolute, no '..', no link
+    out of it (an absolute src would bake any file of the building host)."""
+    path = folder / name
+    if Path(name).is_absolute() or ".." in Path(name).parts or not path.is_file() or \
+            not path.resolve().is_relative_to(folder.resolve()):
+        raise InputError(f"{where}: {name!r} is not a file inside {folder} (absolute, '..' or a link out of it?)")
+    return path

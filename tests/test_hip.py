@@ -93,7 +93,17 @@ def test_recipe_errors(tmp_path):
     with pytest.raises(InputError, match="unknown arch 'gfx9000'; known: gfx90a"):
         hip.load(root)
     recipe.write_text(original.replace("src/kernels.hip", "src/missing.hip"))
-    with pytest.raises(InputError, match="source src/missing.hip does not exist"):
+    with pytest.raises(InputError, match="source: 'src/missing.hip' is not a file inside"):
+        hip.load(root)
+    secret = tmp_path / "host-secret"
+    secret.write_text("a key of the building host")
+    for name in (str(secret), "../host-secret"):  # absolute, or out through '..'
+        recipe.write_text(original.replace("src/kernels.hip", name))
+        with pytest.raises(InputError, match="is not a file inside"):
+            hip.load(root)
+    (root / "src" / "link.hip").symlink_to(secret)  # or out through a link
+    recipe.write_text(original.replace("src/kernels.hip", "src/link.hip"))
+    with pytest.raises(InputError, match="a link out of it"):
         hip.load(root)
 
 

@@ -449,9 +449,10 @@ def test_rebase_carries_a_hardware_only_overlay_only_exactly(tmp_path):
 
     overlay, stock = stock_of("sparse-mla-prefill-bh64")
     moved = b"# a new line upstream\n" + stock
-    row = _decide(overlay, moved, stock, {}, tmp_path, log=lambda m: None)
+    row = _decide(overlay, moved, stock, {}, tmp_path, log=lambda m: None, project=ROOT)
     assert row.status == NEEDS_PORTING and "offset: not taken, no proof runs here" in row.detail
-    assert _decide(overlay, stock, stock, {}, tmp_path, log=lambda m: None).status == "ported (exact), not proven here"
+    assert _decide(overlay, stock, stock, {}, tmp_path, log=lambda m: None, project=ROOT).status == \
+        "ported (exact), not proven here"
 
 
 def test_a_probe_on_a_file_that_moved_away_says_changed():
