@@ -603,6 +603,7 @@ def attest_rebuild(c, image, outcome, release_key=None, policy=None, key=None):
 @reports_errors
 def smoke(c, image, model_dir, port=8000, report=None, record=False, attest=False, key=None, envelope=None):
     """MI300X smoke gate: production launch, ordered health lines, API checks, VRAM; JSON report."""
+    import hashlib
     import json as json_mod
 
     from bakery import keys, sign, smoke as smoke_mod, store
@@ -617,6 +618,8 @@ def smoke(c, image, model_dir, port=8000, report=None, record=False, attest=Fals
     spec_path = PROJECT / "provenance" / "smoke.yaml"
     spec = smoke_mod.load_spec(spec_path)
     result = smoke_mod.run(str(ref), spec, Path(model_dir), int(port), record, log=_log)
+    smoke_mod.remember(str(ref.digest), hashlib.sha256(spec_path.read_bytes()).hexdigest(), result["result"],
+                       result["finished"], result["run"])  # a later verify here refuses an older PASSED
     out = Path(report) if report else PROJECT / "out" / "smoke-report.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json_mod.dumps(result, indent=2, sort_keys=True))

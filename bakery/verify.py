@@ -111,11 +111,18 @@ def require_signed(store, ref: Reference, policy, what: str) -> None:
                              f"key(s)" + (f" ({'; '.join(reasons)})" if reasons else ""))
 
 
+SIGNATURE_LAYERS = 256  # a .sig or .att manifest holds a few: one per signature or statement
+
+
 def _layers(manifest: bytes, what: str) -> list[Descriptor]:
-    """The layer descriptors of a manifest someone else wrote; malformed is an IntegrityError."""
+    """The layer descriptors of a manifest someone else wrote; malformed or past SIGNATURE_LAYERS
+    (each would be fetched and checked) is an IntegrityError."""
     with malformed(what):
         try:
-            return [Descriptor.from_json(l) for l in json.loads(manifest)["layers"]]
+            layers = json.loads(manifest)["layers"]
+            if len(layers) > SIGNATURE_LAYERS:
+                raise ValueError(f"it lists {len(layers)} layers, past the {SIGNATURE_LAYERS} it may")
+            return [Descriptor.from_json(l) for l in layers]
         except InputError as e:
             raise ValueError(str(e)) from None
 
@@ -257,7 +264,8 @@ def verify(store, ref: Reference, policy, require_smoke: bool = False, blobs: bo
               rebuilds_needed, report)
     smoke_checked = require_smoke or policy.require_smoke
     if smoke_checked:
-        _step(report, "the signed smoke result", _smoke, found.get(provenance.TEST_RESULT_PREDICATE), policy, report)
+        _step(report, "the signed smoke result", _smoke, found.get(provenance.TEST_RESULT_PREDICATE), policy, report,
+              str(ref.digest))
     if sbom.SPDX_PREDICATE in found:
         report.summary = _step(report, "the signed SBOM", summarize, found[sbom.SPDX_PREDICATE], prov) or {}
         if smoke_checked and provenance.TEST_RESULT_PREDICATE in found:
@@ -265,16 +273,21 @@ def verify(store, ref: Reference, policy, require_smoke: bool = False, blobs: bo
     return report
 
 
-def _smoke(smoke: dict | None, policy, report: Report) -> None:
-    """A PASSED result that compared outputs, from the spec the policy pins, on the GPU it names."""
+def _smoke(smoke: dict | None, policy, report: Report, digest: str = "") -> None:
+    """A PASSED result that compared outputs, from the spec the policy pins, on the GPU it names,
+    and not older than a FAILED this machine has seen for the same digest and spec (the ledger)."""
     compared = _report(smoke or {}).get("regression_compared", 0)
+    ran = next((c.get("digest", {}).get("sha256") for c in (smoke or {}).get("configuration") or []
+                if c.get("name") == provenance.SMOKE_SPEC), None)
+    if smoke is not None and smoke.get("result") != "PASSED" and digest and isinstance(ran, str):
+        from . import smoke as smoke_mod  # a FAILED seen here is remembered: an older PASSED is refused later
+
+        smoke_mod.remember(digest, ran, smoke.get("result"), *_when(smoke))
     if not report.check(smoke is not None and smoke.get("result") == "PASSED" and compared > 0,
                         "a passing MI300X smoke attestation signed by a smoke key, its regression outputs compared"
                         + ("" if smoke else " (none attached, or not signed by a smoke key)")
                         + (f" (result {smoke.get('result')}, {compared} outputs compared)" if smoke else "")):
         return
-    ran = next((c.get("digest", {}).get("sha256") for c in smoke.get("configuration") or []
-                if c.get("name") == provenance.SMOKE_SPEC), None)
     report.check(ran == policy.smoke_spec, f"the smoke ran the pinned spec {provenance.SMOKE_SPEC} "
                  f"sha256:{policy.smoke_spec}" + ("" if ran == policy.smoke_spec else
                                                   f" (it ran sha256:{ran}: an older or other spec; run the smoke "
@@ -283,6 +296,22 @@ def _smoke(smoke: dict | None, policy, report: Report) -> None:
     report.check(host.get("gfx_arch") == policy.smoke_arch and host.get("compute_units") == policy.smoke_compute_units,
                  f"the smoke ran on a {policy.smoke_arch} GPU with {policy.smoke_compute_units} CUs (it reports "
                  f"{smoke_summary(smoke)})")
+    if digest and isinstance(ran, str):
+        from . import smoke as smoke_mod
+
+        finished, run = _when(smoke)
+        later = smoke_mod.later_failure(digest, ran, finished, run)
+        report.check(later is None, "no later FAILED result for this digest and spec in this machine's smoke ledger"
+                     + (f" (this PASSED finished {finished[:20]}; a FAILED finished {later['finished']}: an older "
+                        f"result was put back over it)" if later else ""))
+        smoke_mod.remember(digest, ran, smoke.get("result"), finished, run)
+
+
+def _when(smoke: dict) -> tuple[str, int | None]:
+    """(finished, run number) of a signed smoke result: what orders results of one runner."""
+    report = _report(smoke)
+    run = report.get("run")
+    return str(report.get("finished", "")), run if isinstance(run, int) and not isinstance(run, bool) else None
 
 
 def _report(smoke: dict) -> dict:

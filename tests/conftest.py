@@ -21,6 +21,13 @@ from bakery import fixture as fixture_mod  # noqa: E402
 from bakery import stack  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def own_smoke_ledger(tmp_path, monkeypatch):
+    """Each test its own ledger of smoke results: the images are reproducible, so one test's FAILED
+    would otherwise stand against another's older PASSED for the very same digest."""
+    monkeypatch.setenv("BAKERY_STATE", str(tmp_path / "state"))
+
+
 @pytest.fixture(scope="session")
 def registry() -> str:
     """host:port of the plain (anonymous) local registry; the engine is up too."""

@@ -469,6 +469,21 @@ def endless(chunk: bytes):
     return body
 
 
+def older_passed_restored(h, ref, ctx):
+    """Issue 28: a registry writer, with no key, puts the smoke key's PASSED envelope back after a
+    FAILED that this machine's verify has seen (both real envelopes of the smoke key)."""
+    reg, doc, _ = att_layers(ref)
+    passed = next(Descriptor.from_json(l) for l in doc["layers"] if l["annotations"]["predicateType"] == TEST_RESULT)
+    envelope = reg.fetch_blob(ref.repository, passed)
+    smoke.attach_report(RegistryStore(ref), ref, honest_report(ref, result="FAILED", failed=["vram"], run=7,
+                                                               finished="2026-12-01T10:00:00Z"),
+                        SPEC, h["signers"]["smoke"])
+    seen = invoke(h["project"], "verify", str(ref), *keyargs(h), "--policy",
+                  str(policy_with()(h, h["root"] / f"ledger-{ref.digest.hex[:8]}.yaml")), "--require-smoke")
+    assert seen.returncode == 5 and "(result FAILED" in seen.stdout, seen.stdout + seen.stderr
+    attest_mod.attach_envelopes(RegistryStore(ref), ref, {TEST_RESULT: envelope})
+
+
 def policy_with(**over):
     def make(h, path):
         return dev_policy(path, h["base"], **over)
@@ -532,6 +547,8 @@ VERIFY_CASES = [
     ("smoke RECORDED", reattest(smoke_signer="smoke", smoke_report={"result": "RECORDED", "regression_compared": 0}),
      None, True, 5, "(result RECORDED"),
     ("no smoke result at all", drop_predicate(TEST_RESULT), None, True, 5, "(none attached"),
+    ("an older PASSED put back over a FAILED this machine saw", older_passed_restored, None, True, 5,
+     "FAIL no later FAILED result for this digest and spec in this machine's smoke ledger (this PASSED finished"),
     # issue 17: roles from what is signed
     ("release key forges a smoke result under another annotation", release_key_forges_a_smoke_result, None, True, 5,
      f"attestation layer annotated https://example.com/scan/v1 holds a statement of type {TEST_RESULT}: refused"),
@@ -588,6 +605,17 @@ def test_verify_refuses(case, mutate, policy, require_smoke, code, check, honest
     assert result.returncode == code and check in result.stdout + result.stderr, result.stdout + result.stderr
     assert f"verified {ref}" not in result.stdout
     assert all(after() for after in ctx["after"])
+
+
+def test_a_machine_that_never_saw_the_failure_cannot_tell_a_restored_passed(honest, tmp_path, monkeypatch):
+    """What still holds (README says so): the ledger is this machine's. A verifier that never saw
+    the FAILED (another machine, or this one with its ledger gone) accepts the PASSED put back."""
+    ref = clone(honest, "ledger-elsewhere")
+    older_passed_restored(honest, ref, {})
+    monkeypatch.setenv("BAKERY_STATE", str(tmp_path / "another-machine"))
+    result = invoke(honest["project"], "verify", str(ref), *keyargs(honest), "--policy",
+                    str(policy_with()(honest, tmp_path / "p.yaml")), "--require-smoke")
+    assert result.returncode == 0 and "ok   no later FAILED result" in result.stdout, result.stdout + result.stderr
 
 
 def test_the_honest_image_verifies(honest, tmp_path):
