@@ -7,7 +7,6 @@ toolchain)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
