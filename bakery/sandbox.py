@@ -55,8 +55,8 @@ class Limits:
     open_files: int = 4096
 
 
-PROOF = Limits(seconds=900)
-REBUILD = Limits(seconds=3 * 3600, memory=16 << 30, files=64 << 30, processes=512)
+PROOF = Limits(seconds=900, processes=2048)  # threads count as processes: torch starts one per core
+REBUILD = Limits(seconds=3 * 3600, memory=16 << 30, files=64 << 30, processes=8192)
 
 # x86-64 system calls neither a proof nor a build needs: refused with EPERM (the code gets an
 # error it can report; a kill would look like a crash). Names and numbers from the kernel's
@@ -71,8 +71,14 @@ REFUSED = {
     "process_vm_writev": 311, "kcmp": 312, "finit_module": 313, "kexec_file_load": 320, "bpf": 321,
     "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
     "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
-    "pidfd_getfd": 438, "mount_setattr": 442,
+    "pidfd_getfd": 438, "mount_setattr": 442, "statmount": 457, "listmount": 458, "open_tree_attr": 467,
 }
+SOCKET, SOCKETPAIR = 41, 53
+# the address families a proof or build may open a socket in: its own (empty) network namespace's
+# loopback and Unix sockets, netlink for the loader's and Python's interface queries; not AF_VSOCK
+# (which crosses to a VM's host past any network namespace), AF_PACKET, AF_BLUETOOTH, ...
+FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10, "AF_NETLINK": 16}
+EAFNOSUPPORT = 97
 AUDIT_ARCH_X86_64 = 0xC000003E
 X32_BIT = 0x40000000
 EPERM = 1
@@ -94,6 +100,11 @@ def seccomp_filter() -> bytes:
             op(ld_w_abs, 0), op(jge_k, X32_BIT, 0, 1), op(ret_k, errno)]  # seccomp_data.nr
     for nr in sorted(REFUSED.values()):
         prog += [op(jeq_k, nr, 0, 1), op(ret_k, errno)]
+    # socket() and socketpair(): the family (the low half of args[0], at offset 16) must be allowed
+    families = sorted(FAMILIES.values())
+    prog += [op(jeq_k, SOCKET, 1, 0), op(jeq_k, SOCKETPAIR, 0, len(families) + 2), op(ld_w_abs, 16)]
+    prog += [op(jeq_k, f, len(families) - i, 0) for i, f in enumerate(families)]
+    prog += [op(ret_k, 0x00050000 | EAFNOSUPPORT)]
     return b"".join(prog + [op(ret_k, allow)])
 
 
@@ -159,9 +170,12 @@ def command(argv: list[str], readable: list[Path], inputs: Path | None, status_f
         args += ["--bind", str(path), str(path)]
     if inputs is not None:
         args += ["--ro-bind", str(inputs), INPUTS]
-    # the root bwrap builds (the folders above each bind) and /dev are read-only too: only /tmp, HOME,
-    # /dev/shm and the writable binds take writes
-    return args + ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", HOME, "--"] + argv
+    # the root bwrap builds (the folders above each bind), /dev and /proc are read-only too: only /tmp,
+    # HOME, /dev/shm and the writable binds take writes. /proc above all: run by root, the code inside is
+    # uid 0 to the host kernel, which lets uid 0 write /proc/sys (core_pattern: a command run as root
+    # on the host) without any capability
+    return args + ["--remount-ro", "/proc", "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", HOME,
+                   "--"] + argv
 
 
 def _tail(f, limit: int = 1 << 20) -> str:
@@ -174,7 +188,22 @@ def _tail(f, limit: int = 1 << 20) -> str:
 def _prlimit(limits: Limits, count_processes: bool) -> list[str]:
     """prlimit, not a preexec_fn: this runs in threads, where those may deadlock."""
     args = ["prlimit", f"--fsize={limits.files}", f"--as={limits.memory}", f"--nofile={limits.open_files}"]
-    return args + ([f"--nproc={limits.processes}"] if count_processes else []) + ["--"]
+    return args + ([f"--nproc={_tasks_of_this_user() + limits.processes}"] if count_processes else []) + ["--"]
+
+
+def _tasks_of_this_user() -> int:
+    """RLIMIT_NPROC counts every task (thread) of the user, not just the sandbox's: what it already
+    runs is added to the sandbox's allowance."""
+    uid, count = os.getuid(), 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                          if line.startswith(("Uid:", "Threads:")))
+            if int(fields["Uid"].split()[0]) == uid:
+                count += int(fields["Threads"])
+        except (OSError, KeyError, ValueError):
+            continue
+    return count
 
 
 def _pids_root() -> Path | None:
@@ -219,6 +248,19 @@ def _process_cap(limits: Limits):
                 time.sleep(0.1)
 
 
+def _inside() -> bool:
+    """Already in a sandbox of ours: the variable it sets, and what no variable can fake (uid 65534,
+    no capability, a seccomp filter). A leaked BAKERY_SANDBOXED=1 alone turns nothing off."""
+    if os.environ.get(INSIDE) != "1" or os.getuid() != 65534:
+        return False
+    try:
+        status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    except OSError:
+        return False
+    return status.get("Seccomp", "").strip() == "2" and int(status.get("CapEff", "1").strip(), 16) == 0 and \
+        status.get("NoNewPrivs", "").strip() == "1"
+
+
 def _nested(argv: list[str], inputs: Path | None, env: dict | None) -> tuple[list[str], dict]:
     """Already inside a sandbox (a proof the rebuilt revision runs): no second bubblewrap (the
     filter refuses it, and nothing here is ours to protect); the same argv, its /inputs paths
@@ -236,7 +278,7 @@ def run(argv: list[str], readable: list[Path], inputs: Path | None, limits: Limi
     code inside cannot write to. Past limits.seconds: subprocess.TimeoutExpired."""
     if not isinstance(limits, Limits):
         limits = Limits(seconds=float(limits))
-    if os.environ.get(INSIDE) == "1":
+    if _inside():
         argv, nested_env = _nested(argv, inputs, env)
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             code = subprocess.run(_prlimit(limits, False) + argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
