@@ -9,13 +9,13 @@ headers whose reading is not in doubt, and gives for them exactly what Go's read
 is a TarError, which refuses the base:
 
 - a header: POSIX ustar magic (with no star trailer) or GNU magic (with an empty prefix field),
-  a valid checksum, and numeric fields that are octal digits padded with spaces or NULs, or
+  a valid octal checksum, and numeric fields that are octal digits padded with spaces or NULs, or
   positive base-256; a negative size; a header cut short; an end block followed by anything but
   another or the stream's end;
 - member types: regular ('0', and '\\0' unless its name ends in '/'), hard and symbolic links,
   character and block devices, directories, FIFOs, contiguous files; extended headers: one pax
   header ('x') or GNU long name ('L') and/or long link ('K') per member, never pax and GNU
-  together, never two of one kind. Refused: pax global headers, GNU sparse files, Solaris 'X',
+  together, never two of one kind, never an empty long name or link. Refused: pax global headers, GNU sparse files, Solaris 'X',
   vendor types;
 - pax records: each well formed and the records exactly filling the header; no empty value; size
   digits only; uid, gid and times that Go parses; no NUL in a path or name; no hdrcharset and no
@@ -117,7 +117,7 @@ def _header(buf: bytes) -> tuple[Member, int]:
     else:
         raise TarError(f"a tar header without ustar or GNU magic ({magic!r}: V7 or not tar)")
     unsigned = 256 + sum(buf) - sum(buf[148:156])
-    if _number(checksum) not in (unsigned, 256 + sum(struct.unpack_from("148b8x356b", buf))):
+    if checksum[0] & 0o200 or _number(checksum) not in (unsigned, 256 + sum(struct.unpack_from("148b8x356b", buf))):
         raise TarError("a tar header with a bad checksum")
     for field in (uid, gid, mtime, major, minor):
         _number(field)
@@ -178,18 +178,20 @@ class TarReader:
             yield member
 
     def read_data(self, member: Member) -> bytes:
+        return b"".join(self.data(member))
+
+    def data(self, member: Member):
+        """A regular member's bytes in pieces: a size field cannot make us allocate what the stream
+        does not hold."""
         if self.pos != self.data_at:
             raise TarError("member data read out of order")
-        if member.size <= 0:
-            return b""
-        chunks, left = [], member.size
-        while left:  # in pieces: a size field cannot make us allocate what the stream does not hold
+        left = max(member.size, 0)
+        while left:
             chunk = self._read(min(left, 1 << 20))
             if not chunk:
                 raise TarError("unexpected end of data")
-            chunks.append(chunk)
             left -= len(chunk)
-        return b"".join(chunks)
+            yield chunk
 
     def _payload(self, size: int) -> bytes:
         data = self._read(_blocks(size))
@@ -212,6 +214,8 @@ class TarReader:
             if kind == PAX:
                 return self._pax(payload, seen + (kind,))
             following = self._subsequent(seen + (kind,))
+            if not _text(payload):  # Go keeps the header's own name (or link) then; tarfile took the empty one
+                raise TarError(f"an empty GNU long {'name' if kind == LONGNAME else 'link'}")
             if kind == LONGNAME:
                 following.name = _text(payload)
             else:

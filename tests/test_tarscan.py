@@ -219,7 +219,30 @@ HIDDEN = {
         archive([("a", "file", b"1", "", 0o644)], "pax").replace(b"0000000\x00", b"0000000\x00", 1),
     "a pax size that is not digits": pax_member(record("size", "+10")),
 }
-GO_REFUSES = {  # tarfile listed these; the engine cannot unpack them
+def gnu_long(kind: bytes, payload: bytes, name: str = "usr/lib/python3/dist-packages/evil.pth") -> bytes:
+    """A GNU long-name ('L') or long-link ('K') header carrying `payload`, then a symlink `name`."""
+    def header(name: str, kind: bytes, size: int, link: str = "") -> bytes:
+        info = tarfile.TarInfo(name)
+        info.type, info.size, info.mode, info.linkname = kind, size, 0o644, link
+        return info.tobuf(tarfile.GNU_FORMAT)
+
+    pad = lambda b: b + b"\0" * (-len(b) % 512)  # noqa: E731
+    return header("././@LongLink", kind, len(payload)) + pad(payload) + header(name, b"2", 0, "/tmp/evil") + \
+        b"\0" * 1024
+
+
+HIDDEN.update({
+    "an empty GNU long name (Go keeps the header's name; tarfile took the empty one)": gnu_long(b"L", b""),
+    "a GNU long name that starts with NUL": gnu_long(b"L", b"\0hidden"),
+    "an empty GNU long link (Go keeps the header's link)": gnu_long(b"K", b""),
+})
+def base256_checksum(raw: bytes) -> bytes:
+    """The first header's checksum written in base-256 (right value, a form Go does not read)."""
+    return raw[:148] + b"\x80" + (256 + sum(raw[:512]) - sum(raw[148:156])).to_bytes(7, "big") + raw[156:]
+
+
+GO_REFUSES = {  # tarfile (or our reader) listed these; the engine cannot unpack them
+    "a base-256 checksum": base256_checksum(archive([("a.txt", "file", b"1", "", 0o644)], "ustar")),
     "a NUL inside a number field": with_fields(archive([("a", "file", b"1", "", 0o644)], "ustar"), 0,
                                                {124: b"0000\x0000001\0"}),
 }
