@@ -39,10 +39,15 @@ from .errors import BakeryError, EnvironmentProblem, IntegrityError
 
 SOCKET_ENV = "BAKERY_BROKER_SOCKET"
 SHELL_LIMIT = 1 << 20  # the compile script: a few KiB
-OUTPUTS_LIMIT = 1 << 30  # all a compile may hand back, together
+OUTPUTS_LIMIT = 256 << 20  # all a compile may hand back, together (the extensions are tens of MiB)
 OUTPUT_FILES = 64
 LOG_LIMIT = 64 << 10
-BLOB_PATH = re.compile(r"/v2/(?P<repo>[a-z0-9]+(?:[._/-][a-z0-9]+)*)/(?P<kind>manifests|blobs)/"
+COMPILES = 4  # a build compiles once; a few retries at most
+CONNECTIONS = 32  # at once: the build fetches a few layers concurrently
+LABEL = "org.dsv4-mi300x.bakery.rebuild"  # on each compile container: removed with the broker
+# the distribution spec's repository grammar
+_COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
+BLOB_PATH = re.compile(rf"/v2/(?P<repo>{_COMPONENT}(?:/{_COMPONENT})*)/(?P<kind>manifests|blobs)/"
                        r"(?P<digest>sha256:[0-9a-f]{64})")
 
 
@@ -58,6 +63,22 @@ class Grant:
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     grant: Grant
+    token: str  # labels this rebuild's compile containers
+    compiles: int = 0
+    compiling: threading.Lock
+    slots: threading.BoundedSemaphore
+
+    def process_request(self, request, client_address) -> None:
+        if not self.slots.acquire(blocking=False):  # past CONNECTIONS at once: closed, not queued
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -107,8 +128,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         from .registry import ACCEPT, Registry, pull
 
         registry = Registry(self.server.grant.registry)
-        resp = registry.transport.request(method, path, scopes=pull(repo), headers={"Accept": ACCEPT},
-                                          ok=(200, 404), stream=True)
+        # identity: the bytes relayed are the bytes the Content-Length and the digest speak of
+        resp = registry.transport.request(method, path, scopes=pull(repo), ok=(200, 404), stream=True,
+                                          headers={"Accept": ACCEPT, "Accept-Encoding": "identity"})
         with resp:
             self.send_response(resp.status_code)
             for name in ("Content-Type", "Content-Length", "Docker-Content-Digest"):
@@ -137,9 +159,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         from . import hip
         from .stack import docker_client
 
-        with tempfile.TemporaryDirectory(prefix="bakery-broker-") as out:
-            status, logs = hip.run_container(docker_client(), toolchain, grant.hip, shell, Path(out))
-            files = _outputs(Path(out))
+        with self.server.compiling:  # one at a time, COMPILES in all
+            if self.server.compiles >= COMPILES:
+                return self._answer(429, f"this rebuild has had its {COMPILES} compiles".encode())
+            self.server.compiles += 1
+            with tempfile.TemporaryDirectory(prefix="bakery-broker-") as out:
+                status, logs = hip.run_container(docker_client(), toolchain, grant.hip, shell, Path(out),
+                                                 labels={LABEL: self.server.token})
+                files = _outputs(Path(out))
         self._answer(200, json.dumps({"status": status, "logs": logs[-LOG_LIMIT:], "files": files}).encode())
 
     def _answer(self, status: int, body: bytes) -> None:
@@ -178,9 +205,12 @@ def _outputs(folder: Path) -> dict[str, str]:
 @contextmanager
 def serve(folder: Path, grant: Grant):
     """The broker on folder/broker.sock while the block runs (the folder is bound into the sandbox)."""
+    import uuid
+
     path = folder / "broker.sock"
     server = _Server(str(path), _Handler)
-    server.grant = grant
+    server.grant, server.token = grant, uuid.uuid4().hex
+    server.compiling, server.slots = threading.Lock(), threading.BoundedSemaphore(CONNECTIONS)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -189,6 +219,16 @@ def serve(folder: Path, grant: Grant):
         server.shutdown()
         server.server_close()
         path.unlink(missing_ok=True)
+        if server.compiles:  # a compile the sandbox started and left must not outlive the rebuild
+            _remove_containers(server.token)
+
+
+def _remove_containers(token: str) -> None:
+    from .stack import docker_client
+
+    client = docker_client()
+    for container in client.containers.list(all=True, filters={"label": f"{LABEL}={token}"}):
+        container.remove(force=True)
 
 
 # -- inside the sandbox -----------------------------------------------------------------------------

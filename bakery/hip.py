@@ -260,7 +260,8 @@ COMPILE_TIMEOUT_S = 3600  # the extensions compile in minutes
 LOG_LIMIT = 1 << 20  # what of the compiler's output is read back
 
 
-def run_container(client, toolchain: str, root: Path, shell: str, out: Path) -> tuple[int, str]:
+def run_container(client, toolchain: str, root: Path, shell: str, out: Path,
+                  labels: dict | None = None) -> tuple[int, str]:
     """Run `shell` in a container of `toolchain`: root at /src read-only, `out` at /out, no network;
     (exit status, the tail of its log). Past COMPILE_TIMEOUT_S it is killed (status -1)."""
     import requests
@@ -272,7 +273,7 @@ def run_container(client, toolchain: str, root: Path, shell: str, out: Path) -> 
                                                str(out): {"bind": "/out", "mode": "rw"}},
                                       user=f"{os.getuid()}:{os.getgid()}", environment={"HOME": "/tmp"},
                                       network_disabled=True, cap_drop=["ALL"], security_opt=["no-new-privileges"],
-                                      pids_limit=4096)
+                                      pids_limit=4096, labels=labels or {})
     try:
         try:
             status = container.wait(timeout=COMPILE_TIMEOUT_S)["StatusCode"]

@@ -14,10 +14,10 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import subprocess
 import sys
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,26 +126,56 @@ def rebuild(p: Plan, workdir: Path, toolchain: str | None, log) -> Path:
     if done.returncode != 0:
         said = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise EnvironmentProblem(f"the rebuild failed (exit {done.returncode}): {said[:500]}")
+    plain_tree(build / "layout")  # the revision's code made it: nothing of it is read through a link
     return build / "layout"
+
+
+def plain_tree(root: Path) -> None:
+    """Every entry under root is a folder or a regular file: a link (to a host file or a store named
+    by digest), a FIFO (a read that never ends) or a device would make us read what the sandboxed
+    code chose. Checked once its code has ended: nothing inside is alive to swap them after."""
+    import stat
+
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        for name in dirs + files:
+            mode = os.lstat(os.path.join(folder, name)).st_mode
+            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                where = os.path.relpath(os.path.join(folder, name), root)
+                raise IntegrityError(f"the rebuilt layout holds {where[:200]!r}, which is not a folder or a regular "
+                                     f"file: refused (the rebuilt revision is hostile)")
 
 
 def _files(store, desc: Descriptor) -> dict[str, str]:
     """{path as the layer names it: what it is} for every entry of one layer: a regular file's
-    sha256, else its kind and target; mode and owner too when they are not root's 0644/0755."""
+    sha256, else its kind and target; its mode too when not 0644/0755. Read by tarscan, streamed,
+    as the engine would unpack it (either side may be hostile: the original's registry, the
+    rebuilt revision)."""
+    from .extract import decompressed
+    from .tarscan import HAS_DATA, TarError, TarReader
+
     files = {}
-    with tarfile.open(fileobj=_Chunks(store.stream(desc)), mode="r|*") as tar:  # streamed: no layer in memory
-        for member in tar:
-            if member.isfile():
+    reader = TarReader(decompressed(desc.media_type, io.BufferedReader(_Chunks(store.stream(desc)), 1 << 20)))
+    try:
+        for member in reader:
+            if member.type in HAS_DATA:
                 h = hashlib.sha256()
-                for chunk in iter(lambda f=tar.extractfile(member): f.read(1 << 20), b""):
+                for chunk in reader.data(member):
                     h.update(chunk)
                 what = h.hexdigest()
             else:
-                what = f"{'link' if member.issym() or member.islnk() else 'entry'} {member.type!r} {member.linkname}"
-            if (member.mode, member.uid, member.gid) not in ((0o644, 0, 0), (0o755, 0, 0)):
-                what += f" (mode {member.mode:o}, owner {member.uid}:{member.gid})"
+                kind = "link" if member.type in (b"1", b"2") else "entry"
+                what = f"{kind} {member.type!r} {member.linkname}"
+            if member.mode not in (0o644, 0o755):
+                what += f" (mode {member.mode:o})"
             files[member.name] = what
+            if len(files) > FILES_LIMIT:
+                raise TarError(f"more than {FILES_LIMIT} entries")
+    except TarError as e:
+        raise IntegrityError(f"layer {desc.digest} cannot be compared ({e}): refused") from None
     return files
+
+
+FILES_LIMIT = 2_000_000  # entries in one layer compared (a ROCm base layer holds hundreds of thousands)
 
 
 class _Chunks(io.RawIOBase):
@@ -195,10 +225,13 @@ def differences(original, original_manifest: bytes, rebuilt, rebuilt_manifest: b
 
 def rebuilt_digest(layout: Path) -> tuple[Digest, bytes]:
     """The rebuilt manifest's digest, as its bytes hash (the layout's index only points at it)."""
+    from .store import LayoutStore
+
+    store = LayoutStore(layout)
     with malformed("the rebuilt layout's index.json"):
-        (entry,) = json.loads((layout / "index.json").read_text())["manifests"]
+        (entry,) = json.loads(store._read_document(layout / "index.json", "the rebuilt layout's"))["manifests"]
         digest = Digest.parse(entry["digest"])
-    body = (layout / "blobs" / "sha256" / digest.hex).read_bytes()
+    body = store._read_document(layout / "blobs" / "sha256" / digest.hex, "the rebuilt layout's manifest")
     if Digest.of(body) != digest:
         raise IntegrityError(f"the rebuilt layout's manifest does not hash to {digest}")
     return digest, body

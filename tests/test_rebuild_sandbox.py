@@ -8,6 +8,7 @@ toolchain)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -162,3 +163,95 @@ def test_a_revision_whose_hip_is_a_link_is_not_compiled(hostile, tmp_path):
 
     with pytest.raises(IntegrityError, match="hip/ is not a folder of the checkout"):
         reproduce.rebuild(replace(plan, revision=revision), tmp_path / "work", None, log=lambda m: None)
+
+
+@pytest.mark.parametrize("plant", ["link to a host file", "FIFO", "linked blobs folder"])
+def test_a_rebuilt_layout_with_anything_but_files_and_folders_is_refused(plant, tmp_path):
+    """The revision's code writes the layout; the parent then reads it. A link would have the
+    parent read (and list, and sign the paths of) a host file or store; a FIFO would block it."""
+    from bakery.errors import IntegrityError
+
+    layout = tmp_path / "layout"
+    (layout / "blobs" / "sha256").mkdir(parents=True)
+    (layout / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
+    reproduce.plain_tree(layout)  # the control: files and folders pass
+    if plant == "link to a host file":
+        (layout / "index.json").symlink_to("/etc/passwd")
+    elif plant == "FIFO":
+        os.mkfifo(layout / "index.json")
+    else:
+        shutil.rmtree(layout / "blobs")
+        (layout / "blobs").symlink_to(tmp_path)
+    with pytest.raises(IntegrityError, match="not a folder or a regular file"):
+        reproduce.plain_tree(layout)
+
+
+BROKER_CLIENT = '''
+import json, os, socket, sys, threading, time
+from invoke import task
+
+
+def compile_outside(shell):
+    import http.client
+    conn = http.client.HTTPConnection("localhost", timeout=900)
+    conn.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.sock.connect(os.environ["BAKERY_BROKER_SOCKET"])
+    body = json.dumps({{"toolchain": {toolchain!r}, "shell": shell}}).encode()
+    conn.request("POST", "/bakery/compile", body=body, headers={{"Content-Length": str(len(body))}})
+    return conn.getresponse().status
+
+
+@task(optional=["base", "layout", "out", "toolchain"])
+def build(c, base=None, layout=None, out=None, toolchain=None, recompile=False):
+{body}
+'''
+MANY_COMPILES = '''    raise SystemExit("statuses: " + " ".join(str(compile_outside("true")) for _ in range(5)))'''
+LEFT_RUNNING = '''    threading.Thread(target=compile_outside, args=("sleep 600",), daemon=True).start()
+    time.sleep(5)  # the container is up
+    os._exit(3)'''
+
+
+def revision_with(tmp_path, plan, body: str):
+    """The hostile revision, its build replaced by `body`, committed."""
+    from dataclasses import replace
+
+    repo = Path(plan.repository)
+    (repo / "tasks.py").write_text(BROKER_CLIENT.format(toolchain=reproduce.toolchain_ref(plan), body=body))
+    env = {**os.environ, "GIT_AUTHOR_NAME": "x", "GIT_AUTHOR_EMAIL": "x@example.com", "GIT_COMMITTER_NAME": "x",
+           "GIT_COMMITTER_EMAIL": "x@example.com"}
+    subprocess.run(["git", "-C", str(repo), "commit", "-qam", "a broker client"], check=True, env=env)
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    return replace(plan, revision=head)
+
+
+def test_the_broker_grants_a_few_compiles_and_no_more(hostile, tmp_path):
+    plan = revision_with(tmp_path, hostile[0], MANY_COMPILES)
+    with pytest.raises(EnvironmentProblem) as failed:
+        reproduce.rebuild(plan, tmp_path / "work", None, log=lambda m: None)
+    assert str(failed.value).endswith("statuses: 200 200 200 200 429"), failed.value
+
+
+def test_a_compile_the_revision_leaves_running_ends_with_the_rebuild(hostile, tmp_path, monkeypatch):
+    """The revision starts a compile that never ends and exits; once reproduce is done, no
+    container of that compile is left (the broker removes what it labelled)."""
+    from bakery import broker
+    from bakery.stack import docker_client
+
+    plan = revision_with(tmp_path, hostile[0], LEFT_RUNNING)
+
+    def labelled() -> set:
+        return {c.id for c in docker_client().containers.list(all=True, filters={"label": broker.LABEL})}
+
+    before = labelled()
+    with monkeypatch.context() as m:  # the control: without the broker's clean-up, the container stays
+        m.setattr(broker, "_remove_containers", lambda token: None)
+        with pytest.raises(EnvironmentProblem, match="exit 3"):
+            reproduce.rebuild(plan, tmp_path / "control", None, log=lambda m: None)
+    leaked = labelled() - before
+    assert leaked, "the control left no container: the revision did not start one"
+    for cid in leaked:
+        docker_client().containers.get(cid).remove(force=True)
+    with pytest.raises(EnvironmentProblem, match="exit 3"):
+        reproduce.rebuild(plan, tmp_path / "work", None, log=lambda m: None)
+    assert labelled() <= before
