@@ -515,11 +515,13 @@ def verify(c, image, key=None, smoke_key=None, policy=None, layout=None, require
         ref = ref.with_digest(Digest.of(body))
         _log(f"{image} is {ref.digest}")
     pol = _load_policy(policy, {**_role_keys(key, smoke_key), "rebuilder": [Path(k) for k in rebuilder_key or []]})
+    from bakery.untrusted import safe
+
     report = verify_mod.verify(where, ref, pol, require_smoke, not skip_blobs, int(require_rebuilds))
-    for ok, what in report.checks:
-        print(f"{'ok  ' if ok else 'FAIL'} {what}")
+    for ok, what in report.checks:  # a check may quote what a registry writer chose: shown inert
+        print(f"{'ok  ' if ok else 'FAIL'} {safe(what, limit=2000)}")
     for k, v in report.summary.items():
-        print(f"{k}: {', '.join(v) if isinstance(v, list) else v}")
+        print(f"{k}: {safe(', '.join(map(str, v)) if isinstance(v, list) else v, limit=2000)}")
     verify_mod.require(report)
     print(f"verified {ref}")
 
@@ -561,10 +563,13 @@ def reproduce(c, image, release_key=None, policy=None, toolchain=None, workdir=N
     if digest == ref.digest:
         print(f"reproduced {ref}: the rebuild of {plan.repository}@{plan.revision[:12]} is byte-identical")
         return
-    for d in diffs:
+    from bakery.untrusted import safe
+
+    for d in diffs:  # the paths are the rebuilt revision's to choose: shown inert
         print(f"layer {d['layer']} differs: original {d['original']}, rebuilt {d['rebuilt']}")
         for f in d["files"]:
-            print(f"  {f['path']}: original {f['original'] or '(absent)'}, rebuilt {f['rebuilt'] or '(absent)'}")
+            print(f"  {safe(f['path'])}: original {safe(f['original'] or '(absent)')}, "
+                  f"rebuilt {safe(f['rebuilt'] or '(absent)')}")
     raise Exit(f"error: not reproduced: {ref.digest} was released, the rebuild of {plan.revision[:12]} gives "
                f"{digest} (the rebuild is in {work})", code=5)
 
@@ -650,10 +655,13 @@ def smoke(c, image, model_dir, port=8000, report=None, record=False, attest=Fals
             "smoke_key": "a smoke public key PEM (added to the policy's)",
             "policy": "verification policy (default: provenance/policy.yaml)",
             "rebuilder_key": "a rebuilder public key PEM, added to the policy's roles.rebuilder keys (repeatable)",
-            "require_rebuilds": "demand that this many distinct rebuilder keys attest a rebuild giving this digest"},
+            "require_rebuilds": "demand that this many distinct rebuilder keys attest a rebuild giving this digest",
+            "smoke_run": "demand a smoke result from this workflow run (REPO#RUN_ID; the release workflow passes its "
+                         "own, so a result of an earlier run put back is refused)"},
       iterable=["rebuilder_key"])
 @reports_errors
-def promote(c, image, tag, key=None, smoke_key=None, policy=None, rebuilder_key=None, require_rebuilds=0):
+def promote(c, image, tag, key=None, smoke_key=None, policy=None, rebuilder_key=None, require_rebuilds=0,
+            smoke_run=None):
     """Tag a digest for release, only if it verifies with a passing MI300X smoke attestation."""
     from bakery import store, verify as verify_mod
     from bakery.refs import Reference
@@ -661,7 +669,8 @@ def promote(c, image, tag, key=None, smoke_key=None, policy=None, rebuilder_key=
     ref = Reference.parse_pinned(image, "image")
     where = store.RegistryStore(ref)
     pol = _load_policy(policy, {**_role_keys(key, smoke_key), "rebuilder": [Path(k) for k in rebuilder_key or []]})
-    report = verify_mod.verify(where, ref, pol, require_smoke=True, blobs=False, require_rebuilds=int(require_rebuilds))
+    report = verify_mod.verify(where, ref, pol, require_smoke=True, blobs=False, require_rebuilds=int(require_rebuilds),
+                               smoke_run=smoke_run)
     verify_mod.require(report)
     where.put_manifest(tag, where.manifest(str(ref.digest)))
     print(f"{ref.name}:{tag} -> {ref.digest}")

@@ -482,7 +482,7 @@ passed = result == "PASSED"
 report = {{"image": str(ref), "result": result, "stand_in": "no MI300X: the rehearsal's stand-in report",
           "passed": ["health", "http", "regression", "vram"] if passed else ["health"],
           "failed": [] if passed else ["vram"], "regression_compared": 4,
-          "host": {{"gfx_arch": "gfx942", "compute_units": 304}}}}
+          "host": {{"gfx_arch": "gfx942", "compute_units": 304}}, "workflow_run": smoke.workflow_run()}}
 Path("smoke-report.json").write_text(json.dumps(report, indent=2, sort_keys=True))
 signer = sign.Signer(keys.load_private(None, keys.SMOKE_KEY_ENV))
 spec = Path("provenance/smoke.yaml").read_bytes()

@@ -315,7 +315,8 @@ def run(image: str, spec: dict, model_dir: Path, port: int = 8000, record: bool 
     options = {**launch_options(image, spec, model_dir, port, devices), **(stand_ins or {})}
     client = docker.from_env()
     report = {"image": image, "model": spec["model"], "revision": spec["revision"], "host": host_facts(),
-              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "run": next_run()}
+              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "run": next_run(),
+              "workflow_run": workflow_run()}
     sampler = VramSampler(vram)
     try:
         container = client.containers.run(**options)
@@ -379,6 +380,15 @@ def _write_ledger(doc: dict) -> None:
         write_blob(ledger_path(), json.dumps(doc, indent=1, sort_keys=True).encode())
     except EnvironmentProblem as e:
         print(f"warning: {e}: a replayed older smoke result goes unnoticed here", file=sys.stderr)
+
+
+def workflow_run() -> str | None:
+    """The GitHub Actions run this smoke is part of (REPO#RUN_ID), signed with the result: the
+    promote job of the same run asks for it, so a result of an earlier run put back is refused."""
+    import os
+
+    repo, run = os.environ.get("GITHUB_REPOSITORY"), os.environ.get("GITHUB_RUN_ID")
+    return f"{repo}#{run}" if repo and run else None
 
 
 def next_run() -> int:

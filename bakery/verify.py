@@ -192,6 +192,8 @@ def _attestations(store, ref: Reference, policy, report: Report) -> dict:
                 found.setdefault(kind, []).append((signers, statement["predicate"]))
             else:
                 found[kind] = statement["predicate"]
+            if kind == provenance.TEST_RESULT_PREDICATE:
+                _remember_failure(ref, statement["predicate"])  # even one refused below as a duplicate
     for kind, n in sorted(counts.items()):
         if n > 1 and kind != provenance.REBUILD_PREDICATE:
             report.check(False, f"{n} signed statements of type {kind} for this digest: refused (one per type; "
@@ -238,7 +240,9 @@ def _rebuilds(rebuilds: list, ref: Reference, needed: int, report: Report) -> No
 
 
 def verify(store, ref: Reference, policy, require_smoke: bool = False, blobs: bool = True,
-           require_rebuilds: int = 0) -> Report:
+           require_rebuilds: int = 0, smoke_run: str | None = None) -> Report:
+    """Everything the policy asks of ref; smoke_run: the smoke result must say it ran in that
+    workflow run (REPO#RUN_ID: the release's own)."""
     report = Report()
     rebuilds_needed = max(require_rebuilds, policy.require_rebuilds)
     flags = {"release": "key", "smoke": "smoke-key", "rebuilder": "rebuilder-key"}
@@ -265,7 +269,7 @@ def verify(store, ref: Reference, policy, require_smoke: bool = False, blobs: bo
     smoke_checked = require_smoke or policy.require_smoke
     if smoke_checked:
         _step(report, "the signed smoke result", _smoke, found.get(provenance.TEST_RESULT_PREDICATE), policy, report,
-              str(ref.digest))
+              str(ref.digest), smoke_run)
     if sbom.SPDX_PREDICATE in found:
         report.summary = _step(report, "the signed SBOM", summarize, found[sbom.SPDX_PREDICATE], prov) or {}
         if smoke_checked and provenance.TEST_RESULT_PREDICATE in found:
@@ -273,16 +277,12 @@ def verify(store, ref: Reference, policy, require_smoke: bool = False, blobs: bo
     return report
 
 
-def _smoke(smoke: dict | None, policy, report: Report, digest: str = "") -> None:
+def _smoke(smoke: dict | None, policy, report: Report, digest: str = "", run: str | None = None) -> None:
     """A PASSED result that compared outputs, from the spec the policy pins, on the GPU it names,
     and not older than a FAILED this machine has seen for the same digest and spec (the ledger)."""
     compared = _report(smoke or {}).get("regression_compared", 0)
     ran = next((c.get("digest", {}).get("sha256") for c in (smoke or {}).get("configuration") or []
                 if c.get("name") == provenance.SMOKE_SPEC), None)
-    if smoke is not None and smoke.get("result") != "PASSED" and digest and isinstance(ran, str):
-        from . import smoke as smoke_mod  # a FAILED seen here is remembered: an older PASSED is refused later
-
-        smoke_mod.remember(digest, ran, smoke.get("result"), *_when(smoke))
     if not report.check(smoke is not None and smoke.get("result") == "PASSED" and compared > 0,
                         "a passing MI300X smoke attestation signed by a smoke key, its regression outputs compared"
                         + ("" if smoke else " (none attached, or not signed by a smoke key)")
@@ -296,6 +296,10 @@ def _smoke(smoke: dict | None, policy, report: Report, digest: str = "") -> None
     report.check(host.get("gfx_arch") == policy.smoke_arch and host.get("compute_units") == policy.smoke_compute_units,
                  f"the smoke ran on a {policy.smoke_arch} GPU with {policy.smoke_compute_units} CUs (it reports "
                  f"{smoke_summary(smoke)})")
+    if run is not None:
+        said = _report(smoke).get("workflow_run")
+        report.check(said == run, f"the smoke result is from workflow run {run}" + ("" if said == run else
+                     f" (it says {str(said)[:80]}: a result of another run, put back over this run's?)"))
     if digest and isinstance(ran, str):
         from . import smoke as smoke_mod
 
@@ -305,6 +309,19 @@ def _smoke(smoke: dict | None, policy, report: Report, digest: str = "") -> None
                      + (f" (this PASSED finished {finished[:20]}; a FAILED finished {later['finished']}: an older "
                         f"result was put back over it)" if later else ""))
         smoke_mod.remember(digest, ran, smoke.get("result"), finished, run)
+
+
+def _remember_failure(ref: Reference, smoke) -> None:
+    """A signed smoke result other than PASSED, seen here: kept in this machine's ledger, so an older
+    PASSED put back over it is refused later."""
+    from . import smoke as smoke_mod
+
+    if not isinstance(smoke, dict) or smoke.get("result") == "PASSED":
+        return
+    ran = next((c.get("digest", {}).get("sha256") for c in smoke.get("configuration") or []
+                if isinstance(c, dict) and c.get("name") == provenance.SMOKE_SPEC), None)
+    if isinstance(ran, str):
+        smoke_mod.remember(str(ref.digest), ran, smoke.get("result"), *_when(smoke))
 
 
 def _when(smoke: dict) -> tuple[str, int | None]:

@@ -68,6 +68,7 @@ def test_release_shape_least_privilege_and_gating():
     assert wf["jobs"]["attach-smoke"]["needs"] == ["build", "smoke"]
     assert "--require-rebuilds 1" in job_commands(wf["jobs"]["smoke"])
     assert "--require-rebuilds 1" in job_commands(wf["jobs"]["promote"])
+    assert "--smoke-run \"$GITHUB_REPOSITORY#$GITHUB_RUN_ID\"" in job_commands(wf["jobs"]["promote"])
     for job in wf["jobs"].values():
         assert set(job["permissions"]) <= {"contents", "packages"}
     text = WORKFLOW.read_text()

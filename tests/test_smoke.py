@@ -294,6 +294,16 @@ def test_smoke_attestation_gates_verify(tmp_path, registry, fixture_base, fixtur
     from bakery.registry import Registry
 
     assert Registry(registry).get_manifest(Reference(registry, r.repository, "v0.0.1"))[2] == r.digest
+    # the release workflow's promote asks for its own run's result: a PASSED of another run (one put
+    # back over this run's FAILED, say) is refused, this run's is taken
+    this_run = ["promote", ref, "--tag", "v0.0.2", *keyargs, "--policy", str(policy), "--smoke-run", "o/r#2"]
+    other = invoke(project, *this_run)
+    assert other.returncode == 5 and "the smoke result is from workflow run o/r#2 (it says None" in other.stderr
+    smoke.attach_report(RegistryStore(r), r, {**passing, "workflow_run": "o/r#1"}, spec_bytes, signer)
+    other = invoke(project, *this_run)
+    assert other.returncode == 5 and "(it says o/r#1: a result of another run" in other.stderr
+    smoke.attach_report(RegistryStore(r), r, {**passing, "workflow_run": "o/r#2"}, spec_bytes, signer)
+    assert invoke(project, *this_run).returncode == 0
     # the SBOM and provenance attestations survived the smoke attestation being added
     assert "ok   SBOM (SPDX 2.3) attestation present and signed" in ok.stdout
     with pytest.raises(Exception, match="is about"):
