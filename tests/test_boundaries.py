@@ -109,17 +109,22 @@ HOSTILE_TEXT = [
     "Fixes: www.github.com/o/r/issues/4 cc @maintainer",
     "<img src=x onerror=alert(1)> | table | break\n\nnew paragraph",
     "\x00nul \x7fdel \x85nel \u2028ls",
+    "zero\u200bwidth \u2060joined \ufeffbom \U000e0041tag \u061calm \udcffsurrogate",
+    "closes GH-12 and gh-7",
 ]
 # GitHub's closing keywords and references, written from its documentation's description
 CLOSING = re.compile(r"(?i)\b(close[sd]?|fix(e[sd])?|resolve[sd]?)\b\W+(https?://\S+/issues/\d+|[\w.-]+/[\w.-]+#\d+|"
-                     r"#\d+|www\.\S+/issues/\d+)")
+                     r"#\d+|gh-\d+|www\.\S+/issues/\d+)")
 MENTION = re.compile(r"(?<![\w`])@[A-Za-z0-9-]+")
 
 
 def acts_on_a_terminal(text: str) -> list[str]:
-    """Characters a terminal acts on or that reorder a line: C0/C1 controls, DEL, bidi controls."""
-    return [c for c in text if unicodedata.category(c) == "Cc" or unicodedata.bidirectional(c) in
-            ("LRE", "RLE", "LRO", "RLO", "PDF", "LRI", "RLI", "FSI", "PDI") or c in "\u2028\u2029"]
+    """Characters a terminal acts on, that reorder a line or that do not show: controls (Cc),
+    format characters (Cf: bidi marks and overrides, zero-width, tags), lone surrogates (Cs), line
+    and paragraph separators. The one format character allowed is the word joiner that breaks a
+    Markdown reference (untrusted.WORD_JOINER)."""
+    return [c for c in text if (unicodedata.category(c) in ("Cc", "Cf", "Cs", "Zl", "Zp")
+                                and c != untrusted.WORD_JOINER)]
 
 
 @pytest.mark.parametrize("text", HOSTILE_TEXT)
