@@ -1,5 +1,6 @@
-"""What the proofs' sandbox costs: each proof that needs only its target (from overlays/stock) run
-plainly and under bubblewrap, as `invoke build` runs it, alternately, 3 times each; medians.
+"""What the sandbox costs a proof: each proof that needs only its target (from overlays/stock) run
+plainly and in the sandbox (bubblewrap, the seccomp filter, the limits, a pids cgroup as root), as
+`invoke build` runs it, alternately, 3 times each; medians.
 
     .venv/bin/python bench/bench_sandbox.py
 """
@@ -7,6 +8,7 @@ plainly and under bubblewrap, as `invoke build` runs it, alternately, 3 times ea
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -41,6 +43,7 @@ def main() -> None:
     stock = {e["id"]: ROOT / "overlays" / "stock" / e["base_sha256"] for e in lock["overlays"] if e["base_sha256"]}
     importer = Path(tempfile.mkdtemp()) / "import_only.py"
     importer.write_text("import sys\nimport numpy, torch, triton\n")
+    shutil.copy(ROOT / "overlays" / "proofs" / prove.HELPER, importer.parent)  # every proof's code has it
     cases = [("python + import torch, triton", prove.ProofSpec(importer), ROOT / "README.md")]
     cases += [(o.id, o.proof, stock[o.id]) for o in overlays.load(ROOT / "overlays" / "overlays.yaml")
               if o.proof and o.proof.script and not o.proof.reads and o.id in stock]
