@@ -85,8 +85,9 @@ EPERM = 1
 
 
 def seccomp_filter() -> bytes:
-    """The classic-BPF program bwrap installs (--seccomp): another architecture's or x32's calls
-    are refused whole, each REFUSED call gets EPERM, everything else is allowed."""
+    """The classic-BPF program bwrap installs (--seccomp): a call of another architecture kills
+    the process, an x32 call or a REFUSED one gets EPERM, a socket outside FAMILIES EAFNOSUPPORT,
+    everything else is allowed."""
     if platform.machine() not in ("x86_64", "AMD64"):
         raise EnvironmentProblem(f"the sandbox's seccomp filter is written for x86-64 (the MI300X hosts); this "
                                  f"machine is {platform.machine()}")
