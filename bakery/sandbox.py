@@ -79,6 +79,7 @@ SOCKET, SOCKETPAIR = 41, 53
 # (which crosses to a VM's host past any network namespace), AF_PACKET, AF_BLUETOOTH, ...
 FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10, "AF_NETLINK": 16}
 EAFNOSUPPORT = 97
+SOCK_PACKET = 10
 AUDIT_ARCH_X86_64 = 0xC000003E
 X32_BIT = 0x40000000
 EPERM = 1
@@ -91,22 +92,42 @@ def seccomp_filter() -> bytes:
     if platform.machine() not in ("x86_64", "AMD64"):
         raise EnvironmentProblem(f"the sandbox's seccomp filter is written for x86-64 (the MI300X hosts); this "
                                  f"machine is {platform.machine()}")
-    ld_w_abs, jeq_k, jge_k, ret_k = 0x20, 0x15, 0x35, 0x06
-    allow, errno, kill = 0x7FFF0000, 0x00050000 | EPERM, 0x80000000
+    ld_w_abs, jeq_k, jge_k, and_k, ret_k = 0x20, 0x15, 0x35, 0x54, 0x06
+    allow, errno, kill, no_family = 0x7FFF0000, 0x00050000 | EPERM, 0x80000000, 0x00050000 | EAFNOSUPPORT
+    # (code, k, label taken, label not taken): labels resolve to relative jumps below
+    prog = [(ld_w_abs, 4), (jeq_k, AUDIT_ARCH_X86_64, None, "kill"),  # seccomp_data.arch
+            (ld_w_abs, 0), (jge_k, X32_BIT, "eperm", None)]  # seccomp_data.nr
+    prog += [(jeq_k, nr, "eperm", None) for nr in sorted(REFUSED.values())]
+    # socket() and socketpair(): the family (args[0], at offset 16) must be allowed; AF_INET's
+    # SOCK_PACKET type (args[1] at 24, its low bits) is a packet socket under another name
+    prog += [(jeq_k, SOCKET, "family", None), (jeq_k, SOCKETPAIR, "family", "allow"),
+             "family", (ld_w_abs, 16), (jeq_k, FAMILIES["AF_INET"], "inet", None)]
+    prog += [(jeq_k, f, "allow", None) for name, f in sorted(FAMILIES.items()) if name != "AF_INET"]
+    prog += [(ret_k, no_family), "inet", (ld_w_abs, 24), (and_k, 0xF), (jeq_k, SOCK_PACKET, "no-family", "allow"),
+             "allow", (ret_k, allow), "eperm", (ret_k, errno), "kill", (ret_k, kill), "no-family", (ret_k, no_family)]
+    return _assemble(prog)
 
-    def op(code, k, jt=0, jf=0):
-        return struct.pack("=HBBI", code, jt, jf, k)
 
-    prog = [op(ld_w_abs, 4), op(jeq_k, AUDIT_ARCH_X86_64, 1, 0), op(ret_k, kill),  # seccomp_data.arch
-            op(ld_w_abs, 0), op(jge_k, X32_BIT, 0, 1), op(ret_k, errno)]  # seccomp_data.nr
-    for nr in sorted(REFUSED.values()):
-        prog += [op(jeq_k, nr, 0, 1), op(ret_k, errno)]
-    # socket() and socketpair(): the family (the low half of args[0], at offset 16) must be allowed
-    families = sorted(FAMILIES.values())
-    prog += [op(jeq_k, SOCKET, 1, 0), op(jeq_k, SOCKETPAIR, 0, len(families) + 2), op(ld_w_abs, 16)]
-    prog += [op(jeq_k, f, len(families) - i, 0) for i, f in enumerate(families)]
-    prog += [op(ret_k, 0x00050000 | EAFNOSUPPORT)]
-    return b"".join(prog + [op(ret_k, allow)])
+def _assemble(prog: list) -> bytes:
+    """Classic BPF from (code, k[, jump if true, jump if false]) tuples and label strings; a jump
+    names a label (or None: the next instruction)."""
+    at, n = {}, 0
+    for item in prog:
+        if isinstance(item, str):
+            at[item] = n
+        else:
+            n += 1
+    out, n = [], 0
+    for item in prog:
+        if isinstance(item, str):
+            continue
+        code, k, *jumps = item
+        jt, jf = [(at[j] - n - 1) if j else 0 for j in (jumps + [None, None])[:2]]
+        if not (0 <= jt < 256 and 0 <= jf < 256):
+            raise ValueError("a jump past 255 instructions")
+        out.append(struct.pack("=HBBI", code, jt, jf, k))
+        n += 1
+    return b"".join(out)
 
 
 def _python_roots() -> list[Path]:
@@ -256,10 +277,14 @@ def _inside() -> bool:
         return False
     try:
         status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+        uid_map = Path("/proc/self/uid_map").read_text().split()
     except OSError:
         return False
+    # bwrap maps exactly one uid, 65534, in a user namespace of its own; a container run as 65534
+    # with no_new_privs and a filter of its own has the whole range mapped
     return status.get("Seccomp", "").strip() == "2" and int(status.get("CapEff", "1").strip(), 16) == 0 and \
-        status.get("NoNewPrivs", "").strip() == "1"
+        status.get("NoNewPrivs", "").strip() == "1" and len(uid_map) == 3 and uid_map[0] == "65534" and \
+        uid_map[2] == "1"
 
 
 def _nested(argv: list[str], inputs: Path | None, env: dict | None) -> tuple[list[str], dict]:

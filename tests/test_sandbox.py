@@ -337,7 +337,8 @@ SOCKETS = """
 import json, socket
 said = {}
 for name, family, kind in (("unix", 1, socket.SOCK_STREAM), ("inet", 2, socket.SOCK_STREAM),
-                           ("vsock", 40, socket.SOCK_STREAM), ("packet", 17, socket.SOCK_RAW)):
+                           ("vsock", 40, socket.SOCK_STREAM), ("packet", 17, socket.SOCK_RAW),
+                           ("inet-sock-packet", 2, 10)):
     try:
         socket.socket(family, kind).close()
         said[name] = "opened"
@@ -348,13 +349,14 @@ print(json.dumps(said))
 
 
 def test_only_the_allowed_socket_families_open_inside():
-    """AF_VSOCK reaches a VM's host past any network namespace; AF_PACKET sees raw frames. Outside
-    (the control) vsock opens where the kernel has it; inside, both get EAFNOSUPPORT."""
+    """AF_VSOCK reaches a VM's host past any network namespace; AF_PACKET sees raw frames, and so
+    does AF_INET's SOCK_PACKET (the kernel makes it a packet socket). Outside (the control) vsock
+    opens where the kernel has it; inside, all three get EAFNOSUPPORT from the filter."""
     plain = json.loads(subprocess.run([sys.executable, "-c", SOCKETS], capture_output=True, text=True).stdout)
     inside = json.loads(sandbox.run([sys.executable, "-c", SOCKETS], [], None, 60).stdout)
     assert plain["vsock"] == "opened" or plain["vsock"] != sandbox.EAFNOSUPPORT, plain
     assert inside == {"unix": "opened", "inet": "opened", "vsock": sandbox.EAFNOSUPPORT,
-                      "packet": sandbox.EAFNOSUPPORT}, inside
+                      "packet": sandbox.EAFNOSUPPORT, "inet-sock-packet": sandbox.EAFNOSUPPORT}, inside
 
 
 def test_a_leaked_inside_variable_does_not_turn_the_sandbox_off(monkeypatch):
