@@ -566,7 +566,7 @@ def reproduce(c, image, release_key=None, policy=None, toolchain=None, workdir=N
     from bakery.untrusted import safe
 
     for d in diffs:  # the paths are the rebuilt revision's to choose: shown inert
-        print(f"layer {d['layer']} differs: original {d['original']}, rebuilt {d['rebuilt']}")
+        print(f"layer {d['layer']} differs: original {safe(d['original'])}, rebuilt {safe(d['rebuilt'])}")
         for f in d["files"]:
             print(f"  {safe(f['path'])}: original {safe(f['original'] or '(absent)')}, "
                   f"rebuilt {safe(f['rebuilt'] or '(absent)')}")

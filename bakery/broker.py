@@ -65,6 +65,7 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     grant: Grant
     token: str  # labels this rebuild's compile containers
     compiles: int = 0
+    closed: bool = False  # the rebuild is over: no container may start, one that did is removed
     compiling: threading.Lock
     slots: threading.BoundedSemaphore
 
@@ -133,7 +134,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                                           headers={"Accept": ACCEPT, "Accept-Encoding": "identity"})
         with resp:
             self.send_response(resp.status_code)
-            for name in ("Content-Type", "Content-Length", "Docker-Content-Digest"):
+            # the bytes as the registry sent them, with what frames them: encoded or not, the code
+            # inside decodes and checks them as it would from the registry
+            for name in ("Content-Type", "Content-Length", "Content-Encoding", "Docker-Content-Digest"):
                 if name in resp.headers:
                     self.send_header(name, resp.headers[name])
             if "Content-Length" not in resp.headers:
@@ -141,7 +144,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.close_connection = True
             self.end_headers()
             if method == "GET":
-                for chunk in resp.iter_content(1 << 20):
+                for chunk in resp.raw.stream(1 << 20, decode_content=False):
                     self.wfile.write(chunk)
 
     def _compile(self) -> None:
@@ -159,13 +162,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         from . import hip
         from .stack import docker_client
 
+        def started(container) -> None:  # a container made as the rebuild ended is removed at once
+            if self.server.closed:
+                container.remove(force=True)
+                raise EnvironmentProblem("the rebuild is over: no compile now")
+
         with self.server.compiling:  # one at a time, COMPILES in all
-            if self.server.compiles >= COMPILES:
-                return self._answer(429, f"this rebuild has had its {COMPILES} compiles".encode())
+            if self.server.closed or self.server.compiles >= COMPILES:
+                return self._answer(429, f"this rebuild has had its {COMPILES} compiles, or is over".encode())
             self.server.compiles += 1
             with tempfile.TemporaryDirectory(prefix="bakery-broker-") as out:
                 status, logs = hip.run_container(docker_client(), toolchain, grant.hip, shell, Path(out),
-                                                 labels={LABEL: self.server.token})
+                                                 labels={LABEL: self.server.token}, started=started)
                 files = _outputs(Path(out))
         self._answer(200, json.dumps({"status": status, "logs": logs[-LOG_LIMIT:], "files": files}).encode())
 
@@ -216,6 +224,7 @@ def serve(folder: Path, grant: Grant):
     try:
         yield path
     finally:
+        server.closed = True  # a compile still queued or being made removes its own container
         server.shutdown()
         server.server_close()
         path.unlink(missing_ok=True)

@@ -261,9 +261,10 @@ LOG_LIMIT = 1 << 20  # what of the compiler's output is read back
 
 
 def run_container(client, toolchain: str, root: Path, shell: str, out: Path,
-                  labels: dict | None = None) -> tuple[int, str]:
+                  labels: dict | None = None, started=None) -> tuple[int, str]:
     """Run `shell` in a container of `toolchain`: root at /src read-only, `out` at /out, no network;
-    (exit status, the tail of its log). Past COMPILE_TIMEOUT_S it is killed (status -1)."""
+    (exit status, the tail of its log). Past COMPILE_TIMEOUT_S it is killed (status -1). started(c)
+    is called with the container as soon as it exists."""
     import requests
 
     # as the invoking user (its own 0700 /out stays writable without capabilities), no capabilities,
@@ -274,6 +275,8 @@ def run_container(client, toolchain: str, root: Path, shell: str, out: Path,
                                       user=f"{os.getuid()}:{os.getgid()}", environment={"HOME": "/tmp"},
                                       network_disabled=True, cap_drop=["ALL"], security_opt=["no-new-privileges"],
                                       pids_limit=4096, labels=labels or {})
+    if started is not None:  # the caller may refuse it now (it removes it)
+        started(container)
     try:
         try:
             status = container.wait(timeout=COMPILE_TIMEOUT_S)["StatusCode"]

@@ -107,8 +107,9 @@ def rebuild(p: Plan, workdir: Path, toolchain: str | None, log) -> Path:
     if hip_dir.is_symlink() or not hip_dir.is_dir():  # docker would bind where a link points: the host
         raise IntegrityError(f"{p.revision[:12]}'s hip/ is not a folder of the checkout (a link?): not compiled")
     build = workdir / "build"
-    for name in ("layout", "out", "cache", "tmp", "broker"):
-        (build / name).mkdir(parents=True, exist_ok=True)
+    writable = [build / name for name in ("layout", "out", "cache", "tmp", "broker")]
+    for folder in writable:  # each bound on its own: the code inside cannot swap one for a link
+        folder.mkdir(parents=True, exist_ok=True)
     tools = toolchain or toolchain_ref(p)
     base = Reference.parse_pinned(p.base, "the provenance's base")
     grant = broker.Grant(base.registry, base.repository, tools, hip_dir)
@@ -120,9 +121,11 @@ def rebuild(p: Plan, workdir: Path, toolchain: str | None, log) -> Path:
         env = {"SOURCE_DATE_EPOCH": str(p.epoch), "BAKERY_CACHE": str(build / "cache"), "TMPDIR": str(build / "tmp"),
                broker.SOCKET_ENV: str(socket_path)}
         try:
-            done = sandbox.run(argv, [source], None, sandbox.REBUILD, env=env, writable=[build])
+            done = sandbox.run(argv, [source], None, sandbox.REBUILD, env=env, writable=writable)
         except subprocess.TimeoutExpired:
             raise EnvironmentProblem(f"the rebuild ran past {sandbox.REBUILD.seconds:.0f} s: stopped") from None
+        finally:
+            disarm(build)
     if done.returncode != 0:
         said = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise EnvironmentProblem(f"the rebuild failed (exit {done.returncode}): {said[:500]}")
@@ -131,18 +134,47 @@ def rebuild(p: Plan, workdir: Path, toolchain: str | None, log) -> Path:
 
 
 def plain_tree(root: Path) -> None:
-    """Every entry under root is a folder or a regular file: a link (to a host file or a store named
-    by digest), a FIFO (a read that never ends) or a device would make us read what the sandboxed
-    code chose. Checked once its code has ended: nothing inside is alive to swap them after."""
+    """root and every entry under it a folder or a regular file, each listed: a link (to a host
+    file or a store named by digest), a FIFO (a read that never ends), a device or a folder we
+    cannot list would make us read what the sandboxed code chose. Checked once its code has ended:
+    nothing inside is alive to swap them after."""
     import stat
 
-    for folder, dirs, files in os.walk(root, followlinks=False):
+    def refuse(what: str):
+        raise IntegrityError(f"the rebuilt layout holds {what[:200]!r}, which is not a folder or a regular file we "
+                             f"can read: refused (the rebuilt revision is hostile)")
+
+    if not stat.S_ISDIR(os.lstat(root).st_mode):
+        refuse(".")
+
+    def unlistable(error: OSError):
+        refuse(os.path.relpath(error.filename or str(root), root))
+
+    for folder, dirs, files in os.walk(root, followlinks=False, onerror=unlistable):
         for name in dirs + files:
             mode = os.lstat(os.path.join(folder, name)).st_mode
             if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
-                where = os.path.relpath(os.path.join(folder, name), root)
-                raise IntegrityError(f"the rebuilt layout holds {where[:200]!r}, which is not a folder or a regular "
-                                     f"file: refused (the rebuilt revision is hostile)")
+                refuse(os.path.relpath(os.path.join(folder, name), root))
+
+
+def disarm(build: Path) -> None:
+    """Clear set-user-ID and set-group-ID bits the sandboxed code set on what it wrote (run by
+    root, its files are root's: a setuid-root binary left in the kept work folder)."""
+    import stat
+
+    for folder, dirs, files in os.walk(build, followlinks=False):
+        for name in files:
+            path = os.path.join(folder, name)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                continue  # a link or a FIFO: no bit to clear, and plain_tree refuses it where it matters
+            try:
+                mode = os.fstat(fd).st_mode
+                if stat.S_ISREG(mode) and mode & (stat.S_ISUID | stat.S_ISGID):
+                    os.fchmod(fd, stat.S_IMODE(mode) & ~(stat.S_ISUID | stat.S_ISGID))
+            finally:
+                os.close(fd)
 
 
 def _files(store, desc: Descriptor) -> dict[str, str]:
@@ -153,7 +185,7 @@ def _files(store, desc: Descriptor) -> dict[str, str]:
     from .extract import decompressed
     from .tarscan import HAS_DATA, TarError, TarReader
 
-    files = {}
+    files, names = {}, 0
     reader = TarReader(decompressed(desc.media_type, io.BufferedReader(_Chunks(store.stream(desc)), 1 << 20)))
     try:
         for member in reader:
@@ -168,14 +200,16 @@ def _files(store, desc: Descriptor) -> dict[str, str]:
             if member.mode not in (0o644, 0o755):
                 what += f" (mode {member.mode:o})"
             files[member.name] = what
-            if len(files) > FILES_LIMIT:
-                raise TarError(f"more than {FILES_LIMIT} entries")
+            names += len(member.name) + len(what)
+            if len(files) > FILES_LIMIT or names > NAMES_LIMIT:
+                raise TarError(f"more than {FILES_LIMIT} entries or {NAMES_LIMIT} characters of names")
     except TarError as e:
         raise IntegrityError(f"layer {desc.digest} cannot be compared ({e}): refused") from None
     return files
 
 
 FILES_LIMIT = 2_000_000  # entries in one layer compared (a ROCm base layer holds hundreds of thousands)
+NAMES_LIMIT = 256 << 20  # characters of their names and what they are (a long name may be 1 MiB)
 
 
 class _Chunks(io.RawIOBase):

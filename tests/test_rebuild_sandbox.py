@@ -165,7 +165,21 @@ def test_a_revision_whose_hip_is_a_link_is_not_compiled(hostile, tmp_path):
         reproduce.rebuild(replace(plan, revision=revision), tmp_path / "work", None, log=lambda m: None)
 
 
-@pytest.mark.parametrize("plant", ["link to a host file", "FIFO", "linked blobs folder"])
+def test_what_the_sandboxed_code_made_setuid_is_disarmed(tmp_path):
+    """Run by root, the code inside is root to the kernel: a file it marks setuid in its work
+    folder would be a setuid-root binary left on the host."""
+    import stat
+
+    made = tmp_path / "build" / "out" / "shell"
+    made.parent.mkdir(parents=True)
+    made.write_bytes(b"#!/bin/sh\n")
+    made.chmod(0o6755)
+    assert made.stat().st_mode & stat.S_ISUID  # the control
+    reproduce.disarm(tmp_path / "build")
+    assert stat.S_IMODE(made.stat().st_mode) == 0o755
+
+
+@pytest.mark.parametrize("plant", ["link to a host file", "FIFO", "linked blobs folder", "the layout itself a link"])
 def test_a_rebuilt_layout_with_anything_but_files_and_folders_is_refused(plant, tmp_path):
     """The revision's code writes the layout; the parent then reads it. A link would have the
     parent read (and list, and sign the paths of) a host file or store; a FIFO would block it."""
@@ -179,9 +193,13 @@ def test_a_rebuilt_layout_with_anything_but_files_and_folders_is_refused(plant, 
         (layout / "index.json").symlink_to("/etc/passwd")
     elif plant == "FIFO":
         os.mkfifo(layout / "index.json")
-    else:
+    elif plant == "linked blobs folder":
         shutil.rmtree(layout / "blobs")
         (layout / "blobs").symlink_to(tmp_path)
+    else:
+        elsewhere = tmp_path / "a-host-layout"
+        layout.rename(elsewhere)
+        layout.symlink_to(elsewhere)
     with pytest.raises(IntegrityError, match="not a folder or a regular file"):
         reproduce.plain_tree(layout)
 
@@ -206,8 +224,9 @@ def build(c, base=None, layout=None, out=None, toolchain=None, recompile=False):
 {body}
 '''
 MANY_COMPILES = '''    raise SystemExit("statuses: " + " ".join(str(compile_outside("true")) for _ in range(5)))'''
-LEFT_RUNNING = '''    threading.Thread(target=compile_outside, args=("sleep 600",), daemon=True).start()
-    time.sleep(5)  # the container is up
+LEFT_RUNNING = '''    for _ in range(2):  # one running, one queued behind it
+        threading.Thread(target=compile_outside, args=("sleep 600",), daemon=True).start()
+    time.sleep(5)  # the first container is up
     os._exit(3)'''
 
 
@@ -254,4 +273,7 @@ def test_a_compile_the_revision_leaves_running_ends_with_the_rebuild(hostile, tm
         docker_client().containers.get(cid).remove(force=True)
     with pytest.raises(EnvironmentProblem, match="exit 3"):
         reproduce.rebuild(plan, tmp_path / "work", None, log=lambda m: None)
+    import time
+
+    time.sleep(5)  # the queued compile gets the lock once the first is removed: it must start nothing
     assert labelled() <= before
