@@ -14,12 +14,22 @@ safe for where it goes. One function, one rule per sink:
 from __future__ import annotations
 
 import re
+import unicodedata
 
 SINKS = ("terminal", "json", "markdown")
-# controls (C0, DEL, C1), separators, bidirectional marks and overrides, invisible and zero-width
-# characters, the byte order mark, tag characters, and lone surrogates (a file name's undecodable bytes)
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\xad\u061c\u115f\u1160\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f"
-                     "\u3164\ufeff\ufff9-\ufffb\U000e0000-\U000e007f\ud800-\udfff]")
+# shown escaped: every control (Cc), format (Cf: bidi marks and overrides, zero-width, tags),
+# surrogate (Cs: a file name's undecodable bytes), private-use (Co), unassigned (Cn) and line or
+# paragraph separator (Zl, Zp) character, and the invisible ones of other categories (fillers,
+# variation selectors, the combining grapheme joiner, Mongolian selectors, Khmer inherent vowels)
+UNSAFE_CATEGORIES = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
+INVISIBLE = set("\u034f\u115f\u1160\u17b4\u17b5\u180b\u180c\u180d\u180e\u180f\u3164\uffa0") | \
+    {chr(c) for c in (*range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0))}
+
+
+def _unsafe(char: str) -> bool:
+    return char in INVISIBLE or unicodedata.category(char) in UNSAFE_CATEGORIES
+
+
 _MARKDOWN = re.compile(r"([\\`*_{}\[\]<>()+!|~&])")
 _REFERENCE = re.compile(r"([@#])(?=\w)|(?i:\b(gh))(-)(?=\d)")
 _URL = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*):(//)")
@@ -27,8 +37,8 @@ _WWW = re.compile(r"(?i)\b(www)(\.)")
 WORD_JOINER = "\u2060"  # invisible, and no link, mention or reference matches across it
 
 
-def _escape(match: re.Match) -> str:
-    code = ord(match.group())
+def _escape(char: str) -> str:
+    code = ord(char)
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
@@ -46,7 +56,7 @@ def safe(text, sink: str = "terminal", limit: int = 300, lines: bool = False) ->
     text = str(text)
     if len(text) > limit:
         text = text[:limit] + f"... ({len(text) - limit} more characters)"
-    text = _UNSAFE.sub(lambda m: m.group() if lines and m.group() == "\n" else _escape(m), text)
+    text = "".join(_escape(c) if _unsafe(c) and not (lines and c == "\n") else c for c in text)
     if sink == "markdown":
         text = _MARKDOWN.sub(r"\\\1", text)
         text = _REFERENCE.sub(_break, text)

@@ -13,6 +13,7 @@ import json
 import re
 import shutil
 import unicodedata
+import uuid
 
 import pytest
 import requests
@@ -47,7 +48,7 @@ def test_bad_metadata_is_one_line_and_nothing_is_pushed(name, metadata, said, pr
     lock = json.loads(fixture_lock)
     lock["base"] = str(bad)
     (project / "overlays" / "overlays.lock").write_text(json.dumps(lock))
-    repo = f"boundaries/metadata-{name}"
+    repo = f"boundaries/metadata-{name}-{uuid.uuid4().hex[:12]}"
     line = one_clear_line(invoke(project, "build", "--base", str(bad), "--push", f"{registry}/{repo}:candidate"))
     assert f"evil-1.0.dist-info/METADATA {said}" in line and "refused" in line, line
     assert tags(registry, repo) == []
@@ -262,10 +263,20 @@ def test_a_build_that_fails_at_its_last_check_has_pushed_nothing(project, regist
 
     honest = build.check_attestable
     monkeypatch.setattr(build, "check_attestable", fails)
-    repo = "boundaries/last-check"
+    repo = f"boundaries/last-check-{uuid.uuid4().hex[:12]}"  # the registry outlives a test run
     with pytest.raises(IntegrityError, match="made to fail here"):
         run(Options(project, str(fixture_base), f"{registry}/{repo}:candidate"), log=lambda m: None)
     assert tags(registry, repo) == []
     monkeypatch.setattr(build, "check_attestable", honest)
     ref, _ = run(Options(project, str(fixture_base), f"{registry}/{repo}:candidate"), log=lambda m: None)  # control
     assert "candidate" in tags(registry, repo) and any(t.startswith("kernels-") for t in tags(registry, repo))
+
+
+def test_every_control_format_surrogate_and_separator_character_is_escaped():
+    """Not a sample: every code point Unicode calls a control, format, surrogate, line or paragraph
+    separator is shown escaped in every sink (a word joiner the Markdown sink adds itself aside)."""
+    found = [chr(c) for c in range(0x110000) if unicodedata.category(chr(c)) in ("Cc", "Cf", "Cs", "Zl", "Zp")]
+    assert len(found) > 2000  # the control: they exist, surrogates alone are 2048
+    for sink in untrusted.SINKS:
+        shown = untrusted.safe("".join(found), sink, limit=len(found) + 1)
+        assert not acts_on_a_terminal(shown), (sink, acts_on_a_terminal(shown)[:5])
