@@ -217,6 +217,11 @@ def serve(folder: Path, grant: Grant):
 
     path = folder / "broker.sock"
     server = _Server(str(path), _Handler)
+    if os.geteuid() == 0:  # the sandbox's code is the host's uid 65534 then: it alone may connect
+        from .sandbox import UID
+
+        os.chown(path, UID, UID)
+    os.chmod(path, 0o600)
     server.grant, server.token = grant, uuid.uuid4().hex
     server.compiling, server.slots = threading.Lock(), threading.BoundedSemaphore(CONNECTIONS)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -103,23 +103,29 @@ def rebuild(p: Plan, workdir: Path, toolchain: str | None, log) -> Path:
     _git("-c", "protocol.allow=never", "-c", "protocol.https.allow=always", "-c", "protocol.file.allow=always",
          "clone", "-q", "--no-checkout", "--", p.repository, str(source))
     _git("-c", "core.symlinks=true", "checkout", "-q", "--detach", p.revision, cwd=source)
+    _readable_by_all(source)  # as root, the build runs as the host's uid 65534, whatever the umask
     hip_dir = source / "hip"
     if hip_dir.is_symlink() or not hip_dir.is_dir():  # docker would bind where a link points: the host
         raise IntegrityError(f"{p.revision[:12]}'s hip/ is not a folder of the checkout (a link?): not compiled")
     build = workdir / "build"
-    writable = [build / name for name in ("layout", "out", "cache", "tmp", "broker")]
-    for folder in writable:  # each bound on its own: the code inside cannot swap one for a link
+    # each bound on its own, so the code inside cannot swap one for a link; the layout and the
+    # record go in `output` (the layout is written beside itself, then renamed into place)
+    writable = [build / name for name in ("output", "cache", "tmp", "broker")]
+    for folder in writable:
         folder.mkdir(parents=True, exist_ok=True)
+    layout = build / "output" / "layout"
     tools = toolchain or toolchain_ref(p)
     base = Reference.parse_pinned(p.base, "the provenance's base")
     grant = broker.Grant(base.registry, base.repository, tools, hip_dir)
     argv = [sys.executable, "-m", "invoke", "--search-root", str(source), "build", "--base", p.base,
-            "--layout", str(build / "layout"), "--out", str(build / "out"), "--recompile"] \
+            "--layout", str(layout), "--out", str(build / "output" / "out"), "--recompile"] \
         + (["--toolchain", tools] if tools else [])
     log(f"building {p.revision[:12]} in the sandbox with an empty cache (SOURCE_DATE_EPOCH={p.epoch})")
     with broker.serve(build / "broker", grant) as socket_path:
         env = {"SOURCE_DATE_EPOCH": str(p.epoch), "BAKERY_CACHE": str(build / "cache"), "TMPDIR": str(build / "tmp"),
-               broker.SOCKET_ENV: str(socket_path)}
+               broker.SOCKET_ENV: str(socket_path),
+               # the checkout is ours (root's, when root), read by another uid: git asks to be told
+               "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": str(source)}
         try:
             done = sandbox.run(argv, [source], None, sandbox.REBUILD, env=env, writable=writable)
         except subprocess.TimeoutExpired:
@@ -129,8 +135,22 @@ def rebuild(p: Plan, workdir: Path, toolchain: str | None, log) -> Path:
     if done.returncode != 0:
         said = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise EnvironmentProblem(f"the rebuild failed (exit {done.returncode}): {said[:500]}")
-    plain_tree(build / "layout")  # the revision's code made it: nothing of it is read through a link
-    return build / "layout"
+    plain_tree(layout)  # the revision's code made it: nothing of it, itself included, is read through a link
+    return layout
+
+
+def _readable_by_all(root: Path) -> None:
+    """Our clone, made readable by others (folders o+rx, files o+r); links are left alone."""
+    import stat
+
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        for name in [*dirs, *files, "."]:
+            path = os.path.join(folder, name)
+            mode = os.lstat(path).st_mode
+            if stat.S_ISDIR(mode):
+                os.chmod(path, stat.S_IMODE(mode) | 0o055)
+            elif stat.S_ISREG(mode):
+                os.chmod(path, stat.S_IMODE(mode) | 0o044)
 
 
 def plain_tree(root: Path) -> None:
@@ -144,8 +164,11 @@ def plain_tree(root: Path) -> None:
         raise IntegrityError(f"the rebuilt layout holds {what[:200]!r}, which is not a folder or a regular file we "
                              f"can read: refused (the rebuilt revision is hostile)")
 
-    if not stat.S_ISDIR(os.lstat(root).st_mode):
-        refuse(".")
+    try:
+        if not stat.S_ISDIR(os.lstat(root).st_mode):
+            refuse(".")
+    except FileNotFoundError:
+        raise IntegrityError("the rebuild ended well but wrote no layout: refused") from None
 
     def unlistable(error: OSError):
         refuse(os.path.relpath(error.filename or str(root), root))

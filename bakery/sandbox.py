@@ -41,6 +41,7 @@ HOME = "/home/sandbox"
 ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "localtime", "alternatives")
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": HOME, "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
 INSIDE = "BAKERY_SANDBOXED"  # set inside: a proof the rebuilt revision runs is already in here
+UID = 65534  # who the code is inside: as root, the host's nobody; as a user, that user mapped to it
 TMP_BYTES = 1 << 30  # each in-memory place it may write: /tmp, HOME, /dev/shm
 
 
@@ -74,6 +75,11 @@ REFUSED = {
     "pidfd_getfd": 438, "mount_setattr": 442, "statmount": 457, "listmount": 458, "open_tree_attr": 467,
 }
 SOCKET, SOCKETPAIR = 41, 53
+CLONE, CLONE3 = 56, 435
+# clone()'s namespace flags (NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET): refused, as
+# unshare is; clone3 hides its flags in memory the filter cannot read, so it answers ENOSYS
+CLONE_NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+ENOSYS = 38
 # the address families a proof or build may open a socket in: its own (empty) network namespace's
 # loopback and Unix sockets, netlink for the loader's and Python's interface queries; not AF_VSOCK
 # (which crosses to a VM's host past any network namespace), AF_PACKET, AF_BLUETOOTH, ...
@@ -92,19 +98,22 @@ def seccomp_filter() -> bytes:
     if platform.machine() not in ("x86_64", "AMD64"):
         raise EnvironmentProblem(f"the sandbox's seccomp filter is written for x86-64 (the MI300X hosts); this "
                                  f"machine is {platform.machine()}")
-    ld_w_abs, jeq_k, jge_k, and_k, ret_k = 0x20, 0x15, 0x35, 0x54, 0x06
+    ld_w_abs, jeq_k, jge_k, jset_k, and_k, ret_k = 0x20, 0x15, 0x35, 0x45, 0x54, 0x06
     allow, errno, kill, no_family = 0x7FFF0000, 0x00050000 | EPERM, 0x80000000, 0x00050000 | EAFNOSUPPORT
     # (code, k, label taken, label not taken): labels resolve to relative jumps below
     prog = [(ld_w_abs, 4), (jeq_k, AUDIT_ARCH_X86_64, None, "kill"),  # seccomp_data.arch
             (ld_w_abs, 0), (jge_k, X32_BIT, "eperm", None)]  # seccomp_data.nr
     prog += [(jeq_k, nr, "eperm", None) for nr in sorted(REFUSED.values())]
+    prog += [(jeq_k, CLONE3, "enosys", None), (jeq_k, CLONE, None, "sockets"), (ld_w_abs, 16),
+             (jset_k, CLONE_NAMESPACES, "eperm", "allow"), "sockets", (ld_w_abs, 0)]
     # socket() and socketpair(): the family (args[0], at offset 16) must be allowed; AF_INET's
     # SOCK_PACKET type (args[1] at 24, its low bits) is a packet socket under another name
     prog += [(jeq_k, SOCKET, "family", None), (jeq_k, SOCKETPAIR, "family", "allow"),
              "family", (ld_w_abs, 16), (jeq_k, FAMILIES["AF_INET"], "inet", None)]
     prog += [(jeq_k, f, "allow", None) for name, f in sorted(FAMILIES.items()) if name != "AF_INET"]
     prog += [(ret_k, no_family), "inet", (ld_w_abs, 24), (and_k, 0xF), (jeq_k, SOCK_PACKET, "no-family", "allow"),
-             "allow", (ret_k, allow), "eperm", (ret_k, errno), "kill", (ret_k, kill), "no-family", (ret_k, no_family)]
+             "allow", (ret_k, allow), "eperm", (ret_k, errno), "kill", (ret_k, kill), "no-family", (ret_k, no_family),
+             "enosys", (ret_k, 0x00050000 | ENOSYS)]
     return _assemble(prog)
 
 
@@ -171,8 +180,17 @@ def command(argv: list[str], readable: list[Path], inputs: Path | None, status_f
     to the sandbox's few variables; `devices` are device nodes (a GPU's) it may open; `writable`
     folders appear at their own paths, writable."""
     _check_bwrap(BWRAP)
-    args = [BWRAP, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL", "--uid", "65534", "--gid", "65534", "--clearenv"]
+    if os.geteuid() == 0:
+        # root: no user namespace (uid 65534 in one would be uid 0 to the host kernel); bwrap sets up
+        # as root, keeps only what setpriv needs to become the host's uid 65534, which drops it too
+        args = [BWRAP, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add",
+                "CAP_SETGID", "--clearenv"]
+        argv = ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", "--inh-caps=-all", "--"] + argv
+    else:
+        # an ordinary user: uid 65534 in a user namespace of its own, mapped to this user's uid
+        args = [BWRAP, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+                "--cap-drop", "ALL", "--uid", str(UID), "--gid", str(UID), "--clearenv"]
     if status_fd is not None:  # bwrap writes the code's exit code there once the sandbox stood and ran it
         args += ["--json-status-fd", str(status_fd)]
     if seccomp_fd is not None:  # installed last, just before argv runs: bwrap's own mounts are done
@@ -180,15 +198,25 @@ def command(argv: list[str], readable: list[Path], inputs: Path | None, status_f
     for name, value in {**ENV, INSIDE: "1", **(env or {})}.items():
         args += ["--setenv", name, value]
     # the empty, writable places first (a bind under /tmp, a project in a temporary folder, stays
-    # visible), each capped: they live in memory
-    args += ["--size", str(TMP_BYTES), "--tmpfs", "/tmp", "--size", str(TMP_BYTES), "--tmpfs", HOME,
-             "--proc", "/proc", "--dev", "/dev", "--size", str(TMP_BYTES), "--tmpfs", "/dev/shm"]
+    # visible), each capped (they live in memory) and open to the code's uid
+    args += ["--perms", "1777", "--size", str(TMP_BYTES), "--tmpfs", "/tmp",
+             "--perms", "1777", "--size", str(TMP_BYTES), "--tmpfs", HOME,
+             "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(TMP_BYTES), "--tmpfs", "/dev/shm"]
+    shown = _python_roots() + sorted({p.resolve() for p in readable})
+    kept = sorted({p.resolve() for p in writable})
+    # the folders above each bind, made 0755 first: bwrap would make them 0700 or copy the host's
+    # (/root is 0700), and as root the code is not their owner
+    ends = shown + kept + [Path("/etc") / name for name in ETC] + [Path(n) for n in devices] + [Path(INPUTS)]
+    above = {a for p in ends for a in p.parents if a not in (Path("/"), Path("/tmp"), Path(HOME), Path("/dev"))}
+    for folder in sorted(above, key=lambda a: len(a.parts)):
+        if not any(folder == r or r in folder.parents for r in (Path("/usr"), Path("/dev"))):
+            args += ["--perms", "0755", "--dir", str(folder)]
     args += _system_binds()
     for node in devices:  # a GPU's nodes, bound after --dev: the rest of /dev stays the minimal one
         args += ["--dev-bind", node, node]
-    for path in _python_roots() + sorted({p.resolve() for p in readable}):
+    for path in shown:
         args += ["--ro-bind", str(path), str(path)]
-    for path in sorted({p.resolve() for p in writable}):
+    for path in kept:
         args += ["--bind", str(path), str(path)]
     if inputs is not None:
         args += ["--ro-bind", str(inputs), INPUTS]
@@ -270,6 +298,23 @@ def _process_cap(limits: Limits):
                 time.sleep(0.1)
 
 
+def _hand_over(readable: list[Path], writable: list[Path], inputs: Path | None) -> None:
+    """Run by root, the code is the host's uid 65534: what it reads must be readable by others (a
+    clear error now, not a proof failing on a Permission denied), what it writes its own."""
+    import stat
+
+    for path in _python_roots() + [p.resolve() for p in readable] + ([inputs] if inputs else []):
+        if not path.exists():
+            continue  # bwrap says so, as the machine's problem
+        mode = path.stat().st_mode
+        if not mode & stat.S_IROTH or (stat.S_ISDIR(mode) and not mode & stat.S_IXOTH):
+            raise EnvironmentProblem(f"{path} is not readable by others, and as root the sandbox runs code as uid "
+                                     f"{UID}: make it readable (chmod o+rX, or a umask of 022 when creating it), or "
+                                     f"run as an ordinary user")
+    for path in writable:
+        os.chown(path, UID, UID)
+
+
 def _inside() -> bool:
     """Already in a sandbox of ours: the variable it sets, and what no variable can fake (uid 65534,
     no capability, a seccomp filter). A leaked BAKERY_SANDBOXED=1 alone turns nothing off."""
@@ -280,11 +325,17 @@ def _inside() -> bool:
         uid_map = Path("/proc/self/uid_map").read_text().split()
     except OSError:
         return False
-    # bwrap maps exactly one uid, 65534, in a user namespace of its own; a container run as 65534
-    # with no_new_privs and a filter of its own has the whole range mapped
+    # an ordinary user's sandbox maps exactly one uid, 65534, in a user namespace of its own; root's
+    # runs as the host's 65534 under bwrap as the PID namespace's init. A container run as 65534 with
+    # no_new_privs and a filter of its own has neither.
+    try:
+        init = Path("/proc/1/cmdline").read_bytes().split(b"\0")[0]
+    except OSError:
+        init = b""
+    own_map = len(uid_map) == 3 and uid_map[0] == str(UID) and uid_map[2] == "1"
+    under_bwrap = uid_map == ["0", "0", "4294967295"] and Path(init.decode(errors="replace")).name == "bwrap"
     return status.get("Seccomp", "").strip() == "2" and int(status.get("CapEff", "1").strip(), 16) == 0 and \
-        status.get("NoNewPrivs", "").strip() == "1" and len(uid_map) == 3 and uid_map[0] == "65534" and \
-        uid_map[2] == "1"
+        status.get("NoNewPrivs", "").strip() == "1" and (own_map or under_bwrap)
 
 
 def _nested(argv: list[str], inputs: Path | None, env: dict | None) -> tuple[list[str], dict]:
@@ -310,6 +361,8 @@ def run(argv: list[str], readable: list[Path], inputs: Path | None, limits: Limi
             code = subprocess.run(_prlimit(limits, False) + argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                   timeout=limits.seconds, env=nested_env).returncode
             return subprocess.CompletedProcess(argv, code, _tail(out), _tail(err))
+    if os.geteuid() == 0:
+        _hand_over(readable, writable, inputs)
     program = seccomp_filter()
     status_read, status_write = os.pipe()
     filter_read, filter_write = os.pipe()

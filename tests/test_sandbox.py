@@ -227,6 +227,7 @@ def test_one_targets_code_cannot_write_the_others_verdict(tmp_path, monkeypatch)
 def test_a_sandbox_whose_setup_fails_is_the_machines_problem(tmp_path):
     """bwrap fails after it made the child (here a bind whose source is gone): no exit code on the
     status pipe, so it is not the code's failure (the stand-in above fails before the child)."""
+    tmp_path.chmod(0o755)  # the inputs, readable by the sandbox's uid (as prove makes them)
     with pytest.raises(EnvironmentProblem, match="Can't find source path"):
         sandbox.run([sys.executable, "-c", "pass"], [tmp_path / "not-there.py"], tmp_path, 60)
 
@@ -367,3 +368,30 @@ def test_a_leaked_inside_variable_does_not_turn_the_sandbox_off(monkeypatch):
     done = sandbox.run([sys.executable, "-c", "import os; print(os.getuid(), 'BAKERY_KEY_PASSWORD' in os.environ)"],
                        [], None, 60)
     assert done.stdout.split() == ["65534", "False"], done.stdout + done.stderr
+
+
+def test_run_by_root_the_code_is_another_uid_on_the_host(tmp_path):
+    """As root, no user namespace maps the code to uid 0: it is the host's uid 65534, without a
+    capability, and cannot make a namespace of its own (clone's flags refused, clone3 unknown). The
+    control: what this process writes is root's."""
+    if os.geteuid() != 0:
+        pytest.skip("as an ordinary user the code is that user's uid, mapped to 65534 in its own namespace")
+    (tmp_path / "ours").write_text("x")
+    assert (tmp_path / "ours").stat().st_uid == 0
+    code = ("import ctypes, os, sys\nlibc = ctypes.CDLL(None, use_errno=True)\nopen(sys.argv[1] + '/theirs', 'w')\n"
+            "print(os.getuid(), open('/proc/self/status').read().split('CapEff:')[1].split()[0])\n"
+            "print(libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0), ctypes.get_errno())\n"
+            "print(libc.syscall(435, 0, 0), ctypes.get_errno())\n")
+    done = sandbox.run([sys.executable, "-c", code, str(tmp_path)], [], None, 60, writable=[tmp_path])
+    assert done.stdout.split() == ["65534", "0000000000000000", "-1", "1", "-1", "38"], done.stdout + done.stderr
+    assert (tmp_path / "theirs").stat().st_uid == 65534
+
+
+def test_as_root_a_folder_others_cannot_read_is_one_clear_error(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("only root's sandbox changes uid")
+    private = tmp_path / "private.py"
+    private.write_text("print('x')\n")
+    private.chmod(0o600)
+    with pytest.raises(EnvironmentProblem, match="is not readable by others, and as root the sandbox runs code as uid"):
+        sandbox.run([sys.executable, str(private)], [private], None, 60)
