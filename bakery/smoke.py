@@ -351,10 +351,12 @@ def run(image: str, spec: dict, model_dir: Path, port: int = 8000, record: bool 
 # -- the ledger of results: what this machine has seen, so an older PASSED cannot replace a FAILED ---
 
 def ledger_path() -> Path:
-    """Kept apart from the caches (a release job empties those): BAKERY_STATE, else ~/.local/state/bakery."""
+    """Kept apart from the caches (a release job empties those): BAKERY_SMOKE_LEDGER, else
+    ~/.local/state/bakery/smoke-ledger.json."""
     import os
 
-    return Path(os.environ.get("BAKERY_STATE", Path.home() / ".local" / "state" / "bakery")) / "smoke-ledger.json"
+    default = Path.home() / ".local" / "state" / "bakery" / "smoke-ledger.json"
+    return Path(os.environ.get("BAKERY_SMOKE_LEDGER", default))
 
 
 def _ledger() -> dict:

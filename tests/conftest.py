@@ -25,7 +25,7 @@ from bakery import stack  # noqa: E402
 def own_smoke_ledger(tmp_path, monkeypatch):
     """Each test its own ledger of smoke results: the images are reproducible, so one test's FAILED
     would otherwise stand against another's older PASSED for the very same digest."""
-    monkeypatch.setenv("BAKERY_STATE", str(tmp_path / "state"))
+    monkeypatch.setenv("BAKERY_SMOKE_LEDGER", str(tmp_path / "smoke-ledger.json"))
 
 
 @pytest.fixture(scope="session")

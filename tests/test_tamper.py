@@ -612,7 +612,7 @@ def test_a_machine_that_never_saw_the_failure_cannot_tell_a_restored_passed(hone
     the FAILED (another machine, or this one with its ledger gone) accepts the PASSED put back."""
     ref = clone(honest, "ledger-elsewhere")
     older_passed_restored(honest, ref, {})
-    monkeypatch.setenv("BAKERY_STATE", str(tmp_path / "another-machine"))
+    monkeypatch.setenv("BAKERY_SMOKE_LEDGER", str(tmp_path / "another-machine.json"))
     result = invoke(honest["project"], "verify", str(ref), *keyargs(honest), "--policy",
                     str(policy_with()(honest, tmp_path / "p.yaml")), "--require-smoke")
     assert result.returncode == 0 and "ok   no later FAILED result" in result.stdout, result.stdout + result.stderr
