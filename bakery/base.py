@@ -100,6 +100,9 @@ def resolve(registry: Registry, ref: Reference, platform: str) -> Image:
         manifest = json.loads(body)
         config_desc = _descriptor(manifest["config"])
         layers = tuple(_descriptor(layer) for layer in manifest.get("layers") or [])
+    if len(layers) > LAYER_LIMIT:  # each would be streamed and indexed
+        raise IntegrityError(f"{ref}: the manifest lists {len(layers)} layers, past the {LAYER_LIMIT} a base may have "
+                             f"(an image builder stops near 127)")
     config = registry.fetch_document(ref.repository, config_desc, f"config of {ref}")
     with malformed(f"config {config_desc.digest} of {ref}"):
         diff_ids = json.loads(config).get("rootfs", {}).get("diff_ids", [])
@@ -109,6 +112,7 @@ def resolve(registry: Registry, ref: Reference, platform: str) -> Image:
     return Image(ref.with_digest(digest), index_digest, body, media_type, config, config_desc, layers)
 
 
+LAYER_LIMIT = 1000
 UNPACK_FACTOR = 4  # a pull holds the compressed layers and their unpacked trees at once (ROCm gzip ~1:3)
 
 

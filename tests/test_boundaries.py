@@ -280,3 +280,25 @@ def test_every_control_format_surrogate_and_separator_character_is_escaped():
     for sink in untrusted.SINKS:
         shown = untrusted.safe("".join(found), sink, limit=len(found) + 1)
         assert not acts_on_a_terminal(shown), (sink, acts_on_a_terminal(shown)[:5])
+
+
+def test_a_base_manifest_with_too_many_layers_is_refused_before_any_is_read(registry, fixture_base):
+    """Each layer of a base is streamed and indexed: a manifest listing 1,001 (the same one, 1,001
+    times; its config's diff_ids to match) is refused at once. The control: the fixture resolves."""
+    from bakery import base as base_mod
+    from bakery.refs import Descriptor, Reference
+    from bakery.registry import Registry
+
+    reg = Registry(registry)
+    honest = base_mod.resolve(reg, fixture_base, "linux/amd64")  # the control
+    config = honest.config
+    config["rootfs"]["diff_ids"] = config["rootfs"]["diff_ids"][:1] * 1001
+    cfg = json.dumps(config).encode()
+    cfg_desc = Descriptor.of(honest.config_descriptor.media_type, cfg)
+    repo = fixture_base.repository
+    reg.upload_blob(repo, cfg_desc, lambda: iter([cfg]))
+    manifest = json.loads(honest.manifest_bytes)
+    manifest["config"], manifest["layers"] = cfg_desc.to_json(), manifest["layers"][:1] * 1001
+    digest = reg.put_manifest(repo, "many-layers", json.dumps(manifest).encode(), honest.manifest_media_type)
+    with pytest.raises(IntegrityError, match="lists 1001 layers, past the 1000"):
+        base_mod.resolve(reg, Reference(registry, repo, None, digest), "linux/amd64")
