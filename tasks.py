@@ -80,19 +80,21 @@ def reports_errors(fn):
             "out": "directory for blobs and build-record.json (default: out/)",
             "lock": "overlays lock to verify against (default: overlays/overlays.lock)",
             "toolchain": "image to compile hip/ in (default: BAKERY_TOOLCHAIN, else the base itself)",
-            "key": "a release public key PEM: a kernel artifact in the push target is baked only if release "
-                   "keys (this and the policy's) signed it",
+            "key": "a release public key PEM: a kernel artifact or proof verdict in the push target is used only "
+                   "if release keys (this and the policy's) signed it",
             "policy": "policy naming the release keys (default: provenance/policy.yaml)",
-            "recompile": "compile hip/ here, never taking the push target's kernel artifact"})
+            "recompile": "compile hip/ here, never taking the push target's kernel artifact",
+            "reprove": "run every overlay proof here, whatever this machine's cache or the push target holds"})
 @reports_errors
 def build(c, base=None, push=None, layout=None, out=None, lock=None, toolchain=None, key=None, policy=None,
-          recompile=False):
+          recompile=False, reprove=False):
     """Build the derived image; print its REPO@sha256:DIGEST as the last line."""
     from bakery.build import Options, build as run
 
     ref, rec = run(Options(PROJECT, base, push, Path(layout) if layout else None,
                            Path(out) if out else None, Path(lock) if lock else None, toolchain,
-                           (Path(key),) if key else (), Path(policy) if policy else None, recompile), log=_log)
+                           (Path(key),) if key else (), Path(policy) if policy else None, recompile,
+                           reprove=reprove), log=_log)
     _log(f"build record: {(Path(out) if out else PROJECT / 'out') / 'build-record.json'}")
     print(ref)
 
@@ -369,6 +371,8 @@ def attest(c, image, record=None, key=None, layout=None):
     _log(f"attestations {store.signature_tag(ref.digest, 'att')} -> {written['attestations']}")
     if written.get("kernels"):
         _log(f"kernel artifact {written['kernels']['artifact']} signed -> {written['kernels']['signature']}")
+    for v in written.get("verdicts") or []:
+        _log(f"proof verdict {v['artifact']} signed -> {v['signature']}")
     print(ref)
 
 

@@ -110,7 +110,35 @@ def attest(store, subject: Reference, record: dict, signer: sign.Signer, sign_ke
     artifact = (record.get("kernels") or {}).get("artifact")
     if artifact and sign_kernels:
         written["kernels"] = sign_artifact(Reference.parse(artifact), signer, record.get("artifacts") or [])
+    if sign_kernels:
+        written["verdicts"] = [sign_verdict(v, signer) for v in record.get("verdicts") or []
+                               if v.get("origin") == "proven" and v.get("artifact")]
     return written
+
+
+def sign_verdict(entry: dict, signer: sign.Signer) -> dict:
+    """A cosign signature on a proof verdict's artifact, only if it holds the verdict the build record
+    says this build proved (its key and FIXED/BROKEN): later builds take it instead of proving."""
+    from .prove import VERDICT_CONFIG, read_verdict
+    from .store import RegistryStore
+
+    artifact = Reference.parse(entry["artifact"])
+    if artifact.digest is None:
+        raise InputError(f"the build record names proof verdict {artifact} without a digest: build again")
+    store = RegistryStore(artifact)
+    manifest = store.manifest(str(artifact.digest))
+    if manifest is None:
+        raise InputError(f"proof verdict {artifact} is not in its registry: build again with --push")
+    what = f"proof verdict {artifact}"
+    with malformed(what):
+        config = Descriptor.from_json(json.loads(manifest)["config"])
+        if config.media_type != VERDICT_CONFIG:
+            raise IntegrityError(f"{what} is not a proof verdict: not signed")
+    held = read_verdict(store.document(config, f"config of {what}"), entry["key"], what)
+    if held.verdict != entry["verdict"]:
+        raise IntegrityError(f"{what} says {held.verdict}, the build record {entry['verdict']}: not signed")
+    subject = Reference(artifact.registry, artifact.repository, None, artifact.digest)
+    return {"artifact": str(artifact), "signature": sign_image(store, subject, signer)}
 
 
 def sign_artifact(artifact: Reference, signer: sign.Signer, baked: list | None = None) -> dict:

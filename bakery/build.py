@@ -44,6 +44,7 @@ class Options:
     keys: tuple[Path, ...] = ()  # release public keys, beside the policy's: who may vouch for kernels
     policy: Path | None = None  # default PROJECT/provenance/policy.yaml
     recompile: bool = False  # compile hip/ here even where the registry holds a signed artifact
+    reprove: bool = False  # run every proof here, whatever this machine or the registry holds
     device: str = "cpu"  # where `invoke prove` runs the proofs' Triton kernels: cpu (interpreted) or cuda
     base_mirror: str | None = None  # with base: read that digest from this REGISTRY/REPO (a kept nightly)
 
@@ -59,8 +60,8 @@ class Options:
         return self.lock or self.project / "overlays" / "overlays.lock"
 
     def kernel_trust(self, registry: Registry):
-        """What a kernel artifact must carry to be baked: a cosign signature by the policy's release
-        keys (threshold, allowed repositories). None where the policy names no release key."""
+        """What a kernel artifact (or a proof verdict) must carry to be used: a cosign signature by the
+        policy's release keys (threshold, allowed repositories). None where the policy names no release key."""
         from . import provenance, verify
         from .store import RegistryStore
 
@@ -68,7 +69,8 @@ class Options:
                                         {"release": list(self.keys)})
         if not policy.roles["release"].keys:
             return None
-        return lambda ref: verify.require_signed(RegistryStore(ref, registry), ref, policy, "kernel artifact")
+        return lambda ref, what="kernel artifact": verify.require_signed(RegistryStore(ref, registry), ref, policy,
+                                                                         what)
 
 
 def _git(project: Path, *args: str) -> str:
@@ -168,9 +170,11 @@ def lock(opts: Options, log=print) -> dict:
     return document
 
 
-def overlay_proofs(base: OpenBase, applied: list, log=print) -> dict:
+def overlay_proofs(base: OpenBase, applied: list, log=print, signed: prove_mod.SignedVerdicts | None = None,
+                   reprove: bool = False) -> tuple[dict, list]:
     """Each baked overlay's proof on the base's stock target and on the overlaid one (cached by
-    their inputs); refuses unless the stock target proves BROKEN and the overlaid one FIXED."""
+    their inputs, or signed verdicts from `signed`); refuses unless the stock target proves BROKEN
+    and the overlaid one FIXED. Returns ({overlay: what its proofs said}, [each verdict's record])."""
     specs = [a.overlay.proof for a in applied if a.overlay.proof and a.overlay.proof.script]
     reads = base_files(base, [r for spec in specs for r in spec.reads])
     jobs = {}
@@ -180,7 +184,7 @@ def overlay_proofs(base: OpenBase, applied: list, log=print) -> dict:
             jobs[(a.overlay.id, "overlaid")] = (a.overlay.proof, a.result, reads)
     if jobs:
         log(f"proving {len(jobs) // 2} overlays on stock and overlaid bytes (cached by their inputs)")
-    verdicts = prove_mod.run_many(jobs)
+    verdicts = prove_mod.run_many(jobs, signed=signed, reprove=reprove)
     out = {}
     for a in applied:
         spec = a.overlay.proof
@@ -202,7 +206,22 @@ def overlay_proofs(base: OpenBase, applied: list, log=print) -> dict:
                                          "the proof cannot show the defect is there; run `invoke prove`"))
         out[a.overlay.id] = {"script": str(spec.script.name), "code_sha256": spec.code_sha256,
                              "stock": stock.verdict, "overlaid": overlaid.verdict, "reason": overlaid.reason}
-    return out
+    return out, [(overlay, side, verdicts[(overlay, side)]) for overlay, side in sorted(verdicts)]
+
+
+def verdict_records(verdicts: list, remote) -> tuple[list[dict], list]:
+    """Each verdict as the record names it, and the pushes of those proven here (to `remote`, the
+    push target, where the sign job signs what the record names and later builds take them)."""
+    records, pushes = [], []
+    for overlay, side, v in verdicts:
+        entry = {"overlay": overlay, "side": side, "key": v.key, "verdict": v.verdict, "origin": v.origin,
+                 "artifact": v.artifact}
+        if remote is not None and v.origin == "proven":
+            ref, push_one = prove_mod.verdict_artifact(remote[0], remote[1], v)
+            entry["artifact"] = str(ref)
+            pushes.append(push_one)
+        records.append(entry)
+    return records, pushes
 
 
 DIST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,198}[A-Za-z0-9])?")  # PEP 508's, capped
@@ -281,14 +300,15 @@ def write_layers(specs: list, epoch: int, blobs: Path) -> list:
         return list(pool.map(lambda s: write_layer(s[0], epoch, blobs, s[1], deletions=s[2]), specs))
 
 
-def checked_overlays(project: Path, opts: Options, opened: OpenBase, log=print) -> tuple[list, list, list, dict]:
+def checked_overlays(project: Path, opts: Options, opened: OpenBase, log=print,
+                     signed: prove_mod.SignedVerdicts | None = None) -> tuple[list, list, list, tuple[dict, list]]:
     """Registered overlays applied to the base, held to the lock and the stored stock bytes, and
-    proven: (overlays, applied, stale bytecode, proofs)."""
+    proven: (overlays, applied, stale bytecode, (proofs, verdicts))."""
     overlays, applied, stale = overlay_inputs(project, opened)
     locked = overlays_mod.read_lock(opts.lock_path)
     overlays_mod.verify_against_lock(applied, locked, str(opened.spec.image), opts.lock_path)
     overlays_mod.check_stock(project / "overlays", locked, opts.lock_path)
-    return overlays, applied, stale, overlay_proofs(opened, applied, log)
+    return overlays, applied, stale, overlay_proofs(opened, applied, log, signed, opts.reprove)
 
 
 def push_target(opts: Options) -> Reference | None:
@@ -343,8 +363,10 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
     remote = (registries.get(target.registry) or registries.setdefault(target.registry, Registry(target.registry)),
               target.repository) if target else None
     trust = opts.kernel_trust(remote[0]) if remote else None
+    signed = prove_mod.SignedVerdicts(remote[0], remote[1], trust, log) if trust else None
     dists = python_distributions(opened.fs)
-    overlays, applied, stale, proofs = checked_overlays(project, opts, opened, log)
+    overlays, applied, stale, (proofs, verdicts) = checked_overlays(project, opts, opened, log, signed)
+    verdict_list, verdict_pushes = verdict_records(verdicts, remote)
     overlay_files = tuple(FileEntry(a.overlay.target, a.result) for a in applied)
 
     recipe = hip_mod.served(hip_mod.load(project / "hip"), {a.overlay.id for a in applied}, log)
@@ -385,6 +407,7 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
         "deleted": [{"path": d, "layer": i, "why": "stale bytecode of an overlaid module"}
                     for i, l in enumerate(layers) for d in l.deletions],
         "overlays": overlay_records(project, overlays, applied, proofs),
+        "verdicts": verdict_list,
         "artifacts": [a.record() for a in compiled.artifacts],
         "kernels": compiled.record(),
         "tuning": [{"name": t.name, "path": t.path, "sha256": t.sha256, "rows": t.rows, "env": t.env,
@@ -407,8 +430,8 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
     }
     # everything that can fail has run before the first push (a push writes the tag)
     check_attestable(rec, (target or spec.repository).with_digest(derived.digest))
-    if compiled.push:
-        compiled.push()
+    for push_one in ([compiled.push] if compiled.push else []) + verdict_pushes:
+        push_one()
     pushed, outputs, stats = write_outputs(derived, opts, target, registries, opened.fs.cache.root / "blobs", log)
     rec.update({"outputs": outputs, "push": vars(stats) if stats else None,
                 "finished": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

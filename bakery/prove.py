@@ -9,6 +9,7 @@ it ran on, and the interpreter and library versions.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -87,9 +88,12 @@ class Verdict:
     reason: str
     seconds: float = 0.0
     measured: dict = field(default_factory=dict)
+    origin: str = field(default="proven", compare=False)  # proven (here, now), cache, or registry (signed)
+    key: str = field(default="", compare=False)  # cache_key of what it judged
+    artifact: str | None = field(default=None, compare=False)  # REGISTRY/REPO@DIGEST it was taken from
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k not in ("origin", "key", "artifact")}
 
 
 @functools.lru_cache(maxsize=1)
@@ -122,7 +126,7 @@ def _cached(key: str) -> Verdict | None:
         doc = json.loads(path.read_text())
         if doc.pop("key") != key or doc["verdict"] not in (FIXED, BROKEN):
             raise ValueError("entry does not match its key")
-        return Verdict(**doc)
+        return Verdict(**doc, origin="cache")
     except FileNotFoundError:
         return None
     except (ValueError, KeyError, TypeError, AttributeError):
@@ -131,28 +135,39 @@ def _cached(key: str) -> Verdict | None:
         return None
 
 
+def _remember(key: str, verdict: Verdict) -> None:
+    write_blob(_cache_dir() / f"{key}.json", json.dumps({"key": key, **verdict.to_json()}).encode())
+
+
 def run(spec: ProofSpec, target: bytes, reads: dict[str, bytes], device: str = "cpu") -> Verdict:
     """One proof on one version of the target; cached unless CANNOT-PROVE."""
     return run_batch(spec, [target], reads, device)[0]
 
 
-def run_batch(spec: ProofSpec, targets: list[bytes], reads: dict[str, bytes], device: str = "cpu") -> list[Verdict]:
-    """One proof on several versions of its target (stock and overlaid): what is not cached runs
-    in one sandboxed process, which loads torch and Triton once and forks a run per target."""
+def run_batch(spec: ProofSpec, targets: list[bytes], reads: dict[str, bytes], device: str = "cpu",
+              signed: "SignedVerdicts | None" = None, reprove: bool = False) -> list[Verdict]:
+    """One proof on several versions of its target (stock and overlaid): from this machine's cache,
+    else from `signed` (verdicts a release key signed), else run in one sandboxed process, which
+    loads torch and Triton once and forks a run per target. `reprove` runs it whatever is cached."""
     if spec.script is None:
         return [Verdict(CANNOT, f"no proof can run here: {spec.hardware}")] * len(targets)
     missing = [p for p in spec.reads if reads.get(p) is None]
     if missing:
         return [Verdict(CANNOT, f"the base has no {', '.join(missing)}, which the proof reads")] * len(targets)
     keys = [cache_key(spec, t, reads, device) for t in targets]
-    verdicts = [_cached(k) for k in keys]
+    verdicts = [None] * len(keys) if reprove else [_cached(k) for k in keys]
+    if signed is not None and not reprove:
+        for i in [i for i, v in enumerate(verdicts) if v is None]:
+            verdicts[i] = signed.fetch(keys[i])
+            if verdicts[i] is not None:
+                _remember(keys[i], verdicts[i])
     todo = [i for i, v in enumerate(verdicts) if v is None]
     if todo:
         for i, verdict in zip(todo, _execute(spec, [targets[i] for i in todo], reads, device)):
             verdicts[i] = verdict
             if verdict.verdict != CANNOT:
-                write_blob(_cache_dir() / f"{keys[i]}.json", json.dumps({"key": keys[i], **verdict.to_json()}).encode())
-    return verdicts
+                _remember(keys[i], verdict)
+    return [dataclasses.replace(v, key=k) for v, k in zip(verdicts, keys)]
 
 
 def readable(spec: ProofSpec) -> list[Path]:
@@ -237,7 +252,7 @@ def _measured(found, depth: int = 2) -> dict:
     return kept
 
 
-def run_many(jobs: dict, device: str = "cpu") -> dict:
+def run_many(jobs: dict, device: str = "cpu", signed: "SignedVerdicts | None" = None, reprove: bool = False) -> dict:
     """{key: (spec, target bytes, reads)} -> {key: Verdict}: the targets of one proof together in one
     process, every proof at once (the cores are shared out by the kernel: how long each proof takes
     is not known before it runs, so no order of a queue would be better)."""
@@ -245,6 +260,94 @@ def run_many(jobs: dict, device: str = "cpu") -> dict:
     for key, (spec, target, reads) in jobs.items():
         groups.setdefault((spec, id(reads)), (spec, reads, []))[2].append((key, target))
     with ThreadPoolExecutor(max(1, len(groups))) as pool:
-        futures = [(members, pool.submit(run_batch, spec, [t for _, t in members], reads, device))
+        futures = [(members, pool.submit(run_batch, spec, [t for _, t in members], reads, device, signed, reprove))
                    for spec, reads, members in groups.values()]
         return {key: verdict for members, f in futures for (key, _), verdict in zip(members, f.result())}
+
+
+# -- verdicts that travel: each one an OCI artifact beside the kernel artifact ------------------------
+
+VERDICT_TYPE = "application/vnd.bakery.proof-verdict.v1"
+VERDICT_CONFIG = "application/vnd.bakery.proof-verdict.config.v1+json"
+EMPTY = "application/vnd.oci.empty.v1+json"  # OCI 1.1's empty descriptor: an artifact's one layer
+
+
+def verdict_tag(key: str) -> str:
+    return f"proof-{key}"
+
+
+def verdict_parts(key: str, verdict: Verdict) -> tuple[list, bytes]:
+    """([(descriptor, bytes)] of the blobs, manifest): the verdict is the config, named by its key."""
+    from .refs import Descriptor
+    from .registry import OCI_MANIFEST
+
+    config = json.dumps({"key": key, **verdict.to_json()}, sort_keys=True, separators=(",", ":")).encode()
+    config_desc, empty = Descriptor.of(VERDICT_CONFIG, config), Descriptor.of(EMPTY, b"{}")
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": VERDICT_TYPE,
+                           "config": config_desc.to_json(), "layers": [empty.to_json()]}, sort_keys=True).encode()
+    return [(empty, b"{}"), (config_desc, config)], manifest
+
+
+def read_verdict(config: bytes, key: str, what: str) -> Verdict:
+    """The verdict a signed artifact holds: it must name this key and say FIXED or BROKEN."""
+    from .errors import IntegrityError, malformed
+
+    with malformed(what):
+        doc = json.loads(config)
+        if not isinstance(doc, dict) or doc.get("key") != key:
+            raise IntegrityError(f"{what} judges {untrusted.safe(str(doc.get('key')), limit=80)}, not {key}")
+        if doc.get("verdict") not in (FIXED, BROKEN) or not isinstance(doc.get("reason"), str):
+            raise IntegrityError(f"{what} holds no FIXED or BROKEN verdict")
+        return Verdict(doc["verdict"], untrusted.safe(doc["reason"], "json", REASON_LIMIT),
+                       float(doc.get("seconds") or 0), _measured(doc.get("measured")), "registry", key)
+
+
+@dataclass(frozen=True)
+class SignedVerdicts:
+    """Verdicts in REGISTRY/REPO (the build's push target) under proof-<key>, taken only where the
+    release keys signed the artifact's digest (`trust(ref)` raises otherwise): the kernel artifact's
+    rule, except that one refused is not an error: the proof runs here instead."""
+    registry: object
+    repository: str
+    trust: object
+    log: object = print
+
+    def fetch(self, key: str) -> Verdict | None:
+        from .errors import IntegrityError, NotFound, malformed
+        from .refs import Descriptor, Reference
+
+        ref = Reference(self.registry.name, self.repository, verdict_tag(key))
+        try:
+            body, _, digest = self.registry.get_manifest(ref)
+        except NotFound:
+            return None
+        what = f"proof verdict {ref.with_digest(digest)}"
+        try:  # a registry writer can put anything under the tag: what is not signed and right is not taken
+            self.trust(ref.with_digest(digest), "proof verdict")
+            with malformed(what):
+                manifest = json.loads(body)
+                config_desc = Descriptor.from_json(manifest["config"])
+                if manifest.get("artifactType") != VERDICT_TYPE or config_desc.media_type != VERDICT_CONFIG:
+                    raise IntegrityError(f"{what} is not a proof verdict")
+            config = self.registry.fetch_document(self.repository, config_desc, f"config of {what}")
+            verdict = read_verdict(config, key, what)
+        except IntegrityError as e:
+            self.log(f"not taking {what}: {e}; proving here")
+            return None
+        return dataclasses.replace(verdict, artifact=str(ref.with_digest(digest)))
+
+
+def verdict_artifact(registry, repository: str, verdict: Verdict):
+    """Where a verdict proven here goes, and the push that puts it there (its digest is fixed by its
+    bytes, so the record can name it before the push): (REGISTRY/REPO@DIGEST, push)."""
+    from .refs import Digest, Reference
+    from .registry import OCI_MANIFEST
+
+    blobs, manifest = verdict_parts(verdict.key, verdict)
+
+    def push() -> None:
+        for desc, data in blobs:
+            registry.upload_blob(repository, desc, lambda d=data: iter([d]))
+        registry.put_manifest(repository, verdict_tag(verdict.key), manifest, OCI_MANIFEST)
+
+    return Reference(registry.name, repository, None, Digest.of(manifest)), push

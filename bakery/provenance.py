@@ -55,6 +55,11 @@ def predicate(record: dict) -> dict:
         ref = Reference.parse(kernels)
         deps.append({"uri": f"docker://{ref.name}@{ref.digest}", "digest": {"sha256": ref.digest.hex},
                      "name": "kernel artifact"})
+    # proof verdicts this build took, signed, instead of proving (the others it proved: byproducts)
+    verdicts = [(v, Reference.parse(v["artifact"])) for v in record.get("verdicts") or [] if v.get("artifact")]
+    deps += [{"uri": f"docker://{ref.name}@{ref.digest}", "digest": {"sha256": ref.digest.hex},
+              "name": f"proof verdict: {v['overlay']} ({v['side']})", "annotations": {"verdict": v["verdict"]}}
+             for v, ref in verdicts if v["origin"] == "registry"]
     byproducts = [{"name": a["path"], "digest": {"sha256": a["sha256"]},
                    "annotations": {"arch": a["arch"], "toolchain": a["toolchain"]}} for a in record.get("artifacts", [])]
     byproducts += [{"name": f"layer: {l['comment']}", "digest": {"sha256": l["digest"].split(":")[1]},
@@ -64,6 +69,9 @@ def predicate(record: dict) -> dict:
                     "annotations": {"stock": o["proof"]["stock"], "overlaid": o["proof"]["overlaid"],
                                     "script": o["proof"]["script"], "reason": o["proof"]["reason"]}}
                    for o in record["overlays"] if o["baked"] and (o.get("proof") or {}).get("code_sha256")]
+    byproducts += [{"uri": f"docker://{ref.name}@{ref.digest}", "digest": {"sha256": ref.digest.hex},
+                    "name": f"proof verdict: {v['overlay']} ({v['side']})", "annotations": {"verdict": v["verdict"]}}
+                   for v, ref in verdicts if v["origin"] == "proven"]
     return {
         "buildDefinition": {
             "buildType": BUILD_TYPE,

@@ -56,7 +56,7 @@ def main() -> None:
     _, applied, _ = overlay_inputs(ROOT, opened)
     files = base_files(opened, [r for a in applied if a.overlay.proof for r in a.overlay.proof.reads])
     start = time.monotonic()
-    proofs = overlay_proofs(opened, applied, log=lambda m: None)
+    proofs, _ = overlay_proofs(opened, applied, log=lambda m: None)
     ours = time.monotonic() - start
     plain, each = by_hand(applied, files, work)
     print(f"{'overlay':<30} {'stock':<8} {'overlaid':<9} {'by hand':>8}")

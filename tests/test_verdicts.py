@@ -1,0 +1,140 @@
+"""Proof verdicts that travel: proven once, pushed beside the kernel artifact, signed by the sign
+job, and taken by a fresh runner only under a release key's signature (issue 29)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from bakery import attest as attest_mod, keys, provenance, prove, sign
+from bakery.errors import IntegrityError
+from bakery.refs import Reference
+from bakery.registry import OCI_MANIFEST, Registry
+
+from conftest import invoke, last_line
+from test_hip import PASSWORD, pinned_toolchain, release_keys, trusting  # noqa: F401 (fixtures)
+
+
+def without_verdicts(where: Path) -> Path:
+    """This machine's caches as a fresh runner has them: no proof verdict (base files, views and
+    compiled kernels stay, so only the proofs are what differs)."""
+    src = Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery"))
+    dest = where / f"cache-{uuid.uuid4().hex[:6]}"
+    for part in ("layers", "files", "views", "hip"):
+        if (src / part).exists():
+            shutil.copytree(src / part, dest / part)
+    return dest
+
+
+def signer(keys_dir: Path, name: str) -> sign.Signer:
+    os.environ.update(PASSWORD)
+    try:
+        return sign.Signer(keys.load_private(keys_dir / name / "release.key"))
+    finally:
+        del os.environ["BAKERY_KEY_PASSWORD"]
+
+
+def record(project: Path) -> dict:
+    return json.loads((project / "out" / "build-record.json").read_text())
+
+
+def test_a_fresh_runner_takes_signed_verdicts_and_proves_what_is_not(project, registry, fixture_base,
+                                                                     pinned_toolchain, release_keys, tmp_path):
+    repo = f"verdicts/img-{uuid.uuid4().hex[:8]}"
+    env = {"BAKERY_TOOLCHAIN": pinned_toolchain}
+    build = ["build", "--base", str(fixture_base), *trusting(project, release_keys, fixture_base)]
+    # --reprove: proven here whatever this machine holds, and pushed as proof-<key> artifacts
+    first = invoke(project, *build, "--push", f"{registry}/{repo}:1", "--reprove", env=env)
+    assert first.returncode == 0, first.stderr
+    verdicts = record(project)["verdicts"]
+    assert verdicts and {v["origin"] for v in verdicts} == {"proven"}
+    assert {(v["side"], v["verdict"]) for v in verdicts} == {("stock", "BROKEN"), ("overlaid", "FIXED")}
+    reg = Registry(registry)
+    for v in verdicts:
+        _, _, digest = reg.get_manifest(Reference(registry, repo, f"proof-{v['key']}"))
+        assert v["artifact"] == f"{registry}/{repo}@{digest}"
+
+    # not signed yet: a fresh runner does not take them (one checked here, the rest the same rule)
+    one = next(v for v in verdicts if v["overlay"] == "cpu-kv-transfer-fence" and v["side"] == "stock")
+    store = prove.SignedVerdicts(reg, repo, _trust(project, release_keys, fixture_base, reg), log=lambda m: None)
+    assert store.fetch(one["key"]) is None
+
+    signed = invoke(project, "attest", last_line(first), "--key", str(release_keys / "k" / "release.key"),
+                    env=PASSWORD)
+    assert signed.returncode == 0, signed.stderr
+    assert signed.stderr.count("proof verdict ") == len(verdicts)
+
+    # a fresh runner: no verdict cached, every one taken from the registry under its signature
+    second = invoke(project, *build, "--push", f"{registry}/{repo}:2",
+                    env={**env, "BAKERY_CACHE": str(without_verdicts(tmp_path))})
+    assert second.returncode == 0, second.stderr
+    assert last_line(second) == last_line(first)
+    again = record(project)["verdicts"]
+    assert [(v["key"], v["verdict"], v["artifact"]) for v in again] == \
+        [(v["key"], v["verdict"], v["artifact"]) for v in verdicts]
+    assert {v["origin"] for v in again} == {"registry"}
+    deps = provenance.predicate(record(project))["buildDefinition"]["resolvedDependencies"]
+    assert {d["uri"] for d in deps if d["name"].startswith("proof verdict: ")} == \
+        {f"docker://{v['artifact']}" for v in verdicts}
+
+    # a registry writer: an unsigned FIXED over a stock verdict, one signed by a key the policy does
+    # not list, and a release-signed verdict of another key moved under this tag: none is taken
+    fence, swiglu, sampler = (next(v for v in verdicts if v["overlay"] == o and v["side"] == side) for o, side in
+                              (("cpu-kv-transfer-fence", "stock"), ("exact-swiglu-clamp-kernel", "stock"),
+                               ("deterministic-sampler-topk-topp", "overlaid")))
+    lie = prove.Verdict("FIXED", "all good", key=fence["key"])
+    _, push_lie = prove.verdict_artifact(reg, repo, lie)
+    push_lie()
+    foreign, push_foreign = prove.verdict_artifact(reg, repo, prove.Verdict("FIXED", "fine", key=swiglu["key"]))
+    push_foreign()
+    attest_mod.sign_verdict({"artifact": str(foreign), "key": swiglu["key"], "verdict": "FIXED"},
+                            signer(release_keys, "other"))
+    moved = Reference.parse(next(v for v in verdicts if v["overlay"] == "cpu-kv-transfer-fence"
+                                 and v["side"] == "overlaid")["artifact"])
+    reg.put_manifest(repo, f"proof-{sampler['key']}", reg.get_manifest(moved)[0], OCI_MANIFEST)
+    third = invoke(project, *build, "--push", f"{registry}/{repo}:3",
+                   env={**env, "BAKERY_CACHE": str(without_verdicts(tmp_path))})
+    assert third.returncode == 0, third.stderr  # proven here instead: stock BROKEN, overlaid FIXED
+    assert last_line(third) == last_line(first)
+    origins = {(v["overlay"], v["side"]): (v["origin"], v["verdict"]) for v in record(project)["verdicts"]}
+    assert origins[("cpu-kv-transfer-fence", "stock")] == ("proven", "BROKEN")
+    assert origins[("exact-swiglu-clamp-kernel", "stock")] == ("proven", "BROKEN")
+    assert origins[("deterministic-sampler-topk-topp", "overlaid")] == ("proven", "FIXED")
+    assert sum(o == "registry" for o, _ in origins.values()) == len(verdicts) - 3
+    assert "signed by 0 of 1 required release key" in third.stderr
+    assert f"judges {moved_key(reg, moved)}, not {sampler['key']}" in third.stderr
+
+
+def moved_key(reg: Registry, ref: Reference) -> str:
+    from bakery.refs import Descriptor
+
+    config = Descriptor.from_json(json.loads(reg.get_manifest(ref)[0])["config"])
+    return json.loads(reg.fetch_document(ref.repository, config, "config"))["key"]
+
+
+def _trust(project: Path, keys_dir: Path, base, reg: Registry):
+    from bakery.build import Options
+    from conftest import dev_policy
+
+    return Options(project, keys=(keys_dir / "k" / "release.pub",),
+                   policy=dev_policy(project.parent / "p.yaml", base)).kernel_trust(reg)
+
+
+def test_the_sign_job_signs_only_the_verdict_the_record_says(registry, release_keys):
+    """A build record naming a verdict artifact whose bytes say otherwise gets no signature."""
+    reg, repo = Registry(registry), f"verdicts/sign-{uuid.uuid4().hex[:8]}"
+    key = "ab" * 32
+    ref, push = prove.verdict_artifact(reg, repo, prove.Verdict("BROKEN", "the defect is there", key=key))
+    push()
+    with pytest.raises(IntegrityError, match="says BROKEN, the build record FIXED: not signed"):
+        attest_mod.sign_verdict({"artifact": str(ref), "key": key, "verdict": "FIXED"}, signer(release_keys, "k"))
+    with pytest.raises(IntegrityError, match=f"judges {key}, not {'cd' * 32}"):
+        attest_mod.sign_verdict({"artifact": str(ref), "key": "cd" * 32, "verdict": "BROKEN"},
+                                signer(release_keys, "k"))
+    done = attest_mod.sign_verdict({"artifact": str(ref), "key": key, "verdict": "BROKEN"}, signer(release_keys, "k"))
+    assert done["artifact"] == str(ref)
