@@ -534,7 +534,8 @@ def verify(c, image, key=None, smoke_key=None, policy=None, layout=None, require
             "release_key": "a release public key PEM: the provenance is read only once its signature holds",
             "policy": "verification policy (default: provenance/policy.yaml)",
             "toolchain": "compile hip/ in this image (default: the one the provenance names)",
-            "workdir": "where to clone and build (default: a new temporary folder, kept for inspection)",
+            "workdir": "where to clone and build (default: a new temporary folder, kept only when the rebuild "
+                       "gives other bytes)",
             "attest": "sign the outcome (match or not) onto IMAGE as this rebuilder, with --key",
             "key": "with --attest: this rebuilder's encrypted private key (default: BAKERY_REBUILDER_SIGNING_KEY)",
             "outcome": "write what the rebuild gave (its manifest, the differences) to this file, for "
@@ -553,10 +554,17 @@ def reproduce(c, image, release_key=None, policy=None, toolchain=None, workdir=N
     rules = _load_policy(policy, _role_keys(release_key, None))
     plan = rep.plan(rep.signed_provenance(where, ref, rules))
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="bakery-reproduce-"))
-    layout = rep.rebuild(plan, work, toolchain, _log)  # the revision's code runs with none of our secrets
-    digest, manifest = rep.rebuilt_digest(layout)
-    diffs = [] if digest == ref.digest else \
-        rep.differences(where, where.manifest(str(ref.digest)), store.LayoutStore(layout), manifest)
+    digest = None
+    try:
+        layout = rep.rebuild(plan, work, toolchain, _log)  # the revision's code runs with none of our secrets
+        digest, manifest = rep.rebuilt_digest(layout)
+        diffs = [] if digest == ref.digest else \
+            rep.differences(where, where.manifest(str(ref.digest)), store.LayoutStore(layout), manifest)
+    finally:
+        if not workdir and digest in (None, ref.digest):
+            import shutil  # a temporary folder is kept only to show a rebuild that gave other bytes
+
+            shutil.rmtree(work, ignore_errors=True)
     if outcome:
         rep.write_outcome(Path(outcome), ref, manifest, diffs)
     if attest:  # the key is read only now, after the revision's code has finished

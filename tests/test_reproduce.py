@@ -90,10 +90,12 @@ def test_verify_counts_distinct_rebuilders_that_got_this_digest(setup, clean):
     assert one.returncode != 0 and "FAIL rebuilt to this digest by 1 of 2 required rebuilder key(s)" in one.stdout
     # rebuilder b as the release workflow does it: the rebuild holds no key and writes its outcome;
     # a job that runs no build hashes the rebuilt manifest and signs
-    outcome = setup["root"] / "outcome-b.json"
+    outcome, tmp = setup["root"] / "outcome-b.json", setup["root"] / "tmp-b"
+    tmp.mkdir()
     rebuilt = invoke(setup["project"], "reproduce", ref, "--release-key", str(setup["pub"]), "--policy",
-                     str(setup["policy"]), "--workdir", str(setup["root"] / "rebuild-clean-b"), "--outcome", str(outcome))
+                     str(setup["policy"]), "--outcome", str(outcome), env={"TMPDIR": str(tmp)})
     assert rebuilt.returncode == 0, rebuilt.stderr
+    assert not list(tmp.iterdir())  # a matching rebuild in a temporary folder leaves nothing behind
     signed = invoke(setup["project"], "attest-rebuild", ref, "--outcome", str(outcome), "--release-key",
                     str(setup["pub"]), "--policy", str(setup["policy"]), "--key", str(setup["rebuilders"]["b"][0]),
                     env=PASSWORD)
