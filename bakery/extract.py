@@ -15,10 +15,12 @@ import itertools
 import json
 import multiprocessing
 import os
+import queue
 import re
 import sys
 import tarfile
 import tempfile
+import threading
 import zlib
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -171,51 +173,209 @@ def _view_shaped(view) -> bool:
         all(isinstance(g, list) and all(isinstance(p, str) for p in g) for g in view["globs"].values())
 
 
-class _IterReader(io.RawIOBase):
-    """A file object over an iterator of byte chunks."""
-
-    def __init__(self, chunks: Iterator[bytes]):
-        self.chunks, self.buf = chunks, b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, out) -> int:
-        while not self.buf:
-            try:
-                self.buf = next(self.chunks)
-            except StopIteration:
-                return 0
-        n = min(len(out), len(self.buf))
-        out[:n], self.buf = self.buf[:n], self.buf[n:]
-        return n
+PIECE = 4 << 20  # the most decompressed bytes per hand-over: each hand-over costs a GIL switch
+DEPTH = 3  # pieces waiting at each hand-over: a layer's pass holds ~20 MiB, whatever the layer's size
+SWITCH_S = 0.001  # the GIL switch interval while a layer streams (Python's default: 5 ms)
 
 
-class _Hashing(io.RawIOBase):
-    """Reads through to `stream`, hashing what passes: a layer's diff_id is the sha256 of its
-    decompressed tar stream, end padding included."""
+class _Pieces:
+    """A read(n)-only stream over pieces of bytes (`next_piece` gives b"" at the end): read(n) gives
+    n bytes unless the stream ends, as TarReader wants, and a read within one piece is one slice."""
 
-    def __init__(self, stream):
-        self.stream, self.hasher = stream, hashlib.sha256()
+    def __init__(self, next_piece):
+        self.next_piece, self.buf, self.pos = next_piece, b"", 0
 
     def readable(self) -> bool:
         return True
 
     def read(self, n: int = -1) -> bytes:
-        data = self.stream.read(n)
-        self.hasher.update(data)
-        return data
+        buf, pos = self.buf, self.pos
+        if 0 <= n <= len(buf) - pos:  # the common case: a header, or a skip within one piece
+            self.pos = pos + n
+            return buf[pos:pos + n]
+        # across pieces: views of them, copied once by the join (a 1 GiB member is skipped in 1 MiB reads)
+        parts, have = [memoryview(buf)[pos:]], len(buf) - pos
+        self.buf, self.pos = b"", 0
+        while n < 0 or have < n:
+            piece = self.next_piece()
+            if not piece:
+                break
+            if 0 <= n < have + len(piece):  # keep the rest of this piece for the next read
+                self.buf, self.pos = piece, n - have
+                piece = memoryview(piece)[:n - have]
+            parts.append(piece)
+            have += len(piece)
+        return b"".join(parts)
 
-    def readinto(self, out) -> int:
-        data = self.read(len(out))
-        out[:len(data)] = data
-        return len(data)
 
-    def diff_id(self) -> str:
-        """Read what the tar reader left (end blocks, padding) and name the whole stream."""
-        while self.read(1 << 20):
+def _gunzip(pieces: Iterator[bytes]) -> Iterator[bytes]:
+    """Decompressed pieces of a gzip stream, read as GzipFile reads it: members one after another,
+    zero bytes after a member skipped, each member's CRC and length checked (by zlib), a stream
+    that ends inside a member an EOFError. zlib on large pieces, not GzipFile's 8 KiB reads, and
+    at most PIECE bytes out per call, so a compression bomb cannot swell memory."""
+    inflate, pending, members = None, False, 0
+    for data in pieces:
+        while data or pending:
+            if inflate is None:
+                if members:  # after a member, GzipFile skips zero padding (not before the first)
+                    data = data.lstrip(b"\0")
+                    if not data:
+                        break
+                inflate, members = zlib.decompressobj(wbits=31), members + 1
+            out = inflate.decompress(data, PIECE)
+            pending = len(out) == PIECE  # zlib may hold more output for input it already took
+            data = inflate.unconsumed_tail
+            if out:
+                yield out
+            if inflate.eof:  # the next member, if any, starts in what this one left
+                data, inflate, pending = inflate.unused_data, None, False
+    if inflate is not None:
+        raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+
+
+def _unzstd(pieces: Iterator[bytes]) -> Iterator[bytes]:
+    reader = zstandard.ZstdDecompressor().stream_reader(_Pieces(lambda: next(pieces, b"")), read_across_frames=True)
+    while piece := reader.read(PIECE):
+        yield piece
+
+
+def _decoder(media_type: str):
+    """What turns a layer's blob into its tar stream, piece by piece (as `decompressed` reads it)."""
+    if "zstd" in media_type:
+        return _unzstd
+    if media_type.endswith(("gzip", "+gzip")):
+        return _gunzip
+    if media_type.endswith(("tar", ".tar")):
+        return lambda pieces: pieces
+    raise InputError(f"unsupported layer media type {media_type!r}")
+
+
+class _Failed:
+    """What a stage hands on in place of a piece when it fails: the next stage raises it."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class _Upstream(Exception):
+    """The fetch failed: the decoding stage hands that failure on instead of its own."""
+
+
+_END = object()  # a stage is done: the pieces before it are all there is
+
+
+class _LayerPipe:
+    """One layer's bytes through three threads, so that on two cores the stages overlap: `fetch`
+    (HTTP receive and the blob's sha256, inside stream_blob), `decode` (decompression and the
+    diff_id's sha256, on pieces of PIECE bytes), and the caller, which reads the tar stream with
+    read(n). hashlib and zlib (and zstd) let go of the GIL on large buffers, so the stages run
+    truly at once; the queues between them are bounded, so memory stays flat. The tar reader reads
+    `stream`.
+
+    The diff_id is the sha256 of everything decoded, the tar's end padding that the reader leaves
+    unread included. The blob's digest is checked when stream_blob ends; `finish` waits for it."""
+
+    def __init__(self, chunks: Iterator[bytes], decode):
+        self.chunks, self.decode = chunks, decode
+        self.hasher = hashlib.sha256()
+        self.compressed, self.decoded = queue.Queue(DEPTH), queue.Queue(DEPTH)
+        self.fetch_error: BaseException | None = None
+        self.last = None  # _END or _Failed, once the caller has taken it
+        self.stop = threading.Event()  # the caller reads no more: decode no further, but fetch to the end
+        self.cancel = threading.Event()  # nobody wants the rest: fetch no further either
+        self.threads = [threading.Thread(target=self._fetch, daemon=True, name="layer-fetch"),
+                        threading.Thread(target=self._decode, daemon=True, name="layer-decode")]
+        self.stream = _Pieces(self._next_decoded)
+        for t in self.threads:
+            t.start()
+
+    def _put(self, q: queue.Queue, item, until: threading.Event) -> bool:
+        """Put, unless `until` is set first (the reader of `q` has gone): False then."""
+        while not until.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def _fetch(self) -> None:
+        end = _END
+        try:
+            for chunk in self.chunks:  # stream_blob hashes each chunk, and checks the digest at its end
+                if self.cancel.is_set() or not self._put(self.compressed, chunk, self.cancel):
+                    break
+        except BaseException as e:  # a bad digest, a broken transfer: the caller raises it
+            self.fetch_error, end = e, _Failed(e)
+        finally:
+            self.chunks.close()  # in this thread, the one iterating it: gives the connection back
+        self._put(self.compressed, end, self.cancel)
+
+    def _compressed_pieces(self) -> Iterator[bytes]:
+        while (item := self.compressed.get()) is not _END:
+            if isinstance(item, _Failed):
+                raise _Upstream()
+            if item:  # b"" would read as the end downstream
+                yield item
+
+    def _decode(self) -> None:
+        pieces = self._compressed_pieces()
+        try:
+            for piece in self.decode(pieces):
+                if self.stop.is_set():
+                    break
+                if not piece:  # b"" means the end to _Pieces
+                    continue
+                self.hasher.update(piece)
+                if not self._put(self.decoded, piece, self.stop):
+                    break
+            else:
+                self._put(self.decoded, _END, self.stop)
+        except _Upstream:
+            self._put(self.decoded, _Failed(self.fetch_error), self.stop)
+        except BaseException as e:  # not decodable: the caller raises it, once the digest was checked
+            self._put(self.decoded, _Failed(e), self.stop)
+        finally:  # let the fetch run to its end, where the digest is checked
+            try:
+                for _ in pieces:
+                    if self.cancel.is_set():
+                        break
+            except _Upstream:  # the fetch failed: it keeps its error for abandon()
+                pass
+
+    def _next_decoded(self) -> bytes:
+        item = self.last or self.decoded.get()
+        if isinstance(item, _Failed):
+            self.last = item  # raised again by any later read
+            raise item.error
+        if item is _END:
+            self.last = item
+            return b""
+        return item
+
+    def finish(self) -> str:
+        """Read what the tar reader left (end blocks, padding) and name the whole stream; the blob's
+        digest has been checked once the decoded stream ends."""
+        while self.stream.read(PIECE):
             pass
+        for t in self.threads:
+            t.join()
         return f"sha256:{self.hasher.hexdigest()}"
+
+    def abandon(self, error: BaseException) -> None:
+        """The layer is unreadable (`error`): decode no further, but fetch to the end, so that a
+        bad digest, the better diagnosis, is raised here first (unless `error` is the fetch's own)."""
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+        if self.fetch_error is not None and self.fetch_error is not error:
+            raise self.fetch_error
+
+    def close(self) -> None:
+        """Whatever happened, no thread is left waiting on us (they end by themselves: a thread
+        in a read from the network may take until its timeout)."""
+        self.stop.set()
+        self.cancel.set()
 
 
 def decompressed(media_type: str, raw) -> io.IOBase:
@@ -239,22 +399,25 @@ def scan_layer(registry: Registry, repo: str, desc: Descriptor, wanted: set[str]
     """
     cache.downloads += 1
     entries, whiteouts, opaque, found = {}, [], [], {}
-    chunks = registry.stream_blob(repo, desc, label=f"layer {desc.digest.hex[:12]}")
-    raw = _IterReader(chunks)
+    decode = _decoder(desc.media_type)
     keep = re.compile("|".join(f"(?:{fnmatch.translate(k)})" for k in keep)) if keep else None
+    pipe = _LayerPipe(registry.stream_blob(repo, desc, label=f"layer {desc.digest.hex[:12]}"), decode)
+    # While the tar reader runs Python, a stage coming back from zlib or hashlib waits for the GIL
+    # up to the switch interval, for each piece: 5 ms would stall it longer than the work itself.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(interval, SWITCH_S))
     try:
-        stream = _Hashing(decompressed(desc.media_type, io.BufferedReader(raw, 1 << 20)))
-        reader = TarReader(stream)
+        reader = TarReader(pipe.stream)
         for member in reader:
             _take(member, reader.read_data, entries, whiteouts, opaque, found, wanted, keep, cache)
-        diff_id = stream.diff_id()
-        for _ in chunks:  # drain: the digest check runs when the iterator ends
-            pass
+        diff_id = pipe.finish()
     except (TarError, EOFError, OSError, zlib.error, zstandard.ZstdError, ValueError, UnicodeError) as e:
-        for _ in chunks:  # a bad digest is the better diagnosis: let the check run first
-            pass
+        pipe.abandon(e)  # a bad digest is the better diagnosis: raised from here when the fetch saw one
         raise IntegrityError(f"layer {desc.digest} of {repo} is not a readable {desc.media_type} "
                              f"({type(e).__name__}: {e}); the image is corrupt or hostile") from None
+    finally:
+        pipe.close()
+        sys.setswitchinterval(interval)
     index = {"entries": entries, "whiteouts": sorted(whiteouts), "opaque": sorted(opaque), "files": {},
              "diff_id": diff_id}
     return index, found

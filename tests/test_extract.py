@@ -191,3 +191,53 @@ def test_symlinks_are_reported_as_such(registry, fixture_base, tmp_path):
     found = fs.read(["usr/bin/python3", "bin"])
     assert found["usr/bin/python3"].kind == "symlink"
     assert found["bin"].kind == "symlink"  # bookworm's merged /usr
+
+
+class _Blob:
+    """A registry serving one blob in small pieces, its digest checked at the end as stream_blob
+    checks it (`lie`: the check fails, as for bytes corrupted on the way)."""
+
+    def __init__(self, blob: bytes, piece: int = 1000, lie: bool = False):
+        self.blob, self.piece, self.lie = blob, piece, lie
+
+    def stream_blob(self, repo, desc, label=None):
+        from bakery.registry import check_digest
+        for i in range(0, len(self.blob), self.piece):
+            yield self.blob[i:i + self.piece]
+        check_digest(desc, "0" * 64 if self.lie else desc.digest.hex, len(self.blob), "test")
+
+
+def test_layer_streams_decode_as_gzipfile_reads_them_and_a_bad_digest_is_named_first(tmp_path):
+    """The diff_id is the sha256 of the whole tar stream (end padding included), whatever the pieces:
+    gzip members one after another with zero padding after a member, multi-frame zstd, plain tar.
+    A stream cut short, zeros before the first member, or trailing garbage is refused; where the
+    digest is wrong too, that is what the error names."""
+    import hashlib
+
+    import pytest
+    import zstandard
+
+    from bakery.errors import IntegrityError
+    from bakery.extract import scan_layer
+
+    raw = tar_layer([(f"d/f{i}", os.urandom(i * 300)) for i in range(40)] + [("d/x", b"wanted")])
+    diff_id = f"sha256:{hashlib.sha256(raw).hexdigest()}"
+    gz = "application/vnd.oci.image.layer.v1.tar+gzip"
+    cut = [raw[:700], raw[700:9000], raw[9000:]]
+
+    def scan(blob, media_type=gz, **kw):
+        return scan_layer(_Blob(blob, **kw), "r", Descriptor.of(media_type, blob), {"d/x"}, LayerCache(tmp_path))
+
+    multi = gzip.compress(cut[0]) + b"\0" * 5 + gzip.compress(cut[1]) + gzip.compress(b"") + \
+        gzip.compress(cut[2]) + b"\0" * 700
+    zstd = b"".join(zstandard.ZstdCompressor().compress(c) for c in cut)
+    for blob, media_type in ((gzip.compress(raw), gz), (multi, gz), (raw, "application/vnd.oci.image.layer.v1.tar"),
+                             (zstd, "application/vnd.oci.image.layer.v1.tar+zstd")):
+        for piece in (61, 4096, 1 << 20):
+            index, found = scan(blob, media_type, piece=piece)
+            assert index["diff_id"] == diff_id and len(index["entries"]) == 41 and set(found) == {"d/x"}
+    for bad in (gzip.compress(raw)[:-9], b"\0\0" + gzip.compress(raw), gzip.compress(raw) + b"junk"):
+        with pytest.raises(IntegrityError, match="is not a readable"):
+            scan(bad)
+        with pytest.raises(IntegrityError, match="does not match its descriptor"):
+            scan(bad, lie=True)
