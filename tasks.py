@@ -13,6 +13,9 @@ from pathlib import Path
 from invoke import Exit, task
 
 PROJECT = Path(__file__).resolve().parent
+# invoke turns writing .pyc off for the whole run (for this file's sake), so bakery's modules were
+# compiled from source on every command; keep the interpreter's own setting (-B, PYTHONDONTWRITEBYTECODE)
+sys.dont_write_bytecode = sys.dont_write_bytecode and sys.flags.dont_write_bytecode
 FIXTURE_SPEC = PROJECT / "tests" / "fixture" / "fixture.yaml"
 
 

@@ -85,15 +85,16 @@ def select_platform(index: dict, platform: str, where: str) -> Descriptor:
 
 
 def resolve(registry: Registry, ref: Reference, platform: str) -> Image:
-    """Fetch manifest (through an index if need be) and config, each checked by digest."""
-    body, media_type, digest = registry.get_manifest(ref)
+    """Fetch manifest (through an index if need be) and config, each checked by digest (a copy
+    this machine read and verified before is verified again, not fetched again)."""
+    body, media_type, digest = registry.get_manifest(ref, cached=True)
     index_digest = None
     if media_type in INDEX_TYPES:
         index_digest = digest
         with malformed(f"index {ref}"):
             chosen = select_platform(json.loads(body), platform, str(ref))
         ref = ref.with_digest(chosen.digest)
-        body, media_type, digest = registry.get_manifest(ref)
+        body, media_type, digest = registry.get_manifest(ref, cached=True)
     if media_type not in MANIFEST_TYPES:
         raise RegistryError(f"{ref}: unsupported manifest type {media_type!r}")
     with malformed(f"manifest {ref}"):
@@ -103,7 +104,7 @@ def resolve(registry: Registry, ref: Reference, platform: str) -> Image:
     if len(layers) > LAYER_LIMIT:  # each would be streamed and indexed
         raise IntegrityError(f"{ref}: the manifest lists {len(layers)} layers, past the {LAYER_LIMIT} a base may have "
                              f"(an image builder stops near 127)")
-    config = registry.fetch_document(ref.repository, config_desc, f"config of {ref}")
+    config = registry.fetch_document(ref.repository, config_desc, f"config of {ref}", cached=True)
     with malformed(f"config {config_desc.digest} of {ref}"):
         diff_ids = json.loads(config).get("rootfs", {}).get("diff_ids", [])
         len(diff_ids)

@@ -235,8 +235,6 @@ def toolchain_identity(connect, image: str) -> str:
     """The toolchain image by content: the digest it is pinned by (no Docker needed), else the ID
     of the local image Docker has under that name (connect() gives the Docker client). In a
     rebuild's sandbox, where no engine is reachable, the broker outside says."""
-    import docker
-
     try:
         pinned = Reference.parse(image).digest
     except InputError:
@@ -245,6 +243,11 @@ def toolchain_identity(connect, image: str) -> str:
         return str(pinned)
     if os.environ.get(broker.SOCKET_ENV):
         return str(broker.ask("GET", "/bakery/toolchain")["identity"])
+    found = _engine_image_id(image)  # the cheap way: one GET to the engine's socket, no SDK imported
+    if found is not None:
+        return found
+    import docker
+
     client = connect()
     try:
         img = client.images.get(image)
@@ -254,6 +257,43 @@ def toolchain_identity(connect, image: str) -> str:
         except docker.errors.APIError as e:
             raise EnvironmentProblem(f"toolchain image {image} is not available: {e.explanation or e}") from None
     return img.id
+
+
+ENGINE_SOCKET = "/var/run/docker.sock"
+
+
+def _engine_image_id(image: str) -> str | None:
+    """The ID of the local image `image` names, from one GET /images/NAME/json on the engine's unix
+    socket (DOCKER_HOST's, else the default): what the Docker SDK would ask, without importing it
+    and pinging first. None when that cannot answer (an engine over TCP or SSH, no engine, no such
+    image, an odd answer): the caller then asks through the SDK, which pulls or says what is wrong."""
+    import http.client
+    import socket
+    import urllib.parse
+
+    host = os.environ.get("DOCKER_HOST") or f"unix://{ENGINE_SOCKET}"
+    if not host.startswith("unix://"):
+        return None
+
+    class Connection(http.client.HTTPConnection):
+        def connect(self):
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(60)
+            self.sock.connect(host[len("unix://"):])
+
+    conn = Connection("localhost", timeout=60)
+    try:
+        conn.request("GET", f"/images/{urllib.parse.quote(image, safe='/:@')}/json")
+        resp = conn.getresponse()
+        body = resp.read(1 << 20)
+        if resp.status != 200:
+            return None
+        found = json.loads(body).get("Id")
+    except (OSError, http.client.HTTPException, ValueError, AttributeError):
+        return None
+    finally:
+        conn.close()
+    return found if isinstance(found, str) and found.startswith("sha256:") and len(found) == 71 else None
 
 
 COMPILE_TIMEOUT_S = 3600  # the extensions compile in minutes
@@ -515,6 +555,8 @@ def push_artifact(registry, repo: str, key: str, out: Path) -> Reference:
     from .registry import OCI_MANIFEST
 
     blobs, manifest = artifact_parts(key, out)
+    if registry.manifest_is(repo, artifact_tag(key), Digest.of(manifest)):  # pushed before: one HEAD
+        return Reference(registry.name, repo, None, Digest.of(manifest))
     for desc, data in blobs:
         registry.upload_blob(repo, desc, lambda d=data: iter([d]))
     registry.put_manifest(repo, artifact_tag(key), manifest, OCI_MANIFEST)

@@ -57,6 +57,10 @@ def push(derived: Derived, target: Reference, registries: dict) -> tuple[Referen
     the tag last, and neither unless every blob is there."""
     reg = registries.get(target.registry) or registries.setdefault(target.registry, Registry(target.registry))
     repo, stats = target.repository, PushStats()
+    if reg.manifest_is(repo, target.tag or str(derived.digest), derived.digest):
+        # pushed before: the registry holds this manifest (so every blob it names) under the name
+        stats.base_layers_present = len(derived.base_layers)
+        return target.with_digest(derived.digest), stats
     src_reg, src_repo = derived.base_registry, derived.base.ref.repository
 
     def base_layer(desc: Descriptor) -> str:

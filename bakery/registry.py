@@ -57,8 +57,16 @@ class Registry:
         self.transport = transport or Transport(registry)
 
     # -- manifests -----------------------------------------------------------------------
-    def get_manifest(self, ref: Reference) -> tuple[bytes, str, Digest]:
-        """Fetch a manifest or index by tag or digest; a digest reference is verified."""
+    def get_manifest(self, ref: Reference, cached: bool = False) -> tuple[bytes, str, Digest]:
+        """Fetch a manifest or index by tag or digest; a digest reference is verified. With `cached`,
+        a digest reference read from this registry and repository before, and verified then, is
+        answered from this machine's copy, verified again (its bytes are what the digest names)."""
+        kept = _kept_path("manifests", self.name, ref.repository, ref.digest) if cached and ref.digest else None
+        if kept is not None:
+            body = _read_kept(kept, ref.digest, None)
+            media_type = _own_media_type(body) if body is not None else None
+            if media_type:
+                return body, media_type, ref.digest
         where = str(ref.digest or ref.tag or "latest")
         resp = self.transport.request("GET", f"/v2/{ref.repository}/manifests/{where}",
                                       scopes=pull(ref.repository), headers={"Accept": ACCEPT}, ok=(200, 404))
@@ -79,7 +87,16 @@ class Registry:
             media_type = json.loads(body).get("mediaType") or media_type
         except ValueError:
             raise IntegrityError(f"manifest {ref} is not JSON") from None
+        if kept is not None and _own_media_type(body):  # its bytes say all the answer holds
+            keep_verified(kept, body)
         return body, media_type, digest
+
+    def manifest_is(self, repo: str, reference: str, digest: Digest) -> bool:
+        """Does REPO:reference (a tag or digest) already name exactly the manifest `digest`? One
+        HEAD; a registry that does not echo the digest says no (the caller pushes)."""
+        resp = self.transport.request("HEAD", f"/v2/{repo}/manifests/{reference}", scopes=pull(repo),
+                                      headers={"Accept": ACCEPT}, ok=(200, 404))
+        return resp.status_code == 200 and resp.headers.get("Docker-Content-Digest") == str(digest)
 
     def manifest_exists(self, repo: str, digest: Digest) -> bool:
         resp = self.transport.request("HEAD", f"/v2/{repo}/manifests/{digest}", scopes=pull(repo),
@@ -134,11 +151,21 @@ class Registry:
     def fetch_blob(self, repo: str, desc: Descriptor) -> bytes:
         return b"".join(self.stream_blob(repo, desc))
 
-    def fetch_document(self, repo: str, desc: Descriptor, what: str) -> bytes:
+    def fetch_document(self, repo: str, desc: Descriptor, what: str, cached: bool = False) -> bytes:
         """A config, signature payload or envelope: refused before any byte is read when its
-        descriptor claims more than 4 MiB (a document, unlike a layer, is read whole into memory)."""
+        descriptor claims more than 4 MiB (a document, unlike a layer, is read whole into memory).
+        With `cached`, one read from this registry and repository before (and verified then) is
+        answered from this machine's copy, verified again against the descriptor."""
         check_document_size(desc, what)
-        return self.fetch_blob(repo, desc)
+        kept = _kept_path("documents", self.name, repo, desc.digest) if cached else None
+        if kept is not None:
+            data = _read_kept(kept, desc.digest, desc.size)
+            if data is not None:
+                return data
+        data = self.fetch_blob(repo, desc)  # checked against the descriptor
+        if kept is not None:
+            keep_verified(kept, data)
+        return data
 
     def download_blob(self, repo: str, desc: Descriptor, dest: Path) -> Path:
         """Download to a temporary file beside dest, then rename: dest is whole or absent."""
@@ -229,6 +256,53 @@ class Registry:
             self.transport.request("DELETE", location, scopes=push(repo), ok=(204, 404, 405))
         except RegistryError:
             pass  # best effort: the registry expires abandoned uploads itself
+
+
+def verified_dir() -> Path:
+    """Where this machine keeps what it verified (BAKERY_CACHE/verified): documents by digest and
+    answers of checks, each keyed by all that decided it and checked again when read."""
+    return Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery")) / "verified"
+
+
+def _kept_path(kind: str, registry: str, repo: str, digest: Digest) -> Path:
+    """A document read by digest from one registry and repository: where its verified copy is kept."""
+    where = hashlib.sha256(f"{registry}/{repo}@{digest}".encode()).hexdigest()
+    return verified_dir() / kind / f"{where}.{digest.hex}"
+
+
+def _read_kept(path: Path, digest: Digest, size: int | None) -> bytes | None:
+    """The kept bytes, only if they are still what the digest (and size) name; else None (read again)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if hashlib.sha256(data).hexdigest() != digest.hex or (size is not None and len(data) != size):
+        return None
+    return data
+
+
+def _own_media_type(body: bytes) -> str | None:
+    """The mediaType a manifest's own (digest-checked) bytes declare; None if they declare none."""
+    try:
+        found = json.loads(body).get("mediaType")
+    except (ValueError, AttributeError):
+        return None
+    return found if isinstance(found, str) and found else None
+
+
+def keep_verified(path: Path, data: bytes) -> None:
+    """Keep verified bytes, whole or not at all; a cache that cannot be written is skipped."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".partial-")
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def check_document_size(desc: Descriptor, what: str) -> None:

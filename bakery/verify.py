@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from . import keys as keys_mod, provenance, sbom, sign
 from .errors import BakeryError, InputError, IntegrityError, malformed
@@ -102,13 +104,64 @@ def _signature(store, ref: Reference, policy, report: Report) -> None:
 
 
 def require_signed(store, ref: Reference, policy, what: str) -> None:
-    """Raise IntegrityError unless enough release keys signed `ref`'s digest (cosign format)."""
+    """Raise IntegrityError unless enough release keys signed `ref`'s digest (cosign format). An
+    acceptance is remembered (BAKERY_CACHE/verified/signatures), keyed by all that decided it: the
+    same digest read from the same repository under the same keys, threshold and allowed
+    repositories is then accepted without asking the registry again; anything else is verified
+    afresh. A refusal is never remembered."""
     role = policy.roles["release"]
+    path, decided_by = _signed_entry(ref, role, policy)
+    remembered = _remembered_signers(path, decided_by)
+    if remembered is not None and len(remembered) >= role.threshold:
+        return
     signed_by, reasons = cosign_signers(store, ref.digest, role, policy) or \
         (set(), [f"it has no signature manifest {signature_tag(ref.digest, 'sig')}"])
     if len(signed_by) < role.threshold:
         raise IntegrityError(f"{what} {ref} is signed by {len(signed_by)} of {role.threshold} required release "
                              f"key(s)" + (f" ({'; '.join(reasons)})" if reasons else ""))
+    _remember_signers(path, decided_by, signed_by)
+
+
+def _signed_entry(ref: Reference, role, policy) -> tuple[Path, dict]:
+    """Where an accepted signature check of `ref` is kept, and all that decided it: the digest, where
+    the signature was read, the role's keys (by keyid), its threshold and the allowed repositories."""
+    from .registry import verified_dir
+
+    decided_by = {"check": "cosign signature", "version": 1, "digest": str(ref.digest),
+                  "read_from": f"{ref.registry}/{ref.repository}", "role": role.name,
+                  "keys": sorted({keys_mod.keyid(k) for k in role.keys}), "threshold": role.threshold,
+                  "allowed_repositories": list(policy.allowed_repositories)}
+    name = hashlib.sha256(json.dumps(decided_by, sort_keys=True).encode()).hexdigest()
+    return verified_dir() / "signatures" / f"{name}.json", decided_by
+
+
+def _entry_sum(decided_by: dict, signed_by: list) -> str:
+    return hashlib.sha256(json.dumps({"decided_by": decided_by, "signed_by": signed_by},
+                                     sort_keys=True).encode()).hexdigest()
+
+
+def _remembered_signers(path: Path, decided_by: dict) -> set[str] | None:
+    """The keyids an earlier check here found signing, if its entry is whole and was decided by exactly
+    this (a corrupt, edited or foreign entry is ignored: the signature is verified again)."""
+    try:
+        entry = json.loads(path.read_text())
+        signed_by = entry["signed_by"]
+        if entry["decided_by"] != decided_by or entry["sha256"] != _entry_sum(decided_by, signed_by):
+            return None
+        if not isinstance(signed_by, list) or not set(signed_by) <= set(decided_by["keys"]):
+            return None
+        return set(signed_by)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _remember_signers(path: Path, decided_by: dict, signed_by: set[str]) -> None:
+    """Keep an accepted check, written whole or not at all; a cache that cannot be written is skipped."""
+    from .registry import keep_verified
+
+    signed = sorted(signed_by)
+    keep_verified(path, json.dumps({"decided_by": decided_by, "signed_by": signed,
+                                    "sha256": _entry_sum(decided_by, signed)}, sort_keys=True).encode())
 
 
 SIGNATURE_LAYERS = 256  # a .sig or .att manifest holds a few: one per signature or statement
