@@ -44,6 +44,8 @@ _KIND = {tarfile.REGTYPE: "file", tarfile.AREGTYPE: "file", tarfile.DIRTYPE: "di
 
 def normalize(path: str) -> str:
     """'/usr/x', './usr/x' and 'usr/x/' all name 'usr/x'."""
+    if path and path[0] not in "./" and path[-1] != "/" and "//" not in path and "/." not in path:
+        return path  # already normal: no empty, "." or ".." part can hide in it (most tar members)
     parts = [p for p in path.split("/") if p and p != "."]  # str ops: once per tar member
     if ".." in parts:
         raise InputError(f"path {path!r} contains '..'")
@@ -206,6 +208,22 @@ class _Pieces:
             parts.append(piece)
             have += len(piece)
         return b"".join(parts)
+
+    def skip(self, n: int) -> int:
+        """Drop up to n bytes without copying them (a big member's data the index does not keep);
+        how many were dropped (fewer only where the stream ends)."""
+        done = 0
+        while done < n:
+            left = len(self.buf) - self.pos
+            if not left:
+                self.buf, self.pos = self.next_piece(), 0
+                if not self.buf:
+                    break
+                continue
+            step = min(left, n - done)
+            self.pos += step
+            done += step
+        return done
 
 
 def _gunzip(pieces: Iterator[bytes]) -> Iterator[bytes]:
@@ -438,6 +456,9 @@ def _index_into_cache(job) -> tuple[int, dict]:
 
 
 KEPT_LIMIT = 256 << 20
+# layers streamed at once: all of a base (up to this), since which layer costs most is not known
+# before it is read (a small blob of many small files costs more than a big one of few)
+WORKERS = 8
 
 
 def _take(member, read_data, entries, whiteouts, opaque, found, wanted, keep, cache) -> None:
@@ -532,7 +553,7 @@ class BaseFilesystem:
             return
         jobs = [(self.registry.name, self.image.ref.repository, d.to_json(), self.keep, str(self.cache.root))
                 for d in todo]
-        with ProcessPoolExecutor(min(len(todo), os.cpu_count() or 1), mp_context=multiprocessing.get_context("fork")) \
+        with ProcessPoolExecutor(min(len(todo), WORKERS), mp_context=multiprocessing.get_context("fork")) \
                 as pool:
             for desc, (downloads, index) in zip(todo, pool.map(_index_into_cache, jobs)):
                 self.cache.downloads += downloads

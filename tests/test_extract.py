@@ -241,3 +241,30 @@ def test_layer_streams_decode_as_gzipfile_reads_them_and_a_bad_digest_is_named_f
             scan(bad)
         with pytest.raises(IntegrityError, match="does not match its descriptor"):
             scan(bad, lie=True)
+
+
+def test_a_big_member_is_skipped_without_copying_and_a_cut_one_is_refused():
+    """TarReader drops a big member's data through the pipeline stream's skip(): the members
+    after it are still found where tarfile finds them, and a stream cut inside it is an error."""
+    from bakery.extract import _Pieces
+    from bakery.tarscan import TarError, TarReader
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, size in (("big.bin", (3 << 20) + 7), ("after", 5), ("big2.bin", 2 << 20), ("last", 0)):
+            info = tarfile.TarInfo(name)
+            info.size = size
+            tar.addfile(info, io.BytesIO(os.urandom(size)))
+    data = buf.getvalue()
+
+    def pieces(blob: bytes, size: int):
+        parts = iter([blob[i:i + size] for i in range(0, len(blob), size)])
+        return _Pieces(lambda: next(parts, b""))
+
+    want = [(m.name, m.size) for m in tarfile.open(fileobj=io.BytesIO(data))]
+    for size in (1000, 1 << 20, 5 << 20):
+        stream = pieces(data, size)
+        assert hasattr(stream, "skip")
+        assert [(m.name, m.size) for m in TarReader(stream)] == want
+    with pytest.raises(TarError, match="unexpected end of data"):
+        list(TarReader(pieces(data[:2 << 20], 1 << 16)))
