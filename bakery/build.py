@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import email.parser
+import functools
 import glob
 import hashlib
 import os
@@ -61,16 +62,23 @@ class Options:
 
     def kernel_trust(self, registry: Registry):
         """What a kernel artifact (or a proof verdict) must carry to be used: a cosign signature by the
-        policy's release keys (threshold, allowed repositories). None where the policy names no release key."""
-        from . import provenance, verify
-        from .store import RegistryStore
+        policy's release keys (threshold, allowed repositories). None where the policy names no release
+        key. With --key there is one, so the policy is read when a signature is first checked (a warm
+        build checks none)."""
+        from . import provenance
 
-        policy = provenance.load_policy(self.policy or self.project / "provenance" / "policy.yaml", self.project,
-                                        {"release": list(self.keys)})
-        if not policy.roles["release"].keys:
+        load = functools.lru_cache(maxsize=1)(lambda: provenance.load_policy(
+            self.policy or self.project / "provenance" / "policy.yaml", self.project, {"release": list(self.keys)}))
+        if not self.keys and not load().roles["release"].keys:
             return None
-        return lambda ref, what="kernel artifact": verify.require_signed(RegistryStore(ref, registry), ref, policy,
-                                                                         what)
+
+        def trust(ref, what="kernel artifact") -> None:
+            from . import verify
+            from .store import RegistryStore
+
+            verify.require_signed(RegistryStore(ref, registry), ref, load(), what)
+
+        return trust
 
 
 def _git(project: Path, *args: str) -> str:
