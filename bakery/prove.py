@@ -124,9 +124,10 @@ def _cached(key: str) -> Verdict | None:
     path = _cache_dir() / f"{key}.json"
     try:
         doc = json.loads(path.read_text())
-        if doc.pop("key") != key or doc["verdict"] not in (FIXED, BROKEN):
+        if doc["key"] != key or doc["verdict"] not in (FIXED, BROKEN) or not isinstance(doc["reason"], str):
             raise ValueError("entry does not match its key")
-        return Verdict(**doc, origin="cache")
+        return Verdict(doc["verdict"], untrusted.safe(doc["reason"], "json", REASON_LIMIT),
+                       float(doc.get("seconds") or 0), _measured(doc.get("measured")), "cache")
     except FileNotFoundError:
         return None
     except (ValueError, KeyError, TypeError, AttributeError):
@@ -281,7 +282,10 @@ def verdict_parts(key: str, verdict: Verdict) -> tuple[list, bytes]:
     from .refs import Descriptor
     from .registry import OCI_MANIFEST
 
-    config = json.dumps({"key": key, **verdict.to_json()}, sort_keys=True, separators=(",", ":")).encode()
+    # without the seconds it took: the same verdict proven twice is the same artifact, so a tag cannot be
+    # moved between signed runs of one key
+    config = json.dumps({"key": key, "verdict": verdict.verdict, "reason": verdict.reason,
+                         "measured": verdict.measured}, sort_keys=True, separators=(",", ":")).encode()
     config_desc, empty = Descriptor.of(VERDICT_CONFIG, config), Descriptor.of(EMPTY, b"{}")
     manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": VERDICT_TYPE,
                            "config": config_desc.to_json(), "layers": [empty.to_json()]}, sort_keys=True).encode()
@@ -313,16 +317,14 @@ class SignedVerdicts:
     log: object = print
 
     def fetch(self, key: str) -> Verdict | None:
-        from .errors import IntegrityError, NotFound, malformed
+        from .errors import AuthError, IntegrityError, NotFound, RegistryError, TransientError, malformed
         from .refs import Descriptor, Reference
 
         ref = Reference(self.registry.name, self.repository, verdict_tag(key))
-        try:
-            body, _, digest = self.registry.get_manifest(ref)
-        except NotFound:
-            return None
-        what = f"proof verdict {ref.with_digest(digest)}"
+        what = f"proof verdict {ref}"
         try:  # a registry writer can put anything under the tag: what is not signed and right is not taken
+            body, _, digest = self.registry.get_manifest(ref)
+            what = f"proof verdict {ref.with_digest(digest)}"
             self.trust(ref.with_digest(digest), "proof verdict")
             with malformed(what):
                 manifest = json.loads(body)
@@ -331,7 +333,11 @@ class SignedVerdicts:
                     raise IntegrityError(f"{what} is not a proof verdict")
             config = self.registry.fetch_document(self.repository, config_desc, f"config of {what}")
             verdict = read_verdict(config, key, what)
-        except IntegrityError as e:
+        except NotFound:  # none there, or a part of it deleted
+            return None
+        except (TransientError, AuthError):  # the registry is down or refuses us: the push would fail too
+            raise
+        except (IntegrityError, RegistryError) as e:
             self.log(f"not taking {what}: {e}; proving here")
             return None
         return dataclasses.replace(verdict, artifact=str(ref.with_digest(digest)))

@@ -85,8 +85,8 @@ class Registry:
         media_type = resp.headers.get("Content-Type", "").split(";")[0].strip()
         try:
             media_type = json.loads(body).get("mediaType") or media_type
-        except ValueError:
-            raise IntegrityError(f"manifest {ref} is not JSON") from None
+        except (ValueError, AttributeError):  # not JSON, or JSON that is not an object
+            raise IntegrityError(f"manifest {ref} is not a JSON object") from None
         if kept is not None and _own_media_type(body):  # its bytes say all the answer holds
             keep_verified(kept, body)
         return body, media_type, digest

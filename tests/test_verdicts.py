@@ -138,3 +138,33 @@ def test_the_sign_job_signs_only_the_verdict_the_record_says(registry, release_k
                                 signer(release_keys, "k"))
     done = attest_mod.sign_verdict({"artifact": str(ref), "key": key, "verdict": "BROKEN"}, signer(release_keys, "k"))
     assert done["artifact"] == str(ref)
+
+
+def test_a_verdict_whose_parts_are_gone_is_proven_here_not_fatal(registry):
+    """A registry writer who deletes a signature's payload blob makes the signature check meet a 404
+    (a registry here keeps every blob a manifest names, so the check raising NotFound stands in for
+    it): the verdict is not taken and the build proves it; the registry being down still fails."""
+    from bakery.errors import NotFound, TransientError
+
+    reg, repo = Registry(registry), f"verdicts/gone-{uuid.uuid4().hex[:8]}"
+    key = "ef" * 32
+    _, push = prove.verdict_artifact(reg, repo, prove.Verdict("BROKEN", "the defect is there", key=key))
+    push()
+    said = []
+
+    def deleted(ref, what):
+        raise NotFound(f"blob of the signature of {ref} is gone")
+
+    assert prove.SignedVerdicts(reg, repo, deleted, said.append).fetch(key) is None
+
+    def refused(ref, what):
+        raise IntegrityError(f"{what} {ref} is signed by 0 of 1 required release key(s)")
+
+    assert prove.SignedVerdicts(reg, repo, refused, said.append).fetch(key) is None
+    assert len(said) == 1 and "proving here" in said[0]
+
+    def down(ref, what):
+        raise TransientError("the registry did not answer")
+
+    with pytest.raises(TransientError):
+        prove.SignedVerdicts(reg, repo, down, said.append).fetch(key)
