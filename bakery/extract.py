@@ -330,7 +330,15 @@ class _LayerPipe:
         self._put(self.compressed, end, self.cancel)
 
     def _compressed_pieces(self) -> Iterator[bytes]:
-        while (item := self.compressed.get()) is not _END:
+        while True:
+            try:
+                item = self.compressed.get(timeout=0.1)
+            except queue.Empty:
+                if self.cancel.is_set():  # the fetch was cancelled before it could say it ended
+                    return
+                continue
+            if item is _END:
+                return
             if isinstance(item, _Failed):
                 raise _Upstream()
             if item:  # b"" would read as the end downstream
@@ -433,6 +441,9 @@ def scan_layer(registry: Registry, repo: str, desc: Descriptor, wanted: set[str]
         pipe.abandon(e)  # a bad digest is the better diagnosis: raised from here when the fetch saw one
         raise IntegrityError(f"layer {desc.digest} of {repo} is not a readable {desc.media_type} "
                              f"({type(e).__name__}: {e}); the image is corrupt or hostile") from None
+    except BaseException as e:  # a member path with "..", a kept file past its cap: still the digest first
+        pipe.abandon(e)
+        raise
     finally:
         pipe.close()
         sys.setswitchinterval(interval)
