@@ -85,7 +85,10 @@ def _parse_number(field: bytes) -> int:
     """Octal digits padded with spaces or NULs on either side (Go trims both, tarfile cuts at the
     first NUL: only digits between make them agree), or positive base-256 (first byte 0x80)."""
     if field[0] == 0o200:
-        return int.from_bytes(field[1:], "big")
+        n = int.from_bytes(field[1:], "big")
+        if n >> 63:  # Go reads it into an int64: a larger one makes the header invalid
+            raise TarError(f"a base-256 number in a header past what Go reads ({field.hex()})")
+        return n
     if field[0] & 0o200:
         raise TarError(f"a negative or non-standard base-256 number in a header ({field.hex()})")
     text = field.strip(b" \0")

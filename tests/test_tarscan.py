@@ -175,6 +175,17 @@ def test_rewritten_header_fields_with_good_checksums_are_refused_or_listed_as_go
     agree(go, with_fields(raw, block, {offset: value}))
 
 
+def test_a_base_256_number_past_int64_is_refused_as_go_does(go):
+    """Found by the test above on a CI run: a size field 0x80 + its old octal digits reads as a
+    number near 2**85, which Go's int64 cannot hold (invalid header) and tarscan listed."""
+    raw = archive([("_", "char", b"", "_", 0)], "gnu")
+    huge = with_fields(raw, 0, {124: b"\x80"})
+    assert go.list(huge).startswith("error:")
+    assert agree(go, huge).startswith("refused: a base-256 number")
+    small = with_fields(raw, 0, {124: b"\x80" + b"\0" * 10 + b"\x05"})  # base-256 five: both read it
+    assert agree(go, small)[0][2] == 5
+
+
 def record(key: str, value: str) -> bytes:
     """One pax record, its length counting itself."""
     body = f" {key}={value}\n".encode()
