@@ -712,7 +712,7 @@ def disk(c, base=None, path=None, unless_cached_in=None, key=None, policy=None):
     from bakery.errors import IntegrityError, NotFound
     from bakery.refs import Reference
     from bakery.registry import Registry
-    from bakery.stack import docker_client
+    from bakery.engine import docker_client
 
     spec = base_mod.load_spec(PROJECT / "image" / "base.yaml", base)
     if unless_cached_in:

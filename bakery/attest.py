@@ -12,7 +12,7 @@ import json
 
 from . import provenance, sbom, sign
 from .errors import InputError, IntegrityError, malformed
-from .image import canonical_json
+from .files import canonical_json
 from .refs import Descriptor, Digest, Reference
 from .registry import OCI_MANIFEST
 from .store import signature_tag

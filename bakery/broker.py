@@ -160,7 +160,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if toolchain != grant.toolchain:
             return self._answer(403, f"this rebuild compiles in {grant.toolchain}, not {toolchain[:100]}".encode())
         from . import hip
-        from .stack import docker_client
+        from .engine import docker_client
 
         def started(container) -> None:  # a container made as the rebuild ended is removed at once
             if self.server.closed:
@@ -187,7 +187,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 def _identity(grant: Grant) -> str:
     from . import hip
-    from .stack import docker_client
+    from .engine import docker_client
 
     if grant.toolchain is None:
         raise EnvironmentProblem("this rebuild was given no toolchain")
@@ -238,7 +238,7 @@ def serve(folder: Path, grant: Grant):
 
 
 def _remove_containers(token: str) -> None:
-    from .stack import docker_client
+    from .engine import docker_client
 
     client = docker_client()
     for container in client.containers.list(all=True, filters={"label": f"{LABEL}={token}"}):

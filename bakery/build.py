@@ -26,6 +26,7 @@ from . import untrusted
 from .errors import BakeryError, InputError, IntegrityError
 from .extract import BaseFilesystem, LayerCache
 from .layer import FileEntry, write_blob, write_layer
+from .project import cache_dir
 from .publish import Derived, push, write_layout
 from .refs import Descriptor, Reference
 from .registry import Registry
@@ -90,7 +91,7 @@ def _git(project: Path, *args: str) -> str:
 
 
 def _cache_dir() -> Path:
-    path = Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery"))
+    path = cache_dir()
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -14,12 +14,10 @@ import io
 import itertools
 import json
 import multiprocessing
-import os
 import queue
 import re
 import sys
 import tarfile
-import tempfile
 import threading
 import zlib
 from concurrent.futures import ProcessPoolExecutor
@@ -31,6 +29,8 @@ import zstandard
 
 from .base import Image
 from .errors import EnvironmentProblem, InputError, IntegrityError
+from .files import atomic_write
+from .project import cache_dir
 from .refs import Descriptor, Digest
 from .tarscan import TarError, TarReader
 from .registry import Registry
@@ -72,7 +72,7 @@ class LayerCache:
     (a production base's indexes hold hundreds of thousands of entries)."""
 
     def __init__(self, root: Path | None = None):
-        self.root = root or Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery"))
+        self.root = root or cache_dir()
         (self.root / "layers").mkdir(parents=True, exist_ok=True)
         (self.root / "files").mkdir(parents=True, exist_ok=True)
         self.downloads = 0  # layers streamed by this process: a warm build keeps it at 0
@@ -132,6 +132,8 @@ class LayerCache:
     @staticmethod
     def _save_checked(path: Path, names: dict, document) -> None:
         """One header line (`names` and the body's sha256), then the document itself."""
+        # not files.canonical_json: a layer's paths may hold undecodable bytes (surrogateescape),
+        # which only ASCII escapes carry through JSON and back
         body = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
         header = json.dumps({**names, "sha256": hashlib.sha256(body).hexdigest()}, sort_keys=True).encode()
         _atomic_write(path, header + b"\n" + body)
@@ -680,12 +682,7 @@ class BaseFilesystem:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".partial-")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        atomic_write(path, data)
     except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
         raise EnvironmentProblem(f"cannot write {path}: {e.strerror}; free space or set BAKERY_CACHE") from None

@@ -15,9 +15,10 @@ import zipfile
 from pathlib import Path
 
 from . import inputs
+from . import project
 from .errors import EnvironmentProblem, IntegrityError
 from .refs import Reference
-from .stack import docker_client
+from .engine import docker_client
 
 SPEC_KEYS = {"suite": str, "debian_mirror": str, "include": list, "site_packages": str,
              "wheels": list, "keep_suffixes": list, "repository": str}
@@ -25,7 +26,7 @@ WHEEL_KEYS = {"name": str, "file": str, "sha256": str}
 
 
 def cache_dir() -> Path:
-    path = Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery")) / "fixture"
+    path = project.cache_dir("fixture")
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -12,16 +12,15 @@ import shlex
 import shutil
 import struct
 import sys
-import tempfile
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import broker, inputs
 from .errors import EnvironmentProblem, InputError, IntegrityError
+from .files import atomic_dir
 from .layer import FileEntry
 from .refs import Reference
-from .stack import docker_client
+from .engine import docker_client
 
 # EF_AMDGPU_MACH values (LLVM's ELF.h) of the archs a recipe may name.
 ARCHS = {"gfx90a": 0x3F, "gfx940": 0x40, "gfx941": 0x4B, "gfx942": 0x4C, "gfx950": 0x4F}
@@ -412,20 +411,6 @@ def compile_recipe(recipe: Recipe, toolchain: str, cache: Path, log=print, remot
     return Compiled(_artifacts(recipe, out, image_id), key, origin, artifact, push)
 
 
-@contextmanager
-def _cache_entry(dest: Path):
-    """A folder to fill, then put in place of dest whole: a failure leaves nothing behind."""
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".partial-"))
-    try:
-        yield tmp
-        if dest.exists():
-            shutil.rmtree(dest)
-        tmp.rename(dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 OUTPUT_LIMIT = 1 << 30  # a compiled extension is tens of MiB
 
 
@@ -465,7 +450,7 @@ def take_outputs(folder: Path, expected: set[str]) -> dict[str, str]:
 
 
 def _compile(recipe: Recipe, toolchain: str, image_id: str, out: Path, log) -> None:
-    with _cache_entry(out) as tmp:
+    with atomic_dir(out) as tmp:
         log(f"compiling hip/ for {recipe.arch} in {toolchain}")
         run_toolchain(docker_client, toolchain, recipe.root, script(recipe), tmp)
         outputs = take_outputs(tmp, expected_outputs(recipe))
@@ -593,7 +578,7 @@ def fetch_artifact(registry, repo: str, key: str, dest: Path, trust, expected: s
         if names != set(config["sha256"]) or names != expected:
             raise IntegrityError(f"kernel artifact {ref}: its files {sorted(map(repr, names))[:8]} are not the ones "
                                  f"this recipe makes ({', '.join(sorted(expected))}) or its config names")
-    with _cache_entry(dest) as tmp:
+    with atomic_dir(dest) as tmp:
         for layer in layers:
             data = registry.fetch_blob(repo, layer)  # checked against the layer's digest
             name = layer.annotations[TITLE]

@@ -11,6 +11,7 @@ from pathlib import Path
 from . import inputs
 from .base import Image
 from .errors import InputError
+from .files import canonical_json
 from .layer import FileEntry, Layer
 from .refs import Descriptor, Reference
 from .registry import OCI_MANIFEST
@@ -61,11 +62,6 @@ def rfc3339(epoch: int) -> str:
     return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def canonical_json(obj) -> bytes:
-    """The one JSON encoding we hash: sorted keys, no whitespace, UTF-8."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
 def in_image_manifest(files: tuple[FileEntry, ...]) -> FileEntry:
     """/etc/bakery/manifest.json: every baked file and its sha256, checked at container start."""
     body = {"files": {f.path: f.sha256 for f in sorted(files, key=lambda f: f.path)}}
@@ -96,7 +92,7 @@ def derive_config(base: Image, layers: list[Layer], spec: ImageSpec, epoch: int,
     cfg.setdefault("rootfs", {"type": "layers", "diff_ids": []})["diff_ids"] += [str(l.diff_id) for l in layers]
     cfg["history"] = list(cfg.get("history") or []) + [
         {"created": created, "created_by": f"bakery: {l.comment}", "comment": "bakery"} for l in layers]
-    return canonical_json(cfg)
+    return canonical_json(cfg, f"the config of base {base.ref}")
 
 
 def derive_manifest(base: Image, config: Descriptor, layers: list[Layer], notes: dict) -> bytes:

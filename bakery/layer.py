@@ -5,13 +5,12 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
-import os
 import tarfile
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from .errors import EnvironmentProblem, InputError
+from .files import atomic_write
 from .refs import Descriptor, Digest
 
 OCI_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
@@ -115,16 +114,10 @@ def write_blob(path: Path, data: bytes) -> None:
         return  # content-addressed and already there
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".partial-")
     except OSError as e:
         raise EnvironmentProblem(f"cannot write under {path.parent}: {e.strerror}") from None
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        atomic_write(path, data, durable=True)
     except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
         hint = "the disk is full: free space or choose another --out/--layout" if e.errno == 28 else e.strerror
         raise EnvironmentProblem(f"writing {path.name[:12]} to {path.parent}: {hint}; nothing was kept") from None

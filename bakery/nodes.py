@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 from . import keys as keys_mod
 from .errors import EnvironmentProblem, InputError
+from .files import atomic_dir
 from .provenance import Policy
 
 INSTALLED = Path("/etc/containers")  # where DIR's contents are meant to be installed
@@ -105,21 +103,13 @@ def write_tree(dest: Path, files: dict[str, bytes]) -> None:
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise InputError(f"{dest} exists and is not an empty directory: give a new or empty one")
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.partial-"))
+        with atomic_dir(dest) as staging:
+            for name, data in files.items():
+                (staging / name).parent.mkdir(parents=True, exist_ok=True)
+                (staging / name).write_bytes(data)
+                (staging / name).chmod(0o644)
+            staging.chmod(0o755)
     except OSError as e:
-        raise EnvironmentProblem(f"cannot write under {dest.parent}: {e.strerror}") from None
-    try:
-        for name, data in files.items():
-            (staging / name).parent.mkdir(parents=True, exist_ok=True)
-            (staging / name).write_bytes(data)
-            (staging / name).chmod(0o644)
-        staging.chmod(0o755)
-        if dest.exists():
-            dest.rmdir()
-        os.replace(staging, dest)
-    except OSError as e:
-        shutil.rmtree(staging, ignore_errors=True)
         raise EnvironmentProblem(f"cannot write {dest}: {e.strerror}") from None
 
 

@@ -25,7 +25,9 @@ from pathlib import Path, PurePosixPath
 
 from . import sandbox, untrusted
 from .errors import EnvironmentProblem, InputError
+from .files import canonical_json
 from .layer import write_blob
+from .project import cache_dir
 
 FIXED, BROKEN, CANNOT = "FIXED", "BROKEN", "CANNOT-PROVE"
 DEVICES = ("cpu", "cuda")  # cpu: Triton's interpreter; cuda: kernels compiled for the GPU torch sees (CUDA or ROCm)
@@ -116,7 +118,7 @@ def cache_key(spec: ProofSpec, target: bytes, reads: dict[str, bytes], device: s
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery")) / "proofs"
+    return cache_dir("proofs")
 
 
 def _cached(key: str) -> Verdict | None:
@@ -284,8 +286,8 @@ def verdict_parts(key: str, verdict: Verdict) -> tuple[list, bytes]:
 
     # without the seconds it took: the same verdict proven twice is the same artifact, so a tag cannot be
     # moved between signed runs of one key
-    config = json.dumps({"key": key, "verdict": verdict.verdict, "reason": verdict.reason,
-                         "measured": verdict.measured}, sort_keys=True, separators=(",", ":")).encode()
+    config = canonical_json({"key": key, "verdict": verdict.verdict, "reason": verdict.reason,
+                             "measured": verdict.measured})
     config_desc, empty = Descriptor.of(VERDICT_CONFIG, config), Descriptor.of(EMPTY, b"{}")
     manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": VERDICT_TYPE,
                            "config": config_desc.to_json(), "layers": [empty.to_json()]}, sort_keys=True).encode()

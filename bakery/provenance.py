@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import fnmatch
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import inputs
 from .errors import InputError
+from .files import canonical_json
 from .refs import Reference
 
 STATEMENT = "https://in-toto.io/Statement/v1"
@@ -32,7 +32,7 @@ def statement(subject: Reference, predicate_type: str, predicate: dict) -> bytes
     """An in-toto Statement v1 about one image digest, serialized deterministically."""
     body = {"_type": STATEMENT, "subject": [{"name": subject.name, "digest": {"sha256": subject.digest.hex}}],
             "predicateType": predicate_type, "predicate": predicate}
-    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return canonical_json(body)
 
 
 def predicate(record: dict) -> dict:

@@ -7,13 +7,14 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .base import Image
 from .errors import EnvironmentProblem, InputError
+from .files import atomic_dir
 from .layer import Layer, write_blob
 from .refs import Descriptor, Digest, Reference
 from .registry import OCI_INDEX, OCI_MANIFEST, Registry
@@ -103,12 +104,11 @@ def write_layout(derived: Derived, dest: Path, tag: str | None, blob_cache: Path
     if dest.exists() and any(dest.iterdir()):
         if not (dest / "oci-layout").exists():
             raise InputError(f"--layout {dest} exists and is not an OCI layout: choose an empty or new directory")
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.partial-"))
-    except OSError as e:
-        raise EnvironmentProblem(f"cannot create {dest}: {e.strerror}") from None
-    try:
+    with ExitStack() as stack:
+        try:
+            tmp = stack.enter_context(atomic_dir(dest))  # becomes dest only when everything is in it
+        except OSError as e:
+            raise EnvironmentProblem(f"cannot create {dest}: {e.strerror}") from None
         blobs = tmp / "blobs" / "sha256"
         blobs.mkdir(parents=True)
         for desc in derived.base_layers:
@@ -125,12 +125,6 @@ def write_layout(derived: Derived, dest: Path, tag: str | None, blob_cache: Path
         index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [entry.to_json()]}
         write_blob(tmp / "index.json", json.dumps(index, sort_keys=True, indent=1).encode())
         write_blob(tmp / "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return dest
 
 

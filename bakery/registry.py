@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import time
 import urllib.parse
 from pathlib import Path
@@ -14,7 +12,9 @@ from typing import Callable, Iterator
 import requests
 
 from .errors import IntegrityError, NotFound, RegistryError, TransientError
+from .files import atomic_file, atomic_write
 from .progress import Progress
+from .project import cache_dir
 from .refs import Descriptor, Digest, Reference
 from .transport import DOCUMENT_LIMIT, Transport
 
@@ -169,16 +169,9 @@ class Registry:
 
     def download_blob(self, repo: str, desc: Descriptor, dest: Path) -> Path:
         """Download to a temporary file beside dest, then rename: dest is whole or absent."""
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".partial-")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                for chunk in self.stream_blob(repo, desc):
-                    out.write(chunk)
-            os.replace(tmp, dest)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_file(dest) as out:
+            for chunk in self.stream_blob(repo, desc):
+                out.write(chunk)
         return dest
 
     def mount_blob(self, repo: str, digest: Digest, from_repo: str) -> bool:
@@ -261,7 +254,7 @@ class Registry:
 def verified_dir() -> Path:
     """Where this machine keeps what it verified (BAKERY_CACHE/verified): documents by digest and
     answers of checks, each keyed by all that decided it and checked again when read."""
-    return Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery")) / "verified"
+    return cache_dir("verified")
 
 
 def _kept_path(kind: str, registry: str, repo: str, digest: Digest) -> Path:
@@ -293,16 +286,9 @@ def _own_media_type(body: bytes) -> str | None:
 def keep_verified(path: Path, data: bytes) -> None:
     """Keep verified bytes, whole or not at all; a cache that cannot be written is skipped."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".partial-")
+        atomic_write(path, data)
     except OSError:
-        return
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        os.replace(tmp, path)
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)
+        pass
 
 
 def check_document_size(desc: Descriptor, what: str) -> None:

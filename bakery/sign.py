@@ -16,6 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from . import keys
 from .errors import IntegrityError
+from .files import canonical_json
 from .refs import Digest, Reference
 
 IN_TOTO = "application/vnd.in-toto+json"
@@ -55,9 +56,8 @@ def pae(payload_type: str, payload: bytes) -> bytes:
 def envelope(signer: Signer, payload: bytes, payload_type: str = IN_TOTO) -> bytes:
     """A DSSE envelope over exact payload bytes, serialized deterministically."""
     signature = signer.sign(pae(payload_type, payload))
-    return json.dumps({"payload": base64.b64encode(payload).decode(), "payloadType": payload_type,
-                       "signatures": [{"keyid": signer.keyid, "sig": base64.b64encode(signature).decode()}]},
-                      sort_keys=True, separators=(",", ":")).encode()
+    return canonical_json({"payload": base64.b64encode(payload).decode(), "payloadType": payload_type,
+                           "signatures": [{"keyid": signer.keyid, "sig": base64.b64encode(signature).decode()}]})
 
 
 def read_envelope(data: bytes, what: str) -> tuple[str, bytes, list]:
@@ -98,4 +98,4 @@ def simple_signing_payload(ref: Reference, digest: Digest) -> bytes:
                          "image": {"docker-manifest-digest": str(digest)},
                          "type": "cosign container image signature"},
             "optional": None}
-    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return canonical_json(body)

@@ -14,12 +14,13 @@ from pathlib import Path
 import requests
 
 from .errors import EnvironmentProblem
+from .project import cache_dir
 
 REGISTRY_PORT = 5000
 
 
 def state_dir() -> Path:
-    path = Path(os.environ.get("BAKERY_STATE", Path.home() / ".cache" / "bakery" / "stack"))
+    path = Path(os.environ.get("BAKERY_STATE", cache_dir("stack")))
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -29,19 +30,6 @@ def _docker_ok() -> bool:
         return subprocess.run(["docker", "info"], capture_output=True, timeout=20).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
-
-
-def docker_client(timeout: int = 900):
-    """A Docker SDK client for the running engine, or one clear error."""
-    import docker
-
-    try:
-        client = docker.from_env(timeout=timeout)
-        client.ping()
-        return client
-    except Exception as e:  # the SDK raises several unrelated types for "no engine"
-        raise EnvironmentProblem(f"no Docker engine answers ({type(e).__name__}): start one with "
-                                 f"`invoke stack` or `dockerd &`") from None
 
 
 def ensure_dockerd(timeout: float = 60) -> None:

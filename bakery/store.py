@@ -10,11 +10,11 @@ import json
 import os
 import stat
 import sys
-import tempfile
 from pathlib import Path
 from typing import Iterator
 
 from .errors import InputError, IntegrityError, NotFound, malformed
+from .files import atomic_file
 from .layer import write_blob
 from .refs import Descriptor, Digest, Reference
 from .registry import OCI_INDEX, OCI_MANIFEST, Registry, check_digest, check_document_size
@@ -161,20 +161,13 @@ class LayoutStore:
                 return
             except IntegrityError:
                 print(f"warning: {dest} did not match its digest; writing it again", file=sys.stderr)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".partial-")
-        try:
+        with atomic_file(dest) as out:  # a source that does not match its digest leaves nothing
             hasher, size = hashlib.sha256(), 0
-            with os.fdopen(fd, "wb") as out:
-                for chunk in open_source():
-                    hasher.update(chunk)
-                    size += len(chunk)
-                    out.write(chunk)
+            for chunk in open_source():
+                hasher.update(chunk)
+                size += len(chunk)
+                out.write(chunk)
             check_digest(desc, hasher.hexdigest(), size, "copy source")
-            os.replace(tmp, dest)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
 
     def put_manifest(self, tag: str, body: bytes) -> Digest:
         desc = self.put_blob(body, OCI_MANIFEST)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bakery import hip
-from bakery.stack import docker_client
+from bakery.engine import docker_client
 from bakery.errors import InputError, IntegrityError
 
 from conftest import ROOT, cold_compile_cache, dev_policy, docker, invoke, last_line

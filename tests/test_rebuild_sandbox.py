@@ -255,7 +255,7 @@ def test_a_compile_the_revision_leaves_running_ends_with_the_rebuild(hostile, tm
     """The revision starts a compile that never ends and exits; once reproduce is done, no
     container of that compile is left (the broker removes what it labelled)."""
     from bakery import broker
-    from bakery.stack import docker_client
+    from bakery.engine import docker_client
 
     plan = revision_with(tmp_path, hostile[0], LEFT_RUNNING)
 

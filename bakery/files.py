@@ -1,0 +1,69 @@
+"""Files written whole or not at all, and the one canonical JSON encoding.
+
+Every writer in bakery goes through here: a reader (another build, a crash's next run) sees the
+old bytes or the new ones, never a part. Callers keep their own error wording; the mechanics live
+once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+from .errors import IntegrityError
+
+
+@contextmanager
+def atomic_file(path: Path, *, durable: bool = False) -> Iterator[BinaryIO]:
+    """A temporary file beside path to write into; on a clean exit it replaces path, on any
+    exception (an interrupt included) it is removed. durable: fsync before the rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".partial-")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            yield out
+            if durable:
+                out.flush()
+                os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write(path: Path, data: bytes, *, durable: bool = False) -> None:
+    with atomic_file(path, durable=durable) as out:
+        out.write(data)
+
+
+@contextmanager
+def atomic_dir(dest: Path) -> Iterator[Path]:
+    """A sibling folder to fill; on a clean exit it takes dest's place (an old dest is removed
+    first), on any exception it is removed and dest is left as it was."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.partial-"))
+    try:
+        yield staging
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(staging, dest)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def canonical_json(value, what: str = "a document") -> bytes:
+    """Sorted keys, no spaces, UTF-8 as is (as Go's encoder writes it): the bytes that are hashed or
+    signed. One encoder, so two callers never disagree on the same value, non-ASCII included. JSON
+    can spell a lone surrogate (\\udc80), which has no UTF-8: such a value is refused, not crashed on."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode()
+    except UnicodeEncodeError as e:
+        raise IntegrityError(f"{what} holds {text[e.start:e.end].encode('unicode_escape').decode()}, a lone "
+                             f"surrogate: not Unicode text, so it has no UTF-8 bytes to hash or sign") from None

@@ -1,0 +1,70 @@
+"""bakery.files: writes that are whole or absent, and the one canonical JSON encoding. Pure: no
+engine, no registry."""
+
+import json
+import os
+
+import pytest
+
+from bakery.base import Image
+from bakery.errors import IntegrityError
+from bakery.files import atomic_dir, atomic_file, atomic_write, canonical_json
+from bakery.image import ImageSpec, derive_config
+from bakery.refs import Descriptor, Reference
+
+
+class Interrupted(BaseException):
+    """What Ctrl-C is to a writer: not an Exception, and it must still leave nothing behind."""
+
+
+def test_an_interrupted_write_leaves_the_old_bytes_and_no_partial_file(tmp_path):
+    path = tmp_path / "d" / "record.json"
+    atomic_write(path, b"old")
+    with pytest.raises(Interrupted):
+        with atomic_file(path) as out:
+            out.write(b"half of the new")
+            raise Interrupted
+    assert path.read_bytes() == b"old"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["record.json"]
+    atomic_write(path, b"new", durable=True)
+    assert path.read_bytes() == b"new"
+
+
+def test_a_folder_appears_whole_or_not_at_all(tmp_path):
+    dest = tmp_path / "layout"
+    dest.mkdir()
+    (dest / "old").write_bytes(b"1")
+    with pytest.raises(Interrupted):
+        with atomic_dir(dest) as staging:
+            (staging / "new").write_bytes(b"2")
+            raise Interrupted
+    assert sorted(os.listdir(tmp_path)) == ["layout"] and os.listdir(dest) == ["old"]
+    with atomic_dir(dest) as staging:
+        (staging / "new").write_bytes(b"2")
+    assert sorted(os.listdir(tmp_path)) == ["layout"] and os.listdir(dest) == ["new"]
+
+
+def test_canonical_json_is_sorted_compact_utf8():
+    # written from the format's description (sorted keys, no whitespace, UTF-8 as Go writes it), not
+    # from the encoder's output
+    assert canonical_json({"b": [1, None, True], "a": "é", "c": {"z": 1, "y": 2.5}}) == \
+        b'{"a":"\xc3\xa9","b":[1,null,true],"c":{"y":2.5,"z":1}}'
+
+
+def test_a_lone_surrogate_is_refused_as_one_integrity_error():
+    with pytest.raises(IntegrityError, match=r"the thing holds \\udc80, a lone surrogate"):
+        canonical_json({"a": "x\udc80"}, "the thing")
+
+
+def test_a_base_config_spelling_a_lone_surrogate_is_refused_not_crashed_on():
+    """A hostile base's config may spell \\udc80: valid JSON, no UTF-8. Deriving our config from
+    it was an uncaught UnicodeEncodeError; it is one integrity error naming the base."""
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Env": ["A=\udc80"]},
+                         "rootfs": {"type": "layers", "diff_ids": []}}).encode()  # ASCII escapes: valid JSON
+    assert b'"A=\\udc80"' in config
+    ref = Reference.parse("127.0.0.1:5000/hostile/base@sha256:" + "0" * 64)
+    base = Image(ref, None, b"{}", "application/vnd.oci.image.manifest.v1+json", config,
+                 Descriptor.of("application/vnd.oci.image.config.v1+json", config), ())
+    spec = ImageSpec(Reference.parse("127.0.0.1:5000/ours/image"), "base", (), ("/bin/true",), (), (), ())
+    with pytest.raises(IntegrityError, match="the config of base 127.0.0.1:5000/hostile/base@sha256:0+ holds"):
+        derive_config(base, [], spec, 0, {})
