@@ -626,7 +626,7 @@ def smoke(c, image, model_dir, port=8000, report=None, record=False, attest=Fals
     import hashlib
     import json as json_mod
 
-    from bakery import keys, sign, smoke as smoke_mod, store
+    from bakery import keys, sign, smoke as smoke_mod, smoke_ledger, store
     from bakery.refs import Reference
 
     ref = Reference.parse_pinned(image, "image")
@@ -638,7 +638,7 @@ def smoke(c, image, model_dir, port=8000, report=None, record=False, attest=Fals
     spec_path = PROJECT / "provenance" / "smoke.yaml"
     spec = smoke_mod.load_spec(spec_path)
     result = smoke_mod.run(str(ref), spec, Path(model_dir), int(port), record, log=_log)
-    smoke_mod.remember(str(ref.digest), hashlib.sha256(spec_path.read_bytes()).hexdigest(), result["result"],
+    smoke_ledger.remember(str(ref.digest), hashlib.sha256(spec_path.read_bytes()).hexdigest(), result["result"],
                        result["finished"], result["run"])  # a later verify here refuses an older PASSED
     out = Path(report) if report else PROJECT / "out" / "smoke-report.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from . import broker, inputs
+from . import broker_client, inputs
 from .errors import EnvironmentProblem, InputError, IntegrityError
 from .files import atomic_dir
 from .layer import FileEntry
@@ -240,8 +240,8 @@ def toolchain_identity(connect, image: str) -> str:
         pinned = None
     if pinned is not None:
         return str(pinned)
-    if os.environ.get(broker.SOCKET_ENV):
-        return str(broker.ask("GET", "/bakery/toolchain")["identity"])
+    if os.environ.get(broker_client.SOCKET_ENV):
+        return str(broker_client.ask("GET", "/bakery/toolchain")["identity"])
     found = _engine_image_id(image)  # the cheap way: one GET to the engine's socket, no SDK imported
     if found is not None:
         return found
@@ -332,8 +332,8 @@ def run_container(client, toolchain: str, root: Path, shell: str, out: Path,
 
 def run_toolchain(client, toolchain: str, root: Path, shell: str, out: Path) -> None:
     """Compile: run_container here, or through the broker in a rebuild's sandbox; its failure in one line."""
-    if os.environ.get(broker.SOCKET_ENV):
-        status, logs = broker.compile_outside(toolchain, shell, out)
+    if os.environ.get(broker_client.SOCKET_ENV):
+        status, logs = broker_client.compile_outside(toolchain, shell, out)
     else:
         status, logs = run_container(client(), toolchain, root, shell, out)
     if status == NO_TOOLCHAIN:

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from . import inputs, patch as patch_mod, prove
+from . import inputs, patch as patch_mod, proof_spec
 from .errors import InputError, IntegrityError
 from .layer import write_blob
 
@@ -41,7 +41,7 @@ class Overlay:
     reason: str
     status: str
     platforms: tuple[str, ...]
-    proof: prove.ProofSpec | None = None
+    proof: proof_spec.ProofSpec | None = None
     ports: tuple[tuple[str, Path, bytes], ...] = ()  # (target sha256 it applies to, patch file, bytes)
     probe: tuple[dict, ...] = ()  # an audit record's conditions: what must be true of a base for it to hold
     by_hand: str | None = None  # what of the record only a person (or the hardware) can check
@@ -114,7 +114,7 @@ def load(path: Path) -> list[Overlay]:
             raise InputError(f"{where}: needs a patch file (only {', '.join(UNPATCHED)} have none)")
         overlay = Overlay(entry["id"], target, entry["upstream"], patch_path, patch_bytes, entry["kind"],
                           entry["reason"], entry["status"], tuple(entry["platforms"]),
-                          prove.load_spec(entry.get("proof"), path.parent, f"{where}: proof"),
+                          proof_spec.load_spec(entry.get("proof"), path.parent, f"{where}: proof"),
                           _ports(path.parent, entry["id"], where), _probe(entry.get("probe"), target, where),
                           entry.get("by_hand"))
         if patch_bytes is not None:

@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import broker, provenance, sandbox
+from . import broker, broker_client, provenance, sandbox
 from .errors import EnvironmentProblem, IntegrityError, InputError, malformed
 from .refs import Descriptor, Digest, Reference
 
@@ -123,7 +123,7 @@ def rebuild(p: Plan, workdir: Path, toolchain: str | None, log) -> Path:
     log(f"building {p.revision[:12]} in the sandbox with an empty cache (SOURCE_DATE_EPOCH={p.epoch})")
     with broker.serve(build / "broker", grant) as socket_path:
         env = {"SOURCE_DATE_EPOCH": str(p.epoch), "BAKERY_CACHE": str(build / "cache"), "TMPDIR": str(build / "tmp"),
-               broker.SOCKET_ENV: str(socket_path),
+               broker_client.SOCKET_ENV: str(socket_path),
                # the checkout is ours (root's, when root), read by another uid: git asks to be told
                "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": str(source)}
         try:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import requests
 
-from . import inputs
+from . import inputs, smoke_ledger
 from .errors import BakeryError, EnvironmentProblem, InputError
 
 from .provenance import TEST_RESULT_PREDICATE as TEST_RESULT
@@ -315,7 +315,7 @@ def run(image: str, spec: dict, model_dir: Path, port: int = 8000, record: bool 
     options = {**launch_options(image, spec, model_dir, port, devices), **(stand_ins or {})}
     client = docker.from_env()
     report = {"image": image, "model": spec["model"], "revision": spec["revision"], "host": host_facts(),
-              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "run": next_run(),
+              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "run": smoke_ledger.next_run(),
               "workflow_run": workflow_run()}
     sampler = VramSampler(vram)
     try:
@@ -348,42 +348,6 @@ def run(image: str, spec: dict, model_dir: Path, port: int = 8000, record: bool 
     return report
 
 
-# -- the ledger of results: what this machine has seen, so an older PASSED cannot replace a FAILED ---
-
-def ledger_path() -> Path:
-    """Kept apart from the caches (a release job empties those): BAKERY_SMOKE_LEDGER, else
-    ~/.local/state/bakery/smoke-ledger.json."""
-    import os
-
-    default = Path.home() / ".local" / "state" / "bakery" / "smoke-ledger.json"
-    return Path(os.environ.get("BAKERY_SMOKE_LEDGER", default))
-
-
-def _ledger() -> dict:
-    try:
-        doc = json.loads(ledger_path().read_text())
-        if not isinstance(doc, dict) or not isinstance(doc.get("results"), dict) or not isinstance(doc.get("runs"), int):
-            raise ValueError("not a ledger")
-        return doc
-    except FileNotFoundError:
-        return {"runs": 0, "results": {}}
-    except ValueError as e:
-        raise EnvironmentProblem(f"the smoke ledger {ledger_path()} is unreadable ({e}): it guards against replayed "
-                                 f"results, so it is not replaced; move it aside if you know why") from None
-
-
-def _write_ledger(doc: dict) -> None:
-    """A ledger this machine cannot write only forgets: it warns, and verification goes on."""
-    import sys
-
-    from .layer import write_blob
-
-    try:
-        write_blob(ledger_path(), json.dumps(doc, indent=1, sort_keys=True).encode())
-    except EnvironmentProblem as e:
-        print(f"warning: {e}: a replayed older smoke result goes unnoticed here", file=sys.stderr)
-
-
 def workflow_run() -> str | None:
     """The GitHub Actions run this smoke is part of (REPO#RUN_ID), signed with the result: the
     promote job of the same run asks for it, so a result of an earlier run put back is refused."""
@@ -391,34 +355,6 @@ def workflow_run() -> str | None:
 
     repo, run = os.environ.get("GITHUB_REPOSITORY"), os.environ.get("GITHUB_RUN_ID")
     return f"{repo}#{run}" if repo and run else None
-
-
-def next_run() -> int:
-    """This runner's next run number: it only grows (a result carries it, signed)."""
-    doc = _ledger()
-    doc["runs"] += 1
-    _write_ledger(doc)
-    return doc["runs"]
-
-
-def remember(digest: str, spec_sha256: str, result: str, finished: str, run: int | None) -> None:
-    """Keep one result seen for (digest, spec): the smoke job after a run, verify after reading one."""
-    doc = _ledger()
-    seen = doc["results"].setdefault(f"{digest} {spec_sha256}", [])
-    entry = {"result": str(result)[:16], "finished": str(finished)[:32], "run": run}
-    if entry not in seen:
-        seen.append(entry)
-        del seen[:-64]  # the newest are what decide
-        _write_ledger(doc)
-
-
-def later_failure(digest: str, spec_sha256: str, finished: str, run: int | None) -> dict | None:
-    """A FAILED this machine has seen for the same digest and spec, finished after this result (or
-    at the same second with a higher run number): a PASSED older than it was replayed."""
-    for entry in _ledger()["results"].get(f"{digest} {spec_sha256}", []):
-        if entry["result"] == "FAILED" and (entry["finished"], entry["run"] or 0) > (str(finished), run or 0):
-            return entry
-    return None
 
 
 def statement(ref, report: dict, spec_bytes: bytes) -> bytes:

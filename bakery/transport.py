@@ -169,10 +169,10 @@ def parse_challenge(header: str) -> tuple[str, dict]:
 
 def _session():
     """A plain session; in a rebuild's sandbox (no network) one that asks the broker outside."""
-    from . import broker
+    from . import broker_client
 
-    path = os.environ.get(broker.SOCKET_ENV)
-    return broker.requests_session(path) if path else requests.Session()
+    path = os.environ.get(broker_client.SOCKET_ENV)
+    return broker_client.requests_session(path) if path else requests.Session()
 
 
 class Transport:

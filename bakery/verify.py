@@ -354,27 +354,27 @@ def _smoke(smoke: dict | None, policy, report: Report, digest: str = "", run: st
         report.check(said == run, f"the smoke result is from workflow run {run}" + ("" if said == run else
                      f" (it says {str(said)[:80]}: a result of another run, put back over this run's?)"))
     if digest and isinstance(ran, str):
-        from . import smoke as smoke_mod
+        from . import smoke_ledger
 
         finished, run = _when(smoke)
-        later = smoke_mod.later_failure(digest, ran, finished, run)
+        later = smoke_ledger.later_failure(digest, ran, finished, run)
         report.check(later is None, "no later FAILED result for this digest and spec in this machine's smoke ledger"
                      + (f" (this PASSED finished {finished[:20]}; a FAILED finished {later['finished']}: an older "
                         f"result was put back over it)" if later else ""))
-        smoke_mod.remember(digest, ran, smoke.get("result"), finished, run)
+        smoke_ledger.remember(digest, ran, smoke.get("result"), finished, run)
 
 
 def _remember_failure(ref: Reference, smoke) -> None:
     """A signed smoke result other than PASSED, seen here: kept in this machine's ledger, so an older
     PASSED put back over it is refused later."""
-    from . import smoke as smoke_mod
+    from . import smoke_ledger
 
     if not isinstance(smoke, dict) or smoke.get("result") == "PASSED":
         return
     ran = next((c.get("digest", {}).get("sha256") for c in smoke.get("configuration") or []
                 if isinstance(c, dict) and c.get("name") == provenance.SMOKE_SPEC), None)
     if isinstance(ran, str):
-        smoke_mod.remember(str(ref.digest), ran, smoke.get("result"), *_when(smoke))
+        smoke_ledger.remember(str(ref.digest), ran, smoke.get("result"), *_when(smoke))
 
 
 def _when(smoke: dict) -> tuple[str, int | None]:
