@@ -29,7 +29,7 @@ def _role_keys(release: str | None, smoke: str | None) -> dict:
 
 def _load_policy(policy: str | None, keys: dict):
     """The verification policy (default: provenance/policy.yaml) with keys given on the command line."""
-    from bakery import provenance
+    from bakery.trust import provenance
 
     return provenance.load_policy(Path(policy) if policy else PROJECT / "provenance" / "policy.yaml", PROJECT, keys)
 
@@ -92,7 +92,7 @@ def reports_errors(fn):
 def build(c, base=None, push=None, layout=None, out=None, lock=None, toolchain=None, key=None, policy=None,
           recompile=False, reprove=False):
     """Build the derived image; print its REPO@sha256:DIGEST as the last line."""
-    from bakery.build import Options, build as run
+    from bakery.build.pipeline import Options, build as run
 
     ref, rec = run(Options(PROJECT, base, push, Path(layout) if layout else None,
                            Path(out) if out else None, Path(lock) if lock else None, toolchain,
@@ -109,9 +109,10 @@ def build(c, base=None, push=None, layout=None, out=None, lock=None, toolchain=N
 @reports_errors
 def mirror(c, to=None, base=None, image=None, layout=None):
     """Copy the pinned base (or a signed image, with its signatures) by digest; print the mirrored REF@DIGEST."""
-    from bakery import base as base_mod, mirror as mirror_mod, store
+    from bakery.base import spec as base_mod
+    from bakery.oci import mirror as mirror_mod, store
     from bakery.errors import InputError
-    from bakery.refs import Reference
+    from bakery.oci.refs import Reference
 
     if image:
         ref = Reference.parse_pinned(image, "--image")
@@ -140,7 +141,7 @@ def mirror(c, to=None, base=None, image=None, layout=None):
 @reports_errors
 def fixture(c, registry=None, vllm="0.26.0"):
     """Build the fixture base (Debian + vLLM + AITER sources) with Docker, push it, print REF@DIGEST."""
-    from bakery import fixture as fixture_mod, stack
+    from bakery.dev import fixture as fixture_mod, stack
     from bakery.errors import InputError
 
     spec = FIXTURE_SPEC if vllm == "0.26.0" else FIXTURE_SPEC.with_name(f"fixture-vllm-{vllm}.yaml")
@@ -155,7 +156,7 @@ def fixture(c, registry=None, vllm="0.26.0"):
 @reports_errors
 def stack(c):
     """Start the local Docker engine and registry (127.0.0.1:5000) if they are not running."""
-    from bakery import stack as stack_mod
+    from bakery.dev import stack as stack_mod
 
     print(stack_mod.up())
 
@@ -166,8 +167,8 @@ def demo(c):
     """Stack up, fixture base, build + push, docker pull + run the result; print its digest."""
     import docker
 
-    from bakery import fixture as fixture_mod, stack as stack_mod
-    from bakery.build import Options, build as run, lock as lock_overlays
+    from bakery.dev import fixture as fixture_mod, stack as stack_mod
+    from bakery.build.pipeline import Options, build as run, lock as lock_overlays
 
     registry = stack_mod.up()
     base = fixture_mod.build(FIXTURE_SPEC, registry, log=_log)
@@ -209,7 +210,7 @@ def test(c, k=None, x=False, rehearsal=False):
 @reports_errors
 def lock(c, base=None, lock=None):
     """Apply every required overlay to the base exactly, prove the result, and write overlays.lock (base and result sha256)."""
-    from bakery.build import Options, lock as run
+    from bakery.build.pipeline import Options, lock as run
 
     document = run(Options(PROJECT, base, lock=Path(lock) if lock else None), log=_log)
     for entry in document["overlays"]:
@@ -227,9 +228,9 @@ def prove(c, base=None, device="cpu", kit=None):
     """Run each overlay's behavioural proof on the base's stock target and on the overlaid one."""
     import dataclasses
 
-    from bakery.build import Options
-    from bakery.prove import DEVICES, FIXED
-    from bakery.rebase import prove_base, prove_kit
+    from bakery.build.pipeline import Options
+    from bakery.proofs.runner import DEVICES, FIXED
+    from bakery.release.rebase import prove_base, prove_kit
 
     if kit:
         verdict = prove_kit(PROJECT, Path(kit))
@@ -266,8 +267,8 @@ def prove(c, base=None, device="cpu", kit=None):
 @reports_errors
 def rebase(c, base, lock=None, out=None):
     """Nightly bump: carry each overlay to a new base and prove it there; re-lock only if all are proven."""
-    from bakery.build import Options
-    from bakery.rebase import rebase as run
+    from bakery.build.pipeline import Options
+    from bakery.release.rebase import rebase as run
 
     rows, ok = run(Options(PROJECT, base, lock=Path(lock) if lock else None, out=Path(out) if out else None),
                    log=_log)
@@ -296,7 +297,8 @@ LEDGER = PROJECT / "image" / "nightlies.yaml"
 def track(c, from_=None, mirror=None, tags="*", ledger=None, no_bump=False, report=None, list_=False):
     """Keep every upstream nightly (mirror by digest, record in image/nightlies.yaml), then `invoke bump`.
     Exit 0: nothing new; 10: bumped and proven (base.yaml, overlays/, ledger changed); 11: needs porting."""
-    from bakery import base as base_mod, track as run
+    from bakery.base import spec as base_mod
+    from bakery.release import track as run
 
     ledger_path = Path(ledger) if ledger else LEDGER
     if list_:
@@ -323,7 +325,7 @@ def track(c, from_=None, mirror=None, tags="*", ledger=None, no_bump=False, repo
 def bump(c, ledger=None, nightly=None, report=None, out=None):
     """The nightly bump: rebase onto the newest kept nightly not yet tried, with proofs, read from the mirror.
     Exit 0: nothing new; 10: carried and proven (base.yaml, overlays/ and the ledger changed); 11: needs porting."""
-    from bakery import track as run
+    from bakery.release import track as run
 
     out_dir = Path(out) if out else PROJECT / "out"
     result = run.bump(PROJECT, Path(ledger) if ledger else LEDGER, out_dir, nightly, log=_log)
@@ -348,7 +350,7 @@ def bump(c, ledger=None, nightly=None, report=None, out=None):
 @reports_errors
 def keygen(c, out=".", role="release"):
     """Make an ECDSA P-256 key pair for one role; the private key is encrypted with BAKERY_KEY_PASSWORD."""
-    from bakery import keys
+    from bakery.trust import keys
 
     key, pub = keys.generate(Path(out), role)
     _log(f"private key (encrypted): {key}")
@@ -362,8 +364,10 @@ def keygen(c, out=".", role="release"):
 @reports_errors
 def attest(c, image, record=None, key=None, layout=None):
     """Sign IMAGE@DIGEST and attach its SBOM (SPDX 2.3) and SLSA provenance; idempotent."""
-    from bakery import attest as attest_mod, keys, record as record_mod, sign, store
-    from bakery.refs import Reference
+    from bakery.trust import attest as attest_mod, keys, sign
+    from bakery.build import record as record_mod
+    from bakery.oci import store
+    from bakery.oci.refs import Reference
 
     ref = Reference.parse_pinned(image, "image")
     rec = record_mod.read(Path(record) if record else PROJECT / "out" / "build-record.json")
@@ -387,9 +391,10 @@ def attest(c, image, record=None, key=None, layout=None):
 @reports_errors
 def attach(c, image, envelope, key, role="smoke"):
     """Attach a signed attestation (made on another machine) to IMAGE@DIGEST, after checking its signature."""
-    from bakery import attest as attest_mod, keys, provenance, sign, store
+    from bakery.trust import attest as attest_mod, keys, provenance, sign
+    from bakery.oci import store
     from bakery.errors import InputError
-    from bakery.refs import Reference
+    from bakery.oci.refs import Reference
 
     ref = Reference.parse_pinned(image, "image")
     try:
@@ -418,7 +423,7 @@ def attach(c, image, envelope, key, role="smoke"):
 @reports_errors
 def policy(c, containers, policy=None, key=None, mirror=None, accept=None):
     """Write the node policy that makes podman/CRI-O pull our repositories only when the release keys signed them."""
-    from bakery import nodes
+    from bakery.release import deploy as nodes
 
     rules = _load_policy(policy, {"release": [Path(k) for k in key or []]})
     files = nodes.containers_policy(rules, nodes.parse_mirrors(mirror or []), accept=tuple(accept or ()))
@@ -454,8 +459,8 @@ def deploy(c, image, proxy_image, hostname, allow=None, email=None, internal_tls
     """Run one verified digest behind the seed's proxy: --compose (this host) or --k8s (a fleet manifest)."""
     import yaml
 
-    from bakery import nodes
-    from bakery.refs import Reference
+    from bakery.release import deploy as nodes
+    from bakery.oci.refs import Reference
 
     if bool(compose) == bool(k8s):
         raise Exit("error: say where: --compose DIR (this host) or --k8s DIR (manifests), one of them", code=2)
@@ -508,8 +513,9 @@ def _compose_command() -> list[str]:
 def verify(c, image, key=None, smoke_key=None, policy=None, layout=None, require_smoke=False, skip_blobs=False,
            rebuilder_key=None, require_rebuilds=0):
     """For ops: prove IMAGE is ours, what is in it and how it was made; exit 0 only if all checks hold."""
-    from bakery import store, verify as verify_mod
-    from bakery.refs import Reference
+    from bakery.oci import store
+    from bakery.trust import verify as verify_mod
+    from bakery.oci.refs import Reference
 
     ref = Reference.parse(image)
     where = store.open_store(ref, Path(layout) if layout else None)
@@ -517,7 +523,7 @@ def verify(c, image, key=None, smoke_key=None, policy=None, layout=None, require
         body = where.manifest(ref.tag or "latest")
         if body is None:
             raise Exit(f"error: {image} not found", code=3)
-        from bakery.refs import Digest
+        from bakery.oci.refs import Digest
 
         ref = ref.with_digest(Digest.of(body))
         _log(f"{image} is {ref.digest}")
@@ -549,8 +555,10 @@ def reproduce(c, image, release_key=None, policy=None, toolchain=None, workdir=N
     """Rebuild IMAGE from its signed provenance here, from nothing; exit 0 only if the digest is the same."""
     import tempfile
 
-    from bakery import attest as attest_mod, keys, provenance, reproduce as rep, sign, store
-    from bakery.refs import Reference
+    from bakery.trust import attest as attest_mod, keys, provenance, sign
+    from bakery.release import reproduce as rep
+    from bakery.oci import store
+    from bakery.oci.refs import Reference
 
     ref = Reference.parse_pinned(image, "image")
     where = store.open_store(ref, None)
@@ -597,8 +605,10 @@ def reproduce(c, image, release_key=None, policy=None, toolchain=None, workdir=N
 @reports_errors
 def attest_rebuild(c, image, outcome, release_key=None, policy=None, key=None):
     """Sign a rebuild's outcome as a rebuilder where no build runs; the match is recomputed from the manifest."""
-    from bakery import attest as attest_mod, keys, provenance, reproduce as rep, sign, store
-    from bakery.refs import Digest, Reference
+    from bakery.trust import attest as attest_mod, keys, provenance, sign
+    from bakery.release import reproduce as rep
+    from bakery.oci import store
+    from bakery.oci.refs import Digest, Reference
 
     ref = Reference.parse_pinned(image, "image")
     where = store.open_store(ref, None)
@@ -626,8 +636,10 @@ def smoke(c, image, model_dir, port=8000, report=None, record=False, attest=Fals
     import hashlib
     import json as json_mod
 
-    from bakery import keys, sign, smoke as smoke_mod, smoke_ledger, store
-    from bakery.refs import Reference
+    from bakery.trust import keys, sign, smoke_ledger
+    from bakery.release import smoke as smoke_mod
+    from bakery.oci import store
+    from bakery.oci.refs import Reference
 
     ref = Reference.parse_pinned(image, "image")
     if record and attest:
@@ -647,7 +659,7 @@ def smoke(c, image, model_dir, port=8000, report=None, record=False, attest=Fals
     if attest:
         signer = sign.Signer(keys.load_private(Path(key) if key else None, keys.SMOKE_KEY_ENV))
         if envelope:
-            from bakery.layer import write_blob
+            from bakery.oci.layer import write_blob
 
             write_blob(Path(envelope), sign.envelope(signer, smoke_mod.statement(ref, result, spec_path.read_bytes())))
             _log(f"smoke attestation ({result['result']}) signed into {envelope}: attach it with `invoke attach`")
@@ -678,8 +690,9 @@ def smoke(c, image, model_dir, port=8000, report=None, record=False, attest=Fals
 def promote(c, image, tag, key=None, smoke_key=None, policy=None, rebuilder_key=None, require_rebuilds=0,
             smoke_run=None):
     """Tag a digest for release, only if it verifies with a passing MI300X smoke attestation."""
-    from bakery import store, verify as verify_mod
-    from bakery.refs import Reference
+    from bakery.oci import store
+    from bakery.trust import verify as verify_mod
+    from bakery.oci.refs import Reference
 
     ref = Reference.parse_pinned(image, "image")
     where = store.RegistryStore(ref)
@@ -693,7 +706,7 @@ def promote(c, image, tag, key=None, smoke_key=None, policy=None, rebuilder_key=
 
 def _kernel_trust(key, policy, registry):
     """None, or what a kernel artifact must carry (release-key signature) to be used instead of compiling."""
-    from bakery.build import Options
+    from bakery.build.pipeline import Options
 
     return Options(PROJECT, keys=(Path(key),) if key else (), policy=Path(policy) if policy else None) \
         .kernel_trust(registry)
@@ -708,10 +721,11 @@ def _kernel_trust(key, policy, registry):
 @reports_errors
 def disk(c, base=None, path=None, unless_cached_in=None, key=None, policy=None):
     """Check, before pulling, that the disk holds the base for compiling; print needed and free GiB."""
-    from bakery import base as base_mod, hip
+    from bakery.base import spec as base_mod
+    from bakery.inputs import hip
     from bakery.errors import IntegrityError, NotFound
-    from bakery.refs import Reference
-    from bakery.registry import Registry
+    from bakery.oci.refs import Reference
+    from bakery.oci.registry import Registry
     from bakery.engine import docker_client
 
     spec = base_mod.load_spec(PROJECT / "image" / "base.yaml", base)
@@ -744,7 +758,7 @@ def disk(c, base=None, path=None, unless_cached_in=None, key=None, policy=None):
 @reports_errors
 def toolchain(c):
     """Build the stand-in HIP toolchain image (Debian clang-19, ROCm device libs, CPU torch); print its tag."""
-    from bakery import fixture as fixture_mod
+    from bakery.dev import fixture as fixture_mod
 
     print(fixture_mod.toolchain(PROJECT / "hip" / "toolchain", FIXTURE_SPEC, log=_log))
 
@@ -760,10 +774,11 @@ def compile(c, toolchain=None, verify=False, registry=None, key=None, policy=Non
     """Compile hip/ for gfx942 in the toolchain image, check the device code, print each output's sha256."""
     import hashlib
 
-    from bakery import base as base_mod, hip
-    from bakery.build import _cache_dir
-    from bakery.refs import Reference
-    from bakery.registry import Registry
+    from bakery.base import spec as base_mod
+    from bakery.inputs import hip
+    from bakery.build.pipeline import _cache_dir
+    from bakery.oci.refs import Reference
+    from bakery.oci.registry import Registry
 
     tools = toolchain or os.environ.get("BAKERY_TOOLCHAIN") or \
         str(base_mod.load_spec(PROJECT / "image" / "base.yaml").source)
@@ -791,7 +806,7 @@ def compile(c, toolchain=None, verify=False, registry=None, key=None, policy=Non
 @reports_errors
 def rehearse(c, workflow="release", drill=None, smoke_stand_in=False, work=None):
     """Run a workflow end to end on this machine under act, against the local registry; print the job table."""
-    from bakery import rehearse as rehearse_mod
+    from bakery.dev import rehearse as rehearse_mod
     from bakery.errors import InputError
 
     where = Path(work) if work else PROJECT / "out" / "rehearsal"

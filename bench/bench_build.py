@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bakery import fixture, stack  # noqa: E402
+from bakery.dev import fixture, stack  # noqa: E402
 
 
 def timed(cmd: list[str], env: dict | None = None, cwd: Path | None = None) -> tuple[float, str]:

@@ -34,10 +34,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bakery import base as base_mod, fixture, stack  # noqa: E402
+from bakery.base import spec as base_mod
+from bakery.dev import fixture, stack  # noqa: E402
 from bakery.errors import NotFound  # noqa: E402
-from bakery.refs import Reference  # noqa: E402
-from bakery.registry import Registry  # noqa: E402
+from bakery.oci.refs import Reference  # noqa: E402
+from bakery.oci.registry import Registry  # noqa: E402
 
 SPEC = ROOT / "tests" / "fixture" / "fixture.yaml"
 SITE = "usr/local/lib/python3.12/dist-packages"

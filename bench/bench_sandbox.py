@@ -19,7 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bakery import overlays, prove, sandbox  # noqa: E402
+from bakery.inputs import overlays
+from bakery.proofs import runner as prove, sandbox  # noqa: E402
 
 RUNS = 3
 

@@ -17,8 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bakery import fixture as fixture_mod  # noqa: E402
-from bakery import stack  # noqa: E402
+from bakery.dev import fixture as fixture_mod  # noqa: E402
+from bakery.dev import stack  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

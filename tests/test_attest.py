@@ -12,12 +12,12 @@ import subprocess
 
 import pytest
 
-from bakery import attest as attest_mod, keys, sign
-from bakery.refs import Descriptor, Digest, Reference
-from bakery.registry import OCI_MANIFEST, Registry
-from bakery.store import RegistryStore, signature_tag
+from bakery.trust import attest as attest_mod, keys, sign
+from bakery.oci.refs import Descriptor, Digest, Reference
+from bakery.oci.registry import OCI_MANIFEST, Registry
+from bakery.oci.store import RegistryStore, signature_tag
 
-from bakery import overlays as overlays_mod
+from bakery.inputs import overlays as overlays_mod
 
 from conftest import ROOT, dev_policy, invoke, last_line
 
@@ -409,7 +409,7 @@ def test_tamper_provenance_naming_another_base(signed, keypair, policy, registry
 
 @pytest.fixture(scope="module")
 def mirror_registry():
-    from bakery import stack
+    from bakery.dev import stack
 
     return stack.ensure_registry(5004, name="registry-mirror")
 
@@ -470,7 +470,7 @@ def test_provenance_binds_builder_source_and_a_clean_checkout(signed, keypair, r
 
 
 def test_builder_and_source_come_from_the_ci_environment(monkeypatch, tmp_path):
-    from bakery import record as record_mod
+    from bakery.build import record as record_mod
 
     monkeypatch.setenv("GITHUB_ACTIONS", "true")
     monkeypatch.setenv("GITHUB_SERVER_URL", "https://github.com")
@@ -482,7 +482,7 @@ def test_builder_and_source_come_from_the_ci_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("GITHUB_ACTIONS")
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     subprocess.run(["git", "-C", str(tmp_path), "remote", "add", "origin", "git@github.com:acme/bakery.git"], check=True)
-    from bakery.build import _git
+    from bakery.build.pipeline import _git
 
     assert record_mod.source_repository(tmp_path, _git) == "https://github.com/acme/bakery"
     subprocess.run(["git", "-C", str(tmp_path), "remote", "set-url", "origin", "/srv/git/bakery.git"], check=True)

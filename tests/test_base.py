@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from bakery import base as base_mod
+from bakery.base import spec as base_mod
 from bakery.errors import InputError
-from bakery.refs import Descriptor, Reference
-from bakery.registry import OCI_INDEX, Registry
+from bakery.oci.refs import Descriptor, Reference
+from bakery.oci.registry import OCI_INDEX, Registry
 
 from conftest import ROOT
 
@@ -77,7 +77,7 @@ def test_disk_check_says_what_is_needed_and_free_before_pulling(registry, fixtur
     import dataclasses
 
     from bakery.errors import EnvironmentProblem
-    from bakery.refs import Descriptor
+    from bakery.oci.refs import Descriptor
 
     reg = Registry(registry)
     image = base_mod.resolve(reg, fixture_base, "linux/amd64")

@@ -18,9 +18,10 @@ import uuid
 import pytest
 import requests
 
-from bakery import build, untrusted
+from bakery.build import pipeline as build
+from bakery import untrusted
 from bakery.errors import IntegrityError
-from bakery.refs import Reference
+from bakery.oci.refs import Reference
 
 from conftest import invoke, last_line
 from test_errors import one_clear_line
@@ -154,7 +155,7 @@ def test_a_long_text_is_capped_and_says_how_much_was_cut():
 def test_an_image_file_from_outside_the_project_is_refused(tmp_path):
     """image.yaml's files[].src: the shipped one loads (the control); an absolute path, a '..' or a
     link out of image/ would bake a file of the building host."""
-    from bakery import image
+    from bakery.inputs import image
     from bakery.errors import InputError
 
     from conftest import ROOT
@@ -176,7 +177,7 @@ def test_an_image_file_from_outside_the_project_is_refused(tmp_path):
 # -- bounds ------------------------------------------------------------------------------------------
 
 def test_a_signature_manifest_with_too_many_layers_is_refused():
-    from bakery import verify
+    from bakery.trust import verify
 
     layer = {"mediaType": "application/vnd.dev.cosign.simplesigning.v1+json", "digest": "sha256:" + "a" * 64,
              "size": 1}
@@ -187,8 +188,8 @@ def test_a_signature_manifest_with_too_many_layers_is_refused():
 
 def test_a_kept_file_past_its_cap_is_refused_before_it_is_read():
     """A METADATA (kept on the first pass) whose header claims 1 GiB: refused on the size alone."""
-    from bakery import extract
-    from bakery.tarscan import Member, TarError
+    from bakery.base import filesystem as extract
+    from bakery.oci.tarscan import Member, TarError
 
     read = []
     keep = re.compile(r".*METADATA")
@@ -234,9 +235,9 @@ class Trickle:
 
 def test_a_transfer_slower_than_its_deadline_is_given_up(monkeypatch):
     """Each read gets a byte before its timeout, so only an overall deadline stops it."""
-    from bakery import registry as registry_mod
+    from bakery.oci import registry as registry_mod
     from bakery.errors import TransientError
-    from bakery.refs import Descriptor
+    from bakery.oci.refs import Descriptor
 
     blob = b"x" * 40
     desc = Descriptor.of("application/octet-stream", blob)
@@ -256,7 +257,7 @@ def test_a_build_that_fails_at_its_last_check_has_pushed_nothing(project, regist
     """The last thing that can fail before a push (the SBOM and provenance made from the record)
     fails here: neither the image's tag nor the kernel artifact's is in the registry. Before, the
     kernel artifact was pushed as soon as it was compiled."""
-    from bakery.build import Options, build as run
+    from bakery.build.pipeline import Options, build as run
 
     def fails(rec, subject):
         raise IntegrityError("the record cannot give its SBOM (made to fail here)")
@@ -285,9 +286,9 @@ def test_every_control_format_surrogate_and_separator_character_is_escaped():
 def test_a_base_manifest_with_too_many_layers_is_refused_before_any_is_read(registry, fixture_base):
     """Each layer of a base is streamed and indexed: a manifest listing 1,001 (the same one, 1,001
     times; its config's diff_ids to match) is refused at once. The control: the fixture resolves."""
-    from bakery import base as base_mod
-    from bakery.refs import Descriptor, Reference
-    from bakery.registry import Registry
+    from bakery.base import spec as base_mod
+    from bakery.oci.refs import Descriptor, Reference
+    from bakery.oci.registry import Registry
 
     reg = Registry(registry)
     honest = base_mod.resolve(reg, fixture_base, "linux/amd64")  # the control

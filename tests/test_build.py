@@ -7,9 +7,9 @@ import subprocess
 
 import pytest
 
-from bakery import stack
-from bakery.refs import Reference
-from bakery.registry import Registry
+from bakery.dev import stack
+from bakery.oci.refs import Reference
+from bakery.oci.registry import Registry
 
 from conftest import docker, invoke, last_line
 

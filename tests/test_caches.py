@@ -77,8 +77,8 @@ def test_a_poisoned_image_view_is_dropped_and_resolved_again(warm, fixture_base)
 
 
 def test_a_poisoned_base_blob_is_not_linked_into_a_layout(warm, fixture_base):
-    from bakery.refs import Descriptor
-    from bakery.store import LayoutStore
+    from bakery.oci.refs import Descriptor
+    from bakery.oci.store import LayoutStore
 
     project, digest, record = warm
     layer = record["base"]["layers"][0]

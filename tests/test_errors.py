@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from bakery.refs import Reference
-from bakery.registry import Registry
+from bakery.oci.refs import Reference
+from bakery.oci.registry import Registry
 
 from conftest import invoke
 from proxy import FaultyProxy

@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from bakery import base as base_mod
-from bakery.extract import BaseFilesystem, LayerCache
-from bakery.refs import Descriptor, Reference
-from bakery.registry import OCI_MANIFEST, Registry
+from bakery.base import spec as base_mod
+from bakery.base.filesystem import BaseFilesystem, LayerCache
+from bakery.oci.refs import Descriptor, Reference
+from bakery.oci.registry import OCI_MANIFEST, Registry
 
 from conftest import docker
 
@@ -201,7 +201,7 @@ class _Blob:
         self.blob, self.piece, self.lie = blob, piece, lie
 
     def stream_blob(self, repo, desc, label=None):
-        from bakery.registry import check_digest
+        from bakery.oci.registry import check_digest
         for i in range(0, len(self.blob), self.piece):
             yield self.blob[i:i + self.piece]
         check_digest(desc, "0" * 64 if self.lie else desc.digest.hex, len(self.blob), "test")
@@ -218,7 +218,7 @@ def test_layer_streams_decode_as_gzipfile_reads_them_and_a_bad_digest_is_named_f
     import zstandard
 
     from bakery.errors import IntegrityError
-    from bakery.extract import scan_layer
+    from bakery.base.filesystem import scan_layer
 
     raw = tar_layer([(f"d/f{i}", os.urandom(i * 300)) for i in range(40)] + [("d/x", b"wanted")])
     diff_id = f"sha256:{hashlib.sha256(raw).hexdigest()}"
@@ -246,8 +246,8 @@ def test_layer_streams_decode_as_gzipfile_reads_them_and_a_bad_digest_is_named_f
 def test_a_big_member_is_skipped_without_copying_and_a_cut_one_is_refused():
     """TarReader drops a big member's data through the pipeline stream's skip(): the members
     after it are still found where tarfile finds them, and a stream cut inside it is an error."""
-    from bakery.extract import _Pieces
-    from bakery.tarscan import TarError, TarReader
+    from bakery.base.filesystem import _Pieces
+    from bakery.oci.tarscan import TarError, TarReader
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:

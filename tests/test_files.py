@@ -6,11 +6,11 @@ import os
 
 import pytest
 
-from bakery.base import Image
+from bakery.base.spec import Image
 from bakery.errors import IntegrityError
 from bakery.files import atomic_dir, atomic_file, atomic_write, canonical_json
-from bakery.image import ImageSpec, derive_config
-from bakery.refs import Descriptor, Reference
+from bakery.inputs.image import ImageSpec, derive_config
+from bakery.oci.refs import Descriptor, Reference
 
 
 class Interrupted(BaseException):

@@ -21,11 +21,11 @@ import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from bakery import base as base_mod
+from bakery.base import spec as base_mod
 from bakery.errors import BakeryError
-from bakery.extract import BaseFilesystem, LayerCache
-from bakery.refs import Reference
-from bakery.registry import OCI_INDEX, OCI_MANIFEST, Registry
+from bakery.base.filesystem import BaseFilesystem, LayerCache
+from bakery.oci.refs import Reference
+from bakery.oci.registry import OCI_INDEX, OCI_MANIFEST, Registry
 
 from conftest import invoke
 from proxy import FaultyProxy
@@ -188,8 +188,8 @@ def signed_image(registry, fixture_base, fixture_lock, tmp_path_factory):
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_verifying_against_hostile_signatures_fails_checks_never_crashes(hostile, signed_image, data):
-    from bakery import provenance, verify
-    from bakery.store import RegistryStore, signature_tag
+    from bakery.trust import provenance, verify
+    from bakery.oci.store import RegistryStore, signature_tag
 
     project, ref, pub, policy_path = signed_image
     upstream = Registry(ref.registry)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bakery import hip
+from bakery.inputs import hip
 from bakery.engine import docker_client
 from bakery.errors import InputError, IntegrityError
 
@@ -135,7 +135,7 @@ def test_build_bakes_the_outputs_and_records_them(project, registry, fixture_bas
     assert {(s["operator"], s["function"]) for s in baked["serves"]} == {
         ("bakery::top_k_top_p_", "vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p"),
         ("bakery::swiglu_clamp", "vllm.model_executor.layers.activation.SiluAndMulWithClamp.forward_native")}
-    from bakery import sbom as sbom_mod
+    from bakery.trust import sbom as sbom_mod
     spdx = json.loads(sbom_mod.document(record, f"{registry}/test/kernels"))
     [package] = [p for p in spdx["packages"] if p["SPDXID"].startswith("SPDXRef-Artifact")]
     assert "bakery::top_k_top_p_ serves vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p" in package["comment"]
@@ -191,9 +191,9 @@ def trusting(project: Path, keys: Path, base) -> list[str]:
 
 def test_kernels_travel_as_a_signed_oci_artifact_and_need_no_engine(project, registry, fixture_base, pinned_toolchain,
                                                                     release_keys, tmp_path):
-    from bakery import provenance, sbom
-    from bakery.refs import Reference
-    from bakery.registry import Registry
+    from bakery.trust import provenance, sbom
+    from bakery.oci.refs import Reference
+    from bakery.oci.registry import Registry
 
     env = {"BAKERY_TOOLCHAIN": pinned_toolchain}
     first = invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/travel/img:1", env=env)
@@ -246,9 +246,9 @@ def test_without_a_release_key_the_registrys_artifact_is_not_used(project, regis
 def test_a_signed_but_inconsistent_kernel_artifact_is_refused(project, registry, fixture_base, pinned_toolchain,
                                                               release_keys, tmp_path):
     """Even under a release-key signature, every file must match the sha256 the artifact's config records."""
-    from bakery import attest as attest_mod, keys, sign
-    from bakery.refs import Descriptor, Reference
-    from bakery.registry import OCI_MANIFEST, Registry
+    from bakery.trust import attest as attest_mod, keys, sign
+    from bakery.oci.refs import Descriptor, Reference
+    from bakery.oci.registry import OCI_MANIFEST, Registry
 
     env = {"BAKERY_TOOLCHAIN": pinned_toolchain}
     assert invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/travel/evil:1",
@@ -348,7 +348,7 @@ def test_each_operator_serves_a_vllm_function_through_a_baked_overlay():
     stock bytes, calls that operator's glue inside that very function."""
     import ast
 
-    from bakery import overlays as overlays_mod, patch as patch_mod
+    from bakery.inputs import overlays as overlays_mod, patch as patch_mod
 
     recipe = hip.load(ROOT / "hip")
     registered = {o.id: o for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml")}

@@ -9,7 +9,7 @@ import tarfile
 import pytest
 
 from bakery.errors import InputError
-from bakery.layer import FileEntry, gzip_bytes, tar_bytes, write_layer
+from bakery.oci.layer import FileEntry, gzip_bytes, tar_bytes, write_layer
 
 FILES = (FileEntry("/usr/local/bin/tool", b"#!/bin/sh\necho hi\n", executable=True),
          FileEntry("/usr/local/lib/python3.12/dist-packages/vllm/" + "deep/" * 30 + "x.py", b"x = 1\n"),

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bakery import stack
-from bakery.registry import Registry
+from bakery.dev import stack
+from bakery.oci.registry import Registry
 
 from conftest import invoke, last_line
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from bakery import fixture as fixture_mod
+from bakery.dev import fixture as fixture_mod
 
 from conftest import ROOT, docker, invoke, last_line
 from test_attest import PASSWORD

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from bakery import base as base_mod, overlays as overlays_mod, patch as patch_mod, prove
-from bakery.extract import BaseFilesystem
-from bakery.registry import Registry
+from bakery.base import spec as base_mod
+from bakery.inputs import overlays as overlays_mod, patch as patch_mod
+from bakery.proofs import runner as prove
+from bakery.base.filesystem import BaseFilesystem
+from bakery.oci.registry import Registry
 
 from conftest import ROOT, invoke
 

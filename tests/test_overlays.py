@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from bakery import overlays as overlays_mod
+from bakery.inputs import overlays as overlays_mod
 from bakery.errors import InputError
-from bakery.patch import unified_diff
-from bakery.refs import Reference
+from bakery.inputs.patch import unified_diff
+from bakery.oci.refs import Reference
 
 from conftest import ROOT, docker, invoke, last_line
 from test_errors import one_clear_line
@@ -303,9 +303,10 @@ def test_rebase_retires_an_overlay_that_upstream_fixed(project, registry, fixtur
 
 @pytest.fixture
 def versions_dir(registry, fixture_base, tmp_path):
-    from bakery import base as base_mod, patch as patch_mod
-    from bakery.extract import BaseFilesystem
-    from bakery.registry import Registry
+    from bakery.base import spec as base_mod
+    from bakery.inputs import patch as patch_mod
+    from bakery.base.filesystem import BaseFilesystem
+    from bakery.oci.registry import Registry
 
     reg = Registry(registry)
     fs = BaseFilesystem(reg, base_mod.resolve(reg, fixture_base, "linux/amd64"))
@@ -362,9 +363,9 @@ PYC_MODULE = f"{SITE}/vllm/third_party/triton_kernels/proton_opts.py"
 def test_stale_bytecode_cannot_shadow_an_overlay(project, registry, fixture_base, tmp_path):
     """A same-size edit whose mtime equals the one recorded in the stock .pyc: Python would run the
     stock bytecode. Shown first with plain Docker (the hazard), then with our image (the fix)."""
-    from bakery import base as base_mod
-    from bakery.extract import BaseFilesystem
-    from bakery.registry import Registry
+    from bakery.base import spec as base_mod
+    from bakery.base.filesystem import BaseFilesystem
+    from bakery.oci.registry import Registry
 
     reg = Registry(registry)
     fs = BaseFilesystem(reg, base_mod.resolve(reg, fixture_base, "linux/amd64"))
@@ -445,7 +446,7 @@ def stock_of(overlay_id: str) -> tuple:
 def test_rebase_carries_a_hardware_only_overlay_only_exactly(tmp_path):
     """No proof runs for the BLOCK_H tile here, so nothing but the committed patch applied exactly
     may carry it: moved code (an offset) or a merge is a person's call. The control: exact bytes."""
-    from bakery.rebase import NEEDS_PORTING, _decide
+    from bakery.release.rebase import NEEDS_PORTING, _decide
 
     overlay, stock = stock_of("sparse-mla-prefill-bh64")
     moved = b"# a new line upstream\n" + stock

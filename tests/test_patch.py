@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from bakery.errors import InputError
-from bakery.patch import PatchConflict, apply, parse, unified_diff
+from bakery.inputs.patch import PatchConflict, apply, parse, unified_diff
 
 OLD = b"".join(b"line %d\n" % i for i in range(1, 21))
 NEW = OLD.replace(b"line 5\n", b"line five\n").replace(b"line 15\n", b"line 15\nadded\n")

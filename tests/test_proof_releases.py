@@ -16,7 +16,9 @@ import zipfile
 
 import pytest
 
-from bakery import fixture as fixture_mod, overlays as overlays_mod, prove
+from bakery.dev import fixture as fixture_mod
+from bakery.inputs import overlays as overlays_mod
+from bakery.proofs import runner as prove
 
 from conftest import ROOT
 

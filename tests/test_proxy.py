@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from bakery import nodes
+from bakery.release import deploy as nodes
 
 pytestmark = pytest.mark.skipif(shutil.which("caddy") is None, reason="needs caddy (scripts/bootstrap.sh installs it)")
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from bakery import reproduce
+from bakery.release import reproduce
 from bakery.errors import EnvironmentProblem
-from bakery.refs import Reference
+from bakery.oci.refs import Reference
 
 SECRETS = {"BAKERY_KEY_PASSWORD": "rebuilder-password", "BAKERY_REBUILDER_SIGNING_KEY": "-----BEGIN ENCRYPTED"}
 
@@ -254,7 +254,7 @@ def test_the_broker_grants_a_few_compiles_and_no_more(hostile, tmp_path):
 def test_a_compile_the_revision_leaves_running_ends_with_the_rebuild(hostile, tmp_path, monkeypatch):
     """The revision starts a compile that never ends and exits; once reproduce is done, no
     container of that compile is left (the broker removes what it labelled)."""
-    from bakery import broker
+    from bakery.release import broker
     from bakery.engine import docker_client
 
     plan = revision_with(tmp_path, hostile[0], LEFT_RUNNING)

@@ -3,7 +3,7 @@
 import pytest
 
 from bakery.errors import InputError
-from bakery.refs import Descriptor, Digest, Reference
+from bakery.oci.refs import Descriptor, Digest, Reference
 
 PIN = "sha256:e68d18b2ba50298661bfc49baf01158fbf036645c2362cccf3e8a7a79fe6c69a"
 

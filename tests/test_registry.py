@@ -9,11 +9,11 @@ import time
 import pytest
 import requests
 
-from bakery import stack
+from bakery.dev import stack
 from bakery.errors import AuthError, IntegrityError, RegistryError
-from bakery.refs import Descriptor, Digest, Reference
-from bakery.registry import OCI_MANIFEST, Registry
-from bakery.transport import Credentials, Transport
+from bakery.oci.refs import Descriptor, Digest, Reference
+from bakery.oci.registry import OCI_MANIFEST, Registry
+from bakery.oci.transport import Credentials, Transport
 
 from proxy import FaultyProxy
 from tokenserver import TokenServer, make_signing_material
@@ -107,7 +107,7 @@ def test_failed_upload_posts_and_patches_are_not_resent_the_session_starts_over(
 
 def test_a_missing_manifest_is_told_by_status_not_text(registry):
     """A 404 whose body says something else is still 'not there'; a 500 saying 'not found' is not."""
-    from bakery.store import RegistryStore
+    from bakery.oci.store import RegistryStore
 
     store = RegistryStore(Reference(registry, "test/nowhere", "latest"))
     assert store.manifest("no-such-tag") is None
@@ -121,7 +121,7 @@ def test_a_missing_manifest_is_told_by_status_not_text(registry):
     ("127.example.com", "https"), ("127.0.0.1.nip.io:5000", "https"), ("ghcr.io", "https"), ("10.0.0.1:5000", "https"),
 ])
 def test_plain_http_only_to_loopback_addresses(host, scheme, monkeypatch):
-    from bakery.transport import scheme_for
+    from bakery.oci.transport import scheme_for
 
     monkeypatch.delenv("BAKERY_INSECURE_REGISTRIES", raising=False)
     assert scheme_for(host) == scheme
@@ -132,14 +132,14 @@ def test_plain_http_only_to_loopback_addresses(host, scheme, monkeypatch):
     ("http://auth.example.com/token", False), ("http://127.example.com/token", False), ("ftp://x/token", False),
 ])
 def test_basic_credentials_go_only_to_an_https_or_loopback_realm(realm, allowed):
-    from bakery.transport import realm_may_receive_credentials
+    from bakery.oci.transport import realm_may_receive_credentials
 
     assert realm_may_receive_credentials(realm) is allowed
 
 
 def test_environment_credentials_only_for_the_registries_they_name(monkeypatch):
     from bakery.errors import InputError
-    from bakery.transport import load_credentials
+    from bakery.oci.transport import load_credentials
 
     monkeypatch.setenv("DOCKER_CONFIG", "/nonexistent")
     monkeypatch.setenv("BAKERY_REGISTRY_USER", "bob")
@@ -335,7 +335,7 @@ def test_a_redirect_to_an_unreadable_location_is_one_clear_error(registry):
 
 
 def test_a_layout_index_over_4_mib_is_refused(tmp_path):
-    from bakery.store import LayoutStore
+    from bakery.oci.store import LayoutStore
 
     (tmp_path / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
     (tmp_path / "index.json").write_bytes(b'{"manifests": []' + b" " * (5 << 20) + b"}")
@@ -387,7 +387,7 @@ def test_a_layout_file_that_is_not_a_regular_file_is_refused_at_once(tmp_path, m
     never answers, is refused instead of read (both would hang or exhaust memory)."""
     import os
 
-    from bakery.store import LayoutStore
+    from bakery.oci.store import LayoutStore
 
     (tmp_path / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
     if make == "fifo":

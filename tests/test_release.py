@@ -328,7 +328,7 @@ def test_tools_are_there():
 # -- the rehearsal's own parts (the rehearsals themselves: tests/test_rehearse.py) ------------------------
 
 def test_the_vendored_actions_are_the_pinned_ones_and_a_changed_byte_is_refused(tmp_path):
-    from bakery import rehearse
+    from bakery.dev import rehearse
     from bakery.errors import IntegrityError
 
     pinned = set(re.findall(r"uses: (actions/[\w-]+@[0-9a-f]{40})", WORKFLOW.read_text() + NIGHTLY.read_text()))
@@ -349,7 +349,7 @@ def test_the_vendored_actions_are_the_pinned_ones_and_a_changed_byte_is_refused(
 
 
 def test_the_smoke_stand_in_replaces_one_step_and_the_job_table_reads_acts_log():
-    from bakery import rehearse
+    from bakery.dev import rehearse
 
     stood = yaml.safe_load(rehearse.with_smoke_stand_in(WORKFLOW.read_text(), "echo stand-in"))
     committed = yaml.safe_load(WORKFLOW.read_text())
@@ -370,7 +370,7 @@ def test_the_smoke_stand_in_replaces_one_step_and_the_job_table_reads_acts_log()
 
 
 def test_invoke_rehearse_says_when_a_run_did_not_stop_where_it_must():
-    from bakery import rehearse
+    from bakery.dev import rehearse
 
     def outcome(*results):
         log = [json.dumps({"jobID": j, "time": "2026-12-01T10:00:00Z", "jobResult": r})

@@ -108,7 +108,7 @@ def test_verify_counts_distinct_rebuilders_that_got_this_digest(setup, clean):
 
 
 def test_cosign_agrees_with_the_rebuilder_key_and_type(setup, clean):
-    from bakery import provenance
+    from bakery.trust import provenance
     from test_attest import cosign
 
     ref, _ = clean
@@ -172,10 +172,10 @@ def test_a_release_that_baked_a_poisoned_kernel_artifact_is_not_reproduced(setup
     rebuilder compiles hip/ itself, so its .so differs, and it says which file."""
     import json
 
-    from bakery import attest as attest_mod, keys, sign
-    from bakery.refs import Descriptor, Digest, Reference
-    from bakery.registry import OCI_MANIFEST, Registry
-    from bakery.store import RegistryStore
+    from bakery.trust import attest as attest_mod, keys, sign
+    from bakery.oci.refs import Descriptor, Digest, Reference
+    from bakery.oci.registry import OCI_MANIFEST, Registry
+    from bakery.oci.store import RegistryStore
     from conftest import cold_compile_cache
 
     ref, _ = clean
@@ -246,7 +246,7 @@ def test_a_toolchain_pinned_to_the_base_is_pulled_by_the_bases_reference():
     """The release compiles in the ROCm base, recorded by its digest alone: a fresh rebuilder cannot
     pull `sha256:...` by itself, so the rebuild names the base's reference; a local image ID or a
     REF@sha256 toolchain stays as recorded."""
-    from bakery.reproduce import Plan, toolchain_ref
+    from bakery.release.reproduce import Plan, toolchain_ref
 
     digest = "sha256:" + "e" * 64
     base = f"docker.io/vllm/vllm-openai-rocm@{digest}"

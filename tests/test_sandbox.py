@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bakery import prove, sandbox
+from bakery.proofs import runner as prove, sandbox
 from bakery.errors import EnvironmentProblem
 
 from conftest import ROOT
@@ -104,7 +104,7 @@ def test_in_the_sandbox_the_hostile_proof_finds_nothing(hostile):
 def test_real_proofs_run_in_the_sandbox(tmp_path, monkeypatch):
     """The sandbox still holds what a proof needs: torch, the proof's folder, hip/, its inputs."""
     monkeypatch.setenv("BAKERY_CACHE", str(tmp_path / "cache"))
-    from bakery import overlays
+    from bakery.inputs import overlays
 
     lock = json.loads((ROOT / "overlays" / "overlays.lock").read_text())
     stock = {e["id"]: ROOT / "overlays" / "stock" / e["base_sha256"] for e in lock["overlays"] if e["base_sha256"]}

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from bakery import smoke
+from bakery.release import smoke
 
 from conftest import ROOT, dev_policy, docker, invoke, last_line
 
@@ -241,9 +241,9 @@ def test_production_launch_on_the_fixture_image(project, registry, fixture_base,
 
 def test_smoke_attestation_gates_verify(tmp_path, registry, fixture_base, fixture_lock):
     """A passing report signed onto the digest satisfies --require-smoke; a failing one does not."""
-    from bakery import keys, sign
-    from bakery.refs import Reference
-    from bakery.store import RegistryStore
+    from bakery.trust import keys, sign
+    from bakery.oci.refs import Reference
+    from bakery.oci.store import RegistryStore
 
     from conftest import copy_project
 
@@ -291,7 +291,7 @@ def test_smoke_attestation_gates_verify(tmp_path, registry, fixture_base, fixtur
     assert ok.returncode == 0, ok.stdout
     promoted = invoke(project, *promote)
     assert promoted.returncode == 0, promoted.stderr
-    from bakery.registry import Registry
+    from bakery.oci.registry import Registry
 
     assert Registry(registry).get_manifest(Reference(registry, r.repository, "v0.0.1"))[2] == r.digest
     # the release workflow's promote asks for its own run's result: a PASSED of another run (one put

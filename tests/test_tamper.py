@@ -20,11 +20,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bakery import attest as attest_mod, hip, keys, provenance, sign, smoke
+from bakery.trust import attest as attest_mod, keys, provenance, sign
+from bakery.inputs import hip
+from bakery.release import smoke
 from bakery.errors import IntegrityError
-from bakery.refs import Descriptor, Digest, Reference
-from bakery.registry import OCI_MANIFEST, Registry
-from bakery.store import RegistryStore, signature_tag
+from bakery.oci.refs import Descriptor, Digest, Reference
+from bakery.oci.registry import OCI_MANIFEST, Registry
+from bakery.oci.store import RegistryStore, signature_tag
 
 from conftest import ROOT, cold_compile_cache, copy_project, dev_policy, invoke, last_line
 from proxy import FaultyProxy
@@ -84,7 +86,7 @@ def fix_neutered_and_relocked(p, ctx):
     race is back."""
     import hashlib
 
-    from bakery.patch import unified_diff
+    from bakery.inputs.patch import unified_diff
 
     sha = next(e["base_sha256"] for e in lock_of(p)["overlays"] if e["id"] == FENCE_ID)
     stock = (p / "overlays" / "stock" / sha).read_bytes()

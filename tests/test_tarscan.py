@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from bakery import base as base_mod
+from bakery.base import spec as base_mod
 from bakery.errors import IntegrityError
-from bakery.extract import LayerCache, scan_layer
-from bakery.registry import Registry
-from bakery.tarscan import TarError, TarReader
+from bakery.base.filesystem import LayerCache, scan_layer
+from bakery.oci.registry import Registry
+from bakery.oci.tarscan import TarError, TarReader
 
 SETTINGS = settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 KINDS = {"file": tarfile.REGTYPE, "old-file": tarfile.AREGTYPE, "dir": tarfile.DIRTYPE, "symlink": tarfile.SYMTYPE,
@@ -329,7 +329,7 @@ def test_a_layer_go_and_we_read_differently_refuses_the_base(registry, tmp_path)
     digest checked first; no listing of ours is kept."""
     import gzip
 
-    from bakery.refs import Descriptor
+    from bakery.oci.refs import Descriptor
 
     blob = gzip.compress(V7, mtime=0)
     desc = Descriptor.of("application/vnd.oci.image.layer.v1.tar+gzip", blob)

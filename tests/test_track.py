@@ -17,10 +17,10 @@ import yaml
 from conftest import copy_project, invoke, last_line
 from proxy import FaultyProxy
 
-from bakery import track
-from bakery.rehearse import tag_image as put_tag
-from bakery.refs import Descriptor, Digest, Reference
-from bakery.registry import Registry
+from bakery.release import track
+from bakery.dev.rehearse import tag_image as put_tag
+from bakery.oci.refs import Descriptor, Digest, Reference
+from bakery.oci.registry import Registry
 
 
 @pytest.fixture
@@ -237,8 +237,9 @@ def test_bump_never_retires_an_overlay_on_the_base_s_own_word(pinned_project, ni
     """The next nightly's own code proves the Gumbel fix: a person may retire the overlay with
     `invoke rebase`, but an unattended bump must not (a base's code runs inside its own proof and
     could print FIXED). Exit 11, overlays.yaml and the lock as they were, the report says why."""
-    from bakery import base as base_mod, overlays as overlays_mod, patch as patch_mod
-    from bakery.extract import BaseFilesystem
+    from bakery.base import spec as base_mod
+    from bakery.inputs import overlays as overlays_mod, patch as patch_mod
+    from bakery.base.filesystem import BaseFilesystem
 
     from conftest import ROOT, docker
 

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from bakery import tuning
+from bakery.inputs import tuning
 from bakery.errors import InputError
 
 from conftest import ROOT, docker, invoke, last_line
@@ -66,9 +66,9 @@ def test_bad_tables_name_file_and_line(data, message):
 
 def test_aiter_packaged_table_for_other_gpus_is_refused(registry, fixture_base):
     """AITER's own packaged table mixes CU counts: not an MI300X table."""
-    from bakery import base as base_mod
-    from bakery.extract import BaseFilesystem
-    from bakery.registry import Registry
+    from bakery.base import spec as base_mod
+    from bakery.base.filesystem import BaseFilesystem
+    from bakery.oci.registry import Registry
 
     reg = Registry(registry)
     path = "usr/local/lib/python3.12/dist-packages/aiter/configs/a8w8_blockscale_bpreshuffle_tuned_gemm.csv"

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from bakery import attest as attest_mod, keys, provenance, prove, sign
+from bakery.trust import attest as attest_mod, keys, provenance, sign
+from bakery.proofs import runner as prove
 from bakery.errors import IntegrityError
-from bakery.refs import Reference
-from bakery.registry import OCI_MANIFEST, Registry
+from bakery.oci.refs import Reference
+from bakery.oci.registry import OCI_MANIFEST, Registry
 
 from conftest import invoke, last_line
 from test_hip import PASSWORD, pinned_toolchain, release_keys, trusting  # noqa: F401 (fixtures)
@@ -111,14 +112,14 @@ def test_a_fresh_runner_takes_signed_verdicts_and_proves_what_is_not(project, re
 
 
 def moved_key(reg: Registry, ref: Reference) -> str:
-    from bakery.refs import Descriptor
+    from bakery.oci.refs import Descriptor
 
     config = Descriptor.from_json(json.loads(reg.get_manifest(ref)[0])["config"])
     return json.loads(reg.fetch_document(ref.repository, config, "config"))["key"]
 
 
 def _trust(project: Path, keys_dir: Path, base, reg: Registry):
-    from bakery.build import Options
+    from bakery.build.pipeline import Options
     from conftest import dev_policy
 
     return Options(project, keys=(keys_dir / "k" / "release.pub",),

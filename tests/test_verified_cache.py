@@ -14,11 +14,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from conftest import ROOT, dev_policy
 
-from bakery import attest, keys, provenance, sign, verify
+from bakery.trust import attest, keys, provenance, sign, verify
 from bakery.errors import IntegrityError
-from bakery.refs import Descriptor, Reference
-from bakery.registry import OCI_MANIFEST, Registry, verified_dir
-from bakery.store import RegistryStore
+from bakery.oci.refs import Descriptor, Reference
+from bakery.oci.registry import OCI_MANIFEST, Registry, verified_dir
+from bakery.oci.store import RegistryStore
 
 PIN = "127.0.0.1:5000/verified/base@sha256:" + "0" * 64
 

@@ -41,7 +41,8 @@ def write_inputs() -> None:
 
     import yaml
 
-    from bakery import fixture, overlays, patch
+    from bakery.dev import fixture
+    from bakery.inputs import overlays, patch
 
     spec = yaml.safe_load((ROOT / "tests" / "fixture" / "fixture.yaml").read_text())
     vllm = next(w for w in spec["wheels"] if w["name"] == "vllm")
@@ -84,7 +85,8 @@ def manifest() -> dict:
 
 
 def _proven(overlay_id: str, manifest: dict):
-    from bakery import overlays, prove
+    from bakery.inputs import overlays
+    from bakery.proofs import runner as prove
 
     o = next(o for o in overlays.load(ROOT / "overlays" / "overlays.yaml") if o.id == overlay_id)
     folder = INPUTS / overlay_id

@@ -1,0 +1,449 @@
+"""`invoke build`: inputs -> base -> files -> layers -> config + manifest -> outputs -> record."""
+
+from __future__ import annotations
+
+import dataclasses
+import email.parser
+import functools
+import glob
+import hashlib
+import os
+import re
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path, PurePosixPath
+
+from ..base import spec as base_mod
+from ..inputs import hip as hip_mod
+from ..inputs import image as image_mod
+from ..inputs import overlays as overlays_mod
+from ..proofs import runner as prove_mod
+from . import record
+from ..inputs import tuning as tuning_mod
+from .. import untrusted
+from ..errors import BakeryError, InputError, IntegrityError
+from ..base.filesystem import BaseFilesystem, LayerCache
+from ..oci.layer import FileEntry, write_blob, write_layer
+from ..project import cache_dir
+from .publish import Derived, push, write_layout
+from ..oci.refs import Descriptor, Reference
+from ..oci.registry import Registry
+
+DIST_INFO = "usr/local/lib/python3*/dist-packages/*.dist-info/METADATA"
+
+
+@dataclass(frozen=True)
+class Options:
+    project: Path
+    base: str | None = None  # REF@DIGEST overriding image/base.yaml
+    push: str | None = None  # REGISTRY/REPO[:TAG]
+    layout: Path | None = None
+    out: Path | None = None  # where blobs and the record go; default PROJECT/out
+    lock: Path | None = None  # overlays lock; default PROJECT/overlays/overlays.lock
+    toolchain: str | None = None  # image to compile hip/ in; default BAKERY_TOOLCHAIN, else the base
+    keys: tuple[Path, ...] = ()  # release public keys, beside the policy's: who may vouch for kernels
+    policy: Path | None = None  # default PROJECT/provenance/policy.yaml
+    recompile: bool = False  # compile hip/ here even where the registry holds a signed artifact
+    reprove: bool = False  # run every proof here, whatever this machine or the registry holds
+    device: str = "cpu"  # where `invoke prove` runs the proofs' Triton kernels: cpu (interpreted) or cuda
+    base_mirror: str | None = None  # with base: read that digest from this REGISTRY/REPO (a kept nightly)
+
+    def toolchain_for(self, base: base_mod.BaseSpec) -> str:
+        return self.toolchain or os.environ.get("BAKERY_TOOLCHAIN") or str(base.source)
+
+    @property
+    def out_dir(self) -> Path:
+        return self.out or self.project / "out"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.lock or self.project / "overlays" / "overlays.lock"
+
+    def kernel_trust(self, registry: Registry):
+        """What a kernel artifact (or a proof verdict) must carry to be used: a cosign signature by the
+        policy's release keys (threshold, allowed repositories). None where the policy names no release
+        key. With --key there is one, so the policy is read when a signature is first checked (a warm
+        build checks none)."""
+        from ..trust import provenance
+
+        load = functools.lru_cache(maxsize=1)(lambda: provenance.load_policy(
+            self.policy or self.project / "provenance" / "policy.yaml", self.project, {"release": list(self.keys)}))
+        if not self.keys and not load().roles["release"].keys:
+            return None
+
+        def trust(ref, what="kernel artifact") -> None:
+            from ..trust import verify
+            from ..oci.store import RegistryStore
+
+            verify.require_signed(RegistryStore(ref, registry), ref, load(), what)
+
+        return trust
+
+
+def _git(project: Path, *args: str) -> str:
+    result = subprocess.run(["git", "-C", str(project), *args], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise InputError(f"{project} is not a git checkout with a commit ({result.stderr.strip()}): "
+                         f"bakery records the source revision; commit first")
+    return result.stdout.strip()
+
+
+def _cache_dir() -> Path:
+    path = cache_dir()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def source_date_epoch(project: Path) -> int:
+    """SOURCE_DATE_EPOCH if set, else the commit time of HEAD: read once, here."""
+    value = os.environ.get("SOURCE_DATE_EPOCH")
+    if value is None:
+        return int(_git(project, "log", "-1", "--format=%ct"))
+    if not value.isdigit():
+        raise InputError(f"SOURCE_DATE_EPOCH={value!r} is not a whole number of seconds since 1970")
+    return int(value)
+
+
+def input_files(project: Path) -> list[Path]:
+    """Every checked-in file that can change the image."""
+    return sorted(p for folder in ("image", "overlays", "tuning", "hip") if (project / folder).is_dir()
+                  for p in (project / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+
+
+@dataclass(frozen=True)
+class OpenBase:
+    spec: base_mod.BaseSpec
+    registry: Registry
+    image: base_mod.Image
+    fs: BaseFilesystem
+
+
+def needed_files(project: Path) -> tuple[str, ...]:
+    """Every base file a build or rebase reads (as patterns): dist-info, overlay targets, what the
+    proofs and probes read. Kept on a layer's first pass, so no layer is streamed twice."""
+    try:
+        registered = overlays_mod.load(project / "overlays" / "overlays.yaml")
+    except BakeryError:
+        return (DIST_INFO,)  # the registry is reported by whoever loads it next
+    paths = {o.target for o in registered} | {r for o in registered if o.proof for r in o.proof.reads} | \
+        {c["path"] for o in registered for c in o.probe}
+    return (DIST_INFO,) + tuple(sorted(glob.escape(p.lstrip("/")) for p in paths))
+
+
+def open_base(project: Path, override: str | None, log=print, mirror: str | None = None) -> OpenBase:
+    """Resolve the pinned base (or --base, read from mirror when given) and open its filesystem
+    through the layer cache; layers not yet indexed are streamed now, concurrently, once each."""
+    spec = base_mod.load_spec(project / "image" / "base.yaml", override, mirror)
+    registry = Registry(spec.source.registry)
+    log(f"resolving base {spec.source}")
+    image = base_mod.resolve(registry, spec.source, spec.platform)
+    fs = BaseFilesystem(registry, image, LayerCache(), keep=needed_files(project))
+    fs.prefetch()
+    fs.check_layers()
+    return OpenBase(spec, registry, image, fs)
+
+
+def base_files(base: OpenBase, paths) -> dict:
+    """{image path: bytes} of the base's regular files (None where absent or not a regular file)."""
+    paths = sorted(set(paths))
+    found = base.fs.read(paths) if paths else {}
+    return {p: (f.data if f is not None and f.kind in ("file", "hardlink") else None)
+            for p, f in ((p, found.get(p.lstrip("/"))) for p in paths)}
+
+
+def overlay_inputs(project: Path, base: OpenBase) -> tuple[list, list, list]:
+    """Registered overlays, the required ones applied exactly to the base bytes, and the stale
+    bytecode to delete."""
+    overlays = overlays_mod.load(project / "overlays" / "overlays.yaml")
+    targets = [o.target for o in overlays if o.baked]
+    applied = overlays_mod.apply_all(overlays, base.fs.read(targets))
+    caches = sorted({str(PurePosixPath(t).parent / "__pycache__").lstrip("/") + "/*.pyc" for t in targets})
+    present = [p for pattern in caches for p in base.fs.glob(pattern)]
+    return overlays, applied, overlays_mod.stale_bytecode(targets, present)
+
+
+def lock(opts: Options, log=print) -> dict:
+    """`invoke lock`: apply every required overlay to the base, prove it, and pin both hashes. A lock
+    is only written for overlaid bytes whose proof says FIXED: the build would refuse any other."""
+    project = opts.project.resolve()
+    base = open_base(project, opts.base, log)
+    _, applied, _ = overlay_inputs(project, base)
+    overlay_proofs(base, applied, log)
+    for a in applied:
+        if a.original is not None:
+            overlays_mod.store_stock(project / "overlays", a.original)
+    document = overlays_mod.lock_document(str(base.spec.image), [a.lock_entry() for a in applied])
+    overlays_mod.write_lock(opts.lock_path, document)
+    return document
+
+
+def overlay_proofs(base: OpenBase, applied: list, log=print, signed: prove_mod.SignedVerdicts | None = None,
+                   reprove: bool = False) -> tuple[dict, list]:
+    """Each baked overlay's proof on the base's stock target and on the overlaid one (cached by
+    their inputs, or signed verdicts from `signed`); refuses unless the stock target proves BROKEN
+    and the overlaid one FIXED. Returns ({overlay: what its proofs said}, [each verdict's record])."""
+    specs = [a.overlay.proof for a in applied if a.overlay.proof and a.overlay.proof.script]
+    reads = base_files(base, [r for spec in specs for r in spec.reads])
+    jobs = {}
+    for a in applied:
+        if a.overlay.proof and a.overlay.proof.script:
+            jobs[(a.overlay.id, "stock")] = (a.overlay.proof, a.original, reads)
+            jobs[(a.overlay.id, "overlaid")] = (a.overlay.proof, a.result, reads)
+    if jobs:
+        log(f"proving {len(jobs) // 2} overlays on stock and overlaid bytes (cached by their inputs)")
+    verdicts = prove_mod.run_many(jobs, signed=signed, reprove=reprove)
+    out = {}
+    for a in applied:
+        spec = a.overlay.proof
+        if spec is None:
+            raise InputError(f"overlay {a.overlay.id!r} has no proof: give it proof: {{script: ...}} in "
+                             f"overlays.yaml, or {{hardware: WHY}} where only hardware can tell")
+        if spec.script is None:
+            out[a.overlay.id] = {"hardware": spec.hardware}
+            continue
+        stock, overlaid = verdicts[(a.overlay.id, "stock")], verdicts[(a.overlay.id, "overlaid")]
+        if overlaid.verdict != prove_mod.FIXED:
+            raise IntegrityError(f"overlay {a.overlay.id!r}: its proof says {overlaid.verdict} on the overlaid "
+                                 f"target ({overlaid.reason}); run `invoke prove` for the table")
+        if stock.verdict != prove_mod.BROKEN:  # a proof that cannot tell stock from fixed proves nothing
+            raise IntegrityError(
+                f"overlay {a.overlay.id!r}: its proof says {stock.verdict} on the base's stock target "
+                f"({stock.reason}): " + ("upstream fixed it, run `invoke rebase` to record that and stop baking "
+                                         "the overlay" if stock.verdict == prove_mod.FIXED else
+                                         "the proof cannot show the defect is there; run `invoke prove`"))
+        out[a.overlay.id] = {"script": str(spec.script.name), "code_sha256": spec.code_sha256,
+                             "stock": stock.verdict, "overlaid": overlaid.verdict, "reason": overlaid.reason}
+    return out, [(overlay, side, verdicts[(overlay, side)]) for overlay, side in sorted(verdicts)]
+
+
+def verdict_records(verdicts: list, remote) -> tuple[list[dict], list]:
+    """Each verdict as the record names it, and the pushes of those proven here (to `remote`, the
+    push target, where the sign job signs what the record names and later builds take them)."""
+    records, pushes = [], []
+    for overlay, side, v in verdicts:
+        entry = {"overlay": overlay, "side": side, "key": v.key, "verdict": v.verdict, "origin": v.origin,
+                 "artifact": v.artifact}
+        if remote is not None and v.origin == "proven":
+            ref, push_one = prove_mod.verdict_artifact(remote[0], remote[1], v)
+            entry["artifact"] = str(ref)
+            pushes.append(push_one)
+        records.append(entry)
+    return records, pushes
+
+
+DIST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,198}[A-Za-z0-9])?")  # PEP 508's, capped
+DIST_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+!_-]{0,127}")  # PEP 440's characters and legacy ones
+METADATA_LIMIT = 4 << 20  # a METADATA file is kilobytes: its headers are all we parse
+
+
+def python_distributions(fs: BaseFilesystem) -> list[dict]:
+    """Name and version of each Python distribution installed in the base, from its dist-info. They
+    go into the SBOM and the signed record: a missing, non-ASCII or odd one refuses the base in one
+    line, before anything is pushed."""
+    found = fs.read(fs.glob(DIST_INFO))
+    dists = []
+    for path, f in sorted(found.items()):
+        if f and f.data:
+            if len(f.data) > METADATA_LIMIT:
+                raise IntegrityError(f"the base's /{untrusted.safe(path)} is {len(f.data)} bytes, past "
+                                     f"{METADATA_LIMIT}: not a METADATA file; refused")
+            meta = email.parser.BytesParser().parsebytes(f.data, headersonly=True)
+            fields = {}
+            for field, pattern in (("Name", DIST_NAME), ("Version", DIST_VERSION)):
+                value = meta.get(field)
+                if not isinstance(value, str) or not pattern.fullmatch(value):
+                    said = "none" if value is None else repr(untrusted.safe(value, limit=80))
+                    raise IntegrityError(f"the base's /{untrusted.safe(path)} has {field}: {said}, not a distribution "
+                                         f"{field.lower()}: the base is refused (its SBOM could not name it)")
+                fields[field.lower()] = value
+            dists.append({**fields, "metadata": "/" + path, "sha256": f.sha256})
+    return dists
+
+
+def check_attestable(rec: dict, subject: Reference) -> None:
+    """Make now, from the record, what `invoke attest` will sign: a record that cannot give its SBOM
+    or provenance, or gives one a registry would not serve back (past 4 MiB signed), fails here,
+    before anything is pushed or tagged."""
+    import base64
+    import json
+
+    from ..trust import provenance, sbom
+    from ..oci.transport import DOCUMENT_LIMIT
+
+    try:
+        statements = {
+            "SBOM": provenance.statement(subject, sbom.SPDX_PREDICATE, json.loads(sbom.document(rec, subject.name))),
+            "provenance": provenance.statement(subject, provenance.SLSA_PREDICATE, provenance.predicate(rec))}
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise IntegrityError(f"the build record cannot give its SBOM and provenance ({type(e).__name__}: "
+                             f"{untrusted.safe(e)}): nothing pushed") from None
+    for what, body in statements.items():
+        signed = len(base64.b64encode(body)) + 4096  # the DSSE envelope: the payload in base64, a signature
+        if signed > DOCUMENT_LIMIT:
+            raise IntegrityError(f"the {what} would be about {signed} bytes signed, past the {DOCUMENT_LIMIT} a "
+                                 f"registry serves back: nothing pushed (is some text of the base huge?)")
+
+
+def overlay_records(project: Path, overlays: list, applied: list, proofs: dict) -> list[dict]:
+    """Every registered overlay (baked or not) with its hashes, for the record and the SBOM."""
+    by_id = {a.overlay.id: a for a in applied}
+    out = []
+    for o in overlays:
+        a = by_id.get(o.id)
+        out.append({"id": o.id, "target": o.target, "kind": o.kind, "status": o.status, "baked": a is not None,
+                    "upstream": o.upstream, "reason": o.reason, "platforms": list(o.platforms),
+                    "patch": str(a.overlay.patch_path.relative_to(project)) if a else
+                    (str(o.patch_path.relative_to(project)) if o.patch_path else None),
+                    "patch_sha256": a.overlay.patch_sha256 if a else o.patch_sha256, "proof": proofs.get(o.id),
+                    "base_sha256": a.base_sha256 if a else None, "result_sha256": a.result_sha256 if a else None})
+    return out
+
+
+def write_layers(specs: list, epoch: int, blobs: Path) -> list:
+    """One layer per (files, comment, deletions), None skipped, in order, compressed concurrently
+    (zlib lets go of the GIL)."""
+    specs = [s for s in specs if s is not None]
+    with ThreadPoolExecutor(len(specs)) as pool:
+        return list(pool.map(lambda s: write_layer(s[0], epoch, blobs, s[1], deletions=s[2]), specs))
+
+
+def checked_overlays(project: Path, opts: Options, opened: OpenBase, log=print,
+                     signed: prove_mod.SignedVerdicts | None = None) -> tuple[list, list, list, tuple[dict, list]]:
+    """Registered overlays applied to the base, held to the lock and the stored stock bytes, and
+    proven: (overlays, applied, stale bytecode, (proofs, verdicts))."""
+    overlays, applied, stale = overlay_inputs(project, opened)
+    locked = overlays_mod.read_lock(opts.lock_path)
+    overlays_mod.verify_against_lock(applied, locked, str(opened.spec.image), opts.lock_path)
+    overlays_mod.check_stock(project / "overlays", locked, opts.lock_path)
+    return overlays, applied, stale, overlay_proofs(opened, applied, log, signed, opts.reprove)
+
+
+def push_target(opts: Options) -> Reference | None:
+    target = Reference.parse(opts.push) if opts.push else None
+    if target and target.digest:
+        raise InputError(f"--push {opts.push!r}: give REGISTRY/REPO[:TAG]; the digest is computed")
+    return target
+
+
+def write_outputs(derived: Derived, opts: Options, target: Reference | None, registries: dict, blob_cache: Path,
+                  log=print) -> tuple[Reference | None, list, object]:
+    """Push and/or write the layout: (pushed name, outputs for the record, push stats)."""
+    outputs, stats, name = [], None, None
+    if target:
+        log(f"pushing to {target}")
+        name, stats = push(derived, target, registries)
+        outputs.append({"kind": "registry", "reference": str(name), "tag": target.tag})
+    if opts.layout:
+        path = write_layout(derived, Path(opts.layout), (target.tag if target else None) or "latest", blob_cache)
+        outputs.append({"kind": "oci-layout", "path": str(path), "digest": str(derived.digest)})
+    return name, outputs, stats
+
+
+def base_record(opened: OpenBase, dists: list) -> dict:
+    base, pinned = opened.image, opened.spec
+    return {
+        "name": pinned.image.name,
+        "pinned": str(pinned.image),
+        "read_from": str(base.ref),
+        "platform": pinned.platform,
+        "index_digest": str(base.index_digest) if base.index_digest else None,
+        "manifest": {"digest": str(base.manifest_digest), "mediaType": base.manifest_media_type,
+                     "size": len(base.manifest_bytes)},
+        "config": base.config_descriptor.to_json(),
+        "layers": [d.to_json() for d in base.layers],
+        "python_distributions": dists,
+    }
+
+
+def build(opts: Options, log=print) -> tuple[Reference, dict]:
+    """inputs -> base -> checked overlays -> kernels -> tuning -> layers -> config + manifest ->
+    outputs -> build record."""
+    project = opts.project.resolve()
+    started = datetime.now(timezone.utc)
+    epoch = source_date_epoch(project)
+    revision = _git(project, "rev-parse", "HEAD")
+    dirty = bool(_git(project, "status", "--porcelain"))  # untracked files count: they can change the image
+    spec = image_mod.load_spec(project / "image" / "image.yaml")
+    target = push_target(opts)
+    opened = open_base(project, opts.base, log)
+    registries = {opened.spec.source.registry: opened.registry}
+    remote = (registries.get(target.registry) or registries.setdefault(target.registry, Registry(target.registry)),
+              target.repository) if target else None
+    trust = opts.kernel_trust(remote[0]) if remote else None
+    signed = prove_mod.SignedVerdicts(remote[0], remote[1], trust, log) if trust else None
+    dists = python_distributions(opened.fs)
+    overlays, applied, stale, (proofs, verdicts) = checked_overlays(project, opts, opened, log, signed)
+    verdict_list, verdict_pushes = verdict_records(verdicts, remote)
+    overlay_files = tuple(FileEntry(a.overlay.target, a.result) for a in applied)
+
+    recipe = hip_mod.served(hip_mod.load(project / "hip"), {a.overlay.id for a in applied}, log)
+    compiled = hip_mod.compile_recipe(recipe, opts.toolchain_for(opened.spec), _cache_dir() / "hip", log, remote,
+                                      trust, opts.recompile, defer_push=True)
+    kernel_files = hip_mod.files(recipe, compiled.artifacts)
+    tables = tuning_mod.load(project / "tuning")
+    table_files = tuning_mod.files(tables)
+    spec = dataclasses.replace(spec, env=spec.env + tuple(tuning_mod.env(tables).items()))
+
+    manifest_entry = image_mod.in_image_manifest(kernel_files + table_files + overlay_files + spec.files)
+    blobs = opts.out_dir / "blobs"
+    layers = write_layers([
+        (kernel_files, "kernels for " + recipe.arch + ": " + ", ".join(a.name for a in compiled.artifacts), ()),
+        (table_files, "AITER tuning tables: " + ", ".join(t.name for t in tables), ()) if table_files else None,
+        (overlay_files, "overlays: " + ", ".join(a.overlay.id for a in applied), tuple(stale)) if overlay_files
+        else None,
+        (spec.files + (manifest_entry,), "entrypoint, self-check and in-image manifest", ())], epoch, blobs)
+
+    base = opened.image
+    notes = image_mod.annotations(opened.spec.image.name, base, spec, revision, epoch)
+    config = image_mod.derive_config(base, layers, spec, epoch, notes)
+    config_desc = Descriptor.of(image_mod.OCI_CONFIG, config)
+    manifest = image_mod.derive_manifest(base, config_desc, layers, notes)
+    derived = Derived(base, opened.registry, manifest, config, config_desc, tuple(layers))
+    write_blob(blobs / "sha256" / config_desc.digest.hex, config)
+    write_blob(blobs / "sha256" / derived.digest.hex, manifest)
+
+    rec = {
+        "schema": record.SCHEMA,
+        "source": {"repository": record.source_repository(project, _git), "revision": revision, "dirty": dirty,
+                   "source_date_epoch": epoch},
+        "inputs": [{"path": str(p.relative_to(project)), "sha256": Descriptor.of("", p.read_bytes()).digest.hex}
+                   for p in input_files(project)],
+        "base": base_record(opened, dists),
+        "files": [{"path": f.path, "sha256": f.sha256, "size": len(f.data), "mode": oct(f.mode), "layer": i}
+                  for i, l in enumerate(layers) for f in l.files],
+        "deleted": [{"path": d, "layer": i, "why": "stale bytecode of an overlaid module"}
+                    for i, l in enumerate(layers) for d in l.deletions],
+        "overlays": overlay_records(project, overlays, applied, proofs),
+        "verdicts": verdict_list,
+        "artifacts": [a.record() for a in compiled.artifacts],
+        "kernels": compiled.record(),
+        "tuning": [{"name": t.name, "path": t.path, "sha256": t.sha256, "rows": t.rows, "env": t.env,
+                    "source": t.source.name} for t in tables],
+        "layers": [{**l.descriptor.to_json(), "diff_id": str(l.diff_id), "comment": l.comment} for l in layers],
+        "config": config_desc.to_json(),
+        "manifest": {"digest": str(derived.digest), "mediaType": image_mod.OCI_MANIFEST, "size": len(manifest),
+                     "annotations": notes},
+        "image": {"repository": spec.repository.name, "env": dict(spec.env), "entrypoint": list(spec.entrypoint),
+                  "cmd": list(spec.cmd)},
+        "outputs": [],
+        "push": None,
+        "overlays_lock": {"path": str(opts.lock_path), "base": str(opened.spec.image),
+                          "sha256": hashlib.sha256(opts.lock_path.read_bytes()).hexdigest()},
+        "builder": record.builder(),
+        "tools": record.tools(),
+        "started": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "finished": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),  # again once pushed
+        "layer_downloads": opened.fs.cache.downloads,
+    }
+    # everything that can fail has run before the first push (a push writes the tag)
+    check_attestable(rec, (target or spec.repository).with_digest(derived.digest))
+    for push_one in ([compiled.push] if compiled.push else []) + verdict_pushes:
+        push_one()
+    pushed, outputs, stats = write_outputs(derived, opts, target, registries, opened.fs.cache.root / "blobs", log)
+    rec.update({"outputs": outputs, "push": vars(stats) if stats else None,
+                "finished": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "layer_downloads": opened.fs.cache.downloads})
+    record.write(opts.out_dir / "build-record.json", rec)
+    return pushed or spec.repository.with_digest(derived.digest), rec

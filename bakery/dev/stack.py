@@ -1,0 +1,102 @@
+"""The local stack: a Docker engine and CNCF distribution registries on 127.0.0.1.
+
+Started on demand by `invoke demo`, `invoke test`, the tests and .ci/run; never by a build.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import requests
+
+from ..errors import EnvironmentProblem
+from ..project import cache_dir
+
+REGISTRY_PORT = 5000
+
+
+def state_dir() -> Path:
+    path = Path(os.environ.get("BAKERY_STATE", cache_dir("stack")))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _docker_ok() -> bool:
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def ensure_dockerd(timeout: float = 60) -> None:
+    """Start dockerd (detached) unless an engine already answers."""
+    if _docker_ok():
+        return
+    if not shutil.which("dockerd"):
+        raise EnvironmentProblem("no Docker engine answers and dockerd is not installed: "
+                                 "run scripts/bootstrap.sh (apt-get install docker.io)")
+    log = open(state_dir() / "dockerd.log", "ab")
+    subprocess.Popen(["dockerd"], stdout=log, stderr=log, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _docker_ok():
+            return
+        time.sleep(1)
+    raise EnvironmentProblem(f"dockerd did not answer within {timeout:.0f}s: see {state_dir() / 'dockerd.log'}")
+
+
+def registry_up(port: int) -> bool:
+    try:
+        return requests.get(f"http://127.0.0.1:{port}/v2/", timeout=2).status_code in (200, 401)
+    except requests.RequestException:
+        return False
+
+
+def registry_config(port: int, root: Path, auth: dict | None = None) -> str:
+    """distribution's YAML config: filesystem storage, deletes allowed, listening on loopback only."""
+    import yaml
+
+    config = {
+        "version": 0.1,
+        "log": {"level": "warn"},
+        "storage": {"filesystem": {"rootdirectory": str(root)}, "delete": {"enabled": True},
+                    "cache": {"blobdescriptor": "inmemory"}},
+        "http": {"addr": f"127.0.0.1:{port}", "secret": f"bakery-local-{port}"},
+    }
+    if auth:
+        config["auth"] = auth
+    return yaml.safe_dump(config, sort_keys=True)
+
+
+def ensure_registry(port: int = REGISTRY_PORT, auth: dict | None = None, name: str | None = None,
+                    timeout: float = 30) -> str:
+    """Start `docker-registry serve` on 127.0.0.1:port unless one answers; return host:port."""
+    host = f"127.0.0.1:{port}"
+    if registry_up(port):
+        return host
+    binary = shutil.which("docker-registry") or shutil.which("registry")
+    if not binary:
+        raise EnvironmentProblem("docker-registry is not installed: run scripts/bootstrap.sh "
+                                 "(apt-get install docker-registry)")
+    base = state_dir() / (name or f"registry-{port}")
+    base.mkdir(parents=True, exist_ok=True)
+    config = base / "config.yml"
+    config.write_text(registry_config(port, base / "data", auth))
+    log = open(base / "registry.log", "ab")
+    subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=log, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if registry_up(port):
+            return host
+        time.sleep(0.3)
+    raise EnvironmentProblem(f"registry on {host} did not start: see {base / 'registry.log'}")
+
+
+def up() -> str:
+    """Engine and the default registry; returns the registry's host:port."""
+    ensure_dockerd()
+    return ensure_registry()

@@ -1,0 +1,348 @@
+"""HTTP to one registry host: auth challenges, retries, nothing about images."""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+import requests.auth
+
+from ..errors import AuthError, InputError, IntegrityError, NotFound, RegistryError, TransientError
+
+RETRY_STATUSES = {429, 500, 502, 503, 504}
+ATTEMPTS = 5
+TIMEOUT = (10, 300)  # connect, read
+DOCUMENT_LIMIT = 4 << 20  # manifests, indexes, configs, signatures, envelopes: distribution's own cap
+ERROR_BODY_LIMIT = 64 << 10  # what a registry may say about a failure
+REDIRECTS = {301, 302, 303, 307, 308}
+MAX_REDIRECTS = 5
+
+
+@dataclass(frozen=True)
+class Credentials:
+    username: str
+    password: str
+
+
+def api_host(registry: str) -> str:
+    """The host serving the API: Docker Hub's name differs from its API host."""
+    return "registry-1.docker.io" if registry == "docker.io" else registry
+
+
+IDEMPOTENT = {"GET", "HEAD", "PUT", "DELETE"}  # POST opens an upload session, PATCH appends: never resent
+
+
+def host_name(host: str) -> str:
+    """'127.0.0.1:5000' -> '127.0.0.1', '[::1]:5000' -> '::1', 'Example.com' -> 'example.com'."""
+    if host.startswith("["):
+        return host[1:].split("]")[0]
+    return (host.rsplit(":", 1)[0] if host.count(":") == 1 else host).lower()
+
+
+def is_loopback(host: str) -> bool:
+    """By address, not by name prefix: 127.example.com is a public name."""
+    name = host_name(host)
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def realm_may_receive_credentials(realm: str) -> bool:
+    """Basic credentials go to a token service only over https, or on this machine."""
+    url = urllib.parse.urlsplit(realm)
+    return url.scheme == "https" or (url.scheme == "http" and is_loopback(url.netloc))
+
+
+def scheme_for(registry: str) -> str:
+    """Loopback registries and those listed in BAKERY_INSECURE_REGISTRIES speak plain HTTP."""
+    insecure = {h for h in os.environ.get("BAKERY_INSECURE_REGISTRIES", "").split(",") if h}
+    return "http" if is_loopback(registry) or registry in insecure else "https"
+
+
+def load_credentials(registry: str) -> Credentials | None:
+    """Credentials from the environment (only for the registries BAKERY_REGISTRY_HOSTS names), else
+    from ~/.docker/config.json (auths or a helper)."""
+    user, password = os.environ.get("BAKERY_REGISTRY_USER"), os.environ.get("BAKERY_REGISTRY_PASSWORD")
+    if user or password:
+        hosts = [h.strip() for h in os.environ.get("BAKERY_REGISTRY_HOSTS", "").split(",") if h.strip()]
+        if not hosts:
+            raise InputError("BAKERY_REGISTRY_USER/PASSWORD are set but BAKERY_REGISTRY_HOSTS is not: name the "
+                             "registries these credentials are for (comma-separated, e.g. ghcr.io), so that they "
+                             "are never sent anywhere else")
+        if registry in hosts:
+            if not (user and password):
+                raise InputError("set both BAKERY_REGISTRY_USER and BAKERY_REGISTRY_PASSWORD, or neither")
+            return Credentials(user, password)
+    config_dir = Path(os.environ.get("DOCKER_CONFIG", Path.home() / ".docker"))
+    try:
+        config = json.loads((config_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    keys = [registry, f"https://{registry}", f"http://{registry}"]
+    if registry == "docker.io":
+        keys += ["https://index.docker.io/v1/", "index.docker.io"]
+    for key in keys:
+        entry = (config.get("auths") or {}).get(key) or {}
+        if entry.get("auth"):
+            user, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
+            return Credentials(user, password)
+    helper = (config.get("credHelpers") or {}).get(registry) or config.get("credsStore")
+    if helper:
+        return _from_helper(helper, keys[0] if registry != "docker.io" else "https://index.docker.io/v1/")
+    return None
+
+
+def _from_helper(helper: str, server: str) -> Credentials | None:
+    try:
+        out = subprocess.run([f"docker-credential-{helper}", "get"], input=server.encode(),
+                             capture_output=True, timeout=30, check=True).stdout
+        data = json.loads(out)
+        return Credentials(data["Username"], data["Secret"])
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError):
+        return None
+
+
+def origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) with the scheme's default port made explicit: what credentials are bound to."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        return parts.scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:  # a malformed host or port: an origin of its own, matching nothing
+        return "", "", -1
+
+
+def read_bounded(resp: requests.Response, limit: int, what: str, error: type) -> bytes:
+    """The whole body, or `error` as soon as it is known to exceed `limit` (from Content-Length, or
+    while reading a body of unannounced length): a hostile server cannot make us read gigabytes."""
+    declared = resp.headers.get("Content-Length", "")
+    if declared.isdigit() and int(declared) > limit:
+        resp.close()
+        raise error(f"{what}: the response announces {int(declared)} bytes, over the {limit}-byte limit for it; "
+                    f"refused without reading it (the server is broken or hostile)")
+    body = bytearray()
+    try:
+        for chunk in resp.iter_content(64 << 10):
+            body += chunk
+            if len(body) > limit:
+                raise error(f"{what}: the response is over the {limit}-byte limit for it; refused after reading "
+                            f"{len(body)} bytes (the server is broken or hostile)")
+    except requests.RequestException as e:
+        raise TransientError(f"{what}: the response broke off after {len(body)} bytes ({type(e).__name__}); "
+                             f"retry") from None
+    finally:
+        resp.close()
+    # requests' own cache of the body: .content, .text and .json() read it from here
+    resp._content, resp._content_consumed = bytes(body), True
+    return resp._content
+
+
+class _NoAuth(requests.auth.AuthBase):
+    """Our Authorization header as we set it: requests would otherwise fill it from ~/.netrc, for
+    whatever host a URL names."""
+
+    def __call__(self, r):
+        return r
+
+
+_NO_AUTH = _NoAuth()
+
+
+def parse_challenge(header: str) -> tuple[str, dict]:
+    """Split 'Bearer realm="x",service="y"' into ('bearer', {...})."""
+    scheme, _, rest = header.strip().partition(" ")
+    params = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+    return scheme.lower(), params
+
+
+def _session():
+    """A plain session; in a rebuild's sandbox (no network) one that asks the broker outside."""
+    from .. import broker_client
+
+    path = os.environ.get(broker_client.SOCKET_ENV)
+    return broker_client.requests_session(path) if path else requests.Session()
+
+
+class Transport:
+    """Requests to one registry, authenticating on demand and retrying transient failures.
+    Credentials (basic or a token) go only to the registry's own origin: an upload Location or a
+    redirect that points elsewhere is followed without them."""
+
+    def __init__(self, registry: str, credentials: Credentials | None = None, session=None):
+        self.registry = registry
+        self.base = f"{scheme_for(registry)}://{api_host(registry)}"
+        self.origin = origin(self.base)
+        self.credentials = credentials if credentials is not None else load_credentials(registry)
+        self.session = session or _session()
+        self._tokens: dict[str, str] = {}
+        self._basic = False
+
+    def request(self, method: str, path: str, *, scopes: tuple[str, ...] = (), ok=(200,),
+                headers: dict | None = None, body=None, stream: bool = False,
+                limit: int = DOCUMENT_LIMIT) -> requests.Response:
+        """Send one request; body may be bytes or a callable returning a fresh body per attempt.
+        Unless `stream`, the response body is read here, refused past `limit` bytes (an error
+        body past 64 KiB)."""
+        url = path if path.startswith("http") else self.base + path
+        attempts = ATTEMPTS if method in IDEMPOTENT else 1  # a resent POST/PATCH could act twice
+        for attempt in range(attempts):
+            resp = self._send(method, url, scopes, headers, body)
+            if resp is not None and resp.status_code == 401:
+                resp.close()
+                if origin(resp.url) != self.origin:
+                    raise AuthError(f"{method} {resp.url}: that server asked for credentials, but it is not "
+                                    f"{self.registry}, which sent us there; credentials go only to the registry's "
+                                    f"own origin ({self.base}): the registry is misconfigured or hostile")
+                self._authenticate(resp, scopes)
+                resp = self._send(method, url, scopes, headers, body)
+                if resp is not None and resp.status_code == 401:
+                    raise AuthError(
+                        f"{method} {url}: access denied by {self.registry}: log in with "
+                        f"`docker login {self.registry}` or set BAKERY_REGISTRY_USER/BAKERY_REGISTRY_PASSWORD")
+            if resp is not None and resp.status_code not in RETRY_STATUSES:
+                if resp.status_code not in ok:
+                    raise (NotFound if resp.status_code == 404 else RegistryError)(self._describe(method, url, resp))
+                if not stream and method != "HEAD":  # an answer that says "not there" says little
+                    read_bounded(resp, limit if resp.status_code < 400 else ERROR_BODY_LIMIT, f"{method} {url}",
+                                 IntegrityError)
+                return resp
+            if resp is not None and attempt + 1 < attempts:
+                resp.close()  # a retried 5xx may be streaming: give its connection back
+            if attempt + 1 < attempts:
+                time.sleep(min(0.25 * 2 ** attempt, 4.0))
+        tries = f"after {attempts} attempts" if attempts > 1 else "not resent: it is not idempotent"
+        if resp is None:
+            raise TransientError(f"{method} {url}: {self.registry} unreachable ({tries}): "
+                                 f"{self._last_error}; is the registry running and the name right?")
+        raise TransientError(self._describe(method, url, resp) + f" ({tries})")
+
+    def _send(self, method, url, scopes, headers, body):
+        """One request, following redirects ourselves: credentials only where the origin is the
+        registry's, and a redirect's body never read. None when the connection failed."""
+        for _ in range(MAX_REDIRECTS + 1):
+            hdrs = dict(headers or {})
+            auth = self._auth_header(scopes) if origin(url) == self.origin else None
+            if auth:
+                hdrs["Authorization"] = auth
+            data = body() if callable(body) else body
+            try:
+                resp = self._send_once(method, url, hdrs, data)
+            except requests.RequestException as e:  # refused, timed out, or a body cut short
+                self._last_error = type(e).__name__ + ": " + str(e).split("(Caused by")[0].strip()[:200]
+                return None
+            if resp.status_code not in REDIRECTS or "Location" not in resp.headers:
+                return resp
+            resp.close()
+            try:
+                url = urllib.parse.urljoin(url, resp.headers["Location"])
+                urllib.parse.urlsplit(url).port  # noqa: B018 (raises on a malformed host or port)
+            except ValueError:
+                raise RegistryError(f"{method} {url}: {self.registry} redirected to an unreadable Location "
+                                    f"{resp.headers['Location'][:100]!r}") from None
+            if resp.status_code == 303 or (resp.status_code in (301, 302) and method == "POST"):
+                method, body = "GET", None
+        raise RegistryError(f"{method} {url}: more than {MAX_REDIRECTS} redirects from {self.registry}")
+
+    def _send_once(self, method: str, url: str, headers: dict, data, params=None, auth=None) -> requests.Response:
+        """One HTTP exchange, its body left unread, no redirect followed. Through the session's
+        adapter, not Session.send: that reads a redirect's whole body (to release the socket) even
+        when told not to follow it."""
+        prepared = self.session.prepare_request(requests.Request(method, url, headers=headers, data=data,
+                                                                 params=params, auth=auth or _NO_AUTH))
+        settings = self.session.merge_environment_settings(prepared.url, {}, True, None, None)
+        return self.session.get_adapter(prepared.url).send(prepared, stream=True, timeout=TIMEOUT,
+                                                           verify=settings["verify"], proxies=settings["proxies"],
+                                                           cert=settings["cert"])
+
+    def _auth_header(self, scopes) -> str | None:
+        token = self._tokens.get(" ".join(scopes))
+        if token:
+            return f"Bearer {token}"
+        if self._basic and self.credentials:
+            raw = f"{self.credentials.username}:{self.credentials.password}".encode()
+            return "Basic " + base64.b64encode(raw).decode()
+        return None
+
+    def _authenticate(self, resp, scopes) -> None:
+        scheme, params = parse_challenge(resp.headers.get("WWW-Authenticate", ""))
+        if scheme == "basic":
+            if not self.credentials:
+                raise AuthError(f"{self.registry} requires a login: run `docker login {self.registry}` "
+                                f"or set BAKERY_REGISTRY_USER and BAKERY_REGISTRY_PASSWORD")
+            self._basic = True
+        elif scheme == "bearer" and "realm" in params:
+            self._tokens[" ".join(scopes)] = self._fetch_token(params, scopes)
+        else:
+            raise AuthError(f"{self.registry} asked for unsupported authentication {scheme!r}")
+
+    def _fetch_token(self, params: dict, scopes) -> str:
+        # an https registry sends us to https token services only, and a plain-http one (loopback or
+        # listed insecure) to its own host: any other realm would have us fetch whatever URL it
+        # names (an internal one) and hand its answer back to it
+        scheme, host, _ = origin(params["realm"])
+        if not (scheme == "https" and host) and not (scheme == "http" and self.base.startswith("http://")
+                                                     and host == self.origin[1]):
+            raise AuthError(f"{self.registry} names a token service {params['realm'][:100]!r}: refused (an https "
+                            f"registry's must be https; a plain one's must be on its own host)")
+        query = [("service", params["service"])] if "service" in params else []
+        wanted = list(scopes) or ([params["scope"]] if "scope" in params else [])
+        query += [("scope", s) for s in wanted]
+        auth = (self.credentials.username, self.credentials.password) \
+            if self.credentials and realm_may_receive_credentials(params["realm"]) else None
+        if self.credentials and auth is None:
+            print(f"warning: {self.registry}'s token service {params['realm']} is not https: asking it "
+                  f"anonymously, credentials withheld", file=sys.stderr)
+        for attempt in range(ATTEMPTS):
+            try:  # no redirects: a token service that moves elsewhere would take the credentials along
+                resp = self._send_once("GET", params["realm"], {}, None, params=query, auth=auth)
+            except requests.RequestException as e:
+                resp, err = None, e
+            if resp is not None and resp.status_code not in RETRY_STATUSES:
+                break
+            if resp is not None:
+                resp.close()
+            time.sleep(min(0.25 * 2 ** attempt, 4.0))
+        if resp is None:
+            raise RegistryError(f"token service {params['realm']} unreachable: {err}")
+        if resp.status_code in (401, 403):
+            resp.close()
+            raise AuthError(f"token service for {self.registry} refused "
+                            f"{'our credentials' if auth else 'anonymous access'} for {' '.join(wanted)}: "
+                            f"check `docker login {self.registry}` or BAKERY_REGISTRY_USER/PASSWORD")
+        if resp.status_code != 200:
+            resp.close()
+            raise RegistryError(f"token service {params['realm']} answered HTTP {resp.status_code}")
+        read_bounded(resp, DOCUMENT_LIMIT, f"token service {params['realm']}", RegistryError)
+        try:
+            data = resp.json()
+            token = data.get("token") or data.get("access_token")
+        except (ValueError, AttributeError):
+            token = None
+        if not token or not isinstance(token, str):
+            raise AuthError(f"token service {params['realm']} returned no token")
+        return token
+
+    @staticmethod
+    def _describe(method: str, url: str, resp) -> str:
+        """What the registry said went wrong: its error codes, else the start of its body (read up
+        to 64 KiB; a longer error body is refused)."""
+        read_bounded(resp, ERROR_BODY_LIMIT, f"{method} {url}: HTTP {resp.status_code} error body", RegistryError)
+        detail = ""
+        try:
+            errors = resp.json().get("errors") or []
+            detail = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors)
+        except (ValueError, AttributeError, TypeError):
+            detail = (resp.text or "")[:200].strip()
+        return f"{method} {url}: HTTP {resp.status_code}" + (f" ({detail})" if detail else "")

@@ -1,0 +1,314 @@
+"""Overlay proofs: run each overlay's behavioural proof on one version of its target's bytes.
+
+A proof (overlays/proofs/*.py, named in overlays.yaml) executes the code in the bytes it is given
+and compares with a reference written from the defect's description. Its verdict is FIXED, BROKEN
+or CANNOT-PROVE (with the reason); anything that raises, times out or prints no verdict is
+CANNOT-PROVE, never a pass. Verdicts are cached by what decides them: the proof's code, the bytes
+it ran on, and the interpreter and library versions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from . import sandbox
+from .. import untrusted
+from ..errors import EnvironmentProblem
+from ..files import canonical_json
+from ..inputs.proof_spec import ProofSpec
+from ..oci.layer import write_blob
+from ..project import cache_dir
+
+FIXED, BROKEN, CANNOT = "FIXED", "BROKEN", "CANNOT-PROVE"
+DEVICES = ("cpu", "cuda")  # cpu: Triton's interpreter; cuda: kernels compiled for the GPU torch sees (CUDA or ROCm)
+LIMITS = sandbox.PROOF  # time, memory, processes, file size
+REASON_LIMIT = 400  # characters of a reason a record keeps
+
+
+@dataclass(frozen=True)
+class Verdict:
+    verdict: str
+    reason: str
+    seconds: float = 0.0
+    measured: dict = field(default_factory=dict)
+    origin: str = field(default="proven", compare=False)  # proven (here, now), cache, or registry (signed)
+    key: str = field(default="", compare=False)  # cache_key of what it judged
+    artifact: str | None = field(default=None, compare=False)  # REGISTRY/REPO@DIGEST it was taken from
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k not in ("origin", "key", "artifact")}
+
+
+@functools.lru_cache(maxsize=1)
+def _versions() -> str:
+    found = []
+    for dist in ("torch", "triton", "numpy"):
+        try:
+            found.append(f"{dist}=={metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            found.append(f"{dist} missing")
+    return f"python {sys.version.split()[0]}; " + ", ".join(found)
+
+
+def cache_key(spec: ProofSpec, target: bytes, reads: dict[str, bytes], device: str = "cpu") -> str:
+    h = hashlib.sha256(f"{spec.code_sha256}\n{_versions()}\n{device}\n".encode())
+    h.update(hashlib.sha256(target).hexdigest().encode())
+    for path in spec.reads:
+        h.update(f"\n{path} {hashlib.sha256(reads[path]).hexdigest()}".encode())
+    return h.hexdigest()
+
+
+def _cache_dir() -> Path:
+    return cache_dir("proofs")
+
+
+def _cached(key: str) -> Verdict | None:
+    """A cached verdict, if its file names the key it is stored under (else it is dropped)."""
+    path = _cache_dir() / f"{key}.json"
+    try:
+        doc = json.loads(path.read_text())
+        if doc["key"] != key or doc["verdict"] not in (FIXED, BROKEN) or not isinstance(doc["reason"], str):
+            raise ValueError("entry does not match its key")
+        return Verdict(doc["verdict"], untrusted.safe(doc["reason"], "json", REASON_LIMIT),
+                       float(doc.get("seconds") or 0), _measured(doc.get("measured")), "cache")
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        print(f"warning: dropped a corrupt proof cache entry {path.name}", file=sys.stderr)
+        path.unlink(missing_ok=True)
+        return None
+
+
+def _remember(key: str, verdict: Verdict) -> None:
+    write_blob(_cache_dir() / f"{key}.json", json.dumps({"key": key, **verdict.to_json()}).encode())
+
+
+def run(spec: ProofSpec, target: bytes, reads: dict[str, bytes], device: str = "cpu") -> Verdict:
+    """One proof on one version of the target; cached unless CANNOT-PROVE."""
+    return run_batch(spec, [target], reads, device)[0]
+
+
+def run_batch(spec: ProofSpec, targets: list[bytes], reads: dict[str, bytes], device: str = "cpu",
+              signed: "SignedVerdicts | None" = None, reprove: bool = False) -> list[Verdict]:
+    """One proof on several versions of its target (stock and overlaid): from this machine's cache,
+    else from `signed` (verdicts a release key signed), else run in one sandboxed process, which
+    loads torch and Triton once and forks a run per target. `reprove` runs it whatever is cached."""
+    if spec.script is None:
+        return [Verdict(CANNOT, f"no proof can run here: {spec.hardware}")] * len(targets)
+    missing = [p for p in spec.reads if reads.get(p) is None]
+    if missing:
+        return [Verdict(CANNOT, f"the base has no {', '.join(missing)}, which the proof reads")] * len(targets)
+    keys = [cache_key(spec, t, reads, device) for t in targets]
+    verdicts = [None] * len(keys) if reprove else [_cached(k) for k in keys]
+    if signed is not None and not reprove:
+        for i in [i for i, v in enumerate(verdicts) if v is None]:
+            verdicts[i] = signed.fetch(keys[i])
+            if verdicts[i] is not None:
+                _remember(keys[i], verdicts[i])
+    todo = [i for i, v in enumerate(verdicts) if v is None]
+    if todo:
+        for i, verdict in zip(todo, _execute(spec, [targets[i] for i in todo], reads, device)):
+            verdicts[i] = verdict
+            if verdict.verdict != CANNOT:
+                _remember(keys[i], verdict)
+    return [dataclasses.replace(v, key=k) for v, k in zip(verdicts, keys)]
+
+
+def readable(spec: ProofSpec) -> list[Path]:
+    """What of the project a proof may read: exactly the files it executes (its code)."""
+    return list(spec.code)
+
+
+def gpu_devices() -> tuple[list[str], list[Path]]:
+    """(device nodes, read-only /sys paths) of one GPU for a proof on the GPU: NVIDIA's control
+    nodes and its first GPU, or AMD's /dev/kfd, the first render node and the KFD topology ROCm
+    reads. Nothing more of /dev or /sys: not the other GPUs of a shared host, not a display node.
+    (AMD's list follows ROCm's documented needs; no AMD GPU has run it here.)"""
+    dev = Path("/dev")
+    nvidia = sorted(dev.glob("nvidia[0-9]*"), key=lambda p: int(p.name[6:]))
+    if nvidia:
+        nodes = [dev / "nvidiactl", dev / "nvidia-uvm", nvidia[0]]
+        return [str(n) for n in nodes if n.is_char_device()], []
+    render = sorted((dev / "dri").glob("renderD*"))
+    if (dev / "kfd").is_char_device() and render:
+        sys_paths = [p for p in (Path("/sys/class/kfd"), Path("/sys/devices/virtual/kfd")) if p.exists()]
+        return [str(dev / "kfd"), str(render[0])], sys_paths
+    raise EnvironmentProblem("--device cuda: no GPU device nodes here (/dev/nvidia*, /dev/kfd); "
+                             "run the proofs with --device cpu (Triton's interpreter)")
+
+
+def _execute(spec: ProofSpec, targets: list[bytes], reads: dict[str, bytes], device: str) -> list[Verdict]:
+    """Run the proof on the targets' bytes in the sandbox: they are the base's code, untrusted."""
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bakery-proof-") as tmp:
+        names = [f"target{i}.py" for i in range(len(targets))] + [f"read{i}.py" for i in range(len(spec.reads))]
+        for name, data in zip(names, targets + [reads[p] for p in spec.reads]):
+            (Path(tmp) / name).write_bytes(data)
+        os.chmod(tmp, 0o755)  # the sandbox's uid reads them
+        paths = [f"{sandbox.INPUTS}/{n}" for n in names]
+        argv = [sys.executable, str(spec.script), *paths[:len(targets)], "--", *paths[len(targets):]]
+        try:
+            nodes, sys_paths = gpu_devices() if device != "cpu" else ([], [])
+            done = sandbox.run(argv, readable(spec) + sys_paths, Path(tmp), LIMITS,
+                               env={"BAKERY_PROOF_DEVICE": device}, devices=nodes)
+        except subprocess.TimeoutExpired:
+            return [Verdict(CANNOT, f"timed out after {LIMITS.seconds:.0f} s", time.monotonic() - started)] * len(targets)
+    return _verdicts(done, len(targets), round(time.monotonic() - started, 1))
+
+
+def _verdicts(done: subprocess.CompletedProcess, count: int, seconds: float) -> list[Verdict]:
+    """One verdict per target from the proof's output lines; a verdict counts only from a run that
+    finished (its own exit 0 and the proof process's) with a well-formed line."""
+    found: dict[int, Verdict] = {}
+    for line in done.stdout.strip().splitlines():
+        try:
+            doc = json.loads(line)
+            index, verdict, reason = doc["target"], doc["verdict"], doc["reason"]
+            if not isinstance(index, int) or not isinstance(reason, str):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            continue  # what the proof printed on its way
+        # the reason is the base's code's to shape: capped and inert before any record, table or PR holds it
+        reason = untrusted.safe(reason, "json", REASON_LIMIT)
+        if verdict in (FIXED, BROKEN, CANNOT) and done.returncode == 0:
+            found[index] = Verdict(verdict, reason, float(doc.get("seconds") or 0), _measured(doc.get("measured")))
+        else:
+            found[index] = Verdict(CANNOT, f"the proof failed ({reason})", float(doc.get("seconds") or 0))
+    why = untrusted.safe((done.stderr.strip().splitlines() or ["no output"])[-1], "json", REASON_LIMIT)
+    return [found.get(i) or Verdict(CANNOT, f"the proof failed (exit {done.returncode}): {why}", seconds)
+            for i in range(count)]
+
+
+def _measured(found, depth: int = 2) -> dict:
+    """What a proof measured: a small mapping of short names to numbers, short text or (two levels
+    deep) such mappings; the rest is dropped."""
+    if not isinstance(found, dict):
+        return {}
+    kept = {}
+    for name, value in list(found.items())[:32]:
+        key = untrusted.safe(name, "json", 64)
+        if isinstance(value, (bool, int, float)) or value is None:
+            kept[key] = value
+        elif isinstance(value, dict) and depth > 1:
+            kept[key] = _measured(value, depth - 1)
+        else:
+            kept[key] = untrusted.safe(value, "json", 200)
+    return kept
+
+
+def run_many(jobs: dict, device: str = "cpu", signed: "SignedVerdicts | None" = None, reprove: bool = False) -> dict:
+    """{key: (spec, target bytes, reads)} -> {key: Verdict}: the targets of one proof together in one
+    process, every proof at once (the cores are shared out by the kernel: how long each proof takes
+    is not known before it runs, so no order of a queue would be better)."""
+    groups: dict = {}
+    for key, (spec, target, reads) in jobs.items():
+        groups.setdefault((spec, id(reads)), (spec, reads, []))[2].append((key, target))
+    with ThreadPoolExecutor(max(1, len(groups))) as pool:
+        futures = [(members, pool.submit(run_batch, spec, [t for _, t in members], reads, device, signed, reprove))
+                   for spec, reads, members in groups.values()]
+        return {key: verdict for members, f in futures for (key, _), verdict in zip(members, f.result())}
+
+
+# -- verdicts that travel: each one an OCI artifact beside the kernel artifact ------------------------
+
+VERDICT_TYPE = "application/vnd.bakery.proof-verdict.v1"
+VERDICT_CONFIG = "application/vnd.bakery.proof-verdict.config.v1+json"
+EMPTY = "application/vnd.oci.empty.v1+json"  # OCI 1.1's empty descriptor: an artifact's one layer
+
+
+def verdict_tag(key: str) -> str:
+    return f"proof-{key}"
+
+
+def verdict_parts(key: str, verdict: Verdict) -> tuple[list, bytes]:
+    """([(descriptor, bytes)] of the blobs, manifest): the verdict is the config, named by its key."""
+    from ..oci.refs import Descriptor
+    from ..oci.registry import OCI_MANIFEST
+
+    # without the seconds it took: the same verdict proven twice is the same artifact, so a tag cannot be
+    # moved between signed runs of one key
+    config = canonical_json({"key": key, "verdict": verdict.verdict, "reason": verdict.reason,
+                             "measured": verdict.measured})
+    config_desc, empty = Descriptor.of(VERDICT_CONFIG, config), Descriptor.of(EMPTY, b"{}")
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": VERDICT_TYPE,
+                           "config": config_desc.to_json(), "layers": [empty.to_json()]}, sort_keys=True).encode()
+    return [(empty, b"{}"), (config_desc, config)], manifest
+
+
+def read_verdict(config: bytes, key: str, what: str) -> Verdict:
+    """The verdict a signed artifact holds: it must name this key and say FIXED or BROKEN."""
+    from ..errors import IntegrityError, malformed
+
+    with malformed(what):
+        doc = json.loads(config)
+        if not isinstance(doc, dict) or doc.get("key") != key:
+            raise IntegrityError(f"{what} judges {untrusted.safe(str(doc.get('key')), limit=80)}, not {key}")
+        if doc.get("verdict") not in (FIXED, BROKEN) or not isinstance(doc.get("reason"), str):
+            raise IntegrityError(f"{what} holds no FIXED or BROKEN verdict")
+        return Verdict(doc["verdict"], untrusted.safe(doc["reason"], "json", REASON_LIMIT),
+                       float(doc.get("seconds") or 0), _measured(doc.get("measured")), "registry", key)
+
+
+@dataclass(frozen=True)
+class SignedVerdicts:
+    """Verdicts in REGISTRY/REPO (the build's push target) under proof-<key>, taken only where the
+    release keys signed the artifact's digest (`trust(ref)` raises otherwise): the kernel artifact's
+    rule, except that one refused is not an error: the proof runs here instead."""
+    registry: object
+    repository: str
+    trust: object
+    log: object = print
+
+    def fetch(self, key: str) -> Verdict | None:
+        from ..errors import AuthError, IntegrityError, NotFound, RegistryError, TransientError, malformed
+        from ..oci.refs import Descriptor, Reference
+
+        ref = Reference(self.registry.name, self.repository, verdict_tag(key))
+        what = f"proof verdict {ref}"
+        try:  # a registry writer can put anything under the tag: what is not signed and right is not taken
+            body, _, digest = self.registry.get_manifest(ref)
+            what = f"proof verdict {ref.with_digest(digest)}"
+            self.trust(ref.with_digest(digest), "proof verdict")
+            with malformed(what):
+                manifest = json.loads(body)
+                config_desc = Descriptor.from_json(manifest["config"])
+                if manifest.get("artifactType") != VERDICT_TYPE or config_desc.media_type != VERDICT_CONFIG:
+                    raise IntegrityError(f"{what} is not a proof verdict")
+            config = self.registry.fetch_document(self.repository, config_desc, f"config of {what}")
+            verdict = read_verdict(config, key, what)
+        except NotFound:  # none there, or a part of it deleted
+            return None
+        except (TransientError, AuthError):  # the registry is down or refuses us: the push would fail too
+            raise
+        except (IntegrityError, RegistryError) as e:
+            self.log(f"not taking {what}: {e}; proving here")
+            return None
+        return dataclasses.replace(verdict, artifact=str(ref.with_digest(digest)))
+
+
+def verdict_artifact(registry, repository: str, verdict: Verdict):
+    """Where a verdict proven here goes, and the push that puts it there (its digest is fixed by its
+    bytes, so the record can name it before the push): (REGISTRY/REPO@DIGEST, push)."""
+    from ..oci.refs import Digest, Reference
+    from ..oci.registry import OCI_MANIFEST
+
+    blobs, manifest = verdict_parts(verdict.key, verdict)
+
+    def push() -> None:
+        for desc, data in blobs:
+            registry.upload_blob(repository, desc, lambda d=data: iter([d]))
+        registry.put_manifest(repository, verdict_tag(verdict.key), manifest, OCI_MANIFEST)
+
+    return Reference(registry.name, repository, None, Digest.of(manifest)), push

@@ -1,0 +1,396 @@
+"""Running code we do not trust (the base's, a revision being rebuilt) where it can reach nothing of ours.
+
+One sandbox for every such run: the proofs (the base's Python), `invoke reproduce`'s build of a
+released revision, and a porting kit's prove.sh. It runs under bubblewrap: no network (its own
+empty network namespace), its own PID, IPC and UTS namespaces (so no /proc of ours: not the
+parent's environ, not its command line), every capability dropped, no further user namespaces,
+uid/gid 65534 inside, an empty environment but for PATH, HOME, TMPDIR and LANG, a private empty
+HOME and /tmp (1 GiB each, in memory), and a read-only view of exactly: the system's /usr (and its
+/bin, /lib links), the few /etc files the loader and Python read, the Python installation and
+venv, the folders the caller names, and the inputs; writable only where the caller says. Nothing
+else of the host exists inside: not ~/.docker, not the Docker socket, not the project's other
+files, not /work or /root.
+
+On top: a seccomp filter that refuses (EPERM) the calls neither a proof nor a build makes
+(ptrace, mount, keyctl, bpf, ... : REFUSED), and limits: address space per process, file size,
+open files, processes (a pids cgroup where this machine lets us make one, else RLIMIT_NPROC) and
+wall time. A limit hit is an error of the code inside, never a verdict.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import EnvironmentProblem
+
+BWRAP = "bwrap"
+INPUTS = "/inputs"  # where the caller's input files appear, read-only
+HOME = "/home/sandbox"
+ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "localtime", "alternatives")
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": HOME, "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
+INSIDE = "BAKERY_SANDBOXED"  # set inside: a proof the rebuilt revision runs is already in here
+UID = 65534  # who the code is inside: as root, the host's nobody; as a user, that user mapped to it
+TMP_BYTES = 1 << 30  # each in-memory place it may write: /tmp, HOME, /dev/shm
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one sandboxed run may use. memory is per process (RLIMIT_AS: torch and Triton reserve
+    about 0.8 GiB of address space), files is any one file it writes, stdout and stderr included."""
+    seconds: float
+    memory: int = 8 << 30
+    files: int = 64 << 20
+    processes: int = 256
+    open_files: int = 4096
+
+
+PROOF = Limits(seconds=900, processes=2048)  # threads count as processes: torch starts one per core
+REBUILD = Limits(seconds=3 * 3600, memory=16 << 30, files=64 << 30, processes=8192)
+
+# x86-64 system calls neither a proof nor a build needs: refused with EPERM (the code gets an
+# error it can report; a kill would look like a crash). Names and numbers from the kernel's
+# arch/x86/entry/syscalls/syscall_64.tbl.
+REFUSED = {
+    "ptrace": 101, "syslog": 103, "vhangup": 153, "pivot_root": 155, "adjtimex": 159, "chroot": 161,
+    "acct": 163, "settimeofday": 164, "mount": 165, "umount2": 166, "swapon": 167, "swapoff": 168,
+    "reboot": 169, "iopl": 172, "ioperm": 173, "init_module": 175, "delete_module": 176, "quotactl": 179,
+    "lookup_dcookie": 212, "clock_settime": 227, "kexec_load": 246, "add_key": 248, "request_key": 249,
+    "keyctl": 250, "unshare": 272, "perf_event_open": 298, "fanotify_init": 300, "name_to_handle_at": 303,
+    "open_by_handle_at": 304, "clock_adjtime": 305, "setns": 308, "process_vm_readv": 310,
+    "process_vm_writev": 311, "kcmp": 312, "finit_module": 313, "kexec_file_load": 320, "bpf": 321,
+    "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+    "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
+    "pidfd_getfd": 438, "mount_setattr": 442, "statmount": 457, "listmount": 458, "open_tree_attr": 467,
+}
+SOCKET, SOCKETPAIR = 41, 53
+CLONE, CLONE3 = 56, 435
+# clone()'s namespace flags (NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET): refused, as
+# unshare is; clone3 hides its flags in memory the filter cannot read, so it answers ENOSYS
+CLONE_NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+ENOSYS = 38
+# the address families a proof or build may open a socket in: its own (empty) network namespace's
+# loopback and Unix sockets, netlink for the loader's and Python's interface queries; not AF_VSOCK
+# (which crosses to a VM's host past any network namespace), AF_PACKET, AF_BLUETOOTH, ...
+FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10, "AF_NETLINK": 16}
+EAFNOSUPPORT = 97
+SOCK_PACKET = 10
+AUDIT_ARCH_X86_64 = 0xC000003E
+X32_BIT = 0x40000000
+EPERM = 1
+
+
+def seccomp_filter() -> bytes:
+    """The classic-BPF program bwrap installs (--seccomp): a call of another architecture kills
+    the process, an x32 call or a REFUSED one gets EPERM, a socket outside FAMILIES EAFNOSUPPORT,
+    everything else is allowed."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        raise EnvironmentProblem(f"the sandbox's seccomp filter is written for x86-64 (the MI300X hosts); this "
+                                 f"machine is {platform.machine()}")
+    ld_w_abs, jeq_k, jge_k, jset_k, and_k, ret_k = 0x20, 0x15, 0x35, 0x45, 0x54, 0x06
+    allow, errno, kill, no_family = 0x7FFF0000, 0x00050000 | EPERM, 0x80000000, 0x00050000 | EAFNOSUPPORT
+    # (code, k, label taken, label not taken): labels resolve to relative jumps below
+    prog = [(ld_w_abs, 4), (jeq_k, AUDIT_ARCH_X86_64, None, "kill"),  # seccomp_data.arch
+            (ld_w_abs, 0), (jge_k, X32_BIT, "eperm", None)]  # seccomp_data.nr
+    prog += [(jeq_k, nr, "eperm", None) for nr in sorted(REFUSED.values())]
+    prog += [(jeq_k, CLONE3, "enosys", None), (jeq_k, CLONE, None, "sockets"), (ld_w_abs, 16),
+             (jset_k, CLONE_NAMESPACES, "eperm", "allow"), "sockets", (ld_w_abs, 0)]
+    # socket() and socketpair(): the family (args[0], at offset 16) must be allowed; AF_INET's
+    # SOCK_PACKET type (args[1] at 24, its low bits) is a packet socket under another name
+    prog += [(jeq_k, SOCKET, "family", None), (jeq_k, SOCKETPAIR, "family", "allow"),
+             "family", (ld_w_abs, 16), (jeq_k, FAMILIES["AF_INET"], "inet", None)]
+    prog += [(jeq_k, f, "allow", None) for name, f in sorted(FAMILIES.items()) if name != "AF_INET"]
+    prog += [(ret_k, no_family), "inet", (ld_w_abs, 24), (and_k, 0xF), (jeq_k, SOCK_PACKET, "no-family", "allow"),
+             "allow", (ret_k, allow), "eperm", (ret_k, errno), "kill", (ret_k, kill), "no-family", (ret_k, no_family),
+             "enosys", (ret_k, 0x00050000 | ENOSYS)]
+    return _assemble(prog)
+
+
+def _assemble(prog: list) -> bytes:
+    """Classic BPF from (code, k[, jump if true, jump if false]) tuples and label strings; a jump
+    names a label (or None: the next instruction)."""
+    at, n = {}, 0
+    for item in prog:
+        if isinstance(item, str):
+            at[item] = n
+        else:
+            n += 1
+    out, n = [], 0
+    for item in prog:
+        if isinstance(item, str):
+            continue
+        code, k, *jumps = item
+        jt, jf = [(at[j] - n - 1) if j else 0 for j in (jumps + [None, None])[:2]]
+        if not (0 <= jt < 256 and 0 <= jf < 256):
+            raise ValueError("a jump past 255 instructions")
+        out.append(struct.pack("=HBBI", code, jt, jf, k))
+        n += 1
+    return b"".join(out)
+
+
+def _python_roots() -> list[Path]:
+    """The interpreter, its standard library and the venv's packages: read-only inside."""
+    roots = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent.parent}
+    return sorted(r for r in roots if r.is_dir())
+
+
+def _system_binds() -> list[str]:
+    args = []
+    for name in ("usr", "bin", "sbin", "lib", "lib64", "lib32", "libx32"):
+        path = Path("/") / name
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), str(path)]
+        elif path.is_dir():
+            args += ["--ro-bind", str(path), str(path)]
+    for name in ETC:
+        if (Path("/etc") / name).exists():
+            args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    return args
+
+
+@functools.lru_cache(maxsize=4)
+def _check_bwrap(bwrap: str) -> None:
+    """bubblewrap is here, and new enough for --disable-userns and --size (0.8)."""
+    if shutil.which(bwrap) is None:
+        raise EnvironmentProblem("bubblewrap (bwrap) is not installed: proofs and rebuilds run code we do not trust "
+                                 "and only run sandboxed; install it with `apt-get install bubblewrap` "
+                                 "(scripts/bootstrap.sh does)")
+    said = subprocess.run([bwrap, "--version"], capture_output=True, text=True).stdout.split()
+    version = tuple(int(p) for p in said[-1].split(".")[:2] if p.isdigit()) if said else ()
+    if version < (0, 8):
+        raise EnvironmentProblem(f"bubblewrap {said[-1] if said else '(unknown version)'} is too old for the "
+                                 f"sandbox (--disable-userns needs 0.8; Debian 12 and Ubuntu 24.04 have it)")
+
+
+def command(argv: list[str], readable: list[Path], inputs: Path | None, status_fd: int | None = None,
+            env: dict | None = None, devices: list[str] = (), writable: list[Path] = (),
+            seccomp_fd: int | None = None) -> list[str]:
+    """The bwrap command line that runs argv in the sandbox; `inputs` appears at /inputs; `env` adds
+    to the sandbox's few variables; `devices` are device nodes (a GPU's) it may open; `writable`
+    folders appear at their own paths, writable."""
+    _check_bwrap(BWRAP)
+    if os.geteuid() == 0:
+        # root: no user namespace (uid 65534 in one would be uid 0 to the host kernel); bwrap sets up
+        # as root, keeps only what setpriv needs to become the host's uid 65534, which drops it too
+        args = [BWRAP, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add",
+                "CAP_SETGID", "--clearenv"]
+        argv = ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", "--inh-caps=-all", "--"] + argv
+    else:
+        # an ordinary user: uid 65534 in a user namespace of its own, mapped to this user's uid
+        args = [BWRAP, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+                "--cap-drop", "ALL", "--uid", str(UID), "--gid", str(UID), "--clearenv"]
+    if status_fd is not None:  # bwrap writes the code's exit code there once the sandbox stood and ran it
+        args += ["--json-status-fd", str(status_fd)]
+    if seccomp_fd is not None:  # installed last, just before argv runs: bwrap's own mounts are done
+        args += ["--seccomp", str(seccomp_fd)]
+    for name, value in {**ENV, INSIDE: "1", **(env or {})}.items():
+        args += ["--setenv", name, value]
+    # the empty, writable places first (a bind under /tmp, a project in a temporary folder, stays
+    # visible), each capped (they live in memory) and open to the code's uid
+    args += ["--perms", "1777", "--size", str(TMP_BYTES), "--tmpfs", "/tmp",
+             "--perms", "1777", "--size", str(TMP_BYTES), "--tmpfs", HOME,
+             "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(TMP_BYTES), "--tmpfs", "/dev/shm"]
+    shown = _python_roots() + sorted({p.resolve() for p in readable})
+    kept = sorted({p.resolve() for p in writable})
+    # the folders above each bind, made 0755 first: bwrap would make them 0700 or copy the host's
+    # (/root is 0700), and as root the code is not their owner
+    ends = shown + kept + [Path("/etc") / name for name in ETC] + [Path(n) for n in devices] + [Path(INPUTS)]
+    above = {a for p in ends for a in p.parents if a not in (Path("/"), Path("/tmp"), Path(HOME), Path("/dev"))}
+    for folder in sorted(above, key=lambda a: len(a.parts)):
+        if not any(folder == r or r in folder.parents for r in (Path("/usr"), Path("/dev"))):
+            args += ["--perms", "0755", "--dir", str(folder)]
+    args += _system_binds()
+    for node in devices:  # a GPU's nodes, bound after --dev: the rest of /dev stays the minimal one
+        args += ["--dev-bind", node, node]
+    for path in shown:
+        args += ["--ro-bind", str(path), str(path)]
+    for path in kept:
+        args += ["--bind", str(path), str(path)]
+    if inputs is not None:
+        args += ["--ro-bind", str(inputs), INPUTS]
+    # the root bwrap builds (the folders above each bind), /dev and /proc are read-only too: only /tmp,
+    # HOME, /dev/shm and the writable binds take writes. /proc above all: run by root, the code inside is
+    # uid 0 to the host kernel, which lets uid 0 write /proc/sys (core_pattern: a command run as root
+    # on the host) without any capability
+    return args + ["--remount-ro", "/proc", "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", HOME,
+                   "--"] + argv
+
+
+def _tail(f, limit: int = 1 << 20) -> str:
+    """The last `limit` bytes of what the sandboxed code wrote, decoded whatever they are."""
+    size = f.seek(0, os.SEEK_END)
+    f.seek(max(0, size - limit))
+    return f.read().decode("utf-8", errors="replace")
+
+
+def _prlimit(limits: Limits, count_processes: bool) -> list[str]:
+    """prlimit, not a preexec_fn: this runs in threads, where those may deadlock."""
+    args = ["prlimit", f"--fsize={limits.files}", f"--as={limits.memory}", f"--nofile={limits.open_files}"]
+    return args + ([f"--nproc={_tasks_of_this_user() + limits.processes}"] if count_processes else []) + ["--"]
+
+
+def _tasks_of_this_user() -> int:
+    """RLIMIT_NPROC counts every task (thread) of the user, not just the sandbox's: what it already
+    runs is added to the sandbox's allowance."""
+    uid, count = os.getuid(), 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                          if line.startswith(("Uid:", "Threads:")))
+            if int(fields["Uid"].split()[0]) == uid:
+                count += int(fields["Threads"])
+        except (OSError, KeyError, ValueError):
+            continue
+    return count
+
+
+def _pids_root() -> Path | None:
+    """Where this machine lets us make a pids cgroup: cgroup v1's pids hierarchy, or v2's unified
+    tree with the pids controller on; None where neither is writable (a container's read-only
+    /sys/fs/cgroup)."""
+    v1, v2 = Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")
+    if (v1 / "tasks").exists():
+        return v1 if os.access(v1, os.W_OK) else None
+    try:
+        on = "pids" in (v2 / "cgroup.subtree_control").read_text().split()
+    except OSError:
+        return None
+    return v2 if on and os.access(v2, os.W_OK) else None
+
+
+@contextmanager
+def _process_cap(limits: Limits):
+    """A command prefix that caps the processes of what it runs: a fresh pids cgroup as root
+    (RLIMIT_NPROC counts nothing for root's uid), else RLIMIT_NPROC (which, for an ordinary user,
+    counts that user's processes in the sandbox's user namespace). Yields (prefix, count by rlimit)."""
+    root = _pids_root() if os.geteuid() == 0 else None
+    if root is None:
+        if os.geteuid() == 0:
+            raise EnvironmentProblem("no pids cgroup can be made here (/sys/fs/cgroup is not writable), and as root "
+                                     "RLIMIT_NPROC limits nothing: the sandbox cannot cap its processes; run as an "
+                                     "ordinary user, or give this root a writable cgroup tree")
+        yield [], True
+        return
+    group = root / f"bakery-sandbox-{uuid.uuid4().hex[:12]}"
+    group.mkdir()
+    try:
+        (group / "pids.max").write_text(str(limits.processes))
+        # the shell joins the group, then becomes prlimit, which becomes bwrap: all they start stays in it
+        yield ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group)], False
+    finally:
+        for _ in range(50):  # the last processes may still be leaving
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def _hand_over(readable: list[Path], writable: list[Path], inputs: Path | None) -> None:
+    """Run by root, the code is the host's uid 65534: what it reads must be readable by others (a
+    clear error now, not a proof failing on a Permission denied), what it writes its own."""
+    import stat
+
+    for path in _python_roots() + [p.resolve() for p in readable] + ([inputs] if inputs else []):
+        if not path.exists():
+            continue  # bwrap says so, as the machine's problem
+        mode = path.stat().st_mode
+        if not mode & stat.S_IROTH or (stat.S_ISDIR(mode) and not mode & stat.S_IXOTH):
+            raise EnvironmentProblem(f"{path} is not readable by others, and as root the sandbox runs code as uid "
+                                     f"{UID}: make it readable (chmod o+rX, or a umask of 022 when creating it), or "
+                                     f"run as an ordinary user")
+    for path in writable:
+        os.chown(path, UID, UID)
+
+
+def _inside() -> bool:
+    """Already in a sandbox of ours: the variable it sets, and what no variable can fake (uid 65534,
+    no capability, a seccomp filter). A leaked BAKERY_SANDBOXED=1 alone turns nothing off."""
+    if os.environ.get(INSIDE) != "1" or os.getuid() != 65534:
+        return False
+    try:
+        status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+        uid_map = Path("/proc/self/uid_map").read_text().split()
+    except OSError:
+        return False
+    # an ordinary user's sandbox maps exactly one uid, 65534, in a user namespace of its own; root's
+    # runs as the host's 65534 under bwrap as the PID namespace's init. A container run as 65534 with
+    # no_new_privs and a filter of its own has neither.
+    try:
+        init = Path("/proc/1/cmdline").read_bytes().split(b"\0")[0]
+    except OSError:
+        init = b""
+    own_map = len(uid_map) == 3 and uid_map[0] == str(UID) and uid_map[2] == "1"
+    under_bwrap = uid_map == ["0", "0", "4294967295"] and Path(init.decode(errors="replace")).name == "bwrap"
+    return status.get("Seccomp", "").strip() == "2" and int(status.get("CapEff", "1").strip(), 16) == 0 and \
+        status.get("NoNewPrivs", "").strip() == "1" and (own_map or under_bwrap)
+
+
+def _nested(argv: list[str], inputs: Path | None, env: dict | None) -> tuple[list[str], dict]:
+    """Already inside a sandbox (a proof the rebuilt revision runs): no second bubblewrap (the
+    filter refuses it, and nothing here is ours to protect); the same argv, its /inputs paths
+    rewritten to where the inputs are."""
+    where = str(inputs) if inputs is not None else INPUTS
+    argv = [where + a[len(INPUTS):] if a == INPUTS or a.startswith(INPUTS + "/") else a for a in argv]
+    return argv, {**os.environ, **(env or {})}
+
+
+def run(argv: list[str], readable: list[Path], inputs: Path | None, limits: Limits | float,
+        env: dict | None = None, devices: list[str] = (), writable: list[Path] = ()) -> subprocess.CompletedProcess:
+    """argv in the sandbox (its paths as the sandbox sees them): its exit status and the tail of its
+    stdout and stderr as text. A sandbox that does not stand up is this machine's problem, not a
+    verdict on the code; bwrap says it stood up and ran the code (its exit code) on a status pipe the
+    code inside cannot write to. Past limits.seconds: subprocess.TimeoutExpired."""
+    if not isinstance(limits, Limits):
+        limits = Limits(seconds=float(limits))
+    if _inside():
+        argv, nested_env = _nested(argv, inputs, env)
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            code = subprocess.run(_prlimit(limits, False) + argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                  timeout=limits.seconds, env=nested_env).returncode
+            return subprocess.CompletedProcess(argv, code, _tail(out), _tail(err))
+    if os.geteuid() == 0:
+        _hand_over(readable, writable, inputs)
+    program = seccomp_filter()
+    status_read, status_write = os.pipe()
+    filter_read, filter_write = os.pipe()
+    os.write(filter_write, program)  # a few hundred bytes: fits the pipe's buffer
+    os.close(filter_write)
+    try:
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, _process_cap(limits) as (cap, nproc):
+            sandboxed = command(argv, readable, inputs, status_write, env, devices, writable, filter_read)
+            try:
+                # bwrap itself stays inside as the namespace's pid 1, whose /proc/1/environ the code
+                # can read: it gets no variable of ours either
+                code = subprocess.run(cap + _prlimit(limits, nproc) + sandboxed, stdout=out, stderr=err,
+                                      stdin=subprocess.DEVNULL, timeout=limits.seconds, env={"PATH": ENV["PATH"]},
+                                      pass_fds=(status_write, filter_read)).returncode
+            finally:
+                os.close(status_write)
+                status_write = -1
+            status = b""
+            while chunk := os.read(status_read, 65536):
+                status += chunk
+            stdout, stderr = _tail(out), _tail(err)
+    finally:
+        for fd in (status_read, filter_read, status_write):
+            if fd >= 0:
+                os.close(fd)
+    if b'"exit-code"' not in status:  # bwrap writes it only once the sandbox stood and the code ran
+        said = (stderr.strip().splitlines() or ["?"])[0]
+        raise EnvironmentProblem(f"the sandbox cannot start here ({said}): "
+                                 f"bubblewrap needs unprivileged user namespaces (on Ubuntu 24.04: sysctl "
+                                 f"kernel.apparmor_restrict_unprivileged_userns=0) or root")
+    return subprocess.CompletedProcess(argv, code, stdout, stderr)

@@ -1,0 +1,336 @@
+"""`invoke reproduce IMAGE@DIGEST`: rebuild a released digest from its signed provenance, on this
+machine, trusting none of the original builder's outputs, and say whether the bytes are the same.
+
+The provenance is opened only once its signature by the release keys holds. From it: the source
+repository and revision, the pinned base, SOURCE_DATE_EPOCH and the toolchain the kernels were
+compiled in. The revision is cloned into a fresh folder and built there with an empty cache,
+compiling hip/ itself (never fetching the kernel artifact), into an OCI layout. Same manifest
+digest: reproduced. Otherwise each differing layer is read on both sides and the files that
+differ are named with both sha256. Plan and compare are pure; clone, build and read are I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import broker
+from .. import broker_client
+from ..trust import provenance
+from ..proofs import sandbox
+from ..errors import EnvironmentProblem, IntegrityError, InputError, malformed
+from ..oci.refs import Descriptor, Digest, Reference
+
+
+OUTCOME_SCHEMA = "https://github.com/dsv4-mi300x/bakery/rebuild-outcome/v1"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the signed provenance says the digest was built from."""
+    repository: str
+    revision: str
+    dirty: bool
+    base: str
+    epoch: int
+    toolchain: str | None  # the image the kernels were compiled in, by ID or digest
+
+
+def plan(prov: dict) -> Plan:
+    with malformed("the signed provenance"):
+        params = prov["buildDefinition"]["externalParameters"]
+        source = params["source"]
+        toolchains = {b["annotations"]["toolchain"].rsplit("; image ", 1)[-1]
+                      for b in prov["runDetails"].get("byproducts", []) if "toolchain" in b.get("annotations", {})}
+        if len(toolchains) > 1:
+            raise InputError(f"the provenance names {len(toolchains)} toolchains; a rebuild needs one")
+        found = Plan(str(source["repository"]), str(source["revision"]), bool(source.get("dirty")),
+                     str(params["base"]), int(params["sourceDateEpoch"]), next(iter(toolchains), None))
+    if not re.fullmatch(r"[0-9a-f]{40}", found.revision):
+        raise IntegrityError(f"the provenance's revision {found.revision[:60]!r} is not a git commit id")
+    if found.toolchain and not (re.fullmatch(r"sha256:[0-9a-f]{64}", found.toolchain) or "@sha256:" in found.toolchain):
+        raise IntegrityError(f"the provenance's toolchain {found.toolchain[:80]!r} is not pinned by content "
+                             f"(an image ID or REF@sha256:...): give --toolchain to choose the compiler yourself")
+    return found
+
+
+def toolchain_ref(p: Plan) -> str | None:
+    """What a fresh machine can pull to compile in. A pinned toolchain is recorded by its digest
+    alone; when that is the base's digest (the release compiles in the ROCm base), the base's
+    reference names it. Otherwise the recorded value as it is (a local image ID, or REF@sha256)."""
+    if p.toolchain and "@" not in p.toolchain and p.base.endswith("@" + p.toolchain):
+        return p.base
+    return p.toolchain
+
+
+def signed_provenance(store, ref: Reference, policy) -> dict:
+    """The SLSA provenance of ref, once the image signature and the statement's signature hold and
+    what it says passes the policy (an allowed source repository and builder, the pinned base, a
+    clean checkout unless the policy allows dirty): what it names is cloned and run here."""
+    from ..trust import verify
+
+    report = verify.Report()
+    verify._signature(store, ref, policy, report)
+    found = verify._attestations(store, ref, policy, report)
+    if provenance.SLSA_PREDICATE in found:
+        verify._provenance(found[provenance.SLSA_PREDICATE], store.manifest(str(ref.digest)) or b"{}", policy, report)
+    if report.failures:
+        raise IntegrityError(f"{ref}: {report.failures[0]}: its provenance cannot be trusted to rebuild from")
+    if provenance.SLSA_PREDICATE not in found:
+        raise IntegrityError(f"{ref}: no signed SLSA provenance to rebuild from")
+    return found[provenance.SLSA_PREDICATE]
+
+
+def _git(*args: str, cwd: Path | None = None) -> str:
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise EnvironmentProblem(f"git {args[0]}: {(done.stderr.strip().splitlines() or ['failed'])[-1]}")
+    return done.stdout.strip()
+
+
+def rebuild(p: Plan, workdir: Path, toolchain: str | None, log) -> Path:
+    """The OCI layout of the revision built here from nothing: a fresh clone, an empty cache, the
+    kernels compiled (the artifact the original used is never fetched). The revision's code is
+    what a rebuilder exists to distrust: it runs in the sandbox (no key, password, credential,
+    Docker socket or network; uid 65534 of its own namespaces; limits), and reaches the base and
+    the compiler only through the broker (broker.py). git, ours, clones it out here."""
+    source = workdir / "source"
+    log(f"cloning {p.repository} at {p.revision[:12]}")
+    _git("-c", "protocol.allow=never", "-c", "protocol.https.allow=always", "-c", "protocol.file.allow=always",
+         "clone", "-q", "--no-checkout", "--", p.repository, str(source))
+    _git("-c", "core.symlinks=true", "checkout", "-q", "--detach", p.revision, cwd=source)
+    _readable_by_all(source)  # as root, the build runs as the host's uid 65534, whatever the umask
+    hip_dir = source / "hip"
+    if hip_dir.is_symlink() or not hip_dir.is_dir():  # docker would bind where a link points: the host
+        raise IntegrityError(f"{p.revision[:12]}'s hip/ is not a folder of the checkout (a link?): not compiled")
+    build = workdir / "build"
+    # each bound on its own, so the code inside cannot swap one for a link; the layout and the
+    # record go in `output` (the layout is written beside itself, then renamed into place)
+    writable = [build / name for name in ("output", "cache", "tmp", "broker")]
+    for folder in writable:
+        folder.mkdir(parents=True, exist_ok=True)
+    layout = build / "output" / "layout"
+    tools = toolchain or toolchain_ref(p)
+    base = Reference.parse_pinned(p.base, "the provenance's base")
+    grant = broker.Grant(base.registry, base.repository, tools, hip_dir)
+    argv = [sys.executable, "-m", "invoke", "--search-root", str(source), "build", "--base", p.base,
+            "--layout", str(layout), "--out", str(build / "output" / "out"), "--recompile"] \
+        + (["--toolchain", tools] if tools else [])
+    log(f"building {p.revision[:12]} in the sandbox with an empty cache (SOURCE_DATE_EPOCH={p.epoch})")
+    with broker.serve(build / "broker", grant) as socket_path:
+        env = {"SOURCE_DATE_EPOCH": str(p.epoch), "BAKERY_CACHE": str(build / "cache"), "TMPDIR": str(build / "tmp"),
+               broker_client.SOCKET_ENV: str(socket_path),
+               # the checkout is ours (root's, when root), read by another uid: git asks to be told
+               "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": str(source)}
+        try:
+            done = sandbox.run(argv, [source], None, sandbox.REBUILD, env=env, writable=writable)
+        except subprocess.TimeoutExpired:
+            raise EnvironmentProblem(f"the rebuild ran past {sandbox.REBUILD.seconds:.0f} s: stopped") from None
+        finally:
+            disarm(build)
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EnvironmentProblem(f"the rebuild failed (exit {done.returncode}): {said[:500]}")
+    plain_tree(layout)  # the revision's code made it: nothing of it, itself included, is read through a link
+    return layout
+
+
+def _readable_by_all(root: Path) -> None:
+    """Our clone, made readable by others (folders o+rx, files o+r); links are left alone."""
+    import stat
+
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        for name in [*dirs, *files, "."]:
+            path = os.path.join(folder, name)
+            mode = os.lstat(path).st_mode
+            if stat.S_ISDIR(mode):
+                os.chmod(path, stat.S_IMODE(mode) | 0o055)
+            elif stat.S_ISREG(mode):
+                os.chmod(path, stat.S_IMODE(mode) | 0o044)
+
+
+def plain_tree(root: Path) -> None:
+    """root and every entry under it a folder or a regular file, each listed: a link (to a host
+    file or a store named by digest), a FIFO (a read that never ends), a device or a folder we
+    cannot list would make us read what the sandboxed code chose. Checked once its code has ended:
+    nothing inside is alive to swap them after."""
+    import stat
+
+    def refuse(what: str):
+        raise IntegrityError(f"the rebuilt layout holds {what[:200]!r}, which is not a folder or a regular file we "
+                             f"can read: refused (the rebuilt revision is hostile)")
+
+    try:
+        if not stat.S_ISDIR(os.lstat(root).st_mode):
+            refuse(".")
+    except FileNotFoundError:
+        raise IntegrityError("the rebuild ended well but wrote no layout: refused") from None
+
+    def unlistable(error: OSError):
+        refuse(os.path.relpath(error.filename or str(root), root))
+
+    for folder, dirs, files in os.walk(root, followlinks=False, onerror=unlistable):
+        for name in dirs + files:
+            mode = os.lstat(os.path.join(folder, name)).st_mode
+            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                refuse(os.path.relpath(os.path.join(folder, name), root))
+
+
+def disarm(build: Path) -> None:
+    """Clear set-user-ID and set-group-ID bits the sandboxed code set on what it wrote (run by
+    root, its files are root's: a setuid-root binary left in the kept work folder)."""
+    import stat
+
+    for folder, dirs, files in os.walk(build, followlinks=False):
+        for name in files:
+            path = os.path.join(folder, name)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                continue  # a link or a FIFO: no bit to clear, and plain_tree refuses it where it matters
+            try:
+                mode = os.fstat(fd).st_mode
+                if stat.S_ISREG(mode) and mode & (stat.S_ISUID | stat.S_ISGID):
+                    os.fchmod(fd, stat.S_IMODE(mode) & ~(stat.S_ISUID | stat.S_ISGID))
+            finally:
+                os.close(fd)
+
+
+def _files(store, desc: Descriptor) -> dict[str, str]:
+    """{path as the layer names it: what it is} for every entry of one layer: a regular file's
+    sha256, else its kind and target; its mode too when not 0644/0755. Read by tarscan, streamed,
+    as the engine would unpack it (either side may be hostile: the original's registry, the
+    rebuilt revision)."""
+    from ..base.filesystem import decompressed
+    from ..oci.tarscan import HAS_DATA, TarError, TarReader
+
+    files, names = {}, 0
+    reader = TarReader(decompressed(desc.media_type, io.BufferedReader(_Chunks(store.stream(desc)), 1 << 20)))
+    try:
+        for member in reader:
+            if member.type in HAS_DATA:
+                h = hashlib.sha256()
+                for chunk in reader.data(member):
+                    h.update(chunk)
+                what = h.hexdigest()
+            else:
+                kind = "link" if member.type in (b"1", b"2") else "entry"
+                what = f"{kind} {member.type!r} {member.linkname}"
+            if member.mode not in (0o644, 0o755):
+                what += f" (mode {member.mode:o})"
+            files[member.name] = what
+            names += len(member.name) + len(what)
+            if len(files) > FILES_LIMIT or names > NAMES_LIMIT:
+                raise TarError(f"more than {FILES_LIMIT} entries or {NAMES_LIMIT} characters of names")
+    except TarError as e:
+        raise IntegrityError(f"layer {desc.digest} cannot be compared ({e}): refused") from None
+    return files
+
+
+FILES_LIMIT = 2_000_000  # entries in one layer compared (a ROCm base layer holds hundreds of thousands)
+NAMES_LIMIT = 256 << 20  # characters of their names and what they are (a long name may be 1 MiB)
+
+
+class _Chunks(io.RawIOBase):
+    """A file over an iterator of byte chunks (a blob as the store streams it, digest-checked)."""
+
+    def __init__(self, chunks):
+        self.chunks, self.rest = iter(chunks), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, out) -> int:
+        while not self.rest:
+            self.rest = next(self.chunks, None)
+            if self.rest is None:
+                self.rest = b""
+                return 0
+        n = min(len(out), len(self.rest))
+        out[:n], self.rest = self.rest[:n], self.rest[n:]
+        return n
+
+
+def differences(original, original_manifest: bytes, rebuilt, rebuilt_manifest: bytes) -> list[dict]:
+    """Per differing layer: its index, both digests, and the files that differ (path, both sha256;
+    None where a side lacks the file). The config is compared too (it holds the diff_ids)."""
+    a, b = json.loads(original_manifest), json.loads(rebuilt_manifest)
+    out = []
+    layers_a, layers_b = a.get("layers", []), b.get("layers", [])
+    for i in range(max(len(layers_a), len(layers_b))):
+        da = Descriptor.from_json(layers_a[i]) if i < len(layers_a) else None
+        db = Descriptor.from_json(layers_b[i]) if i < len(layers_b) else None
+        if da and db and da.digest == db.digest:
+            continue
+        fa = _files(original, da) if da else {}
+        fb = _files(rebuilt, db) if db else {}
+        changed = [{"path": path, "original": fa.get(path), "rebuilt": fb.get(path)}
+                   for path in sorted(set(fa) | set(fb)) if fa.get(path) != fb.get(path)]
+        out.append({"layer": i, "original": str(da.digest) if da else None, "rebuilt": str(db.digest) if db else None,
+                    "files": changed})
+    if a.get("config", {}).get("digest") != b.get("config", {}).get("digest") and not out:
+        out.append({"layer": "config", "original": a["config"]["digest"], "rebuilt": b["config"]["digest"], "files": []})
+    if not out and original_manifest != rebuilt_manifest:  # the same layers and config, another manifest
+        out.append({"layer": "manifest", "original": str(Digest.of(original_manifest)),
+                    "rebuilt": str(Digest.of(rebuilt_manifest)), "files": []})
+    return out
+
+
+def rebuilt_digest(layout: Path) -> tuple[Digest, bytes]:
+    """The rebuilt manifest's digest, as its bytes hash (the layout's index only points at it)."""
+    from ..oci.store import LayoutStore
+
+    store = LayoutStore(layout)
+    with malformed("the rebuilt layout's index.json"):
+        (entry,) = json.loads(store._read_document(layout / "index.json", "the rebuilt layout's"))["manifests"]
+        digest = Digest.parse(entry["digest"])
+    body = store._read_document(layout / "blobs" / "sha256" / digest.hex, "the rebuilt layout's manifest")
+    if Digest.of(body) != digest:
+        raise IntegrityError(f"the rebuilt layout's manifest does not hash to {digest}")
+    return digest, body
+
+
+def statement(ref: Reference, p: Plan, result: Digest, diffs: list[dict]) -> bytes:
+    """The rebuilder's in-toto statement about ref: what was rebuilt, from which revision and
+    inputs, on what machine, what it gave, and whether that is ref's digest."""
+    import platform
+
+    from .. import __version__
+
+    predicate = {"rebuilt": {"source": {"repository": p.repository, "revision": p.revision}, "base": p.base,
+                             "sourceDateEpoch": p.epoch, "toolchain": p.toolchain},
+                 "builder": {"host": platform.node(), "system": platform.platform(), "bakery": __version__},
+                 "result": str(result), "match": result == ref.digest,
+                 "differences": [{"layer": d["layer"], "files": [f["path"] for f in d["files"]]} for d in diffs]}
+    return provenance.statement(ref, provenance.REBUILD_PREDICATE, predicate)
+
+
+def write_outcome(path: Path, ref: Reference, manifest: bytes, diffs: list[dict]) -> None:
+    """What a rebuild gave, for a signer elsewhere: the rebuilt manifest itself (the signer hashes
+    it) and the differences (shown, never trusted)."""
+    import base64
+
+    from ..oci.layer import write_blob
+
+    write_blob(path, json.dumps({"schema": OUTCOME_SCHEMA, "image": str(ref),
+                                 "manifest": base64.b64encode(manifest).decode(),
+                                 "differences": diffs}, indent=1).encode())
+
+
+def read_outcome(path: Path, ref: Reference) -> tuple[bytes, list[dict]]:
+    import base64
+
+    from ..schema import load_json
+
+    doc = load_json(path, OUTCOME_SCHEMA, "rebuild outcome", "run `invoke reproduce --outcome FILE` first")
+    with malformed(f"rebuild outcome {path}", InputError):
+        if doc["image"] != str(ref):
+            raise ValueError(f"it is about {doc['image']}, not {ref}")
+        return base64.b64decode(doc["manifest"], validate=True), list(doc["differences"])

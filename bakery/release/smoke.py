@@ -1,0 +1,381 @@
+"""`invoke smoke`: run the image on an MI300X the production way and gate it on what a healthy
+service shows. Only the launch needs the GPU; log watching, HTTP checks and the report are plain
+code, tested here on recorded log streams and a local stand-in server."""
+
+from __future__ import annotations
+
+import glob
+import json
+import re
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+from .. import schema
+from ..trust import smoke_ledger
+from ..errors import BakeryError, EnvironmentProblem, InputError
+
+from ..trust.provenance import TEST_RESULT_PREDICATE as TEST_RESULT
+SPEC_KEYS = {"model": str, "revision": str, "model_mount": str, "speculative": bool, "health_deadline_s": int,
+             "shm_size": str, "vram_limit_bytes": int, "prefill_min_tokens": int, "regression": list}
+CASE_KEYS = {"prompt": str, "seed": int, "max_tokens": int, "temperature": float, "expected": str}
+
+# The healthy start, in order, as the production deployment logs it; the DSpark line only with speculation.
+HEALTH = [
+    ("model loaded", re.compile(r"Model loading took [\d.]+ GiB")),
+    ("DSpark draft loaded", re.compile(r"DSpark draft model loaded: \d+ params")),
+    ("GPU KV cache sized", re.compile(r"GPU KV cache size: [\d,]+ tokens")),
+    ("max concurrency", re.compile(r"Maximum concurrency for [\d,]+ tokens per request: [\d.]+x")),
+    ("CPU-KV mmap created", re.compile(r"Created mmap file /dev/shm/vllm_offload_\S*\.mmap")),
+    ("graph capture started", re.compile(r"Capturing CUDA graphs \([^)]*\bFULL\)")),
+    ("graph capture finished", re.compile(r"Graph capturing finished .*took [\d.]+ GiB")),
+    ("startup complete", re.compile(r"Application startup complete")),
+]
+FAILURES = [
+    ("HSA error", re.compile(r"HSA_STATUS_ERROR\w*")),
+    ("out of memory", re.compile(r"out of memory|OutOfMemoryError|\bOOM\b", re.I)),
+    ("Python traceback", re.compile(r"Traceback \(most recent call last\)")),
+    ("HTTP 5xx", re.compile(r'"\s*(?:GET|POST|PUT|DELETE) \S+ HTTP/[\d.]+"\s+5\d\d\b')),
+]
+BENIGN = [re.compile(r"not found tuned config.*will use default config")]  # AITER, informational
+
+
+class SmokeFailure(BakeryError):
+    exit_code = 7
+
+
+@dataclass
+class LogWatcher:
+    """Feed it log lines; it knows whether the start is healthy, still going, or failed."""
+
+    speculative: bool
+    deadline_s: float
+    clock: callable = time.monotonic
+    started: float = field(default=0.0)
+    seen: list = field(default_factory=list)  # (signal, seconds after start, line)
+
+    def __post_init__(self):
+        self.started = self.clock()
+        self.expected = [(n, r) for n, r in HEALTH if self.speculative or n != "DSpark draft loaded"]
+
+    @property
+    def waiting_for(self) -> str | None:
+        return self.expected[len(self.seen)][0] if len(self.seen) < len(self.expected) else None
+
+    @property
+    def healthy(self) -> bool:
+        return self.waiting_for is None
+
+    def feed(self, line: str) -> None:
+        if any(b.search(line) for b in BENIGN):
+            return
+        for name, pattern in FAILURES:
+            if pattern.search(line):
+                raise SmokeFailure(f"{name} while waiting for {self.waiting_for or 'nothing'}: {line.strip()[:300]}")
+        for i, (name, pattern) in enumerate(self.expected):
+            if pattern.search(line):
+                if i < len(self.seen):
+                    return  # a repeat (graph capture logs per size): fine
+                if i > len(self.seen):
+                    raise SmokeFailure(f"health signal '{name}' came before '{self.waiting_for}': the start "
+                                       f"is not the healthy sequence")
+                self.seen.append((name, round(self.clock() - self.started, 1), line.strip()))
+                return
+
+    def check_deadline(self) -> None:
+        if not self.healthy and self.clock() - self.started > self.deadline_s:
+            raise SmokeFailure(f"not healthy after {self.deadline_s:.0f}s: still waiting for '{self.waiting_for}'")
+
+
+def load_spec(path: Path) -> dict:
+    spec = schema.load_yaml(path, SPEC_KEYS)
+    for i, case in enumerate(spec["regression"]):
+        case["temperature"] = float(case.get("temperature", 0.0))
+        schema.check_keys(case, CASE_KEYS, f"{path}: regression[{i}]", required={"prompt", "seed", "max_tokens"})
+    return spec
+
+
+# -- HTTP checks --------------------------------------------------------------------------------------
+
+class Service:
+    """The OpenAI-compatible API of the running container; any 5xx fails the smoke."""
+
+    def __init__(self, base_url: str, model: str):
+        self.base, self.model = base_url.rstrip("/"), model
+
+    def _post(self, path: str, body: dict) -> dict:
+        resp = requests.post(self.base + path, json=body, timeout=600)
+        if resp.status_code >= 500:
+            raise SmokeFailure(f"HTTP {resp.status_code} from {path}: {resp.text[:200]}")
+        if resp.status_code != 200:
+            raise SmokeFailure(f"{path} answered HTTP {resp.status_code}: {resp.text[:200]}")
+        return resp.json()
+
+    def models(self) -> str:
+        resp = requests.get(self.base + "/v1/models", timeout=60)
+        if resp.status_code != 200:
+            raise SmokeFailure(f"/v1/models answered HTTP {resp.status_code}")
+        ids = [m.get("id") for m in resp.json().get("data", [])]
+        if self.model not in ids:
+            raise SmokeFailure(f"/v1/models lists {ids}, not {self.model}")
+        return self.model
+
+    def complete(self, prompt: str, max_tokens: int, temperature: float = 0.0, seed: int | None = None) -> dict:
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature}
+        if seed is not None:
+            body["seed"] = seed
+        return self._post("/v1/completions", body)
+
+    def arithmetic(self) -> str:
+        text = self.complete("Calculate 17 * 23. Answer with the number only.", 32)["choices"][0]["text"]
+        if "391" not in text:
+            raise SmokeFailure(f"'Calculate 17 * 23' at temperature 0 answered {text.strip()[:80]!r}, not 391")
+        return text
+
+    def prefill(self, min_tokens: int) -> dict:
+        """One uncached prefill over min_tokens: a fresh nonce defeats the prefix cache."""
+        words = " ".join(f"item{i}" for i in range(min_tokens))
+        prompt = f"[{uuid.uuid4()}] Repeat the last item of this list: {words}"
+        start = time.monotonic()
+        out = self.complete(prompt, 1)
+        seconds = time.monotonic() - start
+        tokens = out.get("usage", {}).get("prompt_tokens", 0)
+        if tokens <= min_tokens:
+            raise SmokeFailure(f"the long prefill had only {tokens} prompt tokens (need > {min_tokens})")
+        return {"prompt_tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1)}
+
+    def regression(self, cases: list[dict], record: bool) -> list[dict]:
+        results = []
+        for case in cases:
+            text = self.complete(case["prompt"], case["max_tokens"], case["temperature"], case["seed"])["choices"][0]["text"]
+            expected = case.get("expected")
+            results.append({"prompt": case["prompt"], "seed": case["seed"], "text": text,
+                            "status": "recorded" if record else ("unrecorded" if expected is None
+                                                                  else "same" if text == expected else "differs")})
+        return results
+
+
+def vram_used_bytes(command: tuple[str, ...] = ("rocm-smi", "--showmeminfo", "vram", "--json")) -> int:
+    """Used VRAM summed over the cards rocm-smi reports."""
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=30, check=True).stdout
+        cards = json.loads(out)
+        return sum(int(v["VRAM Total Used Memory (B)"]) for k, v in cards.items() if k.startswith("card"))
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError) as e:
+        raise SmokeFailure(f"cannot read VRAM use from rocm-smi: {e}") from None
+
+
+class VramSampler(threading.Thread):
+    """Samples VRAM every few seconds; keeps the high-water mark."""
+
+    def __init__(self, read=vram_used_bytes, every: float = 2.0):
+        super().__init__(daemon=True)
+        self.read, self.every, self.high, self.error = read, every, 0, None
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                self.high = max(self.high, self.read())
+            except SmokeFailure as e:
+                self.error = str(e)
+            self.stop.wait(self.every)
+
+
+def http_checks(service: Service, spec: dict, record: bool) -> dict:
+    """The checks after a healthy start; returns their part of the report."""
+    out = {"models": service.models(), "arithmetic": service.arithmetic().strip(),
+           "prefill": service.prefill(spec["prefill_min_tokens"]),
+           "regression": service.regression(spec["regression"], record)}
+    return out
+
+
+def verdict(report: dict, spec: dict) -> tuple[str, list[str], list[str]]:
+    """PASSED only if every check holds and every regression output was compared with a committed
+    expectation (and matched); a recording run is RECORDED, never PASSED. Lists passed and failed
+    check names; the report gets how many outputs were compared."""
+    cases = report.get("regression") or []
+    recorded = any(r["status"] == "recorded" for r in cases)
+    report["regression_compared"] = sum(1 for r in cases if r["status"] in ("same", "differs"))
+    regression_ok = bool(cases) and (all(r["status"] == "recorded" for r in cases) if recorded
+                                     else all(r["status"] == "same" for r in cases))
+    passed, failed = [], []
+    for name, ok in [("health", report.get("health_ok", False)),
+                     ("http", report.get("http_ok", False)),
+                     ("regression", regression_ok),
+                     ("vram", report.get("vram_high_water_bytes") is not None and
+                      report["vram_high_water_bytes"] <= spec["vram_limit_bytes"])]:
+        (passed if ok else failed).append(name)
+    if failed:
+        return "FAILED", passed, failed
+    return ("RECORDED" if recorded else "PASSED"), passed, failed
+
+
+# -- the hardware ----------------------------------------------------------------------------------------
+
+def mi300x_present(kfd: str = "/dev/kfd", topology: str = "/sys/class/kfd/kfd/topology/nodes") -> str | None:
+    """None if a gfx942 GPU is visible through /dev/kfd, else why not (one line)."""
+    if not Path(kfd).exists():
+        return f"no MI300X here: {kfd} does not exist (no AMD GPU driver on this host); run invoke smoke on an MI300X host"
+    for props in glob.glob(f"{topology}/*/properties"):
+        if re.search(r"^gfx_target_version 90402$", Path(props).read_text(), re.M):
+            return None
+    return f"no MI300X here: {kfd} exists but no node in {topology} is gfx942 (gfx_target_version 90402)"
+
+
+def host_facts(topology: str = "/sys/class/kfd/kfd/topology/nodes", driver: str = "/sys/module/amdgpu/version",
+               rocm: str = "/opt/rocm/.info/version") -> dict:
+    """What this host says it is, for the signed result: its GPUs' gfx arch and compute units (of the
+    first GPU node in KFD's topology), how many GPUs, and the amdgpu driver and ROCm versions."""
+    import platform
+
+    def text(path: str) -> str | None:
+        try:
+            return Path(path).read_text().strip() or None
+        except OSError:
+            return None
+
+    gpus = []
+    for props in sorted(glob.glob(f"{topology}/*/properties"), key=lambda p: int(Path(p).parent.name)
+                        if Path(p).parent.name.isdigit() else 0):
+        values = dict(line.split(None, 1) for line in (text(props) or "").splitlines() if " " in line)
+        version = int(values.get("gfx_target_version", "0") or 0)
+        if version:  # CPU nodes report 0
+            major, minor, stepping = version // 10000, version // 100 % 100, version % 100
+            simds, per_cu = int(values.get("simd_count", 0)), int(values.get("simd_per_cu", 0))
+            gpus.append({"gfx_arch": f"gfx{major}{minor:x}{stepping:x}",
+                         "compute_units": simds // per_cu if per_cu else None})
+    return {"name": platform.node(), "gpus": len(gpus), **(gpus[0] if gpus else {"gfx_arch": None, "compute_units": None}),
+            "driver_version": text(driver) or f"in-tree amdgpu (kernel {platform.release()})",
+            "rocm_version": text(rocm) or "no ROCm install on the host"}
+
+
+def launch_options(image: str, spec: dict, model_dir: Path, port: int, devices: list[str] | None = None) -> dict:
+    """docker run settings of the production service (the Docker SDK's containers.run kwargs)."""
+    from docker.types import Ulimit
+
+    if model_dir.name != spec["revision"]:
+        raise InputError(f"model snapshot {model_dir} is not revision {spec['revision']}: pass "
+                         f".../snapshots/{spec['revision']}")
+    return {
+        "image": image, "detach": True,
+        "devices": devices if devices is not None else ["/dev/kfd:/dev/kfd:rwm", "/dev/dri:/dev/dri:rwm"],
+        "group_add": ["video"], "cap_add": ["IPC_LOCK", "SYS_PTRACE"], "security_opt": ["seccomp=unconfined"],
+        "ipc_mode": "host", "shm_size": spec["shm_size"],
+        "ulimits": [Ulimit(name="memlock", soft=-1, hard=-1)],
+        "volumes": {str(model_dir): {"bind": spec["model_mount"], "mode": "ro"}},
+        "ports": {"8000/tcp": ("127.0.0.1", port)},
+        "labels": {"bakery.smoke": "1"},
+    }
+
+
+def watch(container, watcher: LogWatcher, poll: float = 1.0) -> None:
+    """Follow the container's logs until healthy; fail fast on a bad line, an exit or the deadline."""
+    lines: list[str] = []
+
+    def follow():
+        for raw in container.logs(stream=True, follow=True):
+            for line in raw.decode(errors="replace").splitlines():
+                lines.append(line)
+
+    threading.Thread(target=follow, daemon=True).start()
+    fed = 0
+    while True:
+        while fed < len(lines):
+            watcher.feed(lines[fed])
+            fed += 1
+        if watcher.healthy:
+            return
+        container.reload()
+        if container.status in ("exited", "dead"):
+            time.sleep(poll)  # let the log thread drain
+            for line in lines[fed:]:
+                watcher.feed(line)
+            code = container.attrs["State"]["ExitCode"]
+            raise SmokeFailure(f"container exited (code {code}) before '{watcher.waiting_for}': "
+                               f"{' | '.join(l.strip() for l in lines[-3:])[:400]}")
+        watcher.check_deadline()
+        time.sleep(poll)
+
+
+def run(image: str, spec: dict, model_dir: Path, port: int = 8000, record: bool = False,
+        devices: list[str] | None = None, require_hardware: bool = True, vram=vram_used_bytes, log=print,
+        stand_ins: dict | None = None) -> dict:
+    """Launch, watch, check; always returns a report (result PASSED or FAILED) and removes the container."""
+    import docker
+
+    if require_hardware:
+        reason = mi300x_present()
+        if reason:
+            raise EnvironmentProblem(reason)
+    options = {**launch_options(image, spec, model_dir, port, devices), **(stand_ins or {})}
+    client = docker.from_env()
+    report = {"image": image, "model": spec["model"], "revision": spec["revision"], "host": host_facts(),
+              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "run": smoke_ledger.next_run(),
+              "workflow_run": workflow_run()}
+    sampler = VramSampler(vram)
+    try:
+        container = client.containers.run(**options)
+    except docker.errors.APIError as e:
+        raise SmokeFailure(f"Docker could not start {image}: {e.explanation or e}") from None
+    sampler.start()
+    try:
+        watcher = LogWatcher(spec["speculative"], spec["health_deadline_s"])
+        log(f"waiting up to {spec['health_deadline_s']}s for a healthy start of {image}")
+        try:
+            watch(container, watcher)
+        finally:
+            report["health"] = [{"signal": n, "seconds": s, "line": l} for n, s, l in watcher.seen]
+        report["health_ok"] = True
+        report.update(http_checks(Service(f"http://127.0.0.1:{port}", spec["model"]), spec, record))
+        report["http_ok"] = True
+    except SmokeFailure as e:
+        report["failure"] = str(e)
+    finally:
+        sampler.stop.set()
+        sampler.join(timeout=10)
+        report["vram_high_water_bytes"] = sampler.high or None
+        report["vram_limit_bytes"] = spec["vram_limit_bytes"]
+        if sampler.error and not sampler.high:
+            report["vram_error"] = sampler.error
+        container.remove(force=True)
+    report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    report["result"], report["passed"], report["failed"] = verdict(report, spec)
+    return report
+
+
+def workflow_run() -> str | None:
+    """The GitHub Actions run this smoke is part of (REPO#RUN_ID), signed with the result: the
+    promote job of the same run asks for it, so a result of an earlier run put back is refused."""
+    import os
+
+    repo, run = os.environ.get("GITHUB_REPOSITORY"), os.environ.get("GITHUB_RUN_ID")
+    return f"{repo}#{run}" if repo and run else None
+
+
+def statement(ref, report: dict, spec_bytes: bytes) -> bytes:
+    """The smoke report as an in-toto test-result statement about the digest, naming the sha256 of
+    the spec it ran (verify compares it with the pinned one) and the host's GPU facts (in the report)."""
+    import hashlib
+
+    from ..trust import provenance
+
+    if report.get("image") != str(ref):
+        raise InputError(f"the smoke report is about {report.get('image')}, not {ref}")
+    predicate = {"result": report["result"], "passedTests": report["passed"], "failedTests": report["failed"],
+                 "warnedTests": [], "configuration": [{"name": provenance.SMOKE_SPEC,
+                                                      "digest": {"sha256": hashlib.sha256(spec_bytes).hexdigest()}}],
+                 "report": report}
+    return provenance.statement(ref, TEST_RESULT, predicate)
+
+
+def attach_report(store, ref, report: dict, spec_bytes: bytes, signer) -> None:
+    """Sign the smoke report onto the digest as an in-toto test-result attestation."""
+    from ..trust import attest
+
+    attest.attach(store, ref, {TEST_RESULT: statement(ref, report, spec_bytes)}, signer)

@@ -1,0 +1,166 @@
+"""`invoke attest`: sign an image digest and attach its SBOM and provenance, the way cosign does.
+
+Signature: tag sha256-<hex>.sig, one simple-signing layer with its signature as an annotation.
+Attestations: tag sha256-<hex>.att, one DSSE envelope layer per predicate type. Every byte is
+deterministic, so attesting the same build twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from . import provenance, sbom, sign
+from ..errors import InputError, IntegrityError, malformed
+from ..files import canonical_json
+from ..oci.refs import Descriptor, Digest, Reference
+from ..oci.registry import OCI_MANIFEST
+from ..oci.store import signature_tag
+
+SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
+DSSE = "application/vnd.dsse.envelope.v1+json"
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
+SIGNER_ANNOTATION = "dev.bakery.rebuilder"  # unsigned: only keeps rebuilders' statements apart, never trusted
+ZERO_TIME = "0001-01-01T00:00:00Z"
+
+
+def _config(layers: list[Descriptor]) -> bytes:
+    """The minimal image config cosign writes for signature/attestation manifests."""
+    return canonical_json({"architecture": "", "config": {}, "created": ZERO_TIME,
+                           "history": [{"created": ZERO_TIME}], "os": "",
+                           "rootfs": {"type": "layers", "diff_ids": [str(l.digest) for l in layers]}})
+
+
+def _manifest(store, layers: list[Descriptor], subject: Reference, artifact_type: str) -> bytes:
+    """An OCI manifest stored under cosign's tag; its `subject` also makes registries with the OCI
+    1.1 referrers API list it as a referrer of the image (registries without one ignore it)."""
+    config = store.put_blob(_config(layers), OCI_CONFIG)
+    image = store.manifest(str(subject.digest))
+    return canonical_json({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": artifact_type,
+                           "config": config.to_json(), "layers": [l.to_json() for l in layers],
+                           "subject": Descriptor(OCI_MANIFEST, subject.digest, len(image)).to_json()})
+
+
+def sign_image(store, subject: Reference, signer: sign.Signer) -> Digest:
+    payload = sign.simple_signing_payload(subject, subject.digest)
+    desc = store.put_blob(payload, SIMPLE_SIGNING)
+    signature = base64.b64encode(signer.sign(payload)).decode()
+    layer = Descriptor(desc.media_type, desc.digest, desc.size, {SIGNATURE_ANNOTATION: signature})
+    return store.put_manifest(signature_tag(subject.digest, "sig"), _manifest(store, [layer], subject, SIMPLE_SIGNING))
+
+
+def attach(store, subject: Reference, statements: dict[str, bytes], signer: sign.Signer) -> Digest:
+    """Sign `statements` ({predicateType: statement}) and put them into the .att manifest."""
+    return attach_envelopes(store, subject, {kind: sign.envelope(signer, statement)
+                                             for kind, statement in statements.items()})
+
+
+def attach_envelopes(store, subject: Reference, envelopes: dict[str, bytes]) -> Digest:
+    """Put signed DSSE envelopes ({predicateType: envelope}) into the .att manifest, replacing one of
+    the same type and keeping the others (one statement per type: verify refuses two)."""
+    tag = signature_tag(subject.digest, "att")
+    existing = store.manifest(tag)
+    layers = {}
+    if existing:
+        from .verify import _layers
+
+        for desc in _layers(existing, f"attestation manifest {tag}"):
+            layers[(desc.annotations.get("predicateType"), desc.annotations.get(SIGNER_ANNOTATION, ""))] = desc
+    for predicate_type, envelope in envelopes.items():
+        desc = store.put_blob(envelope, DSSE)
+        annotations = {SIGNATURE_ANNOTATION: "", "predicateType": predicate_type}
+        if predicate_type == provenance.REBUILD_PREDICATE:  # one per rebuilder: each replaces only its own
+            annotations[SIGNER_ANNOTATION] = sign.read_envelope(envelope, "rebuild attestation")[2][0].get("keyid", "")
+        layers[(predicate_type, annotations.get(SIGNER_ANNOTATION, ""))] = Descriptor(DSSE, desc.digest, desc.size,
+                                                                                      annotations)
+    return store.put_manifest(tag, _manifest(store, [layers[k] for k in sorted(layers, key=str)], subject, DSSE))
+
+
+def statement_of(envelope: bytes, subject: Reference, what: str) -> tuple[str, dict]:
+    """(predicateType, statement) of a signed envelope about `subject`'s digest (signature unchecked)."""
+    _, payload, _ = sign.read_envelope(envelope, what)
+    with malformed(what, InputError):
+        statement = json.loads(payload)
+        kind = statement["predicateType"]
+        subjects = [s["digest"]["sha256"] for s in statement["subject"]]
+    if subject.digest.hex not in subjects:
+        raise InputError(f"{what} is about sha256:{', '.join(map(str, subjects))}, not {subject.digest}")
+    return kind, statement
+
+
+def attest(store, subject: Reference, record: dict, signer: sign.Signer, sign_kernels: bool = True) -> dict:
+    """Sign the digest, attach SBOM and provenance, and sign the kernel artifact the record names
+    (so that a later build may bake it instead of compiling); return what was written."""
+    if subject.digest is None:
+        raise InputError(f"attest needs IMAGE@sha256:DIGEST, got {subject}")
+    if record["manifest"]["digest"] != str(subject.digest):
+        raise InputError(f"the build record describes {record['manifest']['digest']}, not {subject.digest}: "
+                         f"pass the record of that build with --record")
+    if store.manifest(str(subject.digest)) is None:
+        raise InputError(f"{subject} is not in {getattr(store, 'path', subject.name)}: push it first")
+    statements = {
+        sbom.SPDX_PREDICATE: provenance.statement(subject, sbom.SPDX_PREDICATE,
+                                                  json.loads(sbom.document(record, subject.name))),
+        provenance.SLSA_PREDICATE: provenance.statement(subject, provenance.SLSA_PREDICATE,
+                                                        provenance.predicate(record)),
+    }
+    written = {"signature": sign_image(store, subject, signer),
+               "attestations": attach(store, subject, statements, signer)}
+    artifact = (record.get("kernels") or {}).get("artifact")
+    if artifact and sign_kernels:
+        written["kernels"] = sign_artifact(Reference.parse(artifact), signer, record.get("artifacts") or [])
+    if sign_kernels:
+        written["verdicts"] = [sign_verdict(v, signer) for v in record.get("verdicts") or []
+                               if v.get("origin") == "proven" and v.get("artifact")]
+    return written
+
+
+def sign_verdict(entry: dict, signer: sign.Signer) -> dict:
+    """A cosign signature on a proof verdict's artifact, only if it holds the verdict the build record
+    says this build proved (its key and FIXED/BROKEN): later builds take it instead of proving."""
+    from ..proofs.runner import VERDICT_CONFIG, read_verdict
+    from ..oci.store import RegistryStore
+
+    artifact = Reference.parse(entry["artifact"])
+    if artifact.digest is None:
+        raise InputError(f"the build record names proof verdict {artifact} without a digest: build again")
+    store = RegistryStore(artifact)
+    manifest = store.manifest(str(artifact.digest))
+    if manifest is None:
+        raise InputError(f"proof verdict {artifact} is not in its registry: build again with --push")
+    what = f"proof verdict {artifact}"
+    with malformed(what):
+        config = Descriptor.from_json(json.loads(manifest)["config"])
+        if config.media_type != VERDICT_CONFIG:
+            raise IntegrityError(f"{what} is not a proof verdict: not signed")
+    held = read_verdict(store.document(config, f"config of {what}"), entry["key"], what)
+    if held.verdict != entry["verdict"]:
+        raise IntegrityError(f"{what} says {held.verdict}, the build record {entry['verdict']}: not signed")
+    subject = Reference(artifact.registry, artifact.repository, None, artifact.digest)
+    return {"artifact": str(artifact), "signature": sign_image(store, subject, signer)}
+
+
+def sign_artifact(artifact: Reference, signer: sign.Signer, baked: list | None = None) -> dict:
+    """A cosign signature on the kernel artifact's manifest digest, in its own repository; with
+    `baked` (the record's artifacts), only if it holds exactly their files: each .so the image baked,
+    its schema and the compiler line."""
+    from ..oci.store import RegistryStore
+
+    if artifact.digest is None:
+        raise InputError(f"the build record names kernel artifact {artifact} without a digest: build again")
+    store = RegistryStore(artifact)
+    manifest = store.manifest(str(artifact.digest))
+    if manifest is None:
+        raise InputError(f"kernel artifact {artifact} is not in its registry: build again with --push")
+    if baked is not None:
+        with malformed(f"kernel artifact {artifact}"):
+            held = {l["annotations"]["org.opencontainers.image.title"]: l["digest"]
+                    for l in json.loads(manifest)["layers"]}
+        names = {"toolchain.txt"} | {f"{a['name']}{suffix}" for a in baked for suffix in (".so", ".schema")}
+        differ = [a["name"] for a in baked if held.get(f"{a['name']}.so") != f"sha256:{a['sha256']}"]
+        if not baked or differ or set(held) != names:
+            raise IntegrityError(f"kernel artifact {artifact} does not hold exactly the files the build record says "
+                                 f"the image baked ({', '.join(differ) or 'its file names differ'}): not signed")
+    subject = Reference(artifact.registry, artifact.repository, None, artifact.digest)
+    return {"artifact": str(artifact), "signature": sign_image(store, subject, signer)}

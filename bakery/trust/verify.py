@@ -1,0 +1,436 @@
+"""`invoke verify`: what ops run before deploying a digest. Every check must hold; each says why not."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import keys as keys_mod, provenance, sbom, sign
+from ..errors import BakeryError, InputError, IntegrityError, malformed
+from ..oci.refs import Descriptor, Digest, Reference
+from ..oci.store import signature_tag
+
+
+@dataclass
+class Report:
+    checks: list = field(default_factory=list)  # (ok, what)
+    summary: dict = field(default_factory=dict)
+
+    def check(self, ok: bool, what: str) -> bool:
+        self.checks.append((ok, what))
+        return ok
+
+    @property
+    def failures(self) -> list[str]:
+        return [what for ok, what in self.checks if not ok]
+
+
+def _blobs(store, manifest: bytes, report: Report) -> None:
+    """Every blob the manifest names is present and hashes to its digest."""
+    body = json.loads(manifest)
+    descs = [Descriptor.from_json(body["config"])] + [Descriptor.from_json(l) for l in body["layers"]]
+    bad = []
+    for d in descs:
+        try:
+            for _ in store.stream(d):
+                pass
+        except IntegrityError as e:
+            bad.append(str(e))
+        except BakeryError as e:  # a registry error is a failed check here, not a crash
+            bad.append(f"{d.digest}: {e}")
+    report.check(not bad, f"all {len(descs)} blobs present and matching their digests" +
+                 (f": {bad[0]}" if bad else ""))
+
+
+def _signers(role, check) -> set[str]:
+    """Distinct keyids of the role's keys for which check(key) passes (check raises IntegrityError
+    otherwise): one key listed twice is still one signer."""
+    out = set()
+    for key in role.keys:
+        try:
+            check(key)
+            out.add(keys_mod.keyid(key))
+        except IntegrityError:
+            continue
+    return out
+
+
+def cosign_signers(store, digest: Digest, role, policy) -> tuple[set[str], list[str]] | None:
+    """The distinct keys of `role` whose cosign signature (sha256-<hex>.sig) is for `digest` and
+    names a repository the policy allows (not necessarily the one read from: a mirror keeps the
+    original's signature), with why each other signature did not count; None if there is none."""
+    tag = signature_tag(digest, "sig")
+    manifest = store.manifest(tag)
+    if manifest is None:
+        return None
+    reasons, signed_by = [], set()
+    layers = _layers(manifest, f"signature manifest {tag}")
+    for desc in layers:
+        try:
+            payload = store.document(desc, f"signature payload in {tag}")
+            signature = base64.b64decode(desc.annotations.get("dev.cosignproject.cosign/signature", ""))
+            critical = json.loads(payload)["critical"]
+            signed_digest = critical["image"]["docker-manifest-digest"]
+            signed_name = critical["identity"]["docker-reference"]
+        except (IntegrityError, ValueError, KeyError, TypeError) as e:
+            reasons.append(f"unreadable signature: {e}")
+            continue
+        keyids = _signers(role, lambda k: sign.check(k, signature, payload, "image signature"))
+        if not keyids:
+            reasons.append(f"not signed by a {role.name} key of the policy")
+        elif signed_digest != str(digest):
+            reasons.append(f"signature is for {signed_digest}, not {digest} (copied from another image)")
+        elif not isinstance(signed_name, str) or not policy.repository_allowed(signed_name):
+            reasons.append(f"signature names repository {signed_name}, which the policy's allowed_repositories "
+                           f"do not list")
+        else:
+            signed_by.update(keyids)
+    return signed_by, reasons
+
+
+def _signature(store, ref: Reference, policy, report: Report) -> None:
+    """The cosign signature: signed by enough release keys, for this digest, naming an allowed repository."""
+    role = policy.roles["release"]
+    found = cosign_signers(store, ref.digest, role, policy)
+    if not report.check(found is not None, f"signature manifest {signature_tag(ref.digest, 'sig')} present"):
+        return
+    signed_by, reasons = found
+    ok = len(signed_by) >= role.threshold
+    report.check(ok, f"signature valid for this digest, by {len(signed_by)} of {role.threshold} required release "
+                     f"key(s), naming an allowed repository" + ("" if ok or not reasons else f": {'; '.join(reasons)}"))
+
+
+def require_signed(store, ref: Reference, policy, what: str) -> None:
+    """Raise IntegrityError unless enough release keys signed `ref`'s digest (cosign format). An
+    acceptance is remembered (BAKERY_CACHE/verified/signatures), keyed by all that decided it: the
+    same digest read from the same repository under the same keys, threshold and allowed
+    repositories is then accepted without asking the registry again; anything else is verified
+    afresh. A refusal is never remembered."""
+    role = policy.roles["release"]
+    path, decided_by = _signed_entry(ref, role, policy)
+    remembered = _remembered_signers(path, decided_by)
+    if remembered is not None and len(remembered) >= role.threshold:
+        return
+    signed_by, reasons = cosign_signers(store, ref.digest, role, policy) or \
+        (set(), [f"it has no signature manifest {signature_tag(ref.digest, 'sig')}"])
+    if len(signed_by) < role.threshold:
+        raise IntegrityError(f"{what} {ref} is signed by {len(signed_by)} of {role.threshold} required release "
+                             f"key(s)" + (f" ({'; '.join(reasons)})" if reasons else ""))
+    _remember_signers(path, decided_by, signed_by)
+
+
+def _signed_entry(ref: Reference, role, policy) -> tuple[Path, dict]:
+    """Where an accepted signature check of `ref` is kept, and all that decided it: the digest, where
+    the signature was read, the role's keys (by keyid), its threshold and the allowed repositories."""
+    from ..oci.registry import verified_dir
+
+    decided_by = {"check": "cosign signature", "version": 1, "digest": str(ref.digest),
+                  "read_from": f"{ref.registry}/{ref.repository}", "role": role.name,
+                  "keys": sorted({keys_mod.keyid(k) for k in role.keys}), "threshold": role.threshold,
+                  "allowed_repositories": list(policy.allowed_repositories)}
+    name = hashlib.sha256(json.dumps(decided_by, sort_keys=True).encode()).hexdigest()
+    return verified_dir() / "signatures" / f"{name}.json", decided_by
+
+
+def _entry_sum(decided_by: dict, signed_by: list) -> str:
+    return hashlib.sha256(json.dumps({"decided_by": decided_by, "signed_by": signed_by},
+                                     sort_keys=True).encode()).hexdigest()
+
+
+def _remembered_signers(path: Path, decided_by: dict) -> set[str] | None:
+    """The keyids an earlier check here found signing, if its entry is whole and was decided by exactly
+    this (a corrupt, edited or foreign entry is ignored: the signature is verified again)."""
+    try:
+        entry = json.loads(path.read_text())
+        signed_by = entry["signed_by"]
+        if entry["decided_by"] != decided_by or entry["sha256"] != _entry_sum(decided_by, signed_by):
+            return None
+        if not isinstance(signed_by, list) or not set(signed_by) <= set(decided_by["keys"]):
+            return None
+        return set(signed_by)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _remember_signers(path: Path, decided_by: dict, signed_by: set[str]) -> None:
+    """Keep an accepted check, written whole or not at all; a cache that cannot be written is skipped."""
+    from ..oci.registry import keep_verified
+
+    signed = sorted(signed_by)
+    keep_verified(path, json.dumps({"decided_by": decided_by, "signed_by": signed,
+                                    "sha256": _entry_sum(decided_by, signed)}, sort_keys=True).encode())
+
+
+SIGNATURE_LAYERS = 256  # a .sig or .att manifest holds a few: one per signature or statement
+
+
+def _layers(manifest: bytes, what: str) -> list[Descriptor]:
+    """The layer descriptors of a manifest someone else wrote; malformed or past SIGNATURE_LAYERS
+    (each would be fetched and checked) is an IntegrityError."""
+    with malformed(what):
+        try:
+            layers = json.loads(manifest)["layers"]
+            if len(layers) > SIGNATURE_LAYERS:
+                raise ValueError(f"it lists {len(layers)} layers, past the {SIGNATURE_LAYERS} it may")
+            return [Descriptor.from_json(l) for l in layers]
+        except InputError as e:
+            raise ValueError(str(e)) from None
+
+
+class Unjudged(Exception):
+    """A statement whose role has no key here (and is not required): it can be neither accepted nor refused."""
+
+
+def _open_statement(store, desc: Descriptor, policy) -> tuple[str, dict, set[str]]:
+    """(predicateType, statement, signing keyids) of one attestation layer, opened with the keys of
+    the role that the statement's own predicateType names. The layer's annotation is not signed: it
+    must agree with the statement or the layer is refused. A rebuild statement is one rebuilder's:
+    one key; how many rebuilders agree is counted across statements (_rebuilds)."""
+    labelled = str(desc.annotations.get("predicateType", "(none)"))
+    data = store.document(desc, f"attestation layer {labelled}")
+    payload_type, payload, _ = sign.read_envelope(data, f"attestation layer {labelled}")
+    with malformed(f"attestation layer {labelled}"):
+        statement = json.loads(payload)
+        kind = statement["predicateType"]
+        if not isinstance(kind, str) or not isinstance(statement["predicate"], dict):
+            raise TypeError("predicateType or predicate of the wrong type")
+    if kind != labelled:
+        raise IntegrityError(f"attestation layer annotated {labelled} holds a statement of type {kind}: refused "
+                             f"(the annotation is unsigned; the signed statement decides which keys may open it)")
+    role = policy.role_for(kind)
+    if role is None:
+        raise IntegrityError(f"attestation of type {kind}: no role of the policy may sign that type; refused")
+    if not role.keys:
+        raise Unjudged(f"attestation {kind} not checked: no {role.name} key given (--{role.name}-key, or "
+                       f"roles.{role.name}.keys in the policy)")
+    if payload_type != sign.IN_TOTO:
+        raise IntegrityError(f"attestation {kind}: payloadType {payload_type}, not {sign.IN_TOTO}")
+    signers = _signers(role, lambda k: sign.open_envelope(data, k, f"attestation {kind}"))
+    needed = 1 if kind == provenance.REBUILD_PREDICATE else role.threshold
+    if not signers and kind == provenance.REBUILD_PREDICATE:  # anyone may rebuild; only listed rebuilders count
+        raise Unjudged(f"attestation {kind} by a rebuilder this policy does not list: not counted")
+    if len(signers) < needed:
+        raise IntegrityError(f"attestation {kind} signed by {len(signers)} of {needed} required "
+                             f"{role.name} key(s)")
+    return kind, statement, signers
+
+
+def _attestations(store, ref: Reference, policy, report: Report) -> dict:
+    """{predicateType: predicate} of the statements about this digest, each signed by its role;
+    two statements of one type are both refused (which one counts would be the pusher's choice)."""
+    tag = signature_tag(ref.digest, "att")
+    manifest = store.manifest(tag)
+    found: dict[str, dict] = {}
+    if not report.check(manifest is not None, f"attestation manifest {tag} present"):
+        return found
+    counts: dict[str, int] = {}
+    for desc in _layers(manifest, f"attestation manifest {tag}"):
+        try:
+            kind, statement, signers = _open_statement(store, desc, policy)
+        except IntegrityError as e:
+            report.check(False, str(e))
+            continue
+        except Unjudged as e:
+            report.check(True, str(e))
+            continue
+        counts[kind] = counts.get(kind, 0) + 1
+        with malformed(f"attestation {kind}"):
+            subjects = [s["digest"].get("sha256") for s in statement.get("subject", [])]
+        if report.check(ref.digest.hex in subjects, f"attestation {kind} is about this digest"
+                        + ("" if ref.digest.hex in subjects else f" (it names sha256:{', '.join(map(str, subjects))})")):
+            if kind == provenance.REBUILD_PREDICATE:  # one per rebuilder: counted by key, never one for all
+                found.setdefault(kind, []).append((signers, statement["predicate"]))
+            else:
+                found[kind] = statement["predicate"]
+            if kind == provenance.TEST_RESULT_PREDICATE:
+                _remember_failure(ref, statement["predicate"])  # even one refused below as a duplicate
+    for kind, n in sorted(counts.items()):
+        if n > 1 and kind != provenance.REBUILD_PREDICATE:
+            report.check(False, f"{n} signed statements of type {kind} for this digest: refused (one per type; "
+                                f"which one counts must not be the choice of whoever can push)")
+            found.pop(kind, None)
+    return found
+
+
+def _provenance(prov: dict, manifest: bytes, policy, report: Report) -> None:
+    """How it was built: the pinned base, an allowed builder and source, a clean checkout."""
+    params = prov["buildDefinition"]["externalParameters"]
+    report.check(params.get("base") == policy.base, f"provenance base is the pinned {policy.base}"
+                 + ("" if params.get("base") == policy.base else f" (it names {params.get('base')})"))
+    source = params.get("source", {})
+    report.check(policy.source_allowed(source.get("repository") or ""),
+                 f"provenance source {source.get('repository')} is an allowed repository")
+    builder = prov.get("runDetails", {}).get("builder", {}).get("id", "")
+    report.check(policy.builder_allowed(builder), f"builder {builder} is an allowed builder"
+                 + ("" if policy.builder_allowed(builder) else " (a build from elsewhere: list it in allowed_builders "
+                                                                "only if you trust that machine)"))
+    dirty = source.get("dirty", True)
+    report.check(not dirty or policy.allow_dirty,
+                 "built from a clean checkout" if not dirty else
+                 ("built from a checkout with uncommitted changes, allowed by this (dev) policy" if policy.allow_dirty
+                  else "built from a checkout with uncommitted or untracked changes: not reproducible from its "
+                       "revision; refused (a dev policy may set allow_dirty: true)"))
+    base_digest = json.loads(manifest).get("annotations", {}).get("org.opencontainers.image.base.digest", "")
+    resolved = {f"sha256:{d['digest'].get('sha256')}" for d in prov["buildDefinition"]["resolvedDependencies"]
+                if d.get("name", "").startswith("base image")}
+    report.check(base_digest in resolved, f"image annotation base.digest {base_digest or '(none)'} "
+                                          f"is the provenance's base")
+
+
+def _rebuilds(rebuilds: list, ref: Reference, needed: int, report: Report) -> None:
+    """At least `needed` distinct rebuilder keys attest a rebuild that gave this very digest."""
+    agreeing, disagreeing = set(), set()
+    for signers, predicate in rebuilds:
+        with malformed("a rebuild attestation"):
+            match = predicate["match"] is True and predicate["result"] == str(ref.digest)
+        (agreeing if match else disagreeing).update(signers)
+    report.check(len(agreeing) >= needed, f"rebuilt to this digest by {len(agreeing)} of {needed} required rebuilder "
+                                          f"key(s)" + (f"; {len(disagreeing)} rebuilder(s) got other bytes"
+                                                       if disagreeing else ""))
+
+
+def verify(store, ref: Reference, policy, require_smoke: bool = False, blobs: bool = True,
+           require_rebuilds: int = 0, smoke_run: str | None = None) -> Report:
+    """Everything the policy asks of ref; smoke_run: the smoke result must say it ran in that
+    workflow run (REPO#RUN_ID: the release's own)."""
+    report = Report()
+    rebuilds_needed = max(require_rebuilds, policy.require_rebuilds)
+    flags = {"release": "key", "smoke": "smoke-key", "rebuilder": "rebuilder-key"}
+    for name in ("release",) + (("smoke",) if require_smoke or policy.require_smoke else ()) \
+            + (("rebuilder",) if rebuilds_needed else ()):
+        if not policy.roles[name].keys:
+            raise InputError(f"no {name} public key: pass --{flags[name]} FILE, or "
+                             f"list it under roles.{name}.keys in the policy")
+    manifest = store.manifest(str(ref.digest))
+    if not report.check(manifest is not None, f"image {ref} present"):
+        return report
+    if blobs:
+        _step(report, f"image manifest {ref.digest}", _blobs, store, manifest, report)
+    _step(report, f"signature {signature_tag(ref.digest, 'sig')}", _signature, store, ref, policy, report)
+    found = _step(report, f"attestations {signature_tag(ref.digest, 'att')}", _attestations, store, ref, policy,
+                  report) or {}
+    report.check(sbom.SPDX_PREDICATE in found, "SBOM (SPDX 2.3) attestation present and signed")
+    prov = found.get(provenance.SLSA_PREDICATE)
+    if report.check(prov is not None, "SLSA provenance attestation present and signed"):
+        _step(report, "the signed provenance", _provenance, prov, manifest, policy, report)
+    if rebuilds_needed:
+        _step(report, "the rebuild attestations", _rebuilds, found.get(provenance.REBUILD_PREDICATE, []), ref,
+              rebuilds_needed, report)
+    smoke_checked = require_smoke or policy.require_smoke
+    if smoke_checked:
+        _step(report, "the signed smoke result", _smoke, found.get(provenance.TEST_RESULT_PREDICATE), policy, report,
+              str(ref.digest), smoke_run)
+    if sbom.SPDX_PREDICATE in found:
+        report.summary = _step(report, "the signed SBOM", summarize, found[sbom.SPDX_PREDICATE], prov) or {}
+        if smoke_checked and provenance.TEST_RESULT_PREDICATE in found:
+            report.summary["smoke"] = smoke_summary(found[provenance.TEST_RESULT_PREDICATE])
+    return report
+
+
+def _smoke(smoke: dict | None, policy, report: Report, digest: str = "", run: str | None = None) -> None:
+    """A PASSED result that compared outputs, from the spec the policy pins, on the GPU it names,
+    and not older than a FAILED this machine has seen for the same digest and spec (the ledger)."""
+    compared = _report(smoke or {}).get("regression_compared", 0)
+    ran = next((c.get("digest", {}).get("sha256") for c in (smoke or {}).get("configuration") or []
+                if c.get("name") == provenance.SMOKE_SPEC), None)
+    if not report.check(smoke is not None and smoke.get("result") == "PASSED" and compared > 0,
+                        "a passing MI300X smoke attestation signed by a smoke key, its regression outputs compared"
+                        + ("" if smoke else " (none attached, or not signed by a smoke key)")
+                        + (f" (result {smoke.get('result')}, {compared} outputs compared)" if smoke else "")):
+        return
+    report.check(ran == policy.smoke_spec, f"the smoke ran the pinned spec {provenance.SMOKE_SPEC} "
+                 f"sha256:{policy.smoke_spec}" + ("" if ran == policy.smoke_spec else
+                                                  f" (it ran sha256:{ran}: an older or other spec; run the smoke "
+                                                  f"again with the pinned one)"))
+    host = _host(smoke)
+    report.check(host.get("gfx_arch") == policy.smoke_arch and host.get("compute_units") == policy.smoke_compute_units,
+                 f"the smoke ran on a {policy.smoke_arch} GPU with {policy.smoke_compute_units} CUs (it reports "
+                 f"{smoke_summary(smoke)})")
+    if run is not None:
+        said = _report(smoke).get("workflow_run")
+        report.check(said == run, f"the smoke result is from workflow run {run}" + ("" if said == run else
+                     f" (it says {str(said)[:80]}: a result of another run, put back over this run's?)"))
+    if digest and isinstance(ran, str):
+        from . import smoke_ledger
+
+        finished, run = _when(smoke)
+        later = smoke_ledger.later_failure(digest, ran, finished, run)
+        report.check(later is None, "no later FAILED result for this digest and spec in this machine's smoke ledger"
+                     + (f" (this PASSED finished {finished[:20]}; a FAILED finished {later['finished']}: an older "
+                        f"result was put back over it)" if later else ""))
+        smoke_ledger.remember(digest, ran, smoke.get("result"), finished, run)
+
+
+def _remember_failure(ref: Reference, smoke) -> None:
+    """A signed smoke result other than PASSED, seen here: kept in this machine's ledger, so an older
+    PASSED put back over it is refused later."""
+    from . import smoke_ledger
+
+    if not isinstance(smoke, dict) or smoke.get("result") == "PASSED":
+        return
+    ran = next((c.get("digest", {}).get("sha256") for c in smoke.get("configuration") or []
+                if isinstance(c, dict) and c.get("name") == provenance.SMOKE_SPEC), None)
+    if isinstance(ran, str):
+        smoke_ledger.remember(str(ref.digest), ran, smoke.get("result"), *_when(smoke))
+
+
+def _when(smoke: dict) -> tuple[str, int | None]:
+    """(finished, run number) of a signed smoke result: what orders results of one runner."""
+    report = _report(smoke)
+    run = report.get("run")
+    return str(report.get("finished", "")), run if isinstance(run, int) and not isinstance(run, bool) else None
+
+
+def _report(smoke: dict) -> dict:
+    """The smoke report inside a signed result (whatever shape a smoke key gave it)."""
+    report = smoke.get("report")
+    return report if isinstance(report, dict) else {}
+
+
+def _host(smoke: dict) -> dict:
+    host = _report(smoke).get("host")
+    return host if isinstance(host, dict) else {}
+
+
+def smoke_summary(smoke: dict) -> str:
+    host = _host(smoke)
+    return (f"{smoke.get('result')} on {host.get('gfx_arch', 'an unnamed GPU')}, {host.get('compute_units', '?')} CUs, "
+            f"driver {host.get('driver_version', '?')}, ROCm {host.get('rocm_version', '?')}")
+
+
+def _step(report: Report, what: str, fn, *args):
+    """One part of verification; a document that will not parse, or a registry that fails, is a
+    failed check with its reason (verification never crashes on what it reads)."""
+    try:
+        with malformed(what):
+            return fn(*args)
+    except BakeryError as e:
+        report.check(False, str(e))
+        return None
+
+
+def summarize(spdx: dict, prov: dict | None) -> dict:
+    """What is in the image, from the signed SBOM: base, overlays, kernels, tables."""
+    def by(prefix):
+        return [p for p in spdx["packages"] if p["SPDXID"].startswith(prefix)]
+
+    base = next((p for p in spdx["packages"] if p["SPDXID"] == "SPDXRef-Base"), {})
+    return {
+        "base": f"{base.get('name')}@{base.get('versionInfo')}",
+        "python": [f"{p['name']} {p.get('versionInfo')}" for p in by("SPDXRef-Python-")],
+        "overlays": [f"{p['name']} sha256:{p['checksums'][0]['checksumValue'][:12]}" for p in by("SPDXRef-Overlay-")],
+        "kernels": [f"{p['name']} sha256:{p['checksums'][0]['checksumValue'][:12]}" for p in by("SPDXRef-Artifact-")],
+        "tables": [f"{p['name']} sha256:{p['checksums'][0]['checksumValue'][:12]}" for p in by("SPDXRef-Tuning-")],
+        "source": (prov or {}).get("buildDefinition", {}).get("externalParameters", {}).get("source", {}),
+        "builder": (prov or {}).get("runDetails", {}).get("builder", {}).get("id"),
+    }
+
+
+def require(report: Report) -> None:
+    if report.failures:
+        raise IntegrityError(f"verification failed: {'; '.join(report.failures)}")
+
+
