@@ -19,7 +19,7 @@ from bakery.oci.store import RegistryStore, signature_tag
 
 from bakery.inputs import overlays as overlays_mod
 
-from conftest import ROOT, dev_policy, invoke, last_line
+from support import ROOT, dev_policy, invoke, last_line
 
 COSIGN = ROOT / ".tools" / "bin" / "cosign"
 PASSWORD = {"BAKERY_KEY_PASSWORD": "correct horse battery staple"}
@@ -61,7 +61,7 @@ def build_and_attest(project, registry, fixture_base, keypair, repo, epoch, logs
 @pytest.fixture(scope="module")
 def signed(registry, fixture_base, fixture_lock, keypair, tmp_path_factory):
     """Two signed images (A and B differ only in SOURCE_DATE_EPOCH), their records and the logs."""
-    from conftest import copy_project
+    from support import copy_project
 
     project = copy_project(tmp_path_factory.mktemp("attest") / "project", fixture_lock)
     # a clone of a local path, as CI's is: its origin is a path, which must still give URIs (SPDX)

@@ -11,7 +11,7 @@ from bakery.errors import InputError
 from bakery.oci.refs import Descriptor, Reference
 from bakery.oci.registry import OCI_INDEX, Registry
 
-from conftest import ROOT
+from support import ROOT
 
 
 def test_default_pin_is_the_seed_nightly():

@@ -23,7 +23,7 @@ from bakery import untrusted
 from bakery.errors import IntegrityError
 from bakery.oci.refs import Reference
 
-from conftest import invoke, last_line
+from support import invoke, last_line
 from test_errors import one_clear_line
 from test_overlays import docker_base
 
@@ -158,7 +158,7 @@ def test_an_image_file_from_outside_the_project_is_refused(tmp_path):
     from bakery.inputs import image
     from bakery.errors import InputError
 
-    from conftest import ROOT
+    from support import ROOT
 
     spec = tmp_path / "image"
     shutil.copytree(ROOT / "image", spec)

@@ -11,12 +11,12 @@ from bakery.dev import stack
 from bakery.oci.refs import Reference
 from bakery.oci.registry import Registry
 
-from conftest import docker, invoke, last_line
+from support import docker, invoke, last_line
 
 
 @pytest.fixture(scope="module")
 def built(registry, fixture_base, fixture_lock, tmp_path_factory):
-    from conftest import copy_project
+    from support import copy_project
 
     project = copy_project(tmp_path_factory.mktemp("build") / "project", fixture_lock)
     out = project / "out"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import invoke, last_line
+from support import invoke, last_line
 
 CACHE = Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery"))
 

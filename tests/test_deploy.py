@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import ROOT, dev_policy, invoke
+from support import ROOT, dev_policy, invoke
 from test_tamper import clone, drop_predicate, honest, keyargs, tamper_keys, TEST_RESULT  # noqa: F401 (fixtures)
 
 CADDY = "docker.io/library/caddy@sha256:" + "b" * 64

@@ -9,7 +9,7 @@ import pytest
 from bakery.oci.refs import Reference
 from bakery.oci.registry import Registry
 
-from conftest import invoke
+from support import invoke
 from proxy import FaultyProxy
 
 

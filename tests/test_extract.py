@@ -17,7 +17,7 @@ from bakery.base.filesystem import BaseFilesystem, LayerCache
 from bakery.oci.refs import Descriptor, Reference
 from bakery.oci.registry import OCI_MANIFEST, Registry
 
-from conftest import docker
+from support import docker
 
 SITE = "usr/local/lib/python3.12/dist-packages"
 WORKER = f"{SITE}/vllm/v1/kv_offload/cpu/gpu_worker.py"

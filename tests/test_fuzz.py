@@ -27,7 +27,7 @@ from bakery.base.filesystem import BaseFilesystem, LayerCache
 from bakery.oci.refs import Reference
 from bakery.oci.registry import OCI_INDEX, OCI_MANIFEST, Registry
 
-from conftest import invoke
+from support import invoke
 from proxy import FaultyProxy
 
 SITE = "usr/local/lib/python3.12/dist-packages"
@@ -173,7 +173,7 @@ def hostile_signature(draw, signed_manifest: bytes):
 
 @pytest.fixture(scope="module")
 def signed_image(registry, fixture_base, fixture_lock, tmp_path_factory):
-    from conftest import copy_project, dev_policy, last_line
+    from support import copy_project, dev_policy, last_line
 
     project = copy_project(tmp_path_factory.mktemp("fuzz") / "project", fixture_lock)
     env = {"BAKERY_KEY_PASSWORD": "pw"}

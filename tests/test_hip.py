@@ -18,7 +18,7 @@ from bakery.inputs import hip
 from bakery.engine import docker_client
 from bakery.errors import InputError, IntegrityError
 
-from conftest import ROOT, cold_compile_cache, dev_policy, docker, invoke, last_line
+from support import ROOT, cold_compile_cache, dev_policy, docker, invoke, last_line
 
 KERNELS = ["swiglu_clamp_bf16_kernel", "topk_topp_mask_f32_kernel"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from bakery.dev import stack
 from bakery.oci.registry import Registry
 
-from conftest import invoke, last_line
+from support import invoke, last_line
 
 
 def test_mirror_then_build_from_the_mirror(project, registry, fixture_base):

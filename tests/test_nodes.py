@@ -18,7 +18,7 @@ import requests
 
 from bakery.dev import fixture as fixture_mod
 
-from conftest import ROOT, docker, invoke, last_line
+from support import ROOT, docker, invoke, last_line
 from test_attest import PASSWORD
 
 NODE_SPEC = {"suite": "trixie", "debian_mirror": "http://deb.debian.org/debian",
@@ -81,7 +81,7 @@ def sig_tag(ref: str) -> str:
 @pytest.fixture(scope="module")
 def pulls(registry, fixture_base, fixture_lock, keys, node_image, tmp_path_factory):
     """Every case pulled by one podman node, once: {case: (exit code, podman's output)}."""
-    from conftest import copy_project
+    from support import copy_project
 
     project = copy_project(tmp_path_factory.mktemp("nodes") / "project", fixture_lock)
     repo, mirror = f"nodes/app-{uuid.uuid4().hex[:8]}", f"nodes/mirror-{uuid.uuid4().hex[:8]}"

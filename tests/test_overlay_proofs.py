@@ -22,7 +22,7 @@ from bakery.proofs import runner as prove
 from bakery.base.filesystem import BaseFilesystem
 from bakery.oci.registry import Registry
 
-from conftest import ROOT, invoke
+from support import ROOT, invoke
 
 pytest.importorskip("torch", reason="the overlay proofs need CPU torch (pip install -e '.[test]')")
 

@@ -15,7 +15,7 @@ from bakery.errors import InputError
 from bakery.inputs.patch import unified_diff
 from bakery.oci.refs import Reference
 
-from conftest import ROOT, docker, invoke, last_line
+from support import ROOT, docker, invoke, last_line
 from test_errors import one_clear_line
 
 SITE = "/usr/local/lib/python3.12/dist-packages"

@@ -20,7 +20,7 @@ from bakery.dev import fixture as fixture_mod
 from bakery.inputs import overlays as overlays_mod
 from bakery.proofs import runner as prove
 
-from conftest import ROOT
+from support import ROOT
 
 pytest.importorskip("torch", reason="the overlay proofs need CPU torch (pip install -e '.[test]')")
 

@@ -1,4 +1,4 @@
-"""The seed's front proxy, tested for real: Debian's Caddy runs the Caddyfile `bakery.nodes.caddyfile`
+"""The seed's front proxy, tested for real: Debian's Caddy runs the Caddyfile `bakery.release.deploy.caddyfile`
 renders, in front of a stand-in upstream (vLLM cannot run here: no GPU; the stand-in answers every
 path and streams its body in two parts, two seconds apart). TLS is Caddy's internal CA, whose root
 the client trusts; a second loopback address plays a client outside the allowed CIDRs.

@@ -26,7 +26,7 @@ from bakery.dev import rehearse
 from bakery.oci.refs import Reference
 from bakery.oci.registry import Registry
 
-from conftest import ROOT, invoke
+from support import ROOT, invoke
 
 pytestmark = pytest.mark.rehearsal
 
@@ -181,7 +181,7 @@ def test_the_promoted_tag_passes_invoke_verify_with_smoke_and_one_rebuild(promot
 def test_the_promoted_digest_passes_the_node_policy_on_podman(promoted, tmp_path):
     from test_nodes import NODE_SPEC, PODMAN  # noqa: F401  (the Debian 13 podman node the tests use)
     from bakery.dev import fixture as fixture_mod
-    from conftest import docker
+    from support import docker
 
     stage = promoted.extra["stage"]
     host, user, password = stage.registry

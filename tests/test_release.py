@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import ROOT
+from support import ROOT
 
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
 NIGHTLY = ROOT / ".github" / "workflows" / "nightly.yml"

@@ -6,7 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from conftest import copy_project, invoke, last_line
+from support import copy_project, invoke, last_line
 
 
 def test_same_inputs_same_digest_different_everything_else(fixture_base, fixture_lock, tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import copy_project, dev_policy, invoke, last_line
+from support import copy_project, dev_policy, invoke, last_line
 from test_attest import PASSWORD
 
 SITE = "/usr/local/lib/python3.12/dist-packages"
@@ -176,7 +176,7 @@ def test_a_release_that_baked_a_poisoned_kernel_artifact_is_not_reproduced(setup
     from bakery.oci.refs import Descriptor, Digest, Reference
     from bakery.oci.registry import OCI_MANIFEST, Registry
     from bakery.oci.store import RegistryStore
-    from conftest import cold_compile_cache
+    from support import cold_compile_cache
 
     ref, _ = clean
     registry = Registry(setup["registry"])

@@ -16,7 +16,7 @@ import pytest
 from bakery.proofs import runner as prove, sandbox
 from bakery.errors import EnvironmentProblem
 
-from conftest import ROOT
+from support import ROOT
 
 SECRETS = {"GITHUB_TOKEN": "ghs_secret", "BAKERY_REGISTRY_PASSWORD": "hunter2", "BAKERY_KEY_PASSWORD": "pw",
            "BAKERY_SIGNING_KEY": "-----BEGIN ENCRYPTED PRIVATE KEY-----", "SAMPLES": "3"}

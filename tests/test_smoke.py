@@ -12,7 +12,7 @@ import pytest
 
 from bakery.release import smoke
 
-from conftest import ROOT, dev_policy, docker, invoke, last_line
+from support import ROOT, dev_policy, docker, invoke, last_line
 
 LOGS = ROOT / "tests" / "data" / "vllm-logs"
 SPEC = smoke.load_spec(ROOT / "provenance" / "smoke.yaml")
@@ -245,7 +245,7 @@ def test_smoke_attestation_gates_verify(tmp_path, registry, fixture_base, fixtur
     from bakery.oci.refs import Reference
     from bakery.oci.store import RegistryStore
 
-    from conftest import copy_project
+    from support import copy_project
 
     project = copy_project(tmp_path / "p", fixture_lock)
     env = {"BAKERY_KEY_PASSWORD": "pw"}

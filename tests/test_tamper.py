@@ -28,7 +28,7 @@ from bakery.oci.refs import Descriptor, Digest, Reference
 from bakery.oci.registry import OCI_MANIFEST, Registry
 from bakery.oci.store import RegistryStore, signature_tag
 
-from conftest import ROOT, cold_compile_cache, copy_project, dev_policy, invoke, last_line
+from support import ROOT, cold_compile_cache, copy_project, dev_policy, invoke, last_line
 from proxy import FaultyProxy
 
 PASSWORD = {"BAKERY_KEY_PASSWORD": "pw"}

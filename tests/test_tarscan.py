@@ -1,4 +1,4 @@
-"""bakery.tarscan lists a tar stream as the container engine unpacks it (Go's archive/tar, run
+"""bakery.oci.tarscan lists a tar stream as the container engine unpacks it (Go's archive/tar, run
 here through tests/golister), or refuses it: wherever it lists, the listing is Go's, member for
 member (names, types, sizes, modes, link names, bytes); wherever the two could read a header
 differently it raises TarError, and the base is refused. The archives are written by tarfile

@@ -14,7 +14,7 @@ from datetime import timedelta
 import pytest
 import yaml
 
-from conftest import copy_project, invoke, last_line
+from support import copy_project, invoke, last_line
 from proxy import FaultyProxy
 
 from bakery.release import track
@@ -241,7 +241,7 @@ def test_bump_never_retires_an_overlay_on_the_base_s_own_word(pinned_project, ni
     from bakery.inputs import overlays as overlays_mod, patch as patch_mod
     from bakery.base.filesystem import BaseFilesystem
 
-    from conftest import ROOT, docker
+    from support import ROOT, docker
 
     n, reg = nightlies, nightlies["registry"]
     o = next(o for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml") if o.id == "independent-draft-gumbel")

@@ -11,7 +11,7 @@ import pytest
 from bakery.inputs import tuning
 from bakery.errors import InputError
 
-from conftest import ROOT, docker, invoke, last_line
+from support import ROOT, docker, invoke, last_line
 
 BPRESHUFFLE = ROOT / "tuning" / "dsv4-mi300x-a8w8-blockscale-bpreshuffle-ck.prefill-m2688.csv"
 BLOCKSCALE = ROOT / "tests" / "data" / "tuning" / "dsv4-a8w8-blockscale-tuned-gemm.mi300x.prefill-m2688.csv"

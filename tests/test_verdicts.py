@@ -17,7 +17,7 @@ from bakery.errors import IntegrityError
 from bakery.oci.refs import Reference
 from bakery.oci.registry import OCI_MANIFEST, Registry
 
-from conftest import invoke, last_line
+from support import invoke, last_line
 from test_hip import PASSWORD, pinned_toolchain, release_keys, trusting  # noqa: F401 (fixtures)
 
 
@@ -120,7 +120,7 @@ def moved_key(reg: Registry, ref: Reference) -> str:
 
 def _trust(project: Path, keys_dir: Path, base, reg: Registry):
     from bakery.build.pipeline import Options
-    from conftest import dev_policy
+    from support import dev_policy
 
     return Options(project, keys=(keys_dir / "k" / "release.pub",),
                    policy=dev_policy(project.parent / "p.yaml", base)).kernel_trust(reg)

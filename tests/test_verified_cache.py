@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from conftest import ROOT, dev_policy
+from support import ROOT, dev_policy
 
 from bakery.trust import attest, keys, provenance, sign, verify
 from bakery.errors import IntegrityError
