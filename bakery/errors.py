@@ -47,6 +47,35 @@ class EnvironmentProblem(BakeryError):
     exit_code = 6
 
 
+class NotProven(BakeryError):
+    """An overlay (or a porting kit's ours.py) is not proven: BROKEN on stock and FIXED overlaid."""
+
+    exit_code = 5
+
+
+class NotCarried(BakeryError):
+    """A rebase could not carry and prove every required overlay: the inputs need porting by hand."""
+
+    exit_code = 2
+
+
+class NotReproduced(BakeryError):
+    """A rebuild from the signed provenance gave other bytes than the released digest."""
+
+    exit_code = 5
+
+
+class SmokeFailure(BakeryError):
+    """The MI300X smoke gate failed: a health line, an API check or the VRAM budget."""
+
+    exit_code = 7
+
+
+# Not errors: what `invoke bump` and `invoke track` found, as their exit codes (the nightly workflow
+# branches on them)
+NOTHING_NEW, BUMPED, PORTING = 0, 10, 11
+
+
 PARSE_ERRORS = (ValueError, KeyError, TypeError, AttributeError, IndexError, UnicodeError, RecursionError)
 
 

@@ -63,8 +63,11 @@ class Project:
         return self.root / "out"
 
 
-def cache_dir(kind: str = "") -> Path:
-    """BAKERY_CACHE (default ~/.cache/bakery), or one kind of cache inside it: not created here,
-    since a reader of a cache must not make one appear."""
+def cache_dir(kind: str = "", create: bool = False) -> Path:
+    """BAKERY_CACHE (default ~/.cache/bakery), or one kind of cache inside it; created only for a
+    writer (create=True): a reader of a cache must not make one appear."""
     root = Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery"))
-    return root / kind if kind else root
+    path = root / kind if kind else root
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -22,6 +22,18 @@ from bakery.dev import fixture as fixture_mod  # noqa: E402
 from bakery.dev import stack  # noqa: E402
 
 
+# a test that takes one of these needs the engine and a registry: marked `stack`, so the rest runs
+# alone in seconds (`invoke test --fast`); a file that reaches the stack otherwise says so itself
+STACK_FIXTURES = {"registry", "basic_registry", "fixture_base", "fixture_base_027", "toolchain", "fixture_lock",
+                  "project"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if STACK_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.stack)
+
+
 @pytest.fixture(autouse=True)
 def own_smoke_ledger(tmp_path, monkeypatch):
     """Each test its own ledger of smoke results: the images are reproducible, so one test's FAILED

@@ -2,7 +2,7 @@
 read as the pipeline and no lower layer comes to depend on a higher one. Pure: reads the source
 with ast, imports nothing. Imports inside functions count too (a lazy import is still a dependency).
 
-    release | dev  >  build  >  proofs | trust  >  inputs  >  base  >  oci  >  the core modules
+    cli  >  release | dev  >  build  >  proofs | trust  >  inputs  >  base  >  oci  >  the core modules
 """
 
 import ast
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 BAKERY = Path(__file__).resolve().parent.parent / "bakery"
-LEVELS = {"": 0, "oci": 1, "base": 2, "inputs": 3, "proofs": 4, "trust": 4, "build": 5, "release": 6, "dev": 6}
+LEVELS = {"": 0, "oci": 1, "base": 2, "inputs": 3, "proofs": 4, "trust": 4, "build": 5, "release": 6, "dev": 6, "cli": 7}
 
 
 def module_name(path: Path) -> str:

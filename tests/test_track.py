@@ -17,6 +17,7 @@ import yaml
 from support import copy_project, invoke, last_line
 from proxy import FaultyProxy
 
+from bakery.errors import BUMPED, NOTHING_NEW, PORTING
 from bakery.release import track
 from bakery.dev.rehearse import tag_image as put_tag
 from bakery.oci.refs import Descriptor, Digest, Reference
@@ -70,7 +71,7 @@ def changed_paths(project) -> set[str]:
 def test_track_mirrors_all_picks_the_newest_carries_and_proves_then_rests(pinned_project, nightlies):
     project, n = pinned_project, nightlies
     result = run_track(project, n)
-    assert result.returncode == track.BUMPED, result.stdout + result.stderr
+    assert result.returncode == BUMPED, result.stdout + result.stderr
     doc = ledger(project)
     entries = {e["digest"]: e for e in doc["nightlies"]}
     assert [e["digest"] for e in doc["nightlies"]] == [str(n["b"]), str(n["a"])]  # newest first
@@ -99,14 +100,14 @@ def test_track_mirrors_all_picks_the_newest_carries_and_proves_then_rests(pinned
     git(project, "commit", "-qm", "bump")
     before = (project / "image" / "nightlies.yaml").read_bytes()
     again = run_track(project, n)
-    assert again.returncode == track.NOTHING_NEW, again.stdout + again.stderr
+    assert again.returncode == NOTHING_NEW, again.stdout + again.stderr
     assert "nothing new" in last_line(again) and changed_paths(project) == set()
     assert (project / "image" / "nightlies.yaml").read_bytes() == before
 
     # latest moves to 0.27.0: recorded as moved, not silently replaced; nothing to try
     put_tag(n["registry"], n["upstream"].with_digest(n["b"]), n["upstream"].with_tag("latest"))
     moved = run_track(project, n)
-    assert moved.returncode == track.NOTHING_NEW, moved.stdout + moved.stderr
+    assert moved.returncode == NOTHING_NEW, moved.stdout + moved.stderr
     entries = {e["digest"]: e for e in ledger(project)["nightlies"]}
     assert entries[str(n["a"])]["tags"] == ["nightly-a"] and entries[str(n["a"])]["moved"] == {"latest": str(n["b"])}
     assert entries[str(n["b"])]["tags"] == ["latest", "nightly-b"]
@@ -125,7 +126,7 @@ def test_a_nightly_deleted_upstream_stays_buildable_from_the_mirror(pinned_proje
     # upstream ages the nightly out: its manifest and tag are deleted
     reg.transport.request("DELETE", f"/v2/{n['upstream'].repository}/manifests/{n['b']}", ok=(202,))
     gone = run_track(project, n)
-    assert gone.returncode == track.BUMPED, gone.stdout + gone.stderr
+    assert gone.returncode == BUMPED, gone.stdout + gone.stderr
     entry = next(e for e in ledger(project)["nightlies"] if e["digest"] == str(n["b"]))
     assert entry["tags"] == [] and entry["deleted"] == ["nightly-b"] and entry["tried"]["outcome"] == "carried"
     built = invoke(project, "build")  # base.yaml: upstream@digest, read from the mirror
@@ -142,7 +143,7 @@ def test_needs_porting_changes_only_the_ledger_and_writes_the_kits(pinned_projec
     git(project, "rm", "-rq", "overlays/patches/ports/sparse-mla-prefill-bh64")
     git(project, "commit", "-qm", "no port")
     result = run_track(project, nightlies)
-    assert result.returncode == track.PORTING, result.stdout + result.stderr
+    assert result.returncode == PORTING, result.stdout + result.stderr
     assert changed_paths(project) == {"image/nightlies.yaml"}
     entry = next(e for e in ledger(project)["nightlies"] if e["digest"] == str(nightlies["b"]))
     assert entry["tried"]["outcome"] == "needs porting"
@@ -155,7 +156,7 @@ def test_needs_porting_changes_only_the_ledger_and_writes_the_kits(pinned_projec
     # after a person ports it (here: the port restored), the same nightly is tried again by digest
     git(project, "checkout", "HEAD~1", "--", "overlays/patches/ports/sparse-mla-prefill-bh64")
     again = invoke(project, "bump", "--nightly", str(nightlies["b"]))
-    assert again.returncode == track.BUMPED, again.stdout + again.stderr
+    assert again.returncode == BUMPED, again.stdout + again.stderr
 
 
 def one_line_no_change(project, result, before, *words):
@@ -253,7 +254,7 @@ def test_bump_never_retires_an_overlay_on_the_base_s_own_word(pinned_project, ni
     docker("build", "-q", "-t", tag, str(tmp_path / "ctx"))
     docker("push", tag)
     result = run_track(pinned_project, n, tags="nightly-[af]*")  # nightly-b (0.27.0) left out
-    assert result.returncode == track.PORTING, result.stdout + result.stderr
+    assert result.returncode == PORTING, result.stdout + result.stderr
     assert changed_paths(pinned_project) == {"image/nightlies.yaml"}
     entry = next(e for e in ledger(pinned_project)["nightlies"] if "nightly-fixed" in e["tags"])
     assert entry["tried"]["overlays"]["independent-draft-gumbel"] == "fixed-upstream"

@@ -27,13 +27,13 @@ from typing import Iterable, Iterator
 
 import zstandard
 
-from .spec import Image
 from ..errors import EnvironmentProblem, InputError, IntegrityError
 from ..files import atomic_write
-from ..project import cache_dir
 from ..oci.refs import Descriptor, Digest
-from ..oci.tarscan import TarError, TarReader
 from ..oci.registry import Registry
+from ..oci.tarscan import TarError, TarReader
+from ..project import cache_dir
+from .spec import Image
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"

@@ -15,21 +15,21 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 
+from .. import untrusted
 from ..base import spec as base_mod
+from ..base.filesystem import BaseFilesystem, LayerCache
+from ..errors import BakeryError, InputError, IntegrityError
 from ..inputs import hip as hip_mod
 from ..inputs import image as image_mod
 from ..inputs import overlays as overlays_mod
-from ..proofs import runner as prove_mod
-from . import record
 from ..inputs import tuning as tuning_mod
-from .. import untrusted
-from ..errors import BakeryError, InputError, IntegrityError
-from ..base.filesystem import BaseFilesystem, LayerCache
 from ..oci.layer import FileEntry, write_blob, write_layer
-from ..project import cache_dir
-from .publish import Derived, push, write_layout
 from ..oci.refs import Descriptor, Reference
 from ..oci.registry import Registry
+from ..project import Project, cache_dir
+from ..proofs import runner as prove_mod
+from . import record
+from .publish import Derived, push, write_layout
 
 DIST_INFO = "usr/local/lib/python3*/dist-packages/*.dist-info/METADATA"
 
@@ -50,16 +50,23 @@ class Options:
     device: str = "cpu"  # where `invoke prove` runs the proofs' Triton kernels: cpu (interpreted) or cuda
     base_mirror: str | None = None  # with base: read that digest from this REGISTRY/REPO (a kept nightly)
 
+    @classmethod
+    def from_flags(cls, project: Path, *, layout=None, out=None, lock=None, key=None, policy=None, **rest) -> "Options":
+        """From a task's flags, by name (strings as given; key: one release public key)."""
+        as_path = lambda v: Path(v) if v else None  # noqa: E731
+        return cls(project, layout=as_path(layout), out=as_path(out), lock=as_path(lock),
+                   keys=(Path(key),) if key else (), policy=as_path(policy), **rest)
+
     def toolchain_for(self, base: base_mod.BaseSpec) -> str:
         return self.toolchain or os.environ.get("BAKERY_TOOLCHAIN") or str(base.source)
 
     @property
     def out_dir(self) -> Path:
-        return self.out or self.project / "out"
+        return self.out or Project(self.project).out
 
     @property
     def lock_path(self) -> Path:
-        return self.lock or self.project / "overlays" / "overlays.lock"
+        return self.lock or Project(self.project).lock
 
     def kernel_trust(self, registry: Registry):
         """What a kernel artifact (or a proof verdict) must carry to be used: a cosign signature by the
@@ -69,7 +76,7 @@ class Options:
         from ..trust import provenance
 
         load = functools.lru_cache(maxsize=1)(lambda: provenance.load_policy(
-            self.policy or self.project / "provenance" / "policy.yaml", self.project, {"release": list(self.keys)}))
+            self.policy or Project(self.project).policy, self.project, {"release": list(self.keys)}))
         if not self.keys and not load().roles["release"].keys:
             return None
 
@@ -88,12 +95,6 @@ def _git(project: Path, *args: str) -> str:
         raise InputError(f"{project} is not a git checkout with a commit ({result.stderr.strip()}): "
                          f"bakery records the source revision; commit first")
     return result.stdout.strip()
-
-
-def _cache_dir() -> Path:
-    path = cache_dir()
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def source_date_epoch(project: Path) -> int:
@@ -124,7 +125,7 @@ def needed_files(project: Path) -> tuple[str, ...]:
     """Every base file a build or rebase reads (as patterns): dist-info, overlay targets, what the
     proofs and probes read. Kept on a layer's first pass, so no layer is streamed twice."""
     try:
-        registered = overlays_mod.load(project / "overlays" / "overlays.yaml")
+        registered = overlays_mod.load(Project(project).overlays_yaml)
     except BakeryError:
         return (DIST_INFO,)  # the registry is reported by whoever loads it next
     paths = {o.target for o in registered} | {r for o in registered if o.proof for r in o.proof.reads} | \
@@ -135,7 +136,7 @@ def needed_files(project: Path) -> tuple[str, ...]:
 def open_base(project: Path, override: str | None, log=print, mirror: str | None = None) -> OpenBase:
     """Resolve the pinned base (or --base, read from mirror when given) and open its filesystem
     through the layer cache; layers not yet indexed are streamed now, concurrently, once each."""
-    spec = base_mod.load_spec(project / "image" / "base.yaml", override, mirror)
+    spec = base_mod.load_spec(Project(project).base_yaml, override, mirror)
     registry = Registry(spec.source.registry)
     log(f"resolving base {spec.source}")
     image = base_mod.resolve(registry, spec.source, spec.platform)
@@ -156,7 +157,7 @@ def base_files(base: OpenBase, paths) -> dict:
 def overlay_inputs(project: Path, base: OpenBase) -> tuple[list, list, list]:
     """Registered overlays, the required ones applied exactly to the base bytes, and the stale
     bytecode to delete."""
-    overlays = overlays_mod.load(project / "overlays" / "overlays.yaml")
+    overlays = overlays_mod.load(Project(project).overlays_yaml)
     targets = [o.target for o in overlays if o.baked]
     applied = overlays_mod.apply_all(overlays, base.fs.read(targets))
     caches = sorted({str(PurePosixPath(t).parent / "__pycache__").lstrip("/") + "/*.pyc" for t in targets})
@@ -365,7 +366,7 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
     epoch = source_date_epoch(project)
     revision = _git(project, "rev-parse", "HEAD")
     dirty = bool(_git(project, "status", "--porcelain"))  # untracked files count: they can change the image
-    spec = image_mod.load_spec(project / "image" / "image.yaml")
+    spec = image_mod.load_spec(Project(project).image_yaml)
     target = push_target(opts)
     opened = open_base(project, opts.base, log)
     registries = {opened.spec.source.registry: opened.registry}
@@ -379,10 +380,10 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
     overlay_files = tuple(FileEntry(a.overlay.target, a.result) for a in applied)
 
     recipe = hip_mod.served(hip_mod.load(project / "hip"), {a.overlay.id for a in applied}, log)
-    compiled = hip_mod.compile_recipe(recipe, opts.toolchain_for(opened.spec), _cache_dir() / "hip", log, remote,
+    compiled = hip_mod.compile_recipe(recipe, opts.toolchain_for(opened.spec), cache_dir(create=True) / "hip", log, remote,
                                       trust, opts.recompile, defer_push=True)
     kernel_files = hip_mod.files(recipe, compiled.artifacts)
-    tables = tuning_mod.load(project / "tuning")
+    tables = tuning_mod.load(Project(project).tuning)
     table_files = tuning_mod.files(tables)
     spec = dataclasses.replace(spec, env=spec.env + tuple(tuning_mod.env(tables).items()))
 

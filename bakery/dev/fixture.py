@@ -14,11 +14,11 @@ import sys
 import zipfile
 from pathlib import Path
 
-from .. import schema
 from .. import project
+from .. import schema
+from ..engine import docker_client
 from ..errors import EnvironmentProblem, IntegrityError
 from ..oci.refs import Reference
-from ..engine import docker_client
 
 SPEC_KEYS = {"suite": str, "debian_mirror": str, "include": list, "site_packages": str,
              "wheels": list, "keep_suffixes": list, "repository": str}

@@ -16,11 +16,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import broker_client, schema
+from ..engine import docker_client
 from ..errors import EnvironmentProblem, InputError, IntegrityError
 from ..files import atomic_dir
 from ..oci.layer import FileEntry
 from ..oci.refs import Reference
-from ..engine import docker_client
 
 # EF_AMDGPU_MACH values (LLVM's ELF.h) of the archs a recipe may name.
 ARCHS = {"gfx90a": 0x3F, "gfx940": 0x40, "gfx941": 0x4B, "gfx942": 0x4C, "gfx950": 0x4F}

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from .. import schema
-from . import patch as patch_mod, proof_spec
 from ..errors import InputError, IntegrityError
 from ..oci.layer import write_blob
+from . import patch as patch_mod, proof_spec
 
 SITE = "/usr/local/lib/python3.12/dist-packages"
 PACKAGE_ROOTS = (f"{SITE}/vllm/", f"{SITE}/aiter/")

@@ -13,8 +13,8 @@ import requests
 
 from ..errors import IntegrityError, NotFound, RegistryError, TransientError
 from ..files import atomic_file, atomic_write
-from .progress import Progress
 from ..project import cache_dir
+from .progress import Progress
 from .refs import Descriptor, Digest, Reference
 from .transport import DOCUMENT_LIMIT, Transport
 

@@ -15,9 +15,9 @@ import json
 import re
 from pathlib import Path
 
-from ..trust import keys as keys_mod
 from ..errors import EnvironmentProblem, InputError
 from ..files import atomic_dir
+from ..trust import keys as keys_mod
 from ..trust.provenance import Policy
 
 INSTALLED = Path("/etc/containers")  # where DIR's contents are meant to be installed

@@ -17,11 +17,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..inputs import overlays as overlays_mod, patch as patch_mod
-from ..proofs import runner as prove
 from ..build.pipeline import Options, base_files, open_base
 from ..errors import BakeryError, InputError
+from ..inputs import overlays as overlays_mod, patch as patch_mod
 from ..inputs.overlays import Overlay
+from ..project import Project
+from ..proofs import runner as prove
 
 FIXED_UPSTREAM, NEEDS_PORTING, TARGET_MOVED = "fixed-upstream", "needs porting", "target moved"
 
@@ -51,7 +52,7 @@ def prove_base(opts: Options, log=print) -> list[ProofRow]:
     """`invoke prove`: each overlay's proof on the base's stock target and on the overlaid target."""
     project = opts.project.resolve()
     base = open_base(project, opts.base, log)
-    registered = [o for o in overlays_mod.load(project / "overlays" / "overlays.yaml") if o.proof]
+    registered = [o for o in overlays_mod.load(Project(project).overlays_yaml) if o.proof]
     files = _reads(base, registered)
     jobs = {}
     for o in registered:
@@ -162,7 +163,7 @@ def prove_kit(project: Path, folder: Path) -> prove.Verdict:
     """`invoke prove --kit out/rebase/ID`: the overlay's proof on the kit's ours.py (the new base's
     code with a person's edits), with the files the kit kept of the new base, in the sandbox."""
     folder = folder.resolve()
-    registered = {o.id: o for o in overlays_mod.load(project / "overlays" / "overlays.yaml")}
+    registered = {o.id: o for o in overlays_mod.load(Project(project).overlays_yaml)}
     overlay = registered.get(folder.name)
     if overlay is None or not (folder / "ours.py").is_file():
         raise InputError(f"{folder} is not a porting kit of this project (out/rebase/OVERLAY-ID/ with ours.py)")
@@ -183,7 +184,7 @@ def rebase(opts: Options, log=print, retire: bool = True) -> tuple[list, bool]:
     person (it stops the re-lock, as needs porting does)."""
     project = opts.project.resolve()
     base = open_base(project, opts.base, log, opts.base_mirror)
-    registered = overlays_mod.load(project / "overlays" / "overlays.yaml")
+    registered = overlays_mod.load(Project(project).overlays_yaml)
     required = [o for o in registered if o.baked]
     files = _reads(base, required)
     try:

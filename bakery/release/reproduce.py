@@ -21,12 +21,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import broker
 from .. import broker_client
-from ..trust import provenance
-from ..proofs import sandbox
 from ..errors import EnvironmentProblem, IntegrityError, InputError, malformed
 from ..oci.refs import Descriptor, Digest, Reference
+from ..proofs import sandbox
+from ..trust import provenance
+from . import broker
 
 
 OUTCOME_SCHEMA = "https://github.com/dsv4-mi300x/bakery/rebuild-outcome/v1"

@@ -17,8 +17,8 @@ from pathlib import Path
 import requests
 
 from .. import schema
+from ..errors import EnvironmentProblem, InputError, SmokeFailure
 from ..trust import smoke_ledger
-from ..errors import BakeryError, EnvironmentProblem, InputError
 
 from ..trust.provenance import TEST_RESULT_PREDICATE as TEST_RESULT
 SPEC_KEYS = {"model": str, "revision": str, "model_mount": str, "speculative": bool, "health_deadline_s": int,
@@ -43,10 +43,6 @@ FAILURES = [
     ("HTTP 5xx", re.compile(r'"\s*(?:GET|POST|PUT|DELETE) \S+ HTTP/[\d.]+"\s+5\d\d\b')),
 ]
 BENIGN = [re.compile(r"not found tuned config.*will use default config")]  # AITER, informational
-
-
-class SmokeFailure(BakeryError):
-    exit_code = 7
 
 
 @dataclass

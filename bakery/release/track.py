@@ -23,12 +23,13 @@ from pathlib import Path
 
 import yaml
 
-from ..base import spec as base_mod
 from .. import schema, untrusted
-from ..errors import InputError, IntegrityError, NotFound, RegistryError, malformed
+from ..base import spec as base_mod
+from ..errors import BUMPED, PORTING, InputError, IntegrityError, NotFound, RegistryError, malformed
 from ..oci.layer import write_blob
 from ..oci.refs import Digest, Reference
 from ..oci.registry import Registry, pull
+from ..project import Project
 
 SITE = "usr/local/lib/python3.12/dist-packages"  # where the ROCm image installs vLLM and AITER
 VERSION_FILES = {"vllm": f"{SITE}/vllm/_version.py", "aiter": f"{SITE}/aiter/_version.py"}
@@ -39,7 +40,6 @@ FUTURE = timedelta(days=1)  # a config created later than this from now is not b
 KEEP_TAG = "kept-sha256-{hex}"  # one mirror tag per kept digest, so a registry's GC never takes it
 CARRIED, NEEDS_PORTING = "carried", "needs porting"
 SAFE_VERSION = re.compile(r"[0-9A-Za-z.+_-]{1,100}")  # what a version may be, in the ledger and the report
-NOTHING_NEW, BUMPED, PORTING = 0, 10, 11  # exit codes of `invoke bump` and `invoke track`
 HEADER = """\
 # The nightly ledger, written by `invoke track` (do not edit by hand): every upstream nightly seen,
 # newest first, by its linux/amd64 manifest digest, and where it was mirrored (tagged kept-sha256-<hex>
@@ -433,7 +433,7 @@ def bump(project: Path, ledger_path: Path, out: Path, nightly: str | None = None
     from ..build.pipeline import Options
 
     ledger = load_ledger(ledger_path)
-    spec_path = project / "image" / "base.yaml"
+    spec_path = Project(project).base_yaml
     spec = base_mod.load_spec(spec_path)
     if nightly:
         chosen = ledger.find(Digest.parse(nightly.rsplit("@", 1)[-1]))

@@ -10,12 +10,12 @@ from __future__ import annotations
 import base64
 import json
 
-from . import provenance, sbom, sign
 from ..errors import InputError, IntegrityError, malformed
 from ..files import canonical_json
 from ..oci.refs import Descriptor, Digest, Reference
 from ..oci.registry import OCI_MANIFEST
 from ..oci.store import signature_tag
+from . import provenance, sbom, sign
 
 SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
 DSSE = "application/vnd.dsse.envelope.v1+json"

@@ -10,6 +10,7 @@ from .. import schema
 from ..errors import InputError
 from ..files import canonical_json
 from ..oci.refs import Reference
+from ..project import Project
 
 STATEMENT = "https://in-toto.io/Statement/v1"
 SLSA_PREDICATE = "https://slsa.dev/provenance/v1"
@@ -165,7 +166,7 @@ def load_policy(path: Path, project: Path, keys: dict | None = None) -> Policy:
     return Policy(roles, tuple(doc["allowed_sources"]), tuple(doc["allowed_builders"]),
                   tuple(doc["allowed_repositories"]), bool(doc.get("allow_dirty", False)),
                   str(Reference.parse_pinned(base, f"{path}: base") if base else
-                      load_spec(project / "image" / "base.yaml").image),
+                      load_spec(Project(project).base_yaml).image),
                   bool(doc.get("require_smoke", False)), _smoke_spec(doc.get("smoke_spec"), project, path),
                   doc.get("smoke_arch") or "gfx942", doc.get("smoke_compute_units") or 304,
                   int(doc.get("require_rebuilds") or 0))

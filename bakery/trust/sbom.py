@@ -7,8 +7,8 @@ import re
 
 from ..inputs.image import rfc3339
 
-from .provenance import SPDX_PREDICATE  # noqa: F401 (re-exported: the SBOM's statement type)
 from ..oci.refs import Reference
+from .provenance import SPDX_PREDICATE  # noqa: F401 (re-exported: the SBOM's statement type)
 
 
 def _id(kind: str, name: str) -> str:

@@ -14,10 +14,10 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from . import keys
 from ..errors import IntegrityError
 from ..files import canonical_json
 from ..oci.refs import Digest, Reference
+from . import keys
 
 IN_TOTO = "application/vnd.in-toto+json"
 

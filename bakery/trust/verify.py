@@ -8,10 +8,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import keys as keys_mod, provenance, sbom, sign
 from ..errors import BakeryError, InputError, IntegrityError, malformed
 from ..oci.refs import Descriptor, Digest, Reference
 from ..oci.store import signature_tag
+from . import keys as keys_mod, provenance, sbom, sign
 
 
 @dataclass

@@ -1,0 +1,56 @@
+"""invoke rehearse (the workflows under act) and invoke test: this machine's stand-ins."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import BakeryError, InputError
+from ..project import Project
+
+
+@dataclass(frozen=True)
+class Rehearsed:
+    outcome: object  # rehearse.Outcome
+    surprises: tuple[str, ...]
+
+    def check(self) -> None:
+        if self.surprises:
+            raise BakeryError(f"the rehearsal did not end as it must ({'; '.join(self.surprises)}); act's log: "
+                              f"{self.outcome.log}")
+
+
+def rehearse(project: Path, workflow="release", drill=None, smoke_stand_in=False, work=None,
+             log=lambda m: None) -> Rehearsed:
+    from ..dev import rehearse as rehearse_mod
+
+    where = Path(work) if work else Project(project).out / "rehearsal"
+    if workflow == "release":
+        name = drill or ("stand-in" if smoke_stand_in else "no-mi300x")
+        outcome = rehearse_mod.release(project, where / name, log,
+                                       smoke="stand-in" if smoke_stand_in else "none", drill=drill)
+        # no MI300X here: without the stand-in the release must stop at smoke
+        surprises = outcome.surprises(rehearse_mod.DRILLS[drill][0] if drill else None if smoke_stand_in else "smoke")
+    elif workflow == "nightly":
+        if drill not in (None, "needs-porting"):
+            raise InputError(f"--drill {drill}: the nightly workflow's is needs-porting")
+        outcome = rehearse_mod.nightly(project, where / (drill or "nightly"), log, porting=drill == "needs-porting")
+        surprises = outcome.surprises(None, () if drill else ("porting",))
+    else:
+        raise InputError(f"--workflow {workflow}: release or nightly")
+    return Rehearsed(outcome, tuple(surprises))
+
+
+def pytest_argv(k: str | None, x: bool, rehearsal: bool, fast: bool = False) -> list[str]:
+    """`invoke test`'s pytest command line, as a list (no shell: a -k with a quote stays one argument)."""
+    args = [sys.executable, "-m", "pytest", "-ra", "tests"]
+    if fast:
+        args += ["-m", "not stack and not rehearsal and not gpu"]
+    elif not rehearsal:
+        args += ["-m", "not rehearsal"]
+    if k:
+        args += ["-k", k]
+    if x:
+        args.append("-x")
+    return args

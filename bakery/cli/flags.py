@@ -1,0 +1,159 @@
+"""What each flag of each invoke task means: the text `invoke --help TASK` shows, kept here so
+tasks.py stays a list of tasks and their calls."""
+
+BUILD = {"base": "base image REF@sha256:DIGEST, overriding image/base.yaml",
+         "push": "push to REGISTRY/REPO[:TAG]",
+         "layout": "also write an OCI image layout directory (air-gapped hand-off)",
+         "out": "directory for blobs and build-record.json (default: out/)",
+         "lock": "overlays lock to verify against (default: overlays/overlays.lock)",
+         "toolchain": "image to compile hip/ in (default: BAKERY_TOOLCHAIN, else the base itself)",
+         "key": "a release public key PEM: a kernel artifact or proof verdict in the push target is used only "
+                "if release keys (this and the policy's) signed it",
+         "policy": "policy naming the release keys (default: provenance/policy.yaml)",
+         "recompile": "compile hip/ here, never taking the push target's kernel artifact",
+         "reprove": "run every overlay proof here, whatever this machine's cache or the push target holds"}
+
+MIRROR = {"to": "destination REGISTRY/REPO[:TAG]",
+          "base": "source REF@sha256:DIGEST (default: image/base.yaml)",
+          "image": "copy this signed image of ours (REF@sha256:DIGEST) with its .sig and .att instead of the base",
+          "layout": "with --image: write into this OCI layout directory instead of a registry"}
+
+FIXTURE = {"registry": "registry host:port to push the fixture to (default: the local stack's)",
+           "vllm": "vLLM release to build it from: 0.26.0 (default) or 0.27.0, the nightly's two neighbours"}
+
+TEST = {"k": "only tests matching this pytest -k expression", "x": "stop at the first failure",
+        "rehearsal": "also run the workflow rehearsals under act (tests/test_rehearse.py: minutes each; CI runs them)",
+        "fast": "only the tests that need no Docker engine or registry (seconds; nothing is started)"}
+
+LOCK = {"base": "base image REF@sha256:DIGEST, overriding image/base.yaml",
+        "lock": "lock file to write (default: overlays/overlays.lock)"}
+
+PROVE = {"base": "base image REF@sha256:DIGEST, overriding image/base.yaml",
+         "device": "cpu (default: Triton's interpreter) or cuda (the proofs' Triton kernels compiled for the GPU "
+                   "torch sees, CUDA or ROCm)",
+         "kit": "a porting kit (out/rebase/OVERLAY-ID, from `invoke rebase`): prove its edited ours.py instead"}
+
+REBASE = {"base": "the new base REF@sha256:DIGEST (the nightly you are moving to)",
+          "lock": "lock file to write (default: overlays/overlays.lock)",
+          "out": "where overlays that need porting by hand are written (default: out/, as out/rebase/ID/)"}
+
+TRACK = {"from_": "the upstream REGISTRY/REPO whose nightlies to keep, e.g. docker.io/vllm/vllm-openai-rocm",
+         "mirror": "your REGISTRY/REPO they are copied to, by digest",
+         "tags": "only upstream tags matching this glob (default: *)",
+         "ledger": "the ledger (default: image/nightlies.yaml)",
+         "no_bump": "only mirror and record; try nothing (the workflow's credentialed job)",
+         "report": "where bump writes its Markdown report (default: out/track/report.md)",
+         "list_": "print the ledger, newest first, with what each nightly would need; change nothing"}
+
+BUMP = {"ledger": "the ledger (default: image/nightlies.yaml)",
+        "nightly": "try this kept nightly (sha256:DIGEST, as `invoke track --list` shows) instead of the newest "
+                   "untried: bisect, or re-try after porting",
+        "report": "where to write the Markdown report (default: out/track/report.md)",
+        "out": "where porting kits go (default: out/, as out/rebase/ID/)"}
+
+KEYGEN = {"out": "directory for ROLE.key (encrypted) and ROLE.pub (default: .)",
+          "role": "release (signs the image, its SBOM and provenance; default) or smoke (signs the MI300X result)"}
+
+ATTEST = {"image": "the image REGISTRY/REPO@sha256:DIGEST to sign",
+          "record": "its build record (default: out/build-record.json)",
+          "key": "encrypted private key file (default: BAKERY_SIGNING_KEY from the environment)",
+          "layout": "attest inside this OCI layout directory instead of a registry"}
+
+ATTACH = {"image": "the image REGISTRY/REPO@sha256:DIGEST the statement is about",
+          "envelope": "a signed DSSE envelope (e.g. from `invoke smoke --attest --envelope FILE`)",
+          "key": "the public key of ROLE (e.g. smoke.pub): the envelope must verify with it",
+          "role": "the role the envelope comes from (default smoke): only statement types that role signs are "
+                  "attached"}
+
+POLICY = {"containers": "an empty or new directory: policy.json, registries.d/ and the release keys are written "
+                        "there, to install as /etc/containers on a podman or CRI-O node",
+          "policy": "verification policy (default: provenance/policy.yaml)",
+          "key": "a release public key PEM, added to the policy's roles.release keys (repeatable)",
+          "mirror": "MIRROR_HOST/REPO=ORIGINAL_HOST/REPO: a mirror of an allowed repository that nodes pull from, "
+                    "signatures copied with it (repeatable)",
+          "accept": "HOST/NAMESPACE/NAME of another image the nodes may pull unsigned (the pause image, the proxy, "
+                    "a device plugin; repeatable): everything else not ours is refused"}
+
+DEPLOY = {"image": "the release REGISTRY/REPO@sha256:DIGEST to run",
+          "proxy_image": "the Caddy image, by digest (CADDY@sha256:DIGEST)",
+          "hostname": "the proxy's HTTPS name (name or name:port)",
+          "allow": "a source CIDR the proxy admits (repeatable; everyone else gets 403)",
+          "email": "ACME contact address (not needed with --internal-tls)",
+          "internal_tls": "certificate from Caddy's own CA (a private name, no ACME)",
+          "compose": "write DIR/.env and DIR/Caddyfile, then docker compose up -d (IMAGE verified first, smoke "
+                     "required, as for --k8s)",
+          "snapshot": "the model snapshot directory on the host or nodes, mounted read-only",
+          "compose_file": "with --compose: the compose file (default: image/compose.yaml)",
+          "k8s": "write Kubernetes manifests for --replicas single-MI300X nodes into DIR (new or empty)",
+          "replicas": "with --k8s: how many MI300X nodes (one GPU each)",
+          "key": "release public key for verify", "smoke_key": "smoke public key for verify",
+          "rebuilder_key": "a rebuilder public key for verify (repeatable): the policy asks for its rebuilds",
+          "policy": "verification policy (default: provenance/policy.yaml)"}
+
+VERIFY = {"image": "REGISTRY/REPO@sha256:DIGEST (or :TAG, resolved and reported)",
+          "key": "a release public key PEM (release.pub), added to the policy's roles.release keys",
+          "smoke_key": "a smoke public key PEM (smoke.pub), added to the policy's roles.smoke keys",
+          "policy": "verification policy (default: provenance/policy.yaml)",
+          "layout": "verify an OCI layout directory (offline) instead of a registry",
+          "require_smoke": "also demand a passing MI300X smoke attestation",
+          "rebuilder_key": "a rebuilder public key PEM, added to the policy's roles.rebuilder keys (repeatable)",
+          "require_rebuilds": "demand that this many distinct rebuilder keys attest a rebuild giving this digest",
+          "skip_blobs": "do not download and hash every layer (faster, weaker)"}
+
+REPRODUCE = {"image": "the released REGISTRY/REPO@sha256:DIGEST to rebuild",
+            "release_key": "a release public key PEM: the provenance is read only once its signature holds",
+            "policy": "verification policy (default: provenance/policy.yaml)",
+            "toolchain": "compile hip/ in this image (default: the one the provenance names)",
+            "workdir": "where to clone and build (default: a new temporary folder, kept only when the rebuild "
+                       "gives other bytes)",
+            "attest": "sign the outcome (match or not) onto IMAGE as this rebuilder, with --key",
+            "key": "with --attest: this rebuilder's encrypted private key (default: BAKERY_REBUILDER_SIGNING_KEY)",
+            "outcome": "write what the rebuild gave (its manifest, the differences) to this file, for "
+                       "`invoke attest-rebuild` in a job that holds the key and runs no build"}
+
+ATTEST_REBUILD = {"image": "the released REGISTRY/REPO@sha256:DIGEST that was rebuilt",
+            "outcome": "the file `invoke reproduce --outcome` wrote",
+            "release_key": "a release public key PEM (the provenance is re-read and checked here)",
+            "policy": "verification policy (default: provenance/policy.yaml)",
+            "key": "this rebuilder's encrypted private key (default: BAKERY_REBUILDER_SIGNING_KEY)"}
+
+SMOKE = {"image": "REGISTRY/REPO@sha256:DIGEST to smoke-test",
+         "model_dir": "the model snapshot directory (.../snapshots/<revision>), mounted read-only",
+         "port": "host port for the API on 127.0.0.1 (default 8000)",
+         "report": "where to write the JSON report (default: out/smoke-report.json)",
+         "record": "record the regression outputs (first run on MI300X) instead of comparing",
+         "attest": "sign the report onto the digest with the smoke key (--key or BAKERY_SMOKE_SIGNING_KEY)",
+         "key": "encrypted smoke private key file for --attest (smoke.key)",
+         "envelope": "with --attest: write the signed envelope to this file instead of pushing it (a job "
+                     "without push rights hands it to `invoke attach`)"}
+
+PROMOTE = {"image": "the smoke-tested REGISTRY/REPO@sha256:DIGEST",
+           "tag": "the release tag to point at it (e.g. v1.2.0)",
+           "key": "a release public key PEM (added to the policy's)",
+           "smoke_key": "a smoke public key PEM (added to the policy's)",
+           "policy": "verification policy (default: provenance/policy.yaml)",
+           "rebuilder_key": "a rebuilder public key PEM, added to the policy's roles.rebuilder keys (repeatable)",
+           "require_rebuilds": "demand that this many distinct rebuilder keys attest a rebuild giving this digest",
+           "smoke_run": "demand a smoke result from this workflow run (REPO#RUN_ID; the release workflow passes its "
+                        "own, so a result of an earlier run put back is refused)"}
+
+DISK = {"base": "base image REF@sha256:DIGEST (default: image/base.yaml)",
+        "path": "where Docker keeps images (default: /var/lib/docker, else /)",
+        "unless_cached_in": "REGISTRY/REPO: if it holds this recipe's kernel artifact, signed by a release key, "
+                            "nothing will be pulled",
+        "key": "a release public key PEM (beside the policy's) to check that artifact's signature with",
+        "policy": "policy naming the release keys (default: provenance/policy.yaml)"}
+
+COMPILE = {"toolchain": "image to compile in (default: BAKERY_TOOLCHAIN, else the pinned base)",
+           "verify": "compile again here, ignoring every cache, and prove the cached outputs byte-identical",
+           "registry": "REGISTRY/REPO holding the kernel artifact (kernels-<key>): fetch it (if a release key "
+                       "signed it), or push it there",
+           "key": "a release public key PEM (beside the policy's) to check the artifact's signature with",
+           "policy": "policy naming the release keys (default: provenance/policy.yaml)"}
+
+REHEARSE = {"workflow": "release (default: a v* tag push) or nightly (a schedule)",
+            "drill": "release: broken-proof, unsigned-kernels, smoke-failed, rebuild-mismatch, foreign-revision or "
+                     "dirty-checkout (each must stop the release); nightly: needs-porting",
+            "smoke_stand_in": "release: the smoke job's MI300X step signs the tests' stand-in report (there is no "
+                              "MI300X here), so attach-smoke and promote run",
+            "work": "folder for the rehearsal's clone, keys, logs and artifacts (default: out/rehearsal)"}

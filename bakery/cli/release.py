@@ -1,0 +1,178 @@
+"""invoke keygen, attest, attach, verify, promote, reproduce, attest-rebuild: signing an image,
+proving it is ours, and rebuilding it independently."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import InputError, NotFound, NotReproduced
+from ..project import Project
+from .trust_flags import load_policy, role_keys
+
+
+def keygen(out: str, role: str) -> tuple[Path, Path]:
+    from ..trust import keys
+
+    return keys.generate(Path(out), role)
+
+
+def attest(project: Path, image: str, record: str | None, key: str | None, layout: str | None):
+    """(the image, what was written: signature, attestations, kernels, verdicts)."""
+    from ..build import record as record_mod
+    from ..oci import store
+    from ..oci.refs import Reference
+    from ..trust import attest as attest_mod, keys, sign
+
+    ref = Reference.parse_pinned(image, "image")
+    rec = record_mod.read(Path(record) if record else Project(project).out / "build-record.json")
+    signer = sign.Signer(keys.load_private(Path(key) if key else None))
+    written = attest_mod.attest(store.open_store(ref, Path(layout) if layout else None), ref, rec, signer,
+                                sign_kernels=not layout)
+    return ref, written
+
+
+def may_attach(kind: str, role: str, envelope: str) -> None:
+    """Only a statement type the role signs is attached: a smoke key cannot put provenance beside
+    (or in place of) the release key's."""
+    from ..trust import provenance
+
+    if provenance.SIGNED_BY.get(kind) != role:
+        raise InputError(f"envelope {envelope} holds a statement of type {kind}, which the {role} role does not "
+                         f"sign: not attached (it would stand beside, or in place of, another role's)")
+
+
+def attach(image: str, envelope: str, key: str, role: str):
+    """(the image, the statement type, the digest of the attestations now attached)."""
+    from ..oci import store
+    from ..oci.refs import Reference
+    from ..trust import attest as attest_mod, keys, sign
+
+    ref = Reference.parse_pinned(image, "image")
+    try:
+        data = Path(envelope).read_bytes()
+    except OSError as e:
+        raise InputError(f"cannot read --envelope {envelope}: {e.strerror}") from None
+    kind, _ = attest_mod.statement_of(data, ref, f"envelope {envelope}")
+    may_attach(kind, role, envelope)
+    sign.open_envelope(data, keys.load_public(Path(key)), f"envelope {envelope} ({kind}, a {role} statement)")
+    return ref, kind, attest_mod.attach_envelopes(store.RegistryStore(ref), ref, {kind: data})
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A verification's report about one digest; check() raises unless every check held."""
+    ref: object
+    report: object
+
+    def check(self) -> None:
+        from ..trust import verify as verify_mod
+
+        verify_mod.require(self.report)
+
+
+def verify(project: Path, image: str, key=None, smoke_key=None, policy=None, layout=None, require_smoke=False,
+           skip_blobs=False, rebuilder_key=None, require_rebuilds=0, log=lambda m: None) -> Verified:
+    """IMAGE by digest, or by tag (resolved here, and said in the log)."""
+    from ..oci import store
+    from ..oci.refs import Digest, Reference
+    from ..trust import verify as verify_mod
+
+    ref = Reference.parse(image)
+    where = store.open_store(ref, Path(layout) if layout else None)
+    if ref.digest is None:
+        body = where.manifest(ref.tag or "latest")
+        if body is None:
+            raise NotFound(f"{image} not found")
+        ref = ref.with_digest(Digest.of(body))
+        log(f"{image} is {ref.digest}")
+    rules = load_policy(project, policy, role_keys(key, smoke_key, rebuilder_key or []))
+    return Verified(ref, verify_mod.verify(where, ref, rules, require_smoke, not skip_blobs, int(require_rebuilds)))
+
+
+def promote(project: Path, image: str, tag: str, key=None, smoke_key=None, policy=None, rebuilder_key=None,
+            require_rebuilds=0, smoke_run=None) -> str:
+    """Tag the digest, only once it verifies with a passing smoke attestation: REPO:TAG -> DIGEST."""
+    from ..oci import store
+    from ..oci.refs import Reference
+    from ..trust import verify as verify_mod
+
+    ref = Reference.parse_pinned(image, "image")
+    where = store.RegistryStore(ref)
+    rules = load_policy(project, policy, role_keys(key, smoke_key, rebuilder_key or []))
+    report = verify_mod.verify(where, ref, rules, require_smoke=True, blobs=False, require_rebuilds=int(require_rebuilds),
+                               smoke_run=smoke_run)
+    verify_mod.require(report)
+    where.put_manifest(tag, where.manifest(str(ref.digest)))
+    return f"{ref.name}:{tag} -> {ref.digest}"
+
+
+@dataclass(frozen=True)
+class Reproduced:
+    ref: object
+    plan: object
+    digest: object
+    diffs: list = field(default_factory=list)
+    work: Path | None = None
+    attested_as: str | None = None  # the rebuilder's keyid, with --attest
+
+    @property
+    def matches(self) -> bool:
+        return self.digest == self.ref.digest
+
+    def check(self) -> None:
+        if not self.matches:
+            raise NotReproduced(f"not reproduced: {self.ref.digest} was released, the rebuild of "
+                                f"{self.plan.revision[:12]} gives {self.digest} (the rebuild is in {self.work})")
+
+
+def reproduce(project: Path, image: str, release_key=None, policy=None, toolchain=None, workdir=None, attest=False,
+              key=None, outcome=None, log=lambda m: None) -> Reproduced:
+    import shutil
+    import tempfile
+
+    from ..oci import store
+    from ..oci.refs import Reference
+    from ..release import reproduce as rep
+    from ..trust import attest as attest_mod, keys, provenance, sign
+
+    ref = Reference.parse_pinned(image, "image")
+    where = store.open_store(ref, None)
+    rules = load_policy(project, policy, role_keys(release_key, None))
+    plan = rep.plan(rep.signed_provenance(where, ref, rules))
+    work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="bakery-reproduce-"))
+    digest = None
+    try:
+        layout = rep.rebuild(plan, work, toolchain, log)  # the revision's code runs with none of our secrets
+        digest, manifest = rep.rebuilt_digest(layout)
+        diffs = [] if digest == ref.digest else \
+            rep.differences(where, where.manifest(str(ref.digest)), store.LayoutStore(layout), manifest)
+    finally:
+        if not workdir and digest in (None, ref.digest):
+            shutil.rmtree(work, ignore_errors=True)  # kept only to show a rebuild that gave other bytes
+    if outcome:
+        rep.write_outcome(Path(outcome), ref, manifest, diffs)
+    attested_as = None
+    if attest:  # the key is read only now, after the revision's code has finished
+        signer = sign.Signer(keys.load_private(Path(key) if key else None, keys.REBUILDER_KEY_ENV))
+        attest_mod.attach(where, ref, {provenance.REBUILD_PREDICATE: rep.statement(ref, plan, digest, diffs)}, signer)
+        attested_as = signer.keyid
+    return Reproduced(ref, plan, digest, diffs, work, attested_as)
+
+
+def attest_rebuild(project: Path, image: str, outcome: str, release_key=None, policy=None, key=None):
+    """(the image, the digest the rebuild gave): signed as this rebuilder, recomputed from the manifest."""
+    from ..oci import store
+    from ..oci.refs import Digest, Reference
+    from ..release import reproduce as rep
+    from ..trust import attest as attest_mod, keys, provenance, sign
+
+    ref = Reference.parse_pinned(image, "image")
+    where = store.open_store(ref, None)
+    rules = load_policy(project, policy, role_keys(release_key, None))
+    plan = rep.plan(rep.signed_provenance(where, ref, rules))  # from the signed provenance, not the file
+    manifest, diffs = rep.read_outcome(Path(outcome), ref)
+    digest = Digest.of(manifest)  # the file's claim of a match counts for nothing: the bytes decide
+    signer = sign.Signer(keys.load_private(Path(key) if key else None, keys.REBUILDER_KEY_ENV))
+    attest_mod.attach(where, ref, {provenance.REBUILD_PREDICATE: rep.statement(ref, plan, digest, diffs)}, signer)
+    return ref, digest
