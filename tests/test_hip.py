@@ -40,7 +40,8 @@ def test_device_code_is_gfx942_with_the_kernels(compiled):
     _, artifact, _ = compiled
     assert [o["mach"] for o in artifact.code_objects] == ["0x4c"]
     assert artifact.code_objects[0]["bundle_entry"].endswith("gfx942")
-    assert "Debian clang version 19" in artifact.toolchain and "image sha256:" in artifact.toolchain
+    assert "Debian clang version 19" in artifact.toolchain.compiler and artifact.toolchain.image.startswith("sha256:")
+    assert str(artifact.toolchain) == f"{artifact.toolchain.compiler}; image {artifact.toolchain.image}"
 
 
 def test_it_loads_in_cpu_torch_and_registers_its_operators(compiled):
@@ -399,3 +400,11 @@ def test_a_baked_library_that_does_not_load_stops_the_import(tmp_path):
     (package / "_C_stable_libtorch.so").write_bytes(b"not an ELF")
     run = subprocess.run([sys.executable, "-c", "import bakery_kernels"], cwd=tmp_path, capture_output=True, text=True)
     assert run.returncode != 0 and "RuntimeError: bakery_kernels:" in run.stderr and "does not load" in run.stderr
+
+
+def test_a_recorded_toolchain_reads_back_as_the_image_a_rebuild_pulls():
+    """The record (and the signed provenance) says "COMPILER; image IMAGE"; reproduce reads IMAGE back.
+    A compiler line that itself says "; image " does not confuse it: the image is what comes last."""
+    text = "clang version 19 (odd; image build); image sha256:" + "d" * 64
+    assert hip.Toolchain.parse(text) == hip.Toolchain("clang version 19 (odd; image build)", "sha256:" + "d" * 64)
+    assert str(hip.Toolchain.parse(text)) == text

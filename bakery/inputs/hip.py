@@ -197,12 +197,31 @@ def check_device_code(shared_object: bytes, arch: str, kernels: list[str]) -> li
 # -- running the toolchain ----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class Toolchain:
+    """What compiled an artifact: the compiler's own version line and the toolchain image by content.
+    Recorded (and signed, in the provenance's byproducts) as "COMPILER; image IMAGE"; a rebuild reads
+    the image back from that text with parse()."""
+    compiler: str
+    image: str  # sha256:ID or REF@sha256:DIGEST
+
+    SEPARATOR = "; image "
+
+    def __str__(self) -> str:
+        return f"{self.compiler}{self.SEPARATOR}{self.image}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Toolchain":
+        compiler, _, image = text.rpartition(cls.SEPARATOR)
+        return cls(compiler, image)
+
+
+@dataclass(frozen=True)
 class Artifact:
     name: str
     dest: str
     data: bytes
     arch: str
-    toolchain: str
+    toolchain: Toolchain
     sources: tuple[dict, ...]
     schema: str
     code_objects: tuple[dict, ...]
@@ -210,7 +229,7 @@ class Artifact:
 
     def record(self) -> dict:
         return {"name": self.name, "path": self.dest, "sha256": hashlib.sha256(self.data).hexdigest(),
-                "arch": self.arch, "toolchain": self.toolchain, "sources": list(self.sources),
+                "arch": self.arch, "toolchain": str(self.toolchain), "sources": list(self.sources),
                 "schema": self.schema.splitlines(), "code_objects": list(self.code_objects),
                 "serves": [dict(s) for s in self.serves]}
 
@@ -465,7 +484,7 @@ def _artifacts(recipe: Recipe, out: Path, image_id: str) -> list[Artifact]:
         objects = check_device_code(data, recipe.arch, ext["kernels"])
         sources = tuple({"path": f"hip/{s}", "sha256": hashlib.sha256((recipe.root / s).read_bytes()).hexdigest()}
                         for key in ("hip_sources", "cxx_sources", "headers") for s in ext.get(key, []))
-        artifacts.append(Artifact(ext["name"], ext["dest"], data, recipe.arch, f"{compiler}; image {image_id}",
+        artifacts.append(Artifact(ext["name"], ext["dest"], data, recipe.arch, Toolchain(compiler, image_id),
                                   sources, (out / f"{ext['name']}.schema").read_text(), tuple(objects),
                                   tuple(ext.get("serves") or ())))
     return artifacts

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import broker_client
+from ..inputs.hip import Toolchain
 from ..errors import EnvironmentProblem, IntegrityError, InputError, malformed
 from ..oci.refs import Descriptor, Digest, Reference
 from ..proofs import sandbox
@@ -47,7 +48,7 @@ def plan(prov: dict) -> Plan:
     with malformed("the signed provenance"):
         params = prov["buildDefinition"]["externalParameters"]
         source = params["source"]
-        toolchains = {b["annotations"]["toolchain"].rsplit("; image ", 1)[-1]
+        toolchains = {Toolchain.parse(b["annotations"]["toolchain"]).image
                       for b in prov["runDetails"].get("byproducts", []) if "toolchain" in b.get("annotations", {})}
         if len(toolchains) > 1:
             raise InputError(f"the provenance names {len(toolchains)} toolchains; a rebuild needs one")
