@@ -463,3 +463,30 @@ def test_a_probe_on_a_file_that_moved_away_says_changed():
     holds, detail = overlays_mod.probe_holds(topk, {path: None})
     assert not holds and f"{path} is not in this base (moved or removed?)" in detail
     assert overlays_mod.probe_holds(topk, {path: b"def _topk_indices_torch(x):\n    pass\n"})[0]  # the control
+
+
+def test_the_committed_lock_reads_into_a_lock_and_writes_back_byte_identical(tmp_path):
+    from bakery.inputs.overlays import Lock, read_lock, write_lock
+
+    committed = ROOT / "overlays" / "overlays.lock"
+    lock = read_lock(committed)
+    assert isinstance(lock, Lock) and lock.entry("cpu-kv-transfer-fence").target.endswith("/gpu_worker.py")
+    write_lock(tmp_path / "again.lock", lock)
+    assert (tmp_path / "again.lock").read_bytes() == committed.read_bytes()
+
+
+@pytest.mark.parametrize("edit", [lambda d: d["overlays"][0].pop("result_sha256"),
+                                  lambda d: d["overlays"][0].update(patch_sha256="not-hex"),
+                                  lambda d: d["overlays"][0].update(base_sha256=7),
+                                  lambda d: d.update(overlays={"id": "x"}),
+                                  lambda d: d.pop("base")])
+def test_a_lock_edited_into_another_shape_is_one_input_error(tmp_path, edit):
+    """Read before: a missing key surfaced as a KeyError deep in the build's gate."""
+    from bakery.errors import InputError
+    from bakery.inputs.overlays import read_lock
+
+    doc = json.loads((ROOT / "overlays" / "overlays.lock").read_text())
+    edit(doc)
+    (tmp_path / "overlays.lock").write_text(json.dumps(doc))
+    with pytest.raises(InputError, match="run `invoke lock`"):
+        read_lock(tmp_path / "overlays.lock")

@@ -165,7 +165,7 @@ def overlay_inputs(project: Path, base: OpenBase) -> tuple[list, list, list]:
     return overlays, applied, overlays_mod.stale_bytecode(targets, present)
 
 
-def lock(opts: Options, log=print) -> dict:
+def lock(opts: Options, log=print) -> overlays_mod.Lock:
     """`invoke lock`: apply every required overlay to the base, prove it, and pin both hashes. A lock
     is only written for overlaid bytes whose proof says FIXED: the build would refuse any other."""
     project = opts.project.resolve()
@@ -175,7 +175,7 @@ def lock(opts: Options, log=print) -> dict:
     for a in applied:
         if a.original is not None:
             overlays_mod.store_stock(project / "overlays", a.original)
-    document = overlays_mod.lock_document(str(base.spec.image), [a.lock_entry() for a in applied])
+    document = overlays_mod.Lock.of(str(base.spec.image), [a.lock_entry() for a in applied])
     overlays_mod.write_lock(opts.lock_path, document)
     return document
 

@@ -23,8 +23,8 @@ def build(o: Options, log) -> tuple[str, Path]:
     return str(ref), o.out_dir / "build-record.json"
 
 
-def lock(o: Options, log) -> tuple[dict, Path]:
-    """(the lock document written, its path)."""
+def lock(o: Options, log):
+    """(the Lock written, its path)."""
     from ..build.pipeline import lock as run
 
     return run(o, log=log), o.lock_path

@@ -10,9 +10,9 @@ def lines(rows) -> str:
     return "\n".join(rows)
 
 
-def lock_entries(document: dict) -> list[str]:
-    return [f"  {e['id']:<45} base {(e['base_sha256'] or 'new file')[:12]}  result {e['result_sha256'][:12]}"
-            for e in document["overlays"]]
+def lock_entries(lock) -> list[str]:
+    return [f"  {e.id:<45} base {(e.base_sha256 or 'new file')[:12]}  result {e.result_sha256[:12]}"
+            for e in lock.overlays]
 
 
 def proven(p) -> str:

@@ -208,16 +208,65 @@ def _check_patch_names_target(overlay: Overlay) -> None:
 
 # -- the lock -------------------------------------------------------------------------------------
 
-def lock_document(base_ref: str, entries: list[dict]) -> dict:
-    return {"schema": LOCK_SCHEMA, "base": base_ref, "overlays": sorted(entries, key=lambda e: e["id"])}
+HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
-def write_lock(path: Path, document: dict) -> None:
-    write_blob(path, json.dumps(document, indent=2, sort_keys=True).encode() + b"\n")
+@dataclass(frozen=True)
+class LockEntry:
+    """One required overlay, pinned: the target's stock sha256 (None: a new file), the patch's and
+    the overlaid result's."""
+    id: str
+    target: str
+    patch_sha256: str
+    base_sha256: str | None
+    result_sha256: str
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "target": self.target, "patch_sha256": self.patch_sha256,
+                "base_sha256": self.base_sha256, "result_sha256": self.result_sha256}
 
 
-def read_lock(path: Path) -> dict:
-    return schema.load_json(path, LOCK_SCHEMA, "overlays lock", "create it from the pinned base with `invoke lock`")
+@dataclass(frozen=True)
+class Lock:
+    """overlays.lock: for one base digest, every required overlay's entry, sorted by id."""
+    base: str
+    overlays: tuple[LockEntry, ...]
+
+    @classmethod
+    def of(cls, base_ref: str, entries) -> "Lock":
+        return cls(base_ref, tuple(sorted(entries, key=lambda e: e.id)))
+
+    def entry(self, overlay_id: str) -> LockEntry | None:
+        return next((e for e in self.overlays if e.id == overlay_id), None)
+
+    def to_json(self) -> dict:
+        return {"schema": LOCK_SCHEMA, "base": self.base, "overlays": [e.to_json() for e in self.overlays]}
+
+    @classmethod
+    def from_json(cls, doc: dict, where: Path) -> "Lock":
+        """Checked on load: a lock someone edited into another shape is one clear error, not a KeyError."""
+        def entry(e, i) -> LockEntry:
+            keys = {"id", "target", "patch_sha256", "base_sha256", "result_sha256"}
+            if not isinstance(e, dict) or set(e) != keys or not all(isinstance(e[k], str) for k in keys - {"base_sha256"}) \
+                    or not all(HEX64.fullmatch(e[k]) for k in ("patch_sha256", "result_sha256")) \
+                    or not (e["base_sha256"] is None or isinstance(e["base_sha256"], str) and HEX64.fullmatch(e["base_sha256"])):
+                raise InputError(f"{where}: overlays[{i}] must be {{{', '.join(sorted(keys))}}} with sha256 hex "
+                                 f"(base_sha256 null for a new file): run `invoke lock`")
+            return LockEntry(e["id"], e["target"], e["patch_sha256"], e["base_sha256"], e["result_sha256"])
+
+        if set(doc) != {"schema", "base", "overlays"} or not isinstance(doc["base"], str) \
+                or not isinstance(doc["overlays"], list):
+            raise InputError(f"{where}: a lock is {{schema, base, overlays: [...]}}: run `invoke lock`")
+        return cls(doc["base"], tuple(entry(e, i) for i, e in enumerate(doc["overlays"])))
+
+
+def write_lock(path: Path, lock: Lock) -> None:
+    write_blob(path, json.dumps(lock.to_json(), indent=2, sort_keys=True).encode() + b"\n")
+
+
+def read_lock(path: Path) -> Lock:
+    doc = schema.load_json(path, LOCK_SCHEMA, "overlays lock", "create it from the pinned base with `invoke lock`")
+    return Lock.from_json(doc, path)
 
 
 @dataclass(frozen=True)
@@ -231,9 +280,9 @@ class Applied:
     def result_sha256(self) -> str:
         return hashlib.sha256(self.result).hexdigest()
 
-    def lock_entry(self) -> dict:
-        return {"id": self.overlay.id, "target": self.overlay.target, "patch_sha256": self.overlay.patch_sha256,
-                "base_sha256": self.base_sha256, "result_sha256": self.result_sha256}
+    def lock_entry(self) -> LockEntry:
+        return LockEntry(self.overlay.id, self.overlay.target, self.overlay.patch_sha256, self.base_sha256,
+                         self.result_sha256)
 
 
 def _base_bytes(overlay: Overlay, found) -> bytes | None:
@@ -270,27 +319,27 @@ def apply_all(overlays: list[Overlay], base_files: dict) -> list[Applied]:
     return applied
 
 
-def verify_against_lock(applied: list[Applied], lock: dict, base_ref: str, lock_path: Path) -> None:
+def verify_against_lock(applied: list[Applied], lock: Lock, base_ref: str, lock_path: Path) -> None:
     """The build's gate: same base, same base bytes, same result, every overlay accounted for."""
-    if lock["base"] != base_ref:
-        raise IntegrityError(f"{lock_path} is for base {lock['base']}, not {base_ref}: run "
+    if lock.base != base_ref:
+        raise IntegrityError(f"{lock_path} is for base {lock.base}, not {base_ref}: run "
                              f"`invoke rebase --base {base_ref}` to check and re-lock the overlays")
-    locked = {e["id"]: e for e in lock["overlays"]}
+    locked = {e.id: e for e in lock.overlays}
     for a in applied:
         entry = locked.get(a.overlay.id)
         where = f"overlay {a.overlay.id!r} ({a.overlay.target})"
         if entry is None:
             raise IntegrityError(f"{where} is not in {lock_path}: run `invoke lock`")
-        if entry["base_sha256"] != a.base_sha256:
+        if entry.base_sha256 != a.base_sha256:
             raise IntegrityError(f"{where}: base file has sha256 {a.base_sha256}, lock expects "
-                                 f"{entry['base_sha256']}: the base changed under the overlay; run "
+                                 f"{entry.base_sha256}: the base changed under the overlay; run "
                                  f"`invoke rebase --base {base_ref}`")
-        if entry["patch_sha256"] != a.overlay.patch_sha256:
+        if entry.patch_sha256 != a.overlay.patch_sha256:
             raise IntegrityError(f"{where}: patch has sha256 {a.overlay.patch_sha256}, lock expects "
-                                 f"{entry['patch_sha256']}: the patch was edited; run `invoke lock`")
-        if entry["result_sha256"] != a.result_sha256:
+                                 f"{entry.patch_sha256}: the patch was edited; run `invoke lock`")
+        if entry.result_sha256 != a.result_sha256:
             raise IntegrityError(f"{where}: result has sha256 {a.result_sha256}, lock expects "
-                                 f"{entry['result_sha256']}; run `invoke lock` if the change is intended")
+                                 f"{entry.result_sha256}; run `invoke lock` if the change is intended")
     extra = set(locked) - {a.overlay.id for a in applied}
     if extra:
         raise IntegrityError(f"{lock_path} locks overlays that are not required: {', '.join(sorted(extra))}; "
@@ -326,14 +375,14 @@ def read_stock(folder: Path, sha: str) -> bytes | None:
     return data
 
 
-def check_stock(folder: Path, lock: dict, lock_path: Path) -> None:
+def check_stock(folder: Path, lock: Lock, lock_path: Path) -> None:
     """The build's check of the stored stock bytes: every file is named by its sha256, and every
     locked target's stock bytes are there."""
     for path in sorted((folder / STOCK).glob("*")):
         read_stock(folder, path.name)
-    for entry in lock["overlays"]:
-        if entry["base_sha256"] and read_stock(folder, entry["base_sha256"]) is None:
-            raise IntegrityError(f"overlay {entry['id']!r}: {lock_path} names stock bytes {entry['base_sha256']} "
+    for entry in lock.overlays:
+        if entry.base_sha256 and read_stock(folder, entry.base_sha256) is None:
+            raise IntegrityError(f"overlay {entry.id!r}: {lock_path} names stock bytes {entry.base_sha256} "
                                  f"that {folder / STOCK} does not hold: run `invoke lock` (or rebase) on the base")
 
 

@@ -92,11 +92,11 @@ class RebaseRow:
         return self.status.startswith("ported") or self.status == FIXED_UPSTREAM
 
 
-def _old_stock(project: Path, overlay: Overlay, lock: dict | None) -> bytes | None:
-    entry = next((e for e in (lock or {}).get("overlays", []) if e["id"] == overlay.id), None)
-    if entry is None or not entry["base_sha256"]:
+def _old_stock(project: Path, overlay: Overlay, lock: overlays_mod.Lock | None) -> bytes | None:
+    entry = lock.entry(overlay.id) if lock else None
+    if entry is None or not entry.base_sha256:
         return None
-    return overlays_mod.read_stock(project / "overlays", entry["base_sha256"])
+    return overlays_mod.read_stock(project / "overlays", entry.base_sha256)
 
 
 def _decide(overlay: Overlay, new: bytes | None, old: bytes | None, files: dict, out: Path, log,
@@ -250,7 +250,8 @@ def _commit(project: Path, opts: Options, base_ref: str, rows: list[RebaseRow], 
     entries = []
     for row in rows:
         o = row.overlay
-        old_sha = next((e["base_sha256"] for e in (old_lock or {}).get("overlays", []) if e["id"] == o.id), None)
+        old = old_lock.entry(o.id) if old_lock else None
+        old_sha = old.base_sha256 if old else None
         new_sha = overlays_mod.store_stock(folder, row.new_stock)
         if row.status == FIXED_UPSTREAM:
             _mark_fixed_upstream(folder / "overlays.yaml", o.id, base_ref)
@@ -266,7 +267,7 @@ def _commit(project: Path, opts: Options, base_ref: str, rows: list[RebaseRow], 
             o = dataclasses.replace(o, patch_bytes=patch_bytes)
         chosen = o.for_target(row.new_stock)
         entries.append(overlays_mod.Applied(chosen, new_sha, row.result, row.new_stock).lock_entry())
-    overlays_mod.write_lock(opts.lock_path, overlays_mod.lock_document(base_ref, entries))
+    overlays_mod.write_lock(opts.lock_path, overlays_mod.Lock.of(base_ref, entries))
 
 
 def _mark_fixed_upstream(registry: Path, overlay_id: str, base_ref: str) -> None:
