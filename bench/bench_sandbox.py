@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bakery.inputs import overlays
+from bakery.inputs import overlays, proof_spec
 from bakery.proofs import runner as prove, sandbox  # noqa: E402
 
 RUNS = 3
@@ -44,8 +44,8 @@ def main() -> None:
     stock = {e["id"]: ROOT / "overlays" / "stock" / e["base_sha256"] for e in lock["overlays"] if e["base_sha256"]}
     importer = Path(tempfile.mkdtemp()) / "import_only.py"
     importer.write_text("import sys\nimport numpy, torch, triton\n")
-    shutil.copy(ROOT / "overlays" / "proofs" / prove.HELPER, importer.parent)  # every proof's code has it
-    cases = [("python + import torch, triton", prove.ProofSpec(importer), ROOT / "README.md")]
+    shutil.copy(ROOT / "overlays" / "proofs" / proof_spec.HELPER, importer.parent)  # every proof's code has it
+    cases = [("python + import torch, triton", proof_spec.ProofSpec(importer), ROOT / "README.md")]
     cases += [(o.id, o.proof, stock[o.id]) for o in overlays.load(ROOT / "overlays" / "overlays.yaml")
               if o.proof and o.proof.script and not o.proof.reads and o.id in stock]
     print(f"{'run':<34} {'plain':>7} {'sandboxed':>9} {'ratio':>6}")

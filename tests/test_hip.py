@@ -353,7 +353,7 @@ def test_each_operator_serves_a_vllm_function_through_a_baked_overlay():
 
     recipe = hip.load(ROOT / "hip")
     registered = {o.id: o for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml")}
-    lock = {e["id"]: e for e in overlays_mod.read_lock(ROOT / "overlays" / "overlays.lock")["overlays"]}
+    lock = overlays_mod.read_lock(ROOT / "overlays" / "overlays.lock")
     operators = set(re.findall(r'm\.def\("(\w+)\(', (ROOT / "hip" / "src" / "binding.cpp").read_text()))
     glue = ast.parse((ROOT / "hip" / "bakery_kernels" / "__init__.py").read_text())
     for ext in recipe.extensions:
@@ -365,7 +365,7 @@ def test_each_operator_serves_a_vllm_function_through_a_baked_overlay():
                                          for n in ast.walk(entry)), (op, "the glue does not call the operator")
             parts = use["function"].split(".")
             cut = next(i for i in range(len(parts), 0, -1) if overlay.target.endswith("/".join(parts[:i]) + ".py"))
-            stock = overlays_mod.read_stock(ROOT / "overlays", lock[overlay.id]["base_sha256"])
+            stock = overlays_mod.read_stock(ROOT / "overlays", lock.entry(overlay.id).base_sha256)
             tree = ast.parse(patch_mod.apply(overlay.for_target(stock).parsed(), stock)[0])
             scope = tree
             for name in parts[cut:]:

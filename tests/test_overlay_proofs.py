@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bakery.base import spec as base_mod
-from bakery.inputs import overlays as overlays_mod, patch as patch_mod
+from bakery.inputs import overlays as overlays_mod, patch as patch_mod, proof_spec
 from bakery.proofs import runner as prove
 from bakery.base.filesystem import BaseFilesystem
 from bakery.oci.registry import Registry
@@ -75,7 +75,7 @@ def versions(registry, fixture_base, tmp_path_factory):
     return paths
 
 
-def spec_of(overlay_id: str) -> prove.ProofSpec:
+def spec_of(overlay_id: str) -> proof_spec.ProofSpec:
     return next(o.proof for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml") if o.id == overlay_id)
 
 
@@ -100,7 +100,7 @@ def test_a_proof_that_crashes_is_cannot_prove_not_a_pass(tmp_path, monkeypatch):
                               "print('{\"verdict\": \"FIXED\", \"reason\": \"ok\"}')"]):
         script = tmp_path / f"crash{n}.py"
         script.write_text(f"import sys\n{body}\nsys.exit(3)\n")
-        verdict = prove.run(prove.ProofSpec(script), b"x = 1\n", {})
+        verdict = prove.run(proof_spec.ProofSpec(script), b"x = 1\n", {})
         assert verdict.verdict == prove.CANNOT and "exit 3" in verdict.reason, (body, verdict)
 
 
@@ -181,7 +181,7 @@ def test_the_verdict_cache_key_covers_every_project_file_the_proof_executes(tmp_
     for path in declared.code:
         shutil.copy(path, tmp_path / path.relative_to(ROOT))
     uses = tmp_path / "hip" / "bakery_kernels" / "__init__.py"
-    spec = prove.ProofSpec(tmp_path / "overlays" / "proofs" / declared.script.name, uses=(uses,))
+    spec = proof_spec.ProofSpec(tmp_path / "overlays" / "proofs" / declared.script.name, uses=(uses,))
     before = prove.cache_key(spec, b"target", {})
     uses.write_text(uses.read_text() + "\n# changed\n")
     assert prove.cache_key(spec, b"target", {}) != before

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bakery.proofs import runner as prove, sandbox
+from bakery.inputs import proof_spec
 from bakery.errors import EnvironmentProblem
 
 from support import ROOT
@@ -80,7 +81,7 @@ def hostile(tmp_path, registry, monkeypatch):
     monkeypatch.setenv("BAKERY_CACHE", str(tmp_path / "cache"))
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
-    return prove.ProofSpec(proofs / "hostile.py")
+    return proof_spec.ProofSpec(proofs / "hostile.py")
 
 
 def test_run_plainly_the_hostile_proof_finds_every_secret(hostile):
@@ -158,7 +159,7 @@ def test_whatever_the_code_inside_prints_is_a_verdict(body, reason, tmp_path, mo
     proofs.mkdir(parents=True)
     shutil.copy(ROOT / "overlays" / "proofs" / "_proof.py", proofs)
     (proofs / "loud.py").write_text(body)
-    verdict = prove.run(prove.ProofSpec(proofs / "loud.py"), b"", {})
+    verdict = prove.run(proof_spec.ProofSpec(proofs / "loud.py"), b"", {})
     assert verdict.verdict == prove.CANNOT and verdict.reason.startswith(reason), verdict.reason
 
 
@@ -219,7 +220,7 @@ def test_one_targets_code_cannot_write_the_others_verdict(tmp_path, monkeypatch)
     proofs.mkdir(parents=True)
     shutil.copy(ROOT / "overlays" / "proofs" / "_proof.py", proofs)
     (proofs / "forger.py").write_text(FORGER)
-    stock, overlaid = prove.run_batch(prove.ProofSpec(proofs / "forger.py"), [b"# stock\n", b"# overlaid\n"], {})
+    stock, overlaid = prove.run_batch(proof_spec.ProofSpec(proofs / "forger.py"), [b"# stock\n", b"# overlaid\n"], {})
     assert (stock.verdict, stock.reason) == (prove.BROKEN, "genuine: stock")
     assert (overlaid.verdict, overlaid.reason) == (prove.BROKEN, "genuine: overlaid")
 
@@ -300,7 +301,7 @@ def test_a_proof_past_its_limits_is_never_a_verdict(tmp_path, monkeypatch):
     shutil.copy(ROOT / "overlays" / "proofs" / "_proof.py", proofs)
     (proofs / "bomb.py").write_text("import json, os, time\nprint(json.dumps({'target': 0, 'verdict': 'FIXED', "
                                     "'reason': 'forged'}))\nwhile True:\n    os.fork()\n")
-    verdict = prove.run(prove.ProofSpec(proofs / "bomb.py"), b"", {})
+    verdict = prove.run(proof_spec.ProofSpec(proofs / "bomb.py"), b"", {})
     assert verdict.verdict == prove.CANNOT, verdict
 
 

@@ -134,8 +134,8 @@ def compile(project: Path, toolchain: str | None, verify: bool, registry: str | 
     trust = kernel_trust(project, key, policy, remote[0]) if remote else None
     if verify:
         return Compiled(tuple((sha, name) for name, sha in
-                              hip.verify_outputs(recipe, tools, cache_dir("hip", create=True), log, remote, trust)), True)
-    compiled = hip.compile_recipe(recipe, tools, cache_dir("hip", create=True), log=log, remote=remote, trust=trust)
+                              hip.verify_outputs(recipe, tools, cache_dir(create=True) / "hip", log, remote, trust)), True)
+    compiled = hip.compile_recipe(recipe, tools, cache_dir(create=True) / "hip", log=log, remote=remote, trust=trust)
     return Compiled(tuple((hashlib.sha256(a.data).hexdigest(), a.dest) for a in compiled.artifacts), False,
                     compiled.origin, str(compiled.artifact) if compiled.artifact else None, tuple(compiled.artifacts))
 

@@ -189,8 +189,10 @@ def rebase(opts: Options, log=print, retire: bool = True) -> tuple[list, bool]:
     files = _reads(base, required)
     try:
         old_lock = overlays_mod.read_lock(opts.lock_path)
-    except BakeryError:  # no lock yet, or an unreadable one: rebase then works without the old side
+    except BakeryError as e:  # no lock yet, or an unreadable one: rebase then works without the old side
         old_lock = None
+        if opts.lock_path.exists():
+            log(f"warning: the old lock is not used ({e}); overlays are carried without its stock bytes")
     out = opts.out_dir / "rebase"
     rows = []
     for n, o in enumerate(required, 1):
