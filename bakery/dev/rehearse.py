@@ -475,8 +475,9 @@ STAND_IN = """\
 # smoke key this job holds, as `invoke smoke --attest --envelope smoke.dsse` would.
 import json, sys
 from pathlib import Path
-from bakery import keys, sign, smoke
-from bakery.refs import Reference
+from bakery.oci.refs import Reference
+from bakery.release import smoke
+from bakery.trust import keys, sign
 ref, result = Reference.parse_pinned(sys.argv[1], "image"), sys.argv[2]
 passed = result == "PASSED"
 report = {{"image": str(ref), "result": result, "stand_in": "no MI300X: the rehearsal's stand-in report",
