@@ -34,6 +34,23 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.stack)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def temp_under_basetemp(tmp_path_factory):
+    """Temporary folders the code under test makes for itself (a rebuild that gave other bytes is
+    kept to be looked at) land in pytest's folder, which pytest prunes, not loose in /tmp."""
+    import tempfile
+
+    folder = tmp_path_factory.mktemp("tmp")
+    saved = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"], tempfile.tempdir = str(folder), None
+    yield folder
+    if saved is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved
+    tempfile.tempdir = None
+
+
 @pytest.fixture(autouse=True)
 def own_smoke_ledger(tmp_path, monkeypatch):
     """Each test its own ledger of smoke results: the images are reproducible, so one test's FAILED

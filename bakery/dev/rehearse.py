@@ -333,6 +333,10 @@ def run_act(repo: Path, workflow: Path, event: str, payload: dict, work: Path, h
         except BaseException:
             _end(act)
             raise
+        finally:
+            # act's copies of the checkout, each with its job's 2 GiB venv: nothing reads them once
+            # act has ended, and a suite of rehearsals would leave a dozen behind
+            shutil.rmtree(work / "act-cache", ignore_errors=True)
     return job_table(logfile.read_text().splitlines(), names), logfile
 
 
