@@ -13,6 +13,7 @@ import subprocess
 import pytest
 
 from bakery.trust import attest as attest_mod, keys, sign
+from bakery.trust import record as record_file
 from bakery.oci.refs import Descriptor, Digest, Reference
 from bakery.oci.registry import OCI_MANIFEST, Registry
 from bakery.oci.store import RegistryStore, signature_tag
@@ -273,7 +274,7 @@ def test_sbom_and_provenance_are_deterministic(signed, registry, keypair):
     finally:
         del os.environ["BAKERY_KEY_PASSWORD"]
     first = envelopes(registry, ref)
-    attest_mod.attest(RegistryStore(ref), ref, json.loads(record.read_text()), signer)
+    attest_mod.attest(RegistryStore(ref), ref, record_file.read(record), signer)
     assert envelopes(registry, ref) == first
 
 

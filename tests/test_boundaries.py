@@ -14,6 +14,7 @@ import re
 import shutil
 import unicodedata
 import uuid
+from pathlib import Path
 
 import pytest
 import requests
@@ -74,25 +75,13 @@ def test_the_same_base_without_the_odd_distribution_builds_and_pushes(project, r
     assert last_line(done).startswith(f"{registry}/boundaries/metadata-good@sha256:")
 
 
-def record_with_reason(reason: str) -> dict:
-    """The smallest record sbom.document and provenance.predicate read, one overlay's proof
-    reason set to `reason`."""
-    digest = "sha256:" + "a" * 64
-    return {"schema": "x", "source": {"repository": "https://example.com/r", "revision": "0" * 40, "dirty": False,
-                                      "source_date_epoch": 1},
-            "inputs": [], "files": [], "deleted": [], "artifacts": [], "kernels": {}, "tuning": [], "layers": [],
-            "base": {"name": "r.example/base", "pinned": f"r.example/base@{digest}", "read_from": "", "platform": "",
-                     "index_digest": None, "manifest": {"digest": digest}, "config": {}, "layers": [],
-                     "python_distributions": []},
-            "overlays": [{"id": "o", "target": "/t.py", "kind": "patch", "status": "required", "baked": True,
-                          "upstream": {"path": "t.py", "ref": "v1", "repo": "https://example.com/u"}, "reason": "r", "platforms": [], "patch": "p", "patch_sha256": "b" * 64,
-                          "proof": {"script": "s.py", "code_sha256": "c" * 64, "stock": "BROKEN", "overlaid": "FIXED",
-                                    "reason": reason},
-                          "base_sha256": "d" * 64, "result_sha256": "e" * 64}],
-            "config": {"digest": digest}, "manifest": {"digest": digest, "annotations": {}},
-            "image": {"repository": "r.example/img", "env": {}, "entrypoint": [], "cmd": []}, "outputs": [],
-            "push": None, "overlays_lock": {"path": "l", "base": "b", "sha256": "f" * 64}, "builder": {"id": "b", "invocation": "i"},
-            "tools": {"bakery": "0"}, "started": "2026-01-01T00:00:00Z", "finished": "2026-01-01T00:00:01Z", "layer_downloads": 0}
+def record_with_reason(reason: str):
+    """A real build's record (tests/data) with its first proven overlay's proof reason set to `reason`."""
+    from bakery.trust.record import BuildRecord
+
+    doc = json.loads((Path(__file__).parent / "data" / "build-record.json").read_text())
+    next(o for o in doc["overlays"] if o["proof"] and "reason" in o["proof"])["proof"]["reason"] = reason
+    return BuildRecord.from_json(doc)
 
 
 def test_a_record_too_big_to_serve_back_signed_is_refused_before_the_push():

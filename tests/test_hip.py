@@ -193,6 +193,7 @@ def trusting(project: Path, keys: Path, base) -> list[str]:
 def test_kernels_travel_as_a_signed_oci_artifact_and_need_no_engine(project, registry, fixture_base, pinned_toolchain,
                                                                     release_keys, tmp_path):
     from bakery.trust import provenance, sbom
+    from bakery.trust.record import BuildRecord
     from bakery.oci.refs import Reference
     from bakery.oci.registry import Registry
 
@@ -207,10 +208,11 @@ def test_kernels_travel_as_a_signed_oci_artifact_and_need_no_engine(project, reg
     layers = {l["annotations"]["org.opencontainers.image.title"]: l["digest"] for l in json.loads(body)["layers"]}
     assert layers["_C_stable_libtorch.so"] == "sha256:" + record["artifacts"][0]["sha256"]
     # the provenance and the SBOM name the artifact by digest
-    deps = provenance.predicate(record)["buildDefinition"]["resolvedDependencies"]
+    typed = BuildRecord.from_json(record)
+    deps = provenance.predicate(typed)["buildDefinition"]["resolvedDependencies"]
     assert {"uri": f"docker://{registry}/travel/img@{digest}", "digest": {"sha256": digest.hex},
             "name": "kernel artifact"} in deps
-    packages = json.loads(sbom.document(record, f"{registry}/travel/img"))["packages"]
+    packages = json.loads(sbom.document(typed, f"{registry}/travel/img"))["packages"]
     assert next(p for p in packages if p["SPDXID"] == "SPDXRef-KernelArtifact")["checksums"][0]["checksumValue"] \
         == digest.hex
     # the sign job signs the artifact the record names, with the image

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from bakery.trust import attest as attest_mod, keys, provenance, sign
+from bakery.trust.record import BuildRecord
 from bakery.inputs import hip
 from bakery.release import smoke
 from bakery.errors import IntegrityError
@@ -357,7 +358,8 @@ def reattest(record_edit=None, signer="release", smoke_signer=None, smoke_report
         if record_edit:
             record_edit(record)
         record["manifest"]["digest"] = str(ref.digest)
-        attest_mod.attest(RegistryStore(ref), ref, record, h["signers"][signer], sign_kernels=False)
+        attest_mod.attest(RegistryStore(ref), ref, BuildRecord.from_json(record), h["signers"][signer],
+                          sign_kernels=False)
         if smoke_signer:
             smoke.attach_report(RegistryStore(ref), ref, honest_report(ref, **(smoke_report or {})), spec,
                                 h["signers"][smoke_signer])
@@ -650,8 +652,9 @@ def test_the_release_key_signs_no_kernel_artifact_but_the_one_the_image_baked(ho
     artifact = Reference.parse(record["kernels"]["artifact"])
     with pytest.raises(IntegrityError, match="does not hold exactly the files the build record says the image baked "
                                              "\\(_C_stable_libtorch\\)"):
-        attest_mod.sign_artifact(artifact, honest["signers"]["release"], record["artifacts"])
-    assert attest_mod.sign_artifact(artifact, honest["signers"]["release"], honest["record"]["artifacts"])
+        attest_mod.sign_artifact(artifact, honest["signers"]["release"], BuildRecord.from_json(record).artifacts)
+    assert attest_mod.sign_artifact(artifact, honest["signers"]["release"],
+                                    BuildRecord.from_json(honest["record"]).artifacts)
 
 
 # -- invoke attach: a signed result carried from a job without push rights ---------------------------

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from bakery.trust import attest as attest_mod, keys, provenance, sign
+from bakery.trust import record as record_file
+from bakery.trust.record import BuildRecord
 from bakery.proofs import runner as prove
 from bakery.errors import IntegrityError
 from bakery.oci.refs import Reference
@@ -79,7 +81,7 @@ def test_a_fresh_runner_takes_signed_verdicts_and_proves_what_is_not(project, re
     assert [(v["key"], v["verdict"], v["artifact"]) for v in again] == \
         [(v["key"], v["verdict"], v["artifact"]) for v in verdicts]
     assert {v["origin"] for v in again} == {"registry"}
-    deps = provenance.predicate(record(project))["buildDefinition"]["resolvedDependencies"]
+    deps = provenance.predicate(BuildRecord.from_json(record(project)))["buildDefinition"]["resolvedDependencies"]
     assert {d["uri"] for d in deps if d["name"].startswith("proof verdict: ")} == \
         {f"docker://{v['artifact']}" for v in verdicts}
 
@@ -93,7 +95,7 @@ def test_a_fresh_runner_takes_signed_verdicts_and_proves_what_is_not(project, re
     push_lie()
     foreign, push_foreign = prove.verdict_artifact(reg, repo, prove.Verdict("FIXED", "fine", key=swiglu["key"]))
     push_foreign()
-    attest_mod.sign_verdict({"artifact": str(foreign), "key": swiglu["key"], "verdict": "FIXED"},
+    attest_mod.sign_verdict(named(foreign, swiglu["key"], "FIXED"),
                             signer(release_keys, "other"))
     moved = Reference.parse(next(v for v in verdicts if v["overlay"] == "cpu-kv-transfer-fence"
                                  and v["side"] == "overlaid")["artifact"])
@@ -109,6 +111,11 @@ def test_a_fresh_runner_takes_signed_verdicts_and_proves_what_is_not(project, re
     assert sum(o == "registry" for o, _ in origins.values()) == len(verdicts) - 3
     assert "signed by 0 of 1 required release key" in third.stderr
     assert f"judges {moved_key(reg, moved)}, not {sampler['key']}" in third.stderr
+
+
+def named(artifact: Reference, key: str, verdict: str) -> record_file.Verdict:
+    """A build record's entry for a verdict proven here and pushed to `artifact`."""
+    return record_file.Verdict("o", "stock", key, verdict, "proven", artifact)
 
 
 def moved_key(reg: Registry, ref: Reference) -> str:
@@ -133,11 +140,11 @@ def test_the_sign_job_signs_only_the_verdict_the_record_says(registry, release_k
     ref, push = prove.verdict_artifact(reg, repo, prove.Verdict("BROKEN", "the defect is there", key=key))
     push()
     with pytest.raises(IntegrityError, match="says BROKEN, the build record FIXED: not signed"):
-        attest_mod.sign_verdict({"artifact": str(ref), "key": key, "verdict": "FIXED"}, signer(release_keys, "k"))
+        attest_mod.sign_verdict(named(ref, key, "FIXED"), signer(release_keys, "k"))
     with pytest.raises(IntegrityError, match=f"judges {key}, not {'cd' * 32}"):
-        attest_mod.sign_verdict({"artifact": str(ref), "key": "cd" * 32, "verdict": "BROKEN"},
+        attest_mod.sign_verdict(named(ref, "cd" * 32, "BROKEN"),
                                 signer(release_keys, "k"))
-    done = attest_mod.sign_verdict({"artifact": str(ref), "key": key, "verdict": "BROKEN"}, signer(release_keys, "k"))
+    done = attest_mod.sign_verdict(named(ref, key, "BROKEN"), signer(release_keys, "k"))
     assert done["artifact"] == str(ref)
 
 

@@ -29,6 +29,10 @@ from ..oci.registry import Registry
 from ..project import Project, cache_dir
 from ..proofs import runner as prove_mod
 from . import record
+from ..trust import record as record_file
+from ..trust.record import (Artifact as ArtifactRecord, Base as BaseRecord, BuildRecord, Deleted, Distribution,
+                            File as FileRecord, Hashed, ImageSpec, Kernels, Layer as LayerRecord, LockPin,
+                            Manifest as ManifestRecord, Overlay as OverlayRecord, Source, Tuning, Verdict)
 from .publish import Derived, push, write_layout
 
 DIST_INFO = "usr/local/lib/python3*/dist-packages/*.dist-info/METADATA"
@@ -219,19 +223,17 @@ def overlay_proofs(base: OpenBase, applied: list, log=print, signed: prove_mod.S
     return out, [(overlay, side, verdicts[(overlay, side)]) for overlay, side in sorted(verdicts)]
 
 
-def verdict_records(verdicts: list, remote) -> tuple[list[dict], list]:
+def verdict_records(verdicts: list, remote) -> tuple[tuple[Verdict, ...], list]:
     """Each verdict as the record names it, and the pushes of those proven here (to `remote`, the
     push target, where the sign job signs what the record names and later builds take them)."""
     records, pushes = [], []
     for overlay, side, v in verdicts:
-        entry = {"overlay": overlay, "side": side, "key": v.key, "verdict": v.verdict, "origin": v.origin,
-                 "artifact": v.artifact}
+        artifact = Reference.parse(v.artifact) if v.artifact else None
         if remote is not None and v.origin == "proven":
-            ref, push_one = prove_mod.verdict_artifact(remote[0], remote[1], v)
-            entry["artifact"] = str(ref)
+            artifact, push_one = prove_mod.verdict_artifact(remote[0], remote[1], v)
             pushes.append(push_one)
-        records.append(entry)
-    return records, pushes
+        records.append(Verdict(overlay, side, v.key, v.verdict, v.origin, artifact))
+    return tuple(records), pushes
 
 
 DIST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,198}[A-Za-z0-9])?")  # PEP 508's, capped
@@ -239,7 +241,7 @@ DIST_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+!_-]{0,127}")  # PEP 440's ch
 METADATA_LIMIT = 4 << 20  # a METADATA file is kilobytes: its headers are all we parse
 
 
-def python_distributions(fs: BaseFilesystem) -> list[dict]:
+def python_distributions(fs: BaseFilesystem) -> list[Distribution]:
     """Name and version of each Python distribution installed in the base, from its dist-info. They
     go into the SBOM and the signed record: a missing, non-ASCII or odd one refuses the base in one
     line, before anything is pushed."""
@@ -259,14 +261,14 @@ def python_distributions(fs: BaseFilesystem) -> list[dict]:
                     raise IntegrityError(f"the base's /{untrusted.safe(path)} has {field}: {said}, not a distribution "
                                          f"{field.lower()}: the base is refused (its SBOM could not name it)")
                 fields[field.lower()] = value
-            dists.append({**fields, "metadata": "/" + path, "sha256": f.sha256})
+            dists.append(Distribution(fields["name"], fields["version"], "/" + path, f.sha256))
     return dists
 
 
-def check_attestable(rec: dict, subject: Reference) -> None:
-    """Make now, from the record, what `invoke attest` will sign: a record that cannot give its SBOM
-    or provenance, or gives one a registry would not serve back (past 4 MiB signed), fails here,
-    before anything is pushed or tagged."""
+def check_attestable(rec: BuildRecord, subject: Reference) -> None:
+    """Make now, from the record, what `invoke attest` will sign: a record that would not read back,
+    cannot give its SBOM or provenance, or gives one a registry would not serve back (past 4 MiB
+    signed), fails here, before anything is pushed or tagged."""
     import base64
     import json
 
@@ -274,10 +276,11 @@ def check_attestable(rec: dict, subject: Reference) -> None:
     from ..oci.transport import DOCUMENT_LIMIT
 
     try:
+        BuildRecord.from_json(rec.to_json())  # what `invoke attest` will read
         statements = {
             "SBOM": provenance.statement(subject, sbom.SPDX_PREDICATE, json.loads(sbom.document(rec, subject.name))),
             "provenance": provenance.statement(subject, provenance.SLSA_PREDICATE, provenance.predicate(rec))}
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+    except (InputError, KeyError, TypeError, ValueError, AttributeError) as e:
         raise IntegrityError(f"the build record cannot give its SBOM and provenance ({type(e).__name__}: "
                              f"{untrusted.safe(e)}): nothing pushed") from None
     for what, body in statements.items():
@@ -287,19 +290,18 @@ def check_attestable(rec: dict, subject: Reference) -> None:
                                  f"registry serves back: nothing pushed (is some text of the base huge?)")
 
 
-def overlay_records(project: Path, overlays: list, applied: list, proofs: dict) -> list[dict]:
+def overlay_records(project: Path, overlays: list, applied: list, proofs: dict) -> tuple[OverlayRecord, ...]:
     """Every registered overlay (baked or not) with its hashes, for the record and the SBOM."""
     by_id = {a.overlay.id: a for a in applied}
     out = []
     for o in overlays:
         a = by_id.get(o.id)
-        out.append({"id": o.id, "target": o.target, "kind": o.kind, "status": o.status, "baked": a is not None,
-                    "upstream": o.upstream, "reason": o.reason, "platforms": list(o.platforms),
-                    "patch": str(a.overlay.patch_path.relative_to(project)) if a else
-                    (str(o.patch_path.relative_to(project)) if o.patch_path else None),
-                    "patch_sha256": a.overlay.patch_sha256 if a else o.patch_sha256, "proof": proofs.get(o.id),
-                    "base_sha256": a.base_sha256 if a else None, "result_sha256": a.result_sha256 if a else None})
-    return out
+        patch = a.overlay.patch_path if a else o.patch_path
+        out.append(OverlayRecord(o.id, o.target, o.kind, o.status, a is not None, o.upstream, o.reason,
+                                 tuple(o.platforms), str(patch.relative_to(project)) if patch else None,
+                                 a.overlay.patch_sha256 if a else o.patch_sha256, proofs.get(o.id),
+                                 a.base_sha256 if a else None, a.result_sha256 if a else None))
+    return tuple(out)
 
 
 def write_layers(specs: list, epoch: int, blobs: Path) -> list:
@@ -342,23 +344,14 @@ def write_outputs(derived: Derived, opts: Options, target: Reference | None, reg
     return name, outputs, stats
 
 
-def base_record(opened: OpenBase, dists: list) -> dict:
+def base_record(opened: OpenBase, dists: list) -> BaseRecord:
     base, pinned = opened.image, opened.spec
-    return {
-        "name": pinned.image.name,
-        "pinned": str(pinned.image),
-        "read_from": str(base.ref),
-        "platform": pinned.platform,
-        "index_digest": str(base.index_digest) if base.index_digest else None,
-        "manifest": {"digest": str(base.manifest_digest), "mediaType": base.manifest_media_type,
-                     "size": len(base.manifest_bytes)},
-        "config": base.config_descriptor.to_json(),
-        "layers": [d.to_json() for d in base.layers],
-        "python_distributions": dists,
-    }
+    return BaseRecord(pinned.image.name, pinned.image, str(base.ref), pinned.platform, base.index_digest,
+                      base.manifest_digest, base.manifest_media_type, len(base.manifest_bytes),
+                      base.config_descriptor, tuple(base.layers), tuple(dists))
 
 
-def build(opts: Options, log=print) -> tuple[Reference, dict]:
+def build(opts: Options, log=print) -> tuple[Reference, BuildRecord]:
     """inputs -> base -> checked overlays -> kernels -> tuning -> layers -> config + manifest ->
     outputs -> build record."""
     project = opts.project.resolve()
@@ -405,46 +398,42 @@ def build(opts: Options, log=print) -> tuple[Reference, dict]:
     write_blob(blobs / "sha256" / config_desc.digest.hex, config)
     write_blob(blobs / "sha256" / derived.digest.hex, manifest)
 
-    rec = {
-        "schema": record.SCHEMA,
-        "source": {"repository": record.source_repository(project, _git), "revision": revision, "dirty": dirty,
-                   "source_date_epoch": epoch},
-        "inputs": [{"path": str(p.relative_to(project)), "sha256": Descriptor.of("", p.read_bytes()).digest.hex}
-                   for p in input_files(project)],
-        "base": base_record(opened, dists),
-        "files": [{"path": f.path, "sha256": f.sha256, "size": len(f.data), "mode": oct(f.mode), "layer": i}
-                  for i, l in enumerate(layers) for f in l.files],
-        "deleted": [{"path": d, "layer": i, "why": "stale bytecode of an overlaid module"}
-                    for i, l in enumerate(layers) for d in l.deletions],
-        "overlays": overlay_records(project, overlays, applied, proofs),
-        "verdicts": verdict_list,
-        "artifacts": [a.record() for a in compiled.artifacts],
-        "kernels": compiled.record(),
-        "tuning": [{"name": t.name, "path": t.path, "sha256": t.sha256, "rows": t.rows, "env": t.env,
-                    "source": t.source.name} for t in tables],
-        "layers": [{**l.descriptor.to_json(), "diff_id": str(l.diff_id), "comment": l.comment} for l in layers],
-        "config": config_desc.to_json(),
-        "manifest": {"digest": str(derived.digest), "mediaType": image_mod.OCI_MANIFEST, "size": len(manifest),
-                     "annotations": notes},
-        "image": {"repository": spec.repository.name, "env": dict(spec.env), "entrypoint": list(spec.entrypoint),
-                  "cmd": list(spec.cmd)},
-        "outputs": [],
-        "push": None,
-        "overlays_lock": {"path": str(opts.lock_path), "base": str(opened.spec.image),
-                          "sha256": hashlib.sha256(opts.lock_path.read_bytes()).hexdigest()},
-        "builder": record.builder(),
-        "tools": record.tools(),
-        "started": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "finished": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),  # again once pushed
-        "layer_downloads": opened.fs.cache.downloads,
-    }
+    rec = BuildRecord(
+        source=Source(record.source_repository(project, _git), revision, dirty, epoch),
+        inputs=tuple(Hashed(str(p.relative_to(project)), hashlib.sha256(p.read_bytes()).hexdigest())
+                     for p in input_files(project)),
+        base=base_record(opened, dists),
+        files=tuple(FileRecord(f.path, f.sha256, len(f.data), oct(f.mode), i)
+                    for i, l in enumerate(layers) for f in l.files),
+        deleted=tuple(Deleted(d, i, "stale bytecode of an overlaid module") for i, l in enumerate(layers)
+                      for d in l.deletions),
+        overlays=overlay_records(project, overlays, applied, proofs),
+        verdicts=verdict_list,
+        artifacts=tuple(ArtifactRecord.from_json(a.record(), f"artifacts[{i}]")
+                        for i, a in enumerate(compiled.artifacts)),
+        kernels=Kernels.from_json(compiled.record()),
+        tuning=tuple(Tuning(t.name, t.path, t.sha256, t.rows, t.env, t.source.name) for t in tables),
+        layers=tuple(LayerRecord(l.descriptor, l.diff_id, l.comment) for l in layers),
+        config=config_desc,
+        manifest=ManifestRecord(derived.digest, image_mod.OCI_MANIFEST, len(manifest), notes),
+        image=ImageSpec(spec.repository.name, dict(spec.env), tuple(spec.entrypoint), tuple(spec.cmd)),
+        outputs=(),
+        push=None,
+        overlays_lock=LockPin(str(opts.lock_path), str(opened.spec.image),
+                              hashlib.sha256(opts.lock_path.read_bytes()).hexdigest()),
+        builder=record.builder(),
+        tools=record.tools(),
+        started=started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        finished=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),  # again once pushed
+        layer_downloads=opened.fs.cache.downloads,
+    )
     # everything that can fail has run before the first push (a push writes the tag)
     check_attestable(rec, (target or spec.repository).with_digest(derived.digest))
     for push_one in ([compiled.push] if compiled.push else []) + verdict_pushes:
         push_one()
     pushed, outputs, stats = write_outputs(derived, opts, target, registries, opened.fs.cache.root / "blobs", log)
-    rec.update({"outputs": outputs, "push": vars(stats) if stats else None,
-                "finished": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                "layer_downloads": opened.fs.cache.downloads})
-    record.write(opts.out_dir / "build-record.json", rec)
+    rec = dataclasses.replace(rec, outputs=tuple(outputs), push=vars(stats) if stats else None,
+                              finished=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                              layer_downloads=opened.fs.cache.downloads)
+    record_file.write(opts.out_dir / "build-record.json", rec)
     return pushed or spec.repository.with_digest(derived.digest), rec

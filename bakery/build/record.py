@@ -1,8 +1,8 @@
-"""The build record: every input and output by digest. SBOM and provenance are views of it."""
+"""What a build says of itself in its record: who ran it, from which source, with which tools.
+The record's shape is bakery.trust.record."""
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import re
@@ -11,9 +11,7 @@ import zlib
 from pathlib import Path
 
 from .. import __version__
-from ..oci.layer import write_blob
-
-SCHEMA = "https://github.com/dsv4-mi300x/bakery/build-record/v1"
+from ..trust.record import Builder
 
 
 def tools() -> dict:
@@ -25,16 +23,15 @@ def tools() -> dict:
             "requests": requests.__version__, "pyyaml": yaml.__version__, "platform": sys.platform}
 
 
-def builder() -> dict:
+def builder() -> Builder:
     """Who ran the build: the GitHub workflow run when in Actions, else `local`."""
     env = os.environ
     if env.get("GITHUB_ACTIONS") == "true":
         server, repo = env.get("GITHUB_SERVER_URL", "https://github.com"), env.get("GITHUB_REPOSITORY", "")
         workflow = env.get("GITHUB_WORKFLOW_REF", f"{repo}/.github/workflows/release.yml@{env.get('GITHUB_REF', '')}")
-        return {"id": f"{server}/{workflow}",
-                "invocation": f"{server}/{repo}/actions/runs/{env.get('GITHUB_RUN_ID')}/attempts/"
-                              f"{env.get('GITHUB_RUN_ATTEMPT', '1')}"}
-    return {"id": "local", "invocation": "local"}
+        return Builder(f"{server}/{workflow}", f"{server}/{repo}/actions/runs/{env.get('GITHUB_RUN_ID')}/attempts/"
+                                               f"{env.get('GITHUB_RUN_ATTEMPT', '1')}")
+    return Builder("local", "local")
 
 
 def source_repository(project: Path, git) -> str:
@@ -53,13 +50,3 @@ def source_repository(project: Path, git) -> str:
     elif "://" not in url:  # a clone of a local path: name it as a URI all the same
         url = (project / url).resolve().as_uri()
     return url.removesuffix(".git").rstrip("/")
-
-
-def write(path: Path, record: dict) -> None:
-    write_blob(path, json.dumps(record, indent=2, sort_keys=True).encode() + b"\n")
-
-
-def read(path: Path) -> dict:
-    from ..schema import load_json
-
-    return load_json(path, SCHEMA, "build record", "run `invoke build` first (or pass --record)")

@@ -19,10 +19,9 @@ def keygen(out: str, role: str) -> tuple[Path, Path]:
 
 def attest(project: Path, image: str, record: str | None, key: str | None, layout: str | None):
     """(the image, what was written: signature, attestations, kernels, verdicts)."""
-    from ..build import record as record_mod
     from ..oci import store
     from ..oci.refs import Reference
-    from ..trust import attest as attest_mod, keys, sign
+    from ..trust import attest as attest_mod, keys, record as record_mod, sign
 
     ref = Reference.parse_pinned(image, "image")
     rec = record_mod.read(Path(record) if record else Project(project).out / "build-record.json")

@@ -16,6 +16,7 @@ from ..oci.refs import Descriptor, Digest, Reference
 from ..oci.registry import OCI_MANIFEST
 from ..oci.store import signature_tag
 from . import provenance, sbom, sign
+from .record import Artifact, BuildRecord, Verdict
 
 SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
 DSSE = "application/vnd.dsse.envelope.v1+json"
@@ -89,13 +90,13 @@ def statement_of(envelope: bytes, subject: Reference, what: str) -> tuple[str, d
     return kind, statement
 
 
-def attest(store, subject: Reference, record: dict, signer: sign.Signer, sign_kernels: bool = True) -> dict:
+def attest(store, subject: Reference, record: BuildRecord, signer: sign.Signer, sign_kernels: bool = True) -> dict:
     """Sign the digest, attach SBOM and provenance, and sign the kernel artifact the record names
     (so that a later build may bake it instead of compiling); return what was written."""
     if subject.digest is None:
         raise InputError(f"attest needs IMAGE@sha256:DIGEST, got {subject}")
-    if record["manifest"]["digest"] != str(subject.digest):
-        raise InputError(f"the build record describes {record['manifest']['digest']}, not {subject.digest}: "
+    if record.manifest.digest != subject.digest:
+        raise InputError(f"the build record describes {record.manifest.digest}, not {subject.digest}: "
                          f"pass the record of that build with --record")
     if store.manifest(str(subject.digest)) is None:
         raise InputError(f"{subject} is not in {getattr(store, 'path', subject.name)}: push it first")
@@ -107,22 +108,20 @@ def attest(store, subject: Reference, record: dict, signer: sign.Signer, sign_ke
     }
     written = {"signature": sign_image(store, subject, signer),
                "attestations": attach(store, subject, statements, signer)}
-    artifact = (record.get("kernels") or {}).get("artifact")
-    if artifact and sign_kernels:
-        written["kernels"] = sign_artifact(Reference.parse(artifact), signer, record.get("artifacts") or [])
+    if record.kernels.artifact and sign_kernels:
+        written["kernels"] = sign_artifact(record.kernels.artifact, signer, record.artifacts)
     if sign_kernels:
-        written["verdicts"] = [sign_verdict(v, signer) for v in record.get("verdicts") or []
-                               if v.get("origin") == "proven" and v.get("artifact")]
+        written["verdicts"] = [sign_verdict(v, signer) for v in record.verdicts if v.origin == "proven" and v.artifact]
     return written
 
 
-def sign_verdict(entry: dict, signer: sign.Signer) -> dict:
+def sign_verdict(entry: Verdict, signer: sign.Signer) -> dict:
     """A cosign signature on a proof verdict's artifact, only if it holds the verdict the build record
     says this build proved (its key and FIXED/BROKEN): later builds take it instead of proving."""
     from ..proofs.runner import VERDICT_CONFIG, read_verdict
     from ..oci.store import RegistryStore
 
-    artifact = Reference.parse(entry["artifact"])
+    artifact = entry.artifact
     if artifact.digest is None:
         raise InputError(f"the build record names proof verdict {artifact} without a digest: build again")
     store = RegistryStore(artifact)
@@ -134,14 +133,14 @@ def sign_verdict(entry: dict, signer: sign.Signer) -> dict:
         config = Descriptor.from_json(json.loads(manifest)["config"])
         if config.media_type != VERDICT_CONFIG:
             raise IntegrityError(f"{what} is not a proof verdict: not signed")
-    held = read_verdict(store.document(config, f"config of {what}"), entry["key"], what)
-    if held.verdict != entry["verdict"]:
-        raise IntegrityError(f"{what} says {held.verdict}, the build record {entry['verdict']}: not signed")
+    held = read_verdict(store.document(config, f"config of {what}"), entry.key, what)
+    if held.verdict != entry.verdict:
+        raise IntegrityError(f"{what} says {held.verdict}, the build record {entry.verdict}: not signed")
     subject = Reference(artifact.registry, artifact.repository, None, artifact.digest)
     return {"artifact": str(artifact), "signature": sign_image(store, subject, signer)}
 
 
-def sign_artifact(artifact: Reference, signer: sign.Signer, baked: list | None = None) -> dict:
+def sign_artifact(artifact: Reference, signer: sign.Signer, baked: tuple[Artifact, ...] | None = None) -> dict:
     """A cosign signature on the kernel artifact's manifest digest, in its own repository; with
     `baked` (the record's artifacts), only if it holds exactly their files: each .so the image baked,
     its schema and the compiler line."""
@@ -157,8 +156,8 @@ def sign_artifact(artifact: Reference, signer: sign.Signer, baked: list | None =
         with malformed(f"kernel artifact {artifact}"):
             held = {l["annotations"]["org.opencontainers.image.title"]: l["digest"]
                     for l in json.loads(manifest)["layers"]}
-        names = {"toolchain.txt"} | {f"{a['name']}{suffix}" for a in baked for suffix in (".so", ".schema")}
-        differ = [a["name"] for a in baked if held.get(f"{a['name']}.so") != f"sha256:{a['sha256']}"]
+        names = {"toolchain.txt"} | {f"{a.name}{suffix}" for a in baked for suffix in (".so", ".schema")}
+        differ = [a.name for a in baked if held.get(f"{a.name}.so") != f"sha256:{a.sha256}"]
         if not baked or differ or set(held) != names:
             raise IntegrityError(f"kernel artifact {artifact} does not hold exactly the files the build record says "
                                  f"the image baked ({', '.join(differ) or 'its file names differ'}): not signed")

@@ -11,6 +11,7 @@ from ..errors import InputError
 from ..files import canonical_json
 from ..oci.refs import Reference
 from ..project import Project
+from .record import BuildRecord
 
 STATEMENT = "https://in-toto.io/Statement/v1"
 SLSA_PREDICATE = "https://slsa.dev/provenance/v1"
@@ -36,60 +37,58 @@ def statement(subject: Reference, predicate_type: str, predicate: dict) -> bytes
     return canonical_json(body)
 
 
-def predicate(record: dict) -> dict:
+def predicate(record: BuildRecord) -> dict:
     """The SLSA v1 predicate: what was built from what, by whom; nothing recomputed."""
-    src, base = record["source"], record["base"]
-    deps = [{"uri": f"docker://{base['pinned']}", "digest": {"sha256": base["pinned"].split("sha256:")[1]},
-             "name": "base image"},
-            {"uri": f"git+{src['repository']}@{src['revision']}", "digest": {"gitCommit": src["revision"]},
+    src, base = record.source, record.base
+    deps = [{"uri": f"docker://{base.pinned}", "digest": {"sha256": base.pinned.digest.hex}, "name": "base image"},
+            {"uri": f"git+{src.repository}@{src.revision}", "digest": {"gitCommit": src.revision},
              "name": "source"}]
-    if base["manifest"]["digest"] not in base["pinned"]:  # the pin named an index: add the platform image
-        deps.insert(1, {"uri": f"docker://{base['name']}@{base['manifest']['digest']}",
-                        "digest": {"sha256": base["manifest"]["digest"].split(":")[1]},
-                        "name": f"base image ({base['platform']})"})
-    deps += [{"name": i["path"], "digest": {"sha256": i["sha256"]}} for i in record["inputs"]]
-    for artifact in record.get("artifacts", []):
-        deps += [{"name": s["path"], "digest": {"sha256": s["sha256"]}} for s in artifact["sources"]
-                 if not any(d.get("name") == s["path"] for d in deps)]
-    kernels = (record.get("kernels") or {}).get("artifact")
+    if base.manifest_digest != base.pinned.digest:  # the pin named an index: add the platform image
+        deps.insert(1, {"uri": f"docker://{base.name}@{base.manifest_digest}",
+                        "digest": {"sha256": base.manifest_digest.hex}, "name": f"base image ({base.platform})"})
+    deps += [{"name": i.path, "digest": {"sha256": i.sha256}} for i in record.inputs]
+    for artifact in record.artifacts:
+        deps += [{"name": s.path, "digest": {"sha256": s.sha256}} for s in artifact.sources
+                 if not any(d.get("name") == s.path for d in deps)]
+    kernels = record.kernels.artifact
     if kernels:  # the OCI artifact the baked .so files came from (or were pushed as)
-        ref = Reference.parse(kernels)
-        deps.append({"uri": f"docker://{ref.name}@{ref.digest}", "digest": {"sha256": ref.digest.hex},
+        deps.append({"uri": f"docker://{kernels.name}@{kernels.digest}", "digest": {"sha256": kernels.digest.hex},
                      "name": "kernel artifact"})
     # proof verdicts this build took, signed, instead of proving (the others it proved: byproducts)
-    verdicts = [(v, Reference.parse(v["artifact"])) for v in record.get("verdicts") or [] if v.get("artifact")]
-    deps += [{"uri": f"docker://{ref.name}@{ref.digest}", "digest": {"sha256": ref.digest.hex},
-              "name": f"proof verdict: {v['overlay']} ({v['side']})", "annotations": {"verdict": v["verdict"]}}
-             for v, ref in verdicts if v["origin"] == "registry"]
-    byproducts = [{"name": a["path"], "digest": {"sha256": a["sha256"]},
-                   "annotations": {"arch": a["arch"], "toolchain": a["toolchain"]}} for a in record.get("artifacts", [])]
-    byproducts += [{"name": f"layer: {l['comment']}", "digest": {"sha256": l["digest"].split(":")[1]},
-                    "mediaType": l["mediaType"]} for l in record["layers"]]
+    verdicts = [v for v in record.verdicts if v.artifact]
+    deps += [{"uri": f"docker://{v.artifact.name}@{v.artifact.digest}", "digest": {"sha256": v.artifact.digest.hex},
+              "name": f"proof verdict: {v.overlay} ({v.side})", "annotations": {"verdict": v.verdict}}
+             for v in verdicts if v.origin == "registry"]
+    byproducts = [{"name": a.path, "digest": {"sha256": a.sha256},
+                   "annotations": {"arch": a.arch, "toolchain": a.toolchain}} for a in record.artifacts]
+    byproducts += [{"name": f"layer: {l.comment}", "digest": {"sha256": l.descriptor.digest.hex},
+                    "mediaType": l.descriptor.media_type} for l in record.layers]
     # each baked overlay's proof: the code that judged it, and what it said on stock and overlaid bytes
-    byproducts += [{"name": f"proof: {o['id']}", "digest": {"sha256": o["proof"]["code_sha256"]},
-                    "annotations": {"stock": o["proof"]["stock"], "overlaid": o["proof"]["overlaid"],
-                                    "script": o["proof"]["script"], "reason": o["proof"]["reason"]}}
-                   for o in record["overlays"] if o["baked"] and (o.get("proof") or {}).get("code_sha256")]
-    byproducts += [{"uri": f"docker://{ref.name}@{ref.digest}", "digest": {"sha256": ref.digest.hex},
-                    "name": f"proof verdict: {v['overlay']} ({v['side']})", "annotations": {"verdict": v["verdict"]}}
-                   for v, ref in verdicts if v["origin"] == "proven"]
+    byproducts += [{"name": f"proof: {o.id}", "digest": {"sha256": o.proof["code_sha256"]},
+                    "annotations": {"stock": o.proof["stock"], "overlaid": o.proof["overlaid"],
+                                    "script": o.proof["script"], "reason": o.proof["reason"]}}
+                   for o in record.overlays if o.baked and (o.proof or {}).get("code_sha256")]
+    byproducts += [{"uri": f"docker://{v.artifact.name}@{v.artifact.digest}",
+                    "digest": {"sha256": v.artifact.digest.hex},
+                    "name": f"proof verdict: {v.overlay} ({v.side})", "annotations": {"verdict": v.verdict}}
+                   for v in verdicts if v.origin == "proven"]
     return {
         "buildDefinition": {
             "buildType": BUILD_TYPE,
             "externalParameters": {
-                "base": base["pinned"],
-                "platform": base["platform"],
-                "source": {"repository": src["repository"], "revision": src["revision"], "dirty": src["dirty"]},
-                "overlaysLock": {"sha256": record["overlays_lock"]["sha256"], "base": record["overlays_lock"]["base"]},
-                "sourceDateEpoch": src["source_date_epoch"],
+                "base": str(base.pinned),
+                "platform": base.platform,
+                "source": {"repository": src.repository, "revision": src.revision, "dirty": src.dirty},
+                "overlaysLock": {"sha256": record.overlays_lock.sha256, "base": record.overlays_lock.base},
+                "sourceDateEpoch": src.source_date_epoch,
             },
-            "internalParameters": {"tools": record["tools"]},
+            "internalParameters": {"tools": record.tools},
             "resolvedDependencies": deps,
         },
         "runDetails": {
-            "builder": {"id": record["builder"]["id"]},
-            "metadata": {"invocationId": record["builder"]["invocation"], "startedOn": record["started"],
-                         "finishedOn": record["finished"]},
+            "builder": {"id": record.builder.id},
+            "metadata": {"invocationId": record.builder.invocation, "startedOn": record.started,
+                         "finishedOn": record.finished},
             "byproducts": byproducts,
         },
     }
