@@ -452,7 +452,7 @@ def test_rebase_carries_a_hardware_only_overlay_only_exactly(tmp_path):
     moved = b"# a new line upstream\n" + stock
     row = _decide(overlay, moved, stock, {}, tmp_path, log=lambda m: None, project=ROOT)
     assert row.status == NEEDS_PORTING and "offset: not taken, no proof runs here" in row.detail
-    assert _decide(overlay, stock, stock, {}, tmp_path, log=lambda m: None, project=ROOT).status == \
+    assert str(_decide(overlay, stock, stock, {}, tmp_path, log=lambda m: None, project=ROOT).status) == \
         "ported (exact), not proven here"
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import re
 import shlex
 import sys
@@ -24,7 +25,40 @@ from ..inputs.overlays import Overlay
 from ..project import Project
 from ..proofs import runner as prove
 
-FIXED_UPSTREAM, NEEDS_PORTING, TARGET_MOVED = "fixed-upstream", "needs porting", "target moved"
+
+
+class Outcome(enum.Enum):
+    """What rebase made of one overlay on the new base (the value is what it prints)."""
+    PROVEN = "proven"  # carried, and its proof says FIXED on the new base
+    NOT_PROVEN_HERE = "not proven here"  # carried exactly; its proof needs hardware this host lacks
+    FIXED_UPSTREAM = "fixed-upstream"  # the new base's own code proves FIXED
+    NEEDS_PORTING = "needs porting"
+    TARGET_MOVED = "target moved"
+    AUDIT_HOLDS = "audit holds"  # an audit record whose probe still holds
+    AUDIT_CHANGED = "audit changed: re-check"
+    BY_HAND = overlays_mod.BY_HAND  # an audit record with no probe
+
+
+@dataclass(frozen=True)
+class Status:
+    """An outcome and, for one that carried the patch, how (exact, offset, known port, merged)."""
+    outcome: Outcome
+    how: str | None = None
+
+    def __str__(self) -> str:
+        return f"ported ({self.how}), {self.outcome.value}" if self.how else self.outcome.value
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+    @property
+    def carried(self) -> bool:
+        return self.outcome in (Outcome.PROVEN, Outcome.NOT_PROVEN_HERE, Outcome.FIXED_UPSTREAM)
+
+
+FIXED_UPSTREAM, NEEDS_PORTING, TARGET_MOVED = (Status(Outcome.FIXED_UPSTREAM), Status(Outcome.NEEDS_PORTING),
+                                               Status(Outcome.TARGET_MOVED))
+AUDIT_HOLDS, AUDIT_CHANGED, BY_HAND = Status(Outcome.AUDIT_HOLDS), Status(Outcome.AUDIT_CHANGED), Status(Outcome.BY_HAND)
 
 
 @dataclass(frozen=True)
@@ -82,14 +116,14 @@ def prove_base(opts: Options, log=print) -> list[ProofRow]:
 @dataclass(frozen=True)
 class RebaseRow:
     overlay: Overlay
-    status: str  # "ported (how), proven" | "ported (how), not proven here" | fixed-upstream | needs porting | ...
+    status: Status
     detail: str
     result: bytes | None = None  # the overlaid bytes for the new base, when carried
     new_stock: bytes | None = None
 
     @property
     def carried(self) -> bool:
-        return self.status.startswith("ported") or self.status == FIXED_UPSTREAM
+        return self.status.carried
 
 
 def _old_stock(project: Path, overlay: Overlay, lock: overlays_mod.Lock | None) -> bytes | None:
@@ -121,11 +155,11 @@ def _decide(overlay: Overlay, new: bytes | None, old: bytes | None, files: dict,
                              f"port applied exactly may carry it")
                 continue
             log(f"  {overlay.id}: {how}; not proven here ({why})")
-            return RebaseRow(overlay, f"ported ({how}), not proven here", why, result, new)
+            return RebaseRow(overlay, Status(Outcome.NOT_PROVEN_HERE, how), why, result, new)
         verdict = prove.run(spec, result, files)
         log(f"  {overlay.id}: {how} -> {verdict.verdict} ({verdict.reason})")
         if verdict.verdict == prove.FIXED:
-            return RebaseRow(overlay, f"ported ({how}), proven", f"{spec.script.name}: {verdict.reason}", result, new)
+            return RebaseRow(overlay, Status(Outcome.PROVEN, how), f"{spec.script.name}: {verdict.reason}", result, new)
         tried.append(f"{how}: {verdict.verdict} by {spec.script.name}")
     where = _write_porting_kit(out / overlay.id, overlay, new, old, conflicted or (found[0][1] if found else None),
                                files, project)
@@ -206,9 +240,6 @@ def rebase(opts: Options, log=print, retire: bool = True) -> tuple[list, bool]:
     return rows + audit_rows(base, registered), ok
 
 
-AUDIT_HOLDS, AUDIT_CHANGED = "audit holds", "audit changed: re-check"
-
-
 def _moved(base, overlay: Overlay, old: bytes | None) -> RebaseRow:
     """The target is not at its path in the new base: where did it go? The files of the same name
     under the same package, the one most like the old stock bytes first. Nothing is carried: the
@@ -238,7 +269,7 @@ def audit_rows(base, registered: list[Overlay]) -> list[RebaseRow]:
     for o in records:
         by_hand = f"; by hand: {o.by_hand}" if o.by_hand else ""
         if not o.probe:
-            rows.append(RebaseRow(o, overlays_mod.BY_HAND, f"recorded {o.status}, no probe{by_hand or '; see overlays.yaml'}"))
+            rows.append(RebaseRow(o, BY_HAND, f"recorded {o.status}, no probe{by_hand or '; see overlays.yaml'}"))
             continue
         holds, detail = overlays_mod.probe_holds(o, files)
         rows.append(RebaseRow(o, AUDIT_HOLDS if holds else AUDIT_CHANGED, f"{o.status}: {detail}{by_hand}"))
@@ -260,7 +291,7 @@ def _commit(project: Path, opts: Options, base_ref: str, rows: list[RebaseRow], 
             log(f"  {o.id}: fixed upstream in {base_ref}: recorded as already-upstream, no longer baked")
             continue
         patch_bytes = patch_mod.unified_diff(row.new_stock, row.result, o.relative)
-        if not row.status.startswith(f"ported ({overlays_mod.EXACT})") and o.for_target(row.new_stock) is o:
+        if row.status.how != overlays_mod.EXACT and o.for_target(row.new_stock) is o:
             if old_sha and not any(sha == old_sha for sha, _, _ in o.ports):
                 port = folder / overlays_mod.PORTS / o.id / f"{old_sha}.patch"
                 port.parent.mkdir(parents=True, exist_ok=True)

@@ -458,7 +458,7 @@ def bump(project: Path, ledger_path: Path, out: Path, nightly: str | None = None
                                       retire=False)
     if carried:
         pin(spec_path, target, ledger.mirror, chosen)
-    statuses = {r.overlay.id: r.status for r in rows}
+    statuses = {r.overlay.id: str(r.status) for r in rows}
     tried = replace(chosen, tried=Tried(CARRIED if carried else NEEDS_PORTING, statuses))
     write_ledger(ledger_path, replace(ledger, nightlies=tuple(tried if n is chosen else n for n in ledger.nightlies)))
     return Bump(tried, ledger.upstream, rows, carried, proof_log, str(spec.image))
@@ -478,9 +478,11 @@ def pin(spec_path: Path, image: str, mirror: str, nightly: Nightly | None = None
 
 def report(result: Bump, kits: Path) -> str:
     """The pull request's (or issue's) body: what was tried, each overlay's verdict, what changed."""
+    from .rebase import AUDIT_CHANGED, FIXED_UPSTREAM
+
     n = result.nightly
     required = [r for r in result.rows if r.overlay.baked]
-    retired = [r.overlay.id for r in required if r.status == "fixed-upstream"]
+    retired = [r.overlay.id for r in required if r.status == FIXED_UPSTREAM]
     head = (f"Nightly {n.label()}: overlays carried and proven" if result.carried
             else f"Nightly {n.label()}: overlays need porting" if any(not r.carried for r in required)
             else f"Nightly {n.label()}: an overlay may be fixed upstream, confirm by hand")
@@ -493,7 +495,7 @@ def report(result: Bump, kits: Path) -> str:
     audits = [r for r in result.rows if not r.overlay.baked]
     lines += [f"| {r.overlay.id} | yes | {r.status} | {escaped(r.detail)} |" for r in required]  # statuses are ours
     lines += [f"| {r.overlay.id} | no (audit) | {r.status} | {escaped(r.detail)} |" for r in audits]
-    changed = [r for r in audits if r.status.startswith("audit changed")]
+    changed = [r for r in audits if r.status == AUDIT_CHANGED]
     lines += ["", "## Audit records that changed", ""]
     lines += [f"- **{r.overlay.id}**: {escaped(r.detail)}" for r in changed] or ["none"]
     porting = [r for r in required if not r.carried]
