@@ -96,6 +96,9 @@ def test_recipe_errors(tmp_path):
     recipe.write_text(original.replace("src/kernels.hip", "src/missing.hip"))
     with pytest.raises(InputError, match="source: 'src/missing.hip' is not a file inside"):
         hip.load(root)
+    recipe.write_text(original.replace("hip_flags: [-O3, -std=c++17]", "hip_flags: [-O3, {std: c++17}]"))
+    with pytest.raises(InputError, match=r"extensions\[0\].hip_flags must be a list of strings"):
+        hip.load(root)  # was a TypeError from shlex.quote when the compile script was written
     secret = tmp_path / "host-secret"
     secret.write_text("a key of the building host")
     for name in (str(secret), "../host-secret"):  # absolute, or out through '..'
@@ -359,13 +362,13 @@ def test_each_operator_serves_a_vllm_function_through_a_baked_overlay():
     operators = set(re.findall(r'm\.def\("(\w+)\(', (ROOT / "hip" / "src" / "binding.cpp").read_text()))
     glue = ast.parse((ROOT / "hip" / "bakery_kernels" / "__init__.py").read_text())
     for ext in recipe.extensions:
-        assert {s["operator"].removeprefix("bakery::") for s in ext["serves"]} == operators
-        for use in ext["serves"]:
-            op, overlay = use["operator"].removeprefix("bakery::"), registered[use["overlay"]]
+        assert {s.operator.removeprefix("bakery::") for s in ext.serves} == operators
+        for use in ext.serves:
+            op, overlay = use.operator.removeprefix("bakery::"), registered[use.overlay]
             entry = next(n for n in glue.body if isinstance(n, ast.FunctionDef) and n.name == op.rstrip("_"))
             assert overlay.baked and any(isinstance(n, ast.Call) and ast.unparse(n.func) == f"torch.ops.bakery.{op}"
                                          for n in ast.walk(entry)), (op, "the glue does not call the operator")
-            parts = use["function"].split(".")
+            parts = use.function.split(".")
             cut = next(i for i in range(len(parts), 0, -1) if overlay.target.endswith("/".join(parts[:i]) + ".py"))
             stock = overlays_mod.read_stock(ROOT / "overlays", lock.entry(overlay.id).base_sha256)
             tree = ast.parse(patch_mod.apply(overlay.for_target(stock).parsed(), stock)[0])
@@ -386,7 +389,7 @@ def test_a_build_records_only_what_its_overlays_make_served():
     assert hip.served(recipe, both, log=lambda m: None) == recipe
     said = []
     only_swiglu = hip.served(recipe, {"exact-swiglu-clamp-kernel"}, log=said.append)
-    assert [u["overlay"] for u in only_swiglu.extensions[0]["serves"]] == ["exact-swiglu-clamp-kernel"]
+    assert [u.overlay for u in only_swiglu.extensions[0].serves] == ["exact-swiglu-clamp-kernel"]
     assert len(said) == 1 and "only through overlay deterministic-sampler-topk-topp" in said[0]
     assert only_swiglu.key("toolchain") == recipe.key("toolchain")  # the same compile: only the claim differs
 

@@ -35,15 +35,52 @@ NO_TOOLCHAIN = 42
 
 
 @dataclass(frozen=True)
+class Serves:
+    """A claim that an operator of ours serves an upstream function, through one of our overlays."""
+    operator: str
+    function: str
+    overlay: str
+
+    def to_json(self) -> dict:
+        return {"function": self.function, "operator": self.operator, "overlay": self.overlay}
+
+
+@dataclass(frozen=True)
+class Extension:
+    """One shared library: its sources (names under hip/), flags, the kernels it must hold, where the
+    image gets it, and what it serves."""
+    name: str
+    dest: str
+    hip_sources: tuple[str, ...]
+    kernels: tuple[str, ...]
+    cxx_sources: tuple[str, ...] = ()
+    headers: tuple[str, ...] = ()
+    hip_flags: tuple[str, ...] = ()
+    cxx_flags: tuple[str, ...] = ()
+    libs: tuple[str, ...] = ()
+    serves: tuple[Serves, ...] = ()
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return self.hip_sources + self.cxx_sources + self.headers
+
+
+@dataclass(frozen=True)
+class PythonFile:
+    """A Python file of ours the image gets as it is (the extension's glue)."""
+    src: str
+    dest: str
+
+
+@dataclass(frozen=True)
 class Recipe:
     root: Path
     arch: str
-    extensions: tuple[dict, ...]
-    python: tuple[dict, ...]
+    extensions: tuple[Extension, ...]
+    python: tuple[PythonFile, ...]
 
     def sources(self) -> list[Path]:
-        names = sorted({s for e in self.extensions for key in ("hip_sources", "cxx_sources", "headers")
-                        for s in e.get(key, [])} | {p["src"] for p in self.python})
+        names = sorted({s for e in self.extensions for s in e.sources} | {p.src for p in self.python})
         return [self.root / n for n in names]
 
     def key(self, toolchain_id: str) -> str:
@@ -54,25 +91,41 @@ class Recipe:
         return h.hexdigest()
 
 
+def _strings(value: list, where: str) -> tuple[str, ...]:
+    if not all(isinstance(v, str) for v in value):
+        raise InputError(f"{where} must be a list of strings")
+    return tuple(value)
+
+
 def load(root: Path) -> Recipe:
-    spec = schema.load_yaml(root / "extensions.yaml", RECIPE_KEYS, required={"arch", "extensions"})
+    path = root / "extensions.yaml"
+    spec = schema.load_yaml(path, RECIPE_KEYS, required={"arch", "extensions"})
     if spec["arch"] not in ARCHS:
-        raise InputError(f"{root / 'extensions.yaml'}: unknown arch {spec['arch']!r}; known: {', '.join(ARCHS)}")
+        raise InputError(f"{path}: unknown arch {spec['arch']!r}; known: {', '.join(ARCHS)}")
+    extensions = []
     for i, ext in enumerate(spec["extensions"]):
-        schema.check_keys(ext, EXT_KEYS, f"{root / 'extensions.yaml'}: extensions[{i}]",
-                          required={"name", "hip_sources", "kernels", "dest"})
+        where = f"{path}: extensions[{i}]"
+        if not isinstance(ext, dict):
+            raise InputError(f"{where} must be a mapping")
+        schema.check_keys(ext, EXT_KEYS, where, required={"name", "hip_sources", "kernels", "dest"})
+        serves = []
         for j, use in enumerate(ext.get("serves") or []):
             if not isinstance(use, dict):
-                raise InputError(f"{root / 'extensions.yaml'}: extensions[{i}].serves[{j}] must be a mapping")
-            schema.check_keys(use, SERVES_KEYS, f"{root / 'extensions.yaml'}: extensions[{i}].serves[{j}]")
+                raise InputError(f"{where}.serves[{j}] must be a mapping")
+            schema.check_keys(use, SERVES_KEYS, f"{where}.serves[{j}]")
+            serves.append(Serves(use["operator"], use["function"], use["overlay"]))
+        lists = {key: _strings(ext.get(key) or [], f"{where}.{key}") for key in
+                 ("hip_sources", "kernels", "cxx_sources", "headers", "hip_flags", "cxx_flags", "libs")}
+        extensions.append(Extension(ext["name"], ext["dest"], serves=tuple(serves), **lists))
+    python = []
     for i, py in enumerate(spec.get("python") or []):
-        schema.check_keys(py, PY_KEYS, f"{root / 'extensions.yaml'}: python[{i}]")
-    recipe = Recipe(root, spec["arch"], tuple(spec["extensions"]), tuple(spec.get("python") or []))
-    names = sorted({s for e in recipe.extensions for key in ("hip_sources", "cxx_sources", "headers")
-                    for s in e.get(key, [])} | {p["src"] for p in recipe.python})
-    for name in names:
-        schema.file_inside(root, name, f"{root / 'extensions.yaml'}: source")
-    return recipe
+        if not isinstance(py, dict):
+            raise InputError(f"{path}: python[{i}] must be a mapping")
+        schema.check_keys(py, PY_KEYS, f"{path}: python[{i}]")
+        python.append(PythonFile(py["src"], py["dest"]))
+    for name in sorted({s for e in extensions for s in e.sources} | {p.src for p in python}):
+        schema.file_inside(root, name, f"{path}: source")  # an absolute or ../ name would bake a host file
+    return Recipe(root, spec["arch"], tuple(extensions), tuple(python))
 
 
 def script(recipe: Recipe) -> str:
@@ -96,19 +149,19 @@ def script(recipe: Recipe) -> str:
         'MAP="-ffile-prefix-map=/src=hip -ffile-prefix-map=/tmp/build=."',
     ]
     for ext in recipe.extensions:
-        name, objs = ext["name"], []
-        for i, src in enumerate(ext["hip_sources"]):
+        name, objs = ext.name, []
+        for i, src in enumerate(ext.hip_sources):
             obj = f"{name}.hip{i}.o"
             lines.append(f'"$CXX" -x hip --offload-arch={recipe.arch} --rocm-path="$ROCM" $DEVLIB '
-                         f'-cuid={q(name)}-{i} $MAP -fPIC {" ".join(map(q, ext.get("hip_flags", [])))} '
+                         f'-cuid={q(name)}-{i} $MAP -fPIC {" ".join(map(q, ext.hip_flags))} '
                          f'-c {q("/src/" + src)} -o {obj}')
             objs.append(obj)
-        for i, src in enumerate(ext.get("cxx_sources", [])):
+        for i, src in enumerate(ext.cxx_sources):
             obj = f"{name}.cxx{i}.o"
-            lines.append(f'"$CXX" -x c++ $MAP -fPIC -I"$TORCH/include" {" ".join(map(q, ext.get("cxx_flags", [])))} '
+            lines.append(f'"$CXX" -x c++ $MAP -fPIC -I"$TORCH/include" {" ".join(map(q, ext.cxx_flags))} '
                          f'-c {q("/src/" + src)} -o {obj}')
             objs.append(obj)
-        libs = " ".join(f"-l{q(lib)}" for lib in ext.get("libs", []))
+        libs = " ".join(f"-l{q(lib)}" for lib in ext.libs)
         lines.append(f'"$CXX" -shared -fuse-ld=lld -Wl,--build-id=none {" ".join(objs)} -L"$LIBDIR" '
                      f'-L"$TORCH/lib" {libs} -o /out/{q(name)}.so')
         # it must load in the image's torch and register its operators (on CPU, too)
@@ -225,13 +278,13 @@ class Artifact:
     sources: tuple[dict, ...]
     schema: str
     code_objects: tuple[dict, ...]
-    serves: tuple[dict, ...] = ()  # the vLLM functions its operators serve, through which overlay
+    serves: tuple[Serves, ...] = ()  # the vLLM functions its operators serve, through which overlay
 
     def record(self) -> dict:
         return {"name": self.name, "path": self.dest, "sha256": hashlib.sha256(self.data).hexdigest(),
                 "arch": self.arch, "toolchain": str(self.toolchain), "sources": list(self.sources),
                 "schema": self.schema.splitlines(), "code_objects": list(self.code_objects),
-                "serves": [dict(s) for s in self.serves]}
+                "serves": [s.to_json() for s in self.serves]}
 
 
 def served(recipe: Recipe, baked: set[str], log=print) -> Recipe:
@@ -240,12 +293,11 @@ def served(recipe: Recipe, baked: set[str], log=print) -> Recipe:
     and the SBOM, and said."""
     extensions = []
     for ext in recipe.extensions:
-        kept = [use for use in ext.get("serves") or [] if use["overlay"] in baked]
-        for use in ext.get("serves") or []:
-            if use["overlay"] not in baked:
-                log(f"warning: {use['operator']} serves {use['function']} only through overlay {use['overlay']}, "
+        for use in ext.serves:
+            if use.overlay not in baked:
+                log(f"warning: {use.operator} serves {use.function} only through overlay {use.overlay}, "
                     f"which this build does not bake: not recorded as served")
-        extensions.append({**ext, "serves": kept})
+        extensions.append(replace(ext, serves=tuple(use for use in ext.serves if use.overlay in baked)))
     return replace(recipe, extensions=tuple(extensions))
 
 
@@ -434,7 +486,7 @@ OUTPUT_LIMIT = 1 << 30  # a compiled extension is tens of MiB
 
 
 def expected_outputs(recipe: Recipe) -> set[str]:
-    return {"toolchain.txt"} | {f"{e['name']}{suffix}" for e in recipe.extensions for suffix in (".so", ".schema")}
+    return {"toolchain.txt"} | {f"{e.name}{suffix}" for e in recipe.extensions for suffix in (".so", ".schema")}
 
 
 def take_outputs(folder: Path, expected: set[str]) -> dict[str, str]:
@@ -480,13 +532,12 @@ def _artifacts(recipe: Recipe, out: Path, image_id: str) -> list[Artifact]:
     compiler = (out / "toolchain.txt").read_text().strip()
     artifacts = []
     for ext in recipe.extensions:
-        data = (out / f"{ext['name']}.so").read_bytes()
-        objects = check_device_code(data, recipe.arch, ext["kernels"])
+        data = (out / f"{ext.name}.so").read_bytes()
+        objects = check_device_code(data, recipe.arch, list(ext.kernels))
         sources = tuple({"path": f"hip/{s}", "sha256": hashlib.sha256((recipe.root / s).read_bytes()).hexdigest()}
-                        for key in ("hip_sources", "cxx_sources", "headers") for s in ext.get(key, []))
-        artifacts.append(Artifact(ext["name"], ext["dest"], data, recipe.arch, Toolchain(compiler, image_id),
-                                  sources, (out / f"{ext['name']}.schema").read_text(), tuple(objects),
-                                  tuple(ext.get("serves") or ())))
+                        for s in ext.sources)
+        artifacts.append(Artifact(ext.name, ext.dest, data, recipe.arch, Toolchain(compiler, image_id),
+                                  sources, (out / f"{ext.name}.schema").read_text(), tuple(objects), ext.serves))
     return artifacts
 
 
@@ -514,7 +565,7 @@ def verify_outputs(recipe: Recipe, toolchain: str, cache: Path, log=print, remot
 
 def files(recipe: Recipe, artifacts: list[Artifact]) -> tuple[FileEntry, ...]:
     return tuple(FileEntry(a.dest, a.data) for a in artifacts) + \
-        tuple(FileEntry(p["dest"], (recipe.root / p["src"]).read_bytes()) for p in recipe.python)
+        tuple(FileEntry(p.dest, (recipe.root / p.src).read_bytes()) for p in recipe.python)
 
 
 # -- the compile cache that travels: kernels as an OCI artifact in the target registry -------------
