@@ -4,6 +4,7 @@ against a local server standing in for vLLM, and the container launch on the rea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -34,7 +35,7 @@ def replay(name: str, speculative: bool = True, deadline: float = 900, clock=Non
 
 
 def test_no_mi300x_here_says_so_in_one_line(tmp_path):
-    snapshot = tmp_path / SPEC["revision"]
+    snapshot = tmp_path / SPEC.revision
     snapshot.mkdir()
     result = invoke(ROOT, "smoke", "127.0.0.1:5000/x/y@sha256:" + "a" * 64, "--model-dir", str(snapshot))
     assert result.returncode == 6
@@ -131,7 +132,7 @@ class StandInVllm:
                 self.wfile.write(data)
 
             def do_GET(self):
-                self._send(200, {"data": [{"id": SPEC["model"]}]})
+                self._send(200, {"data": [{"id": SPEC.model}]})
 
             def do_POST(self):
                 req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -151,17 +152,16 @@ ANSWERS = {"Calculate 17 * 23": " 391", "The capital": " Paris.", "def fib": " r
            "List three": " 101, 103, 107"}
 
 
-def spec_with_expected(answers=ANSWERS) -> dict:
-    spec = json.loads(json.dumps(SPEC))
-    for case in spec["regression"]:
-        case["expected"] = next(v for k, v in answers.items() if case["prompt"].startswith(k))
-    return spec
+def spec_with_expected(answers=ANSWERS) -> smoke.SmokeSpec:
+    return dataclasses.replace(SPEC, regression=tuple(
+        dataclasses.replace(case, expected=next(v for k, v in answers.items() if case.prompt.startswith(k)))
+        for case in SPEC.regression))
 
 
 def test_http_checks_pass_and_report(tmp_path):
     server = StandInVllm(ANSWERS)
     spec = spec_with_expected()
-    report = smoke.http_checks(smoke.Service(server.url, spec["model"]), spec, record=False)
+    report = smoke.http_checks(smoke.Service(server.url, spec.model), spec, record=False)
     assert report["arithmetic"] == "391" and report["prefill"]["prompt_tokens"] > 4000
     assert {r["status"] for r in report["regression"]} == {"same"}
     report.update(health_ok=True, http_ok=True, vram_high_water_bytes=199_900_000_000)
@@ -173,30 +173,30 @@ def test_http_checks_pass_and_report(tmp_path):
 def test_http_checks_fail_on_wrong_answer_5xx_or_changed_output():
     spec = spec_with_expected()
     with pytest.raises(smoke.SmokeFailure, match="answered '392', not 391"):
-        smoke.Service(StandInVllm({**ANSWERS, "Calculate 17 * 23": " 392"}).url, spec["model"]).arithmetic()
+        smoke.Service(StandInVllm({**ANSWERS, "Calculate 17 * 23": " 392"}).url, spec.model).arithmetic()
     with pytest.raises(smoke.SmokeFailure, match="HTTP 500"):
-        smoke.Service(StandInVllm(ANSWERS, fail_completions=True).url, spec["model"]).arithmetic()
-    changed = smoke.http_checks(smoke.Service(StandInVllm({**ANSWERS, "The capital": " Lyon."}).url, spec["model"]),
+        smoke.Service(StandInVllm(ANSWERS, fail_completions=True).url, spec.model).arithmetic()
+    changed = smoke.http_checks(smoke.Service(StandInVllm({**ANSWERS, "The capital": " Lyon."}).url, spec.model),
                                 spec, record=False)
     assert [r["status"] for r in changed["regression"]].count("differs") == 1
     changed.update(health_ok=True, http_ok=True, vram_high_water_bytes=1)
     assert smoke.verdict(changed, spec)[2] == ["regression"]
     # nothing recorded yet (the committed state): not a pass until recorded on MI300X
-    unrecorded = smoke.http_checks(smoke.Service(StandInVllm(ANSWERS).url, SPEC["model"]), SPEC, record=False)
+    unrecorded = smoke.http_checks(smoke.Service(StandInVllm(ANSWERS).url, SPEC.model), SPEC, record=False)
     assert {r["status"] for r in unrecorded["regression"]} == {"unrecorded"}
     unrecorded.update(health_ok=True, http_ok=True, vram_high_water_bytes=1)
     assert smoke.verdict(unrecorded, SPEC)[0] == "FAILED" and unrecorded["regression_compared"] == 0
 
 
 def test_a_recording_run_is_recorded_never_passed():
-    recording = smoke.http_checks(smoke.Service(StandInVllm(ANSWERS).url, SPEC["model"]), SPEC, record=True)
+    recording = smoke.http_checks(smoke.Service(StandInVllm(ANSWERS).url, SPEC.model), SPEC, record=True)
     recording.update(health_ok=True, http_ok=True, vram_high_water_bytes=1)
     result, passed, failed = smoke.verdict(recording, SPEC)
     assert (result, failed, recording["regression_compared"]) == ("RECORDED", [], 0)
-    compared = smoke.http_checks(smoke.Service(StandInVllm(ANSWERS).url, SPEC["model"]), spec_with_expected(),
+    compared = smoke.http_checks(smoke.Service(StandInVllm(ANSWERS).url, SPEC.model), spec_with_expected(),
                                  record=False)
     compared.update(health_ok=True, http_ok=True, vram_high_water_bytes=1)
-    assert smoke.verdict(compared, SPEC)[0] == "PASSED" and compared["regression_compared"] == len(SPEC["regression"])
+    assert smoke.verdict(compared, SPEC)[0] == "PASSED" and compared["regression_compared"] == len(SPEC.regression)
 
 
 def test_vram_from_rocm_smi_json(tmp_path):
@@ -221,7 +221,7 @@ def test_production_launch_on_the_fixture_image(project, registry, fixture_base,
     built = invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/test/smoke:1")
     image = last_line(built)
     docker("pull", "-q", image)
-    snapshot = tmp_path / "snapshots" / SPEC["revision"]
+    snapshot = tmp_path / "snapshots" / SPEC.revision
     snapshot.mkdir(parents=True)
     stand_in = ["/dev/null:/dev/kfd:rwm", "/dev/null:/dev/dri-render:rwm"]
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
@@ -308,3 +308,23 @@ def test_smoke_attestation_gates_verify(tmp_path, registry, fixture_base, fixtur
     assert "ok   SBOM (SPDX 2.3) attestation present and signed" in ok.stdout
     with pytest.raises(Exception, match="is about"):
         smoke.attach_report(RegistryStore(r), r, {**passing, "image": "other@sha256:" + "1" * 64}, spec_bytes, signer)
+
+
+@pytest.mark.parametrize("edit, says", [
+    (("vram_limit_bytes: 200500000000", "vram_limit_bytes: null"), "vram_limit_bytes must be a int"),
+    (("health_deadline_s: 900", "health_deadline_s: true"), "health_deadline_s must be a int"),
+    (("temperature: 0.0", "temperature: hot"), "regression[3]: temperature must be a number"),
+    (("seed: 1,", "seed: 1, colour: red,"), "regression[0]: unknown key(s) colour"),
+])
+def test_a_smoke_spec_of_another_shape_is_one_input_error(tmp_path, edit, says):
+    """Checked on load, as a typed value: before, a null limit was a TypeError at the end of an MI300X
+    run and a word for a temperature a ValueError."""
+    from bakery.errors import InputError
+
+    text = (ROOT / "provenance" / "smoke.yaml").read_text()
+    assert edit[0] in text
+    (tmp_path / "smoke.yaml").write_text(text.replace(edit[0], edit[1], 1))
+    with pytest.raises(InputError) as e:
+        smoke.load_spec(tmp_path / "smoke.yaml")
+    assert says in str(e.value)
+    assert SPEC.regression[0].expected is None and SPEC.vram_limit_bytes == 200_500_000_000  # the control

@@ -88,12 +88,47 @@ class LogWatcher:
             raise SmokeFailure(f"not healthy after {self.deadline_s:.0f}s: still waiting for '{self.waiting_for}'")
 
 
-def load_spec(path: Path) -> dict:
-    spec = schema.load_yaml(path, SPEC_KEYS)
-    for i, case in enumerate(spec["regression"]):
-        case["temperature"] = float(case.get("temperature", 0.0))
-        schema.check_keys(case, CASE_KEYS, f"{path}: regression[{i}]", required={"prompt", "seed", "max_tokens"})
-    return spec
+@dataclass(frozen=True)
+class Case:
+    """One regression prompt; expected: the output recorded on an MI300X (None: not recorded yet)."""
+    prompt: str
+    seed: int
+    max_tokens: int
+    temperature: float = 0.0
+    expected: str | None = None
+
+
+@dataclass(frozen=True)
+class SmokeSpec:
+    """provenance/smoke.yaml: the model, how the service starts, and what a healthy one shows."""
+    model: str
+    revision: str
+    model_mount: str
+    speculative: bool
+    health_deadline_s: int
+    shm_size: str
+    vram_limit_bytes: int
+    prefill_min_tokens: int
+    regression: tuple[Case, ...]
+
+
+def load_spec(path: Path) -> SmokeSpec:
+    raw = schema.load_yaml(path, SPEC_KEYS)
+    for key, kind in SPEC_KEYS.items():  # load_yaml lets null through for any key; a spec has none
+        if raw[key] is None or (kind is int and isinstance(raw[key], bool)):
+            raise InputError(f"{path}: {key} must be a {kind.__name__}")
+    cases = []
+    for i, case in enumerate(raw["regression"]):
+        where = f"{path}: regression[{i}]"
+        if not isinstance(case, dict):
+            raise InputError(f"{where} must be a mapping")
+        temperature = case.get("temperature", 0.0)
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+            raise InputError(f"{where}: temperature must be a number")
+        case = {**case, "temperature": float(temperature)}
+        schema.check_keys(case, CASE_KEYS, where, required={"prompt", "seed", "max_tokens"})
+        cases.append(Case(**case))
+    return SmokeSpec(**{**raw, "regression": tuple(cases)})
 
 
 # -- HTTP checks --------------------------------------------------------------------------------------
@@ -145,14 +180,13 @@ class Service:
             raise SmokeFailure(f"the long prefill had only {tokens} prompt tokens (need > {min_tokens})")
         return {"prompt_tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1)}
 
-    def regression(self, cases: list[dict], record: bool) -> list[dict]:
+    def regression(self, cases: tuple[Case, ...], record: bool) -> list[dict]:
         results = []
         for case in cases:
-            text = self.complete(case["prompt"], case["max_tokens"], case["temperature"], case["seed"])["choices"][0]["text"]
-            expected = case.get("expected")
-            results.append({"prompt": case["prompt"], "seed": case["seed"], "text": text,
-                            "status": "recorded" if record else ("unrecorded" if expected is None
-                                                                  else "same" if text == expected else "differs")})
+            text = self.complete(case.prompt, case.max_tokens, case.temperature, case.seed)["choices"][0]["text"]
+            results.append({"prompt": case.prompt, "seed": case.seed, "text": text,
+                            "status": "recorded" if record else ("unrecorded" if case.expected is None
+                                                                  else "same" if text == case.expected else "differs")})
         return results
 
 
@@ -183,15 +217,15 @@ class VramSampler(threading.Thread):
             self.stop.wait(self.every)
 
 
-def http_checks(service: Service, spec: dict, record: bool) -> dict:
+def http_checks(service: Service, spec: SmokeSpec, record: bool) -> dict:
     """The checks after a healthy start; returns their part of the report."""
     out = {"models": service.models(), "arithmetic": service.arithmetic().strip(),
-           "prefill": service.prefill(spec["prefill_min_tokens"]),
-           "regression": service.regression(spec["regression"], record)}
+           "prefill": service.prefill(spec.prefill_min_tokens),
+           "regression": service.regression(spec.regression, record)}
     return out
 
 
-def verdict(report: dict, spec: dict) -> tuple[str, list[str], list[str]]:
+def verdict(report: dict, spec: SmokeSpec) -> tuple[str, list[str], list[str]]:
     """PASSED only if every check holds and every regression output was compared with a committed
     expectation (and matched); a recording run is RECORDED, never PASSED. Lists passed and failed
     check names; the report gets how many outputs were compared."""
@@ -205,7 +239,7 @@ def verdict(report: dict, spec: dict) -> tuple[str, list[str], list[str]]:
                      ("http", report.get("http_ok", False)),
                      ("regression", regression_ok),
                      ("vram", report.get("vram_high_water_bytes") is not None and
-                      report["vram_high_water_bytes"] <= spec["vram_limit_bytes"])]:
+                      report["vram_high_water_bytes"] <= spec.vram_limit_bytes)]:
         (passed if ok else failed).append(name)
     if failed:
         return "FAILED", passed, failed
@@ -251,20 +285,20 @@ def host_facts(topology: str = "/sys/class/kfd/kfd/topology/nodes", driver: str 
             "rocm_version": text(rocm) or "no ROCm install on the host"}
 
 
-def launch_options(image: str, spec: dict, model_dir: Path, port: int, devices: list[str] | None = None) -> dict:
+def launch_options(image: str, spec: SmokeSpec, model_dir: Path, port: int, devices: list[str] | None = None) -> dict:
     """docker run settings of the production service (the Docker SDK's containers.run kwargs)."""
     from docker.types import Ulimit
 
-    if model_dir.name != spec["revision"]:
-        raise InputError(f"model snapshot {model_dir} is not revision {spec['revision']}: pass "
-                         f".../snapshots/{spec['revision']}")
+    if model_dir.name != spec.revision:
+        raise InputError(f"model snapshot {model_dir} is not revision {spec.revision}: pass "
+                         f".../snapshots/{spec.revision}")
     return {
         "image": image, "detach": True,
         "devices": devices if devices is not None else ["/dev/kfd:/dev/kfd:rwm", "/dev/dri:/dev/dri:rwm"],
         "group_add": ["video"], "cap_add": ["IPC_LOCK", "SYS_PTRACE"], "security_opt": ["seccomp=unconfined"],
-        "ipc_mode": "host", "shm_size": spec["shm_size"],
+        "ipc_mode": "host", "shm_size": spec.shm_size,
         "ulimits": [Ulimit(name="memlock", soft=-1, hard=-1)],
-        "volumes": {str(model_dir): {"bind": spec["model_mount"], "mode": "ro"}},
+        "volumes": {str(model_dir): {"bind": spec.model_mount, "mode": "ro"}},
         "ports": {"8000/tcp": ("127.0.0.1", port)},
         "labels": {"bakery.smoke": "1"},
     }
@@ -299,7 +333,7 @@ def watch(container, watcher: LogWatcher, poll: float = 1.0) -> None:
         time.sleep(poll)
 
 
-def run(image: str, spec: dict, model_dir: Path, port: int = 8000, record: bool = False,
+def run(image: str, spec: SmokeSpec, model_dir: Path, port: int = 8000, record: bool = False,
         devices: list[str] | None = None, require_hardware: bool = True, vram=vram_used_bytes, log=print,
         stand_ins: dict | None = None) -> dict:
     """Launch, watch, check; always returns a report (result PASSED or FAILED) and removes the container."""
@@ -311,7 +345,7 @@ def run(image: str, spec: dict, model_dir: Path, port: int = 8000, record: bool 
             raise EnvironmentProblem(reason)
     options = {**launch_options(image, spec, model_dir, port, devices), **(stand_ins or {})}
     client = docker.from_env()
-    report = {"image": image, "model": spec["model"], "revision": spec["revision"], "host": host_facts(),
+    report = {"image": image, "model": spec.model, "revision": spec.revision, "host": host_facts(),
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "run": smoke_ledger.next_run(),
               "workflow_run": workflow_run()}
     sampler = VramSampler(vram)
@@ -321,14 +355,14 @@ def run(image: str, spec: dict, model_dir: Path, port: int = 8000, record: bool 
         raise SmokeFailure(f"Docker could not start {image}: {e.explanation or e}") from None
     sampler.start()
     try:
-        watcher = LogWatcher(spec["speculative"], spec["health_deadline_s"])
-        log(f"waiting up to {spec['health_deadline_s']}s for a healthy start of {image}")
+        watcher = LogWatcher(spec.speculative, spec.health_deadline_s)
+        log(f"waiting up to {spec.health_deadline_s}s for a healthy start of {image}")
         try:
             watch(container, watcher)
         finally:
             report["health"] = [{"signal": n, "seconds": s, "line": l} for n, s, l in watcher.seen]
         report["health_ok"] = True
-        report.update(http_checks(Service(f"http://127.0.0.1:{port}", spec["model"]), spec, record))
+        report.update(http_checks(Service(f"http://127.0.0.1:{port}", spec.model), spec, record))
         report["http_ok"] = True
     except SmokeFailure as e:
         report["failure"] = str(e)
@@ -336,7 +370,7 @@ def run(image: str, spec: dict, model_dir: Path, port: int = 8000, record: bool 
         sampler.stop.set()
         sampler.join(timeout=10)
         report["vram_high_water_bytes"] = sampler.high or None
-        report["vram_limit_bytes"] = spec["vram_limit_bytes"]
+        report["vram_limit_bytes"] = spec.vram_limit_bytes
         if sampler.error and not sampler.high:
             report["vram_error"] = sampler.error
         container.remove(force=True)
