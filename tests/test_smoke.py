@@ -161,13 +161,13 @@ def spec_with_expected(answers=ANSWERS) -> smoke.SmokeSpec:
 def test_http_checks_pass_and_report(tmp_path):
     server = StandInVllm(ANSWERS)
     spec = spec_with_expected()
-    report = smoke.http_checks(smoke.Service(server.url, spec.model), spec, record=False)
-    assert report["arithmetic"] == "391" and report["prefill"]["prompt_tokens"] > 4000
-    assert {r["status"] for r in report["regression"]} == {"same"}
-    report.update(health_ok=True, http_ok=True, vram_high_water_bytes=199_900_000_000)
-    assert smoke.verdict(report, spec)[0] == "PASSED"
-    report["vram_high_water_bytes"] = 201_000_000_000
-    assert smoke.verdict(report, spec)[:3:2] == ("FAILED", ["vram"])
+    http = smoke.http_checks(smoke.Service(server.url, spec.model), spec, record=False)
+    assert http.arithmetic == "391" and http.prefill["prompt_tokens"] > 4000
+    assert {r["status"] for r in http.regression} == {"same"}
+    assert smoke.verdict(True, http, 199_900_000_000, spec).result == "PASSED"
+    over = smoke.verdict(True, http, 201_000_000_000, spec)
+    assert (over.result, over.failed) == ("FAILED", ("vram",))
+    assert smoke.verdict(False, None, 1, spec).failed == ("health", "http", "regression")
 
 
 def test_http_checks_fail_on_wrong_answer_5xx_or_changed_output():
@@ -178,25 +178,23 @@ def test_http_checks_fail_on_wrong_answer_5xx_or_changed_output():
         smoke.Service(StandInVllm(ANSWERS, fail_completions=True).url, spec.model).arithmetic()
     changed = smoke.http_checks(smoke.Service(StandInVllm({**ANSWERS, "The capital": " Lyon."}).url, spec.model),
                                 spec, record=False)
-    assert [r["status"] for r in changed["regression"]].count("differs") == 1
-    changed.update(health_ok=True, http_ok=True, vram_high_water_bytes=1)
-    assert smoke.verdict(changed, spec)[2] == ["regression"]
+    assert [r["status"] for r in changed.regression].count("differs") == 1
+    assert smoke.verdict(True, changed, 1, spec).failed == ("regression",)
     # nothing recorded yet (the committed state): not a pass until recorded on MI300X
     unrecorded = smoke.http_checks(smoke.Service(StandInVllm(ANSWERS).url, SPEC.model), SPEC, record=False)
-    assert {r["status"] for r in unrecorded["regression"]} == {"unrecorded"}
-    unrecorded.update(health_ok=True, http_ok=True, vram_high_water_bytes=1)
-    assert smoke.verdict(unrecorded, SPEC)[0] == "FAILED" and unrecorded["regression_compared"] == 0
+    assert {r["status"] for r in unrecorded.regression} == {"unrecorded"}
+    judged = smoke.verdict(True, unrecorded, 1, SPEC)
+    assert judged.result == "FAILED" and judged.compared == 0
 
 
 def test_a_recording_run_is_recorded_never_passed():
     recording = smoke.http_checks(smoke.Service(StandInVllm(ANSWERS).url, SPEC.model), SPEC, record=True)
-    recording.update(health_ok=True, http_ok=True, vram_high_water_bytes=1)
-    result, passed, failed = smoke.verdict(recording, SPEC)
-    assert (result, failed, recording["regression_compared"]) == ("RECORDED", [], 0)
+    judged = smoke.verdict(True, recording, 1, SPEC)
+    assert (judged.result, judged.failed, judged.compared) == ("RECORDED", (), 0)
     compared = smoke.http_checks(smoke.Service(StandInVllm(ANSWERS).url, SPEC.model), spec_with_expected(),
                                  record=False)
-    compared.update(health_ok=True, http_ok=True, vram_high_water_bytes=1)
-    assert smoke.verdict(compared, SPEC)[0] == "PASSED" and compared["regression_compared"] == len(SPEC.regression)
+    judged = smoke.verdict(True, compared, 1, SPEC)
+    assert judged.result == "PASSED" and judged.compared == len(SPEC.regression)
 
 
 def test_vram_from_rocm_smi_json(tmp_path):
@@ -228,10 +226,15 @@ def test_production_launch_on_the_fixture_image(project, registry, fixture_base,
     report = smoke.run(image, SPEC, snapshot, port=18000, devices=stand_in, require_hardware=False,
                        vram=lambda: 0, log=lambda m: None,
                        stand_ins={"ulimits": [Ulimit(name="memlock", soft=soft, hard=hard)]})
-    assert report["result"] == "FAILED" and "health" in report["failed"]
+    assert report.result == "FAILED" and "health" in report.verdict.failed
     # the entrypoint ran: self-check passed, then `vllm serve` is absent from the fixture
-    assert "container exited (code 127) before 'model loaded'" in report["failure"]
-    assert "vllm: not found" in report["failure"]
+    assert "container exited (code 127) before 'model loaded'" in report.failure
+    assert "vllm: not found" in report.failure
+    written = report.to_json()  # as signed: what the run did not reach is absent, not null
+    assert written["failure"] == report.failure and "http_ok" not in written and "health_ok" not in written
+    assert set(written) == {"image", "model", "revision", "host", "started", "run", "workflow_run", "health",
+                            "vram_high_water_bytes", "vram_limit_bytes", "finished", "result", "passed", "failed",
+                            "regression_compared", "failure"}
     options = smoke.launch_options(image, SPEC, snapshot, 18000, stand_in)
     assert options["volumes"][str(snapshot)] == {"bind": "/models/DeepSeek-V4-Flash-0731", "mode": "ro"}
     assert options["cap_add"][0] == "IPC_LOCK" and options["ulimits"][0].hard == -1

@@ -123,19 +123,19 @@ def rebuild_attested(ref, digest) -> str:
 def smoked_log(s) -> list[str]:
     out = []
     if s.attested and s.attested.startswith("envelope "):
-        out.append(f"smoke attestation ({s.result['result']}) signed into {s.attested.removeprefix('envelope ')}: "
+        out.append(f"smoke attestation ({s.result.result}) signed into {s.attested.removeprefix('envelope ')}: "
                    f"attach it with `invoke attach`")
     elif s.attested:
-        out.append(f"smoke attestation ({s.result['result']}) attached to {s.ref}")
+        out.append(f"smoke attestation ({s.result.result}) attached to {s.ref}")
     return out
 
 
 def smoked(s) -> str:
-    return f"{s.result['result']} {s.ref} ({s.result['regression_compared']} regression outputs compared)"
+    return f"{s.result.result} {s.ref} ({s.result.verdict.compared} regression outputs compared)"
 
 
 def smoke_recorded(s) -> list[str]:
-    if s.result["result"] != "RECORDED":
+    if s.result.result != "RECORDED":
         return []
     return ["recorded the regression outputs in the report: copy them into provenance/smoke.yaml as expected:, "
             "review, commit, and run again for a verdict"]

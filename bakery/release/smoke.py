@@ -217,33 +217,86 @@ class VramSampler(threading.Thread):
             self.stop.wait(self.every)
 
 
-def http_checks(service: Service, spec: SmokeSpec, record: bool) -> dict:
-    """The checks after a healthy start; returns their part of the report."""
-    out = {"models": service.models(), "arithmetic": service.arithmetic().strip(),
-           "prefill": service.prefill(spec.prefill_min_tokens),
-           "regression": service.regression(spec.regression, record)}
-    return out
+@dataclass(frozen=True)
+class HttpChecks:
+    """What the service answered after a healthy start."""
+    models: str
+    arithmetic: str
+    prefill: dict  # prompt_tokens, seconds, tokens_per_s
+    regression: tuple[dict, ...]  # prompt, seed, text, status: same | differs | unrecorded | recorded
 
 
-def verdict(report: dict, spec: SmokeSpec) -> tuple[str, list[str], list[str]]:
+def http_checks(service: Service, spec: SmokeSpec, record: bool) -> HttpChecks:
+    """The checks after a healthy start."""
+    return HttpChecks(service.models(), service.arithmetic().strip(), service.prefill(spec.prefill_min_tokens),
+                      tuple(service.regression(spec.regression, record)))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    result: str  # PASSED | FAILED | RECORDED
+    passed: tuple[str, ...]
+    failed: tuple[str, ...]
+    compared: int  # regression outputs compared with a committed expectation
+
+
+def verdict(healthy: bool, http: HttpChecks | None, vram_high_water: int | None, spec: SmokeSpec) -> Verdict:
     """PASSED only if every check holds and every regression output was compared with a committed
-    expectation (and matched); a recording run is RECORDED, never PASSED. Lists passed and failed
-    check names; the report gets how many outputs were compared."""
-    cases = report.get("regression") or []
+    expectation (and matched); a recording run is RECORDED, never PASSED."""
+    cases = http.regression if http else ()
     recorded = any(r["status"] == "recorded" for r in cases)
-    report["regression_compared"] = sum(1 for r in cases if r["status"] in ("same", "differs"))
     regression_ok = bool(cases) and (all(r["status"] == "recorded" for r in cases) if recorded
                                      else all(r["status"] == "same" for r in cases))
-    passed, failed = [], []
-    for name, ok in [("health", report.get("health_ok", False)),
-                     ("http", report.get("http_ok", False)),
-                     ("regression", regression_ok),
-                     ("vram", report.get("vram_high_water_bytes") is not None and
-                      report["vram_high_water_bytes"] <= spec.vram_limit_bytes)]:
-        (passed if ok else failed).append(name)
-    if failed:
-        return "FAILED", passed, failed
-    return ("RECORDED" if recorded else "PASSED"), passed, failed
+    checks = [("health", healthy), ("http", http is not None), ("regression", regression_ok),
+              ("vram", vram_high_water is not None and vram_high_water <= spec.vram_limit_bytes)]
+    passed, failed = tuple(n for n, ok in checks if ok), tuple(n for n, ok in checks if not ok)
+    result = "FAILED" if failed else "RECORDED" if recorded else "PASSED"
+    return Verdict(result, passed, failed, sum(1 for r in cases if r["status"] in ("same", "differs")))
+
+
+@dataclass(frozen=True)
+class SmokeReport:
+    """What one `invoke smoke` run found. Written beside the run and signed, as to_json() gives it,
+    into the test-result attestation (verify reads a signed one as the untrusted JSON it is). A part
+    the run did not reach (the HTTP checks after a failed start, say) is absent from the JSON."""
+    image: str
+    model: str
+    revision: str
+    host: dict  # host_facts()
+    started: str
+    run: int  # this runner's count of smoke runs: orders its results
+    workflow_run: str | None
+    health: tuple[dict, ...]  # each health signal seen: signal, seconds, line
+    healthy: bool
+    http: HttpChecks | None
+    failure: str | None
+    vram_high_water_bytes: int | None
+    vram_limit_bytes: int
+    vram_error: str | None
+    finished: str
+    verdict: Verdict
+
+    @property
+    def result(self) -> str:
+        return self.verdict.result
+
+    def to_json(self) -> dict:
+        out = {"image": self.image, "model": self.model, "revision": self.revision, "host": self.host,
+               "started": self.started, "run": self.run, "workflow_run": self.workflow_run,
+               "health": list(self.health), "vram_high_water_bytes": self.vram_high_water_bytes,
+               "vram_limit_bytes": self.vram_limit_bytes, "finished": self.finished, "result": self.verdict.result,
+               "passed": list(self.verdict.passed), "failed": list(self.verdict.failed),
+               "regression_compared": self.verdict.compared}
+        if self.healthy:
+            out["health_ok"] = True
+        if self.http:
+            out.update(models=self.http.models, arithmetic=self.http.arithmetic, prefill=self.http.prefill,
+                       regression=list(self.http.regression), http_ok=True)
+        if self.failure is not None:
+            out["failure"] = self.failure
+        if self.vram_error is not None:
+            out["vram_error"] = self.vram_error
+        return out
 
 
 # -- the hardware ----------------------------------------------------------------------------------------
@@ -335,7 +388,7 @@ def watch(container, watcher: LogWatcher, poll: float = 1.0) -> None:
 
 def run(image: str, spec: SmokeSpec, model_dir: Path, port: int = 8000, record: bool = False,
         devices: list[str] | None = None, require_hardware: bool = True, vram=vram_used_bytes, log=print,
-        stand_ins: dict | None = None) -> dict:
+        stand_ins: dict | None = None) -> SmokeReport:
     """Launch, watch, check; always returns a report (result PASSED or FAILED) and removes the container."""
     import docker
 
@@ -345,38 +398,32 @@ def run(image: str, spec: SmokeSpec, model_dir: Path, port: int = 8000, record: 
             raise EnvironmentProblem(reason)
     options = {**launch_options(image, spec, model_dir, port, devices), **(stand_ins or {})}
     client = docker.from_env()
-    report = {"image": image, "model": spec.model, "revision": spec.revision, "host": host_facts(),
-              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "run": smoke_ledger.next_run(),
-              "workflow_run": workflow_run()}
+    facts, started = host_facts(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    number, workflow = smoke_ledger.next_run(), workflow_run()
     sampler = VramSampler(vram)
     try:
         container = client.containers.run(**options)
     except docker.errors.APIError as e:
         raise SmokeFailure(f"Docker could not start {image}: {e.explanation or e}") from None
     sampler.start()
+    watcher = LogWatcher(spec.speculative, spec.health_deadline_s)
+    healthy, http, failure = False, None, None
     try:
-        watcher = LogWatcher(spec.speculative, spec.health_deadline_s)
         log(f"waiting up to {spec.health_deadline_s}s for a healthy start of {image}")
-        try:
-            watch(container, watcher)
-        finally:
-            report["health"] = [{"signal": n, "seconds": s, "line": l} for n, s, l in watcher.seen]
-        report["health_ok"] = True
-        report.update(http_checks(Service(f"http://127.0.0.1:{port}", spec.model), spec, record))
-        report["http_ok"] = True
+        watch(container, watcher)
+        healthy = True
+        http = http_checks(Service(f"http://127.0.0.1:{port}", spec.model), spec, record)
     except SmokeFailure as e:
-        report["failure"] = str(e)
+        failure = str(e)
     finally:
         sampler.stop.set()
         sampler.join(timeout=10)
-        report["vram_high_water_bytes"] = sampler.high or None
-        report["vram_limit_bytes"] = spec.vram_limit_bytes
-        if sampler.error and not sampler.high:
-            report["vram_error"] = sampler.error
         container.remove(force=True)
-    report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    report["result"], report["passed"], report["failed"] = verdict(report, spec)
-    return report
+    high = sampler.high or None
+    return SmokeReport(image, spec.model, spec.revision, facts, started, number, workflow,
+                       tuple({"signal": n, "seconds": s, "line": l} for n, s, l in watcher.seen), healthy, http,
+                       failure, high, spec.vram_limit_bytes, sampler.error if sampler.error and not high else None,
+                       time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), verdict(healthy, http, high, spec))
 
 
 def workflow_run() -> str | None:
@@ -389,8 +436,9 @@ def workflow_run() -> str | None:
 
 
 def statement(ref, report: dict, spec_bytes: bytes) -> bytes:
-    """The smoke report as an in-toto test-result statement about the digest, naming the sha256 of
-    the spec it ran (verify compares it with the pinned one) and the host's GPU facts (in the report)."""
+    """The smoke report (SmokeReport.to_json()) as an in-toto test-result statement about the digest,
+    naming the sha256 of the spec it ran (verify compares it with the pinned one) and the host's GPU
+    facts (in the report)."""
     import hashlib
 
     from ..trust import provenance
