@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .. import schema
 from ..errors import EnvironmentProblem, InputError, IntegrityError, RegistryError, malformed
+from ..oci.manifest import Manifest
 from ..oci.refs import Descriptor, Digest, Reference
 from ..oci.registry import INDEX_TYPES, MANIFEST_TYPES, Registry
 
@@ -97,10 +98,8 @@ def resolve(registry: Registry, ref: Reference, platform: str) -> Image:
         body, media_type, digest = registry.get_manifest(ref, cached=True)
     if media_type not in MANIFEST_TYPES:
         raise RegistryError(f"{ref}: unsupported manifest type {media_type!r}")
-    with malformed(f"manifest {ref}"):
-        manifest = json.loads(body)
-        config_desc = _descriptor(manifest["config"])
-        layers = tuple(_descriptor(layer) for layer in manifest.get("layers") or [])
+    manifest = Manifest.parse(body, f"manifest {ref}")
+    config_desc, layers = manifest.config, manifest.layers
     if len(layers) > LAYER_LIMIT:  # each would be streamed and indexed
         raise IntegrityError(f"{ref}: the manifest lists {len(layers)} layers, past the {LAYER_LIMIT} a base may have "
                              f"(an image builder stops near 127)")

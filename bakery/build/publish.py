@@ -16,6 +16,7 @@ from ..base.spec import Image
 from ..errors import EnvironmentProblem, InputError
 from ..files import atomic_dir
 from ..oci.layer import Layer, write_blob
+from ..oci.manifest import Manifest
 from ..oci.refs import Descriptor, Digest, Reference
 from ..oci.registry import OCI_INDEX, OCI_MANIFEST, Registry
 
@@ -37,7 +38,7 @@ class Derived:
 
     @property
     def base_layers(self) -> list[Descriptor]:
-        return [Descriptor.from_json(d) for d in json.loads(self.manifest)["layers"][: len(self.base.layers)]]
+        return list(Manifest.parse(self.manifest, "the derived manifest").layers[: len(self.base.layers)])
 
 
 @dataclass

@@ -624,7 +624,7 @@ def fetch_artifact(registry, repo: str, key: str, dest: Path, trust, expected: s
     blob is checked by digest and the config's key and sha256s against what arrives. None if the
     registry has no artifact for this key."""
     from ..errors import NotFound, malformed
-    from ..oci.refs import Descriptor
+    from ..oci.manifest import Manifest
 
     ref = Reference(registry.name, repo, artifact_tag(key))
     try:
@@ -637,11 +637,10 @@ def fetch_artifact(registry, repo: str, key: str, dest: Path, trust, expected: s
         raise IntegrityError(f"{e}; refused: a kernel artifact is used only when a release key signed it. "
                              f"Compile here instead with `invoke build --recompile` (the release workflow's sign "
                              f"job signs the artifact the build record names)") from None
+    manifest = Manifest.parse(body, f"kernel artifact {ref}")
     with malformed(f"kernel artifact {ref}"):
-        manifest = json.loads(body)
-        config = json.loads(registry.fetch_document(repo, Descriptor.from_json(manifest["config"]),
-                                                    f"config of kernel artifact {ref}"))
-        layers = [Descriptor.from_json(l) for l in manifest["layers"]]
+        config = json.loads(registry.fetch_document(repo, manifest.config, f"config of kernel artifact {ref}"))
+        layers = manifest.layers
         if config["key"] != key:
             raise IntegrityError(f"kernel artifact {ref} is for recipe {config['key']}, not {key}")
         names = {l.annotations[TITLE] for l in layers}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from .manifest import Manifest
 from .refs import Descriptor, Reference
 from .registry import INDEX_TYPES, Registry
 
@@ -22,8 +23,7 @@ def copy(src: Reference, dest: Reference, registries: dict | None = None, log=pr
             desc = Descriptor.from_json(child)
             copy(src.with_digest(desc.digest), dest.with_tag(None), registries, log)
     else:
-        manifest = json.loads(body)
-        blobs = [Descriptor.from_json(manifest["config"])] + [Descriptor.from_json(l) for l in manifest["layers"]]
+        blobs = Manifest.parse(body, f"manifest {src}").blobs
         for i, desc in enumerate(blobs):
             if dest_reg.blob_exists(dest.repository, desc.digest):
                 continue
@@ -43,7 +43,7 @@ def copy_signed(src, ref: Reference, dest, tag: str | None = None, log=print) ->
     and .att) from one store to another (registry or OCI layout). Every blob is checked on the way;
     the tags are written last, so a failed copy leaves no tag behind. The signatures still name the
     repository the image was signed for: verify binds by digest and the policy's allowed list."""
-    from ..errors import InputError, malformed
+    from ..errors import InputError
     from .store import signature_tag
 
     manifests = [(str(ref.digest), src.manifest(str(ref.digest)))]
@@ -56,9 +56,7 @@ def copy_signed(src, ref: Reference, dest, tag: str | None = None, log=print) ->
             raise InputError(f"{ref} has no {name}: sign and attest it (`invoke attest`) before mirroring")
         manifests.append((name, body))
     for name, body in manifests:
-        with malformed(f"manifest {name} of {ref.name}"):
-            doc = json.loads(body)
-            blobs = [Descriptor.from_json(doc["config"])] + [Descriptor.from_json(l) for l in doc["layers"]]
+        blobs = Manifest.parse(body, f"manifest {name} of {ref.name}").blobs
         for desc in blobs:
             log(f"  {name}: blob {desc.digest.hex[:12]} ({desc.size} bytes)")
             dest.put_stream(desc, lambda d=desc: src.stream(d))

@@ -272,8 +272,9 @@ class SignedVerdicts:
     log: object = print
 
     def fetch(self, key: str) -> Verdict | None:
-        from ..errors import AuthError, IntegrityError, NotFound, RegistryError, TransientError, malformed
-        from ..oci.refs import Descriptor, Reference
+        from ..errors import AuthError, IntegrityError, NotFound, RegistryError, TransientError
+        from ..oci.manifest import Manifest
+        from ..oci.refs import Reference
 
         ref = Reference(self.registry.name, self.repository, verdict_tag(key))
         what = f"proof verdict {ref}"
@@ -281,11 +282,10 @@ class SignedVerdicts:
             body, _, digest = self.registry.get_manifest(ref)
             what = f"proof verdict {ref.with_digest(digest)}"
             self.trust(ref.with_digest(digest), "proof verdict")
-            with malformed(what):
-                manifest = json.loads(body)
-                config_desc = Descriptor.from_json(manifest["config"])
-                if manifest.get("artifactType") != VERDICT_TYPE or config_desc.media_type != VERDICT_CONFIG:
-                    raise IntegrityError(f"{what} is not a proof verdict")
+            manifest = Manifest.parse(body, what)
+            config_desc = manifest.config
+            if manifest.artifact_type != VERDICT_TYPE or config_desc.media_type != VERDICT_CONFIG:
+                raise IntegrityError(f"{what} is not a proof verdict")
             config = self.registry.fetch_document(self.repository, config_desc, f"config of {what}")
             verdict = read_verdict(config, key, what)
         except NotFound:  # none there, or a part of it deleted

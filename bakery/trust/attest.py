@@ -12,6 +12,7 @@ import json
 
 from ..errors import InputError, IntegrityError, malformed
 from ..files import canonical_json
+from ..oci.manifest import Manifest
 from ..oci.refs import Descriptor, Digest, Reference
 from ..oci.registry import OCI_MANIFEST
 from ..oci.store import signature_tag
@@ -129,10 +130,9 @@ def sign_verdict(entry: Verdict, signer: sign.Signer) -> dict:
     if manifest is None:
         raise InputError(f"proof verdict {artifact} is not in its registry: build again with --push")
     what = f"proof verdict {artifact}"
-    with malformed(what):
-        config = Descriptor.from_json(json.loads(manifest)["config"])
-        if config.media_type != VERDICT_CONFIG:
-            raise IntegrityError(f"{what} is not a proof verdict: not signed")
+    config = Manifest.parse(manifest, what).config
+    if config.media_type != VERDICT_CONFIG:
+        raise IntegrityError(f"{what} is not a proof verdict: not signed")
     held = read_verdict(store.document(config, f"config of {what}"), entry.key, what)
     if held.verdict != entry.verdict:
         raise IntegrityError(f"{what} says {held.verdict}, the build record {entry.verdict}: not signed")
@@ -154,8 +154,8 @@ def sign_artifact(artifact: Reference, signer: sign.Signer, baked: tuple[Artifac
         raise InputError(f"kernel artifact {artifact} is not in its registry: build again with --push")
     if baked is not None:
         with malformed(f"kernel artifact {artifact}"):
-            held = {l["annotations"]["org.opencontainers.image.title"]: l["digest"]
-                    for l in json.loads(manifest)["layers"]}
+            held = {l.annotations["org.opencontainers.image.title"]: str(l.digest)
+                    for l in Manifest.parse(manifest, f"kernel artifact {artifact}").layers}
         names = {"toolchain.txt"} | {f"{a.name}{suffix}" for a in baked for suffix in (".so", ".schema")}
         differ = [a.name for a in baked if held.get(f"{a.name}.so") != f"sha256:{a.sha256}"]
         if not baked or differ or set(held) != names:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import BakeryError, InputError, IntegrityError, malformed
+from ..oci.manifest import Manifest
 from ..oci.refs import Descriptor, Digest, Reference
 from ..oci.store import signature_tag
 from . import keys as keys_mod, provenance, sbom, sign
@@ -28,10 +29,9 @@ class Report:
         return [what for ok, what in self.checks if not ok]
 
 
-def _blobs(store, manifest: bytes, report: Report) -> None:
+def _blobs(store, manifest: bytes, report: Report, what: str) -> None:
     """Every blob the manifest names is present and hashes to its digest."""
-    body = json.loads(manifest)
-    descs = [Descriptor.from_json(body["config"])] + [Descriptor.from_json(l) for l in body["layers"]]
+    descs = Manifest.parse(manifest, what).blobs
     bad = []
     for d in descs:
         try:
@@ -170,14 +170,7 @@ SIGNATURE_LAYERS = 256  # a .sig or .att manifest holds a few: one per signature
 def _layers(manifest: bytes, what: str) -> list[Descriptor]:
     """The layer descriptors of a manifest someone else wrote; malformed or past SIGNATURE_LAYERS
     (each would be fetched and checked) is an IntegrityError."""
-    with malformed(what):
-        try:
-            layers = json.loads(manifest)["layers"]
-            if len(layers) > SIGNATURE_LAYERS:
-                raise ValueError(f"it lists {len(layers)} layers, past the {SIGNATURE_LAYERS} it may")
-            return [Descriptor.from_json(l) for l in layers]
-        except InputError as e:
-            raise ValueError(str(e)) from None
+    return list(Manifest.parse(manifest, what, SIGNATURE_LAYERS).layers)
 
 
 class Unjudged(Exception):
@@ -308,7 +301,7 @@ def verify(store, ref: Reference, policy, require_smoke: bool = False, blobs: bo
     if not report.check(manifest is not None, f"image {ref} present"):
         return report
     if blobs:
-        _step(report, f"image manifest {ref.digest}", _blobs, store, manifest, report)
+        _step(report, f"image manifest {ref.digest}", _blobs, store, manifest, report, f"image manifest {ref.digest}")
     _step(report, f"signature {signature_tag(ref.digest, 'sig')}", _signature, store, ref, policy, report)
     found = _step(report, f"attestations {signature_tag(ref.digest, 'att')}", _attestations, store, ref, policy,
                   report) or {}

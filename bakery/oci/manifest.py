@@ -1,0 +1,44 @@
+"""An image manifest as read from a store: its config and layer descriptors, parsed in one place.
+
+Every manifest bakery reads was written by someone else (a registry, a base's builder, a signer), so
+whatever way it fails to parse is one IntegrityError naming the document, never a KeyError.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ..errors import InputError, malformed
+from .refs import Descriptor
+
+
+@dataclass(frozen=True)
+class Manifest:
+    config: Descriptor
+    layers: tuple[Descriptor, ...]
+    artifact_type: str | None = None
+    annotations: dict = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, body: bytes, what: str, layer_limit: int | None = None) -> "Manifest":
+        """The manifest in body; `what` names it in the error. layer_limit: more layers than that is
+        refused too (each would be fetched and checked)."""
+        with malformed(what):
+            doc = json.loads(body)
+            layers = doc["layers"]
+            if layer_limit is not None and len(layers) > layer_limit:
+                raise ValueError(f"it lists {len(layers)} layers, past the {layer_limit} it may")
+            try:
+                config, layers = Descriptor.from_json(doc["config"]), tuple(Descriptor.from_json(l) for l in layers)
+            except InputError as e:  # a descriptor without its digest or size: the document's fault
+                raise ValueError(str(e)) from None
+            artifact_type, annotations = doc.get("artifactType"), doc.get("annotations") or {}
+            if not isinstance(annotations, dict):
+                raise TypeError(f"annotations is a {type(annotations).__name__}")
+            return cls(config, layers, artifact_type, annotations)
+
+    @property
+    def blobs(self) -> tuple[Descriptor, ...]:
+        """The config, then the layers: every blob the manifest names."""
+        return (self.config,) + self.layers
