@@ -17,6 +17,7 @@ from ..errors import EnvironmentProblem, InputError
 from ..files import atomic_dir
 from ..oci.layer import Layer, write_blob
 from ..oci.manifest import Manifest
+from ..oci.mirror import copy_blob
 from ..oci.refs import Descriptor, Digest, Reference
 from ..oci.registry import OCI_INDEX, OCI_MANIFEST, Registry
 
@@ -66,13 +67,7 @@ def push(derived: Derived, target: Reference, registries: dict) -> tuple[Referen
     src_reg, src_repo = derived.base_registry, derived.base.ref.repository
 
     def base_layer(desc: Descriptor) -> str:
-        if reg.blob_exists(repo, desc.digest):
-            return "present"
-        if reg is src_reg and reg.mount_blob(repo, desc.digest, src_repo):
-            return "mounted"
-        # another registry (or a refused mount): copy once, streaming
-        reg.upload_blob(repo, desc, lambda: src_reg.stream_blob(src_repo, desc))
-        return "copied"
+        return copy_blob(src_reg, src_repo, reg, repo, desc)
 
     def new_blob(desc: Descriptor, chunks) -> int:
         if reg.blob_exists(repo, desc.digest):

@@ -1,4 +1,5 @@
-"""`invoke mirror`: copy a pinned image into your own registry, by digest, byte for byte."""
+"""Copying between stores, by digest, byte for byte: one blob (what a push of a derived image does
+with the base's layers), an image (`invoke mirror`), or one of ours with its signatures."""
 
 from __future__ import annotations
 
@@ -13,6 +14,20 @@ def _registry(registries: dict, name: str) -> Registry:
     return registries.get(name) or registries.setdefault(name, Registry(name))
 
 
+def copy_blob(src: Registry, src_repo: str, dest: Registry, dest_repo: str, desc: Descriptor,
+              copying=lambda: None) -> str:
+    """desc into dest_repo, the cheapest way: already there ("present"), mounted from src_repo within
+    one registry ("mounted"), else streamed once from src, checked on the way ("copied"; `copying` is
+    called first, for a progress line)."""
+    if dest.blob_exists(dest_repo, desc.digest):
+        return "present"
+    if dest is src and dest.mount_blob(dest_repo, desc.digest, src_repo):
+        return "mounted"
+    copying()
+    dest.upload_blob(dest_repo, desc, lambda: src.stream_blob(src_repo, desc))
+    return "copied"
+
+
 def copy(src: Reference, dest: Reference, registries: dict | None = None, log=print) -> Reference:
     """Copy manifest (or index and every child), config and layers; the digest does not change."""
     registries = registries if registries is not None else {}
@@ -25,13 +40,10 @@ def copy(src: Reference, dest: Reference, registries: dict | None = None, log=pr
     else:
         blobs = Manifest.parse(body, f"manifest {src}").blobs
         for i, desc in enumerate(blobs):
-            if dest_reg.blob_exists(dest.repository, desc.digest):
-                continue
-            if dest_reg is src_reg and dest_reg.mount_blob(dest.repository, desc.digest, src.repository):
+            progress = f"  copying blob {i + 1}/{len(blobs)} {desc.digest.hex[:12]} ({desc.size} bytes)"
+            if copy_blob(src_reg, src.repository, dest_reg, dest.repository, desc,
+                         copying=lambda line=progress: log(line)) == "mounted":
                 log(f"  mounted {desc.digest.hex[:12]} from {src.repository}")
-                continue
-            log(f"  copying blob {i + 1}/{len(blobs)} {desc.digest.hex[:12]} ({desc.size} bytes)")
-            dest_reg.upload_blob(dest.repository, desc, lambda d=desc: src_reg.stream_blob(src.repository, d))
     dest_reg.put_manifest(dest.repository, str(digest), body, media_type)
     if dest.tag:
         dest_reg.put_manifest(dest.repository, dest.tag, body, media_type)
