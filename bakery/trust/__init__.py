@@ -1,3 +1,4 @@
-"""What a signature vouches for: keys, cosign signatures and DSSE attestations (keys, sign, attest),
-the SBOM and SLSA provenance (sbom, provenance), the policy and its verification (verify), and the
-smoke results this machine has seen (smoke_ledger)."""
+"""What a signature vouches for: the build record (record), keys, cosign signatures and DSSE
+attestations (keys, sign, attest), the SBOM and SLSA provenance, views of the record (sbom,
+provenance), the policy and its verification (verify), and the smoke results this machine has seen
+(smoke_ledger)."""
