@@ -478,7 +478,7 @@ def test_builder_and_source_come_from_the_ci_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("GITHUB_REPOSITORY", "acme/bakery-fork")
     monkeypatch.setenv("GITHUB_WORKFLOW_REF", "acme/bakery-fork/.github/workflows/release.yml@refs/tags/v1.2.0")
     monkeypatch.setenv("GITHUB_RUN_ID", "42")
-    assert record_mod.builder()["id"] == "https://github.com/acme/bakery-fork/.github/workflows/release.yml@refs/tags/v1.2.0"
+    assert record_mod.builder().id == "https://github.com/acme/bakery-fork/.github/workflows/release.yml@refs/tags/v1.2.0"
     assert record_mod.source_repository(tmp_path, None) == "https://github.com/acme/bakery-fork"
     monkeypatch.delenv("GITHUB_ACTIONS")
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)

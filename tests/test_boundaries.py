@@ -170,9 +170,10 @@ def test_a_signature_manifest_with_too_many_layers_is_refused():
 
     layer = {"mediaType": "application/vnd.dev.cosign.simplesigning.v1+json", "digest": "sha256:" + "a" * 64,
              "size": 1}
-    assert len(verify._layers(json.dumps({"layers": [layer] * 3}).encode(), "sig")) == 3  # the control
+    config = {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": "sha256:" + "b" * 64, "size": 2}
+    assert len(verify._layers(json.dumps({"config": config, "layers": [layer] * 3}).encode(), "sig")) == 3  # control
     with pytest.raises(IntegrityError, match="lists 257 layers, past the 256"):
-        verify._layers(json.dumps({"layers": [layer] * 257}).encode(), "sig")
+        verify._layers(json.dumps({"config": config, "layers": [layer] * 257}).encode(), "sig")
 
 
 def test_a_kept_file_past_its_cap_is_refused_before_it_is_read():

@@ -36,6 +36,8 @@ def test_a_manifest_gives_its_config_layers_and_artifact_type():
     json.dumps({**GOOD, "layers": [{**LAYER, "digest": "sha256:short"}]}).encode(),
     json.dumps({**GOOD, "annotations": ["k"]}).encode(),
     json.dumps({**GOOD, "layers": "all of them"}).encode(),
+    json.dumps({**GOOD, "layers": {}}).encode(),  # read as no layers before
+    json.dumps({**GOOD, "layers": ""}).encode(),
 ])
 def test_a_malformed_manifest_is_one_integrity_error_naming_it(body):
     with pytest.raises(IntegrityError, match=r"^manifest of somewhere is malformed \("):

@@ -53,6 +53,7 @@ def write_registry(project, entries) -> None:
     ([entry(probe=[{"present": "(", "why": "w"}])], "not a regular expression"),
     ([entry(probe=[{"present": "a", "absent": "b", "why": "w"}])], "exactly one of"),
     ([entry(probe=[{"present": "a"}])], "missing key\\(s\\) why"),
+    ([entry(reason=None)], "reason must be a str, not null"),  # the signed SBOM said "None"
 ])
 def test_bad_registry(project, entries, message):
     if isinstance(entries, str):

@@ -80,6 +80,11 @@ def edited(path: str, value=..., drop: bool = False) -> dict:
     (edited("overlays", {"id": "x"}), "overlays must be list"),
     (edited("verdicts.0", "FIXED"), "verdicts[0] must be a mapping"),
     (edited("base.pinned", "registry.example/rocm/vllm-dev:nightly"), "base.pinned"),
+    (edited("base.pinned", " registry.example/rocm/vllm-dev@sha256:" + "0" * 64), "as a build writes it"),
+    (edited("base.pinned", "rocm/vllm-dev@sha256:" + "0" * 64), "as a build writes it"),  # docker.io/ left out
+    (edited("kernels.artifact", "registry.example/dsv4/image:kernels"), "kernels.artifact"),
+    (edited("verdicts.0.artifact", "registry.example/dsv4/image"), "verdicts[0].artifact"),
+    (edited("manifest.digest", "sha512:" + "0" * 128), "manifest.digest is not a sha256 digest"),
     (edited("image.entrypoint", []), "image.entrypoint is empty"),
     (edited("schema", "https://example.com/other"), "schema"),
 ])

@@ -318,6 +318,8 @@ def test_smoke_attestation_gates_verify(tmp_path, registry, fixture_base, fixtur
     (("health_deadline_s: 900", "health_deadline_s: true"), "health_deadline_s must be a int"),
     (("temperature: 0.0", "temperature: hot"), "regression[3]: temperature must be a number"),
     (("seed: 1,", "seed: 1, colour: red,"), "regression[0]: unknown key(s) colour"),
+    (("seed: 2,", "seed: null,"), "regression[1]: seed must be a int"),
+    (("max_tokens: 24, temperature: 1.0", "max_tokens: true, temperature: 1.0"), "regression[2]: max_tokens must be a int"),
 ])
 def test_a_smoke_spec_of_another_shape_is_one_input_error(tmp_path, edit, says):
     """Checked on load, as a typed value: before, a null limit was a TypeError at the end of an MI300X

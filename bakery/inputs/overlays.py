@@ -82,8 +82,10 @@ def load(path: Path) -> list[Overlay]:
         where = f"{path}: overlays[{i}]"
         if not isinstance(entry, dict):
             raise InputError(f"{where}: expected a mapping")
-        schema.check_keys(entry, ENTRY_KEYS, where,
-                          required={"id", "target", "upstream", "kind", "reason", "status", "platforms"})
+        required = {"id", "target", "upstream", "kind", "reason", "status", "platforms"}
+        schema.check_keys(entry, ENTRY_KEYS, where, required=required)
+        for key in sorted(k for k in required if entry[k] is None):  # check_keys lets null through
+            raise InputError(f"{where}: {key} must be a {ENTRY_KEYS[key].__name__}, not null")
         where = f"{path}: overlay {entry['id']!r}"
         schema.check_keys(entry["upstream"], UPSTREAM_KEYS, f"{where}: upstream")
         if entry["kind"] not in KINDS:

@@ -27,6 +27,8 @@ class Manifest:
         with malformed(what):
             doc = json.loads(body)
             layers = doc["layers"]
+            if not isinstance(layers, list):
+                raise TypeError(f"layers is a {type(layers).__name__}, not a list")
             if layer_limit is not None and len(layers) > layer_limit:
                 raise ValueError(f"it lists {len(layers)} layers, past the {layer_limit} it may")
             try:

@@ -127,6 +127,9 @@ def load_spec(path: Path) -> SmokeSpec:
             raise InputError(f"{where}: temperature must be a number")
         case = {**case, "temperature": float(temperature)}
         schema.check_keys(case, CASE_KEYS, where, required={"prompt", "seed", "max_tokens"})
+        for key in ("prompt", "seed", "max_tokens"):  # check_keys lets null through, and a bool is an int
+            if case[key] is None or isinstance(case[key], bool):
+                raise InputError(f"{where}: {key} must be a {CASE_KEYS[key].__name__}")
         cases.append(Case(**case))
     return SmokeSpec(**{**raw, "regression": tuple(cases)})
 

@@ -48,9 +48,21 @@ def _listed(obj, where: str) -> list:
 
 def _digest(text: str, where: str) -> Digest:
     try:
-        return Digest.parse(text)
+        digest = Digest.parse(text)
     except InputError:
-        raise InputError(f"build record: {where} is not a sha256 digest: build again") from None
+        digest = None
+    if digest is None or digest.algorithm != "sha256":
+        raise InputError(f"build record: {where} is not a sha256 digest: build again")
+    return digest
+
+
+def _pinned(text: str, where: str) -> Reference:
+    """A reference by sha256 digest, written as a build writes it (the signed documents name it)."""
+    ref = Reference.parse(text)
+    if ref.digest is None or ref.digest.algorithm != "sha256" or str(ref) != text:
+        raise InputError(f"build record: {where} {text!r} is not REGISTRY/REPO@sha256:DIGEST as a build writes "
+                         f"it: build again")
+    return ref
 
 
 @dataclass(frozen=True)
@@ -128,10 +140,7 @@ class Base:
     def from_json(cls, obj) -> "Base":
         checked(obj, cls.SHAPE, "base")
         manifest = checked(obj["manifest"], {"digest": str, "mediaType": str, "size": int}, "base.manifest")
-        pinned = Reference.parse(obj["pinned"])
-        if pinned.digest is None:
-            raise InputError(f"build record: base.pinned {obj['pinned']!r} has no digest: build again")
-        return cls(obj["name"], pinned, obj["read_from"], obj["platform"],
+        return cls(obj["name"], _pinned(obj["pinned"], "base.pinned"), obj["read_from"], obj["platform"],
                    _digest(obj["index_digest"], "base.index_digest") if obj["index_digest"] else None,
                    _digest(manifest["digest"], "base.manifest.digest"), manifest["mediaType"], manifest["size"],
                    Descriptor.from_json(obj["config"]),
@@ -234,7 +243,8 @@ class Verdict:
     @classmethod
     def from_json(cls, obj, where: str) -> "Verdict":
         fields = dict(checked(obj, cls.SHAPE, where))
-        return cls(**{**fields, "artifact": Reference.parse(fields["artifact"]) if fields["artifact"] else None})
+        artifact = _pinned(fields["artifact"], f"{where}.artifact") if fields["artifact"] else None
+        return cls(**{**fields, "artifact": artifact})
 
     def to_json(self) -> dict:
         return {"overlay": self.overlay, "side": self.side, "key": self.key, "verdict": self.verdict,
@@ -282,7 +292,7 @@ class Kernels:
     @classmethod
     def from_json(cls, obj) -> "Kernels":
         f = checked(obj, cls.SHAPE, "kernels")
-        return cls(f["key"], f["origin"], Reference.parse(f["artifact"]) if f["artifact"] else None)
+        return cls(f["key"], f["origin"], _pinned(f["artifact"], "kernels.artifact") if f["artifact"] else None)
 
     def to_json(self) -> dict:
         return {"key": self.key, "origin": self.origin, "artifact": str(self.artifact) if self.artifact else None}
