@@ -18,7 +18,7 @@ from support import copy_project, invoke, last_line
 from proxy import FaultyProxy
 
 from bakery.errors import BUMPED, NOTHING_NEW, PORTING
-from bakery.release import track
+from bakery.release.track import bump as bump_mod, ledger as ledger_mod, report as report_mod, tracker, upstream
 from bakery.dev.rehearse import tag_image as put_tag
 from bakery.oci.refs import Descriptor, Digest, Reference
 from bakery.oci.registry import Registry
@@ -31,7 +31,7 @@ def nightlies(registry, fixture_base, fixture_base_027):
     name = f"{registry}/track-{uuid.uuid4().hex[:8]}"
     upstream, kept = Reference.parse(f"{name}/vllm-openai-rocm"), Reference.parse(f"{name}/mirror")
     config = reg.fetch_blob(fixture_base.repository, Descriptor.from_json(json.loads(reg.get_manifest(fixture_base)[0])["config"]))
-    later = track.parse_time(json.loads(config)["created"]) + timedelta(days=1)
+    later = ledger_mod.parse_time(json.loads(config)["created"]) + timedelta(days=1)
     a = put_tag(reg, fixture_base, upstream.with_tag("nightly-a"))
     b = put_tag(reg, fixture_base_027, upstream.with_tag("nightly-b"), later.strftime("%Y-%m-%dT%H:%M:%SZ"))
     put_tag(reg, fixture_base, upstream.with_tag("latest"))
@@ -178,13 +178,13 @@ def track_through(proxy, project, n):
 def test_a_registry_that_breaks_off_or_cuts_its_tag_list_changes_nothing(pinned_project, nightlies, registry):
     n, project = nightlies, pinned_project
     repo = n["upstream"].repository
-    first = f"/v2/{repo}/tags/list?n={track.PAGE}"
+    first = f"/v2/{repo}/tags/list?n={upstream.PAGE}"
     page = json.dumps({"name": repo, "tags": ["latest"]}).encode()
     json_type = {"Content-Type": "application/json"}
-    link = {**json_type, "Link": f'</v2/{repo}/tags/list?last=latest&n={track.PAGE}>; rel="next"'}
+    link = {**json_type, "Link": f'</v2/{repo}/tags/list?last=latest&n={upstream.PAGE}>; rel="next"'}
     # page 2 never comes
     with FaultyProxy(registry, [], overrides={first: (200, link, page),
-                                              f"/v2/{repo}/tags/list?last=latest&n={track.PAGE}": (404, {}, b"")}) as proxy:
+                                              f"/v2/{repo}/tags/list?last=latest&n={upstream.PAGE}": (404, {}, b"")}) as proxy:
         one_line_no_change(project, track_through(proxy, project, n), None, "tag list", "broke off at page 2")
     # a next page outside the listing: another repository on the same host, or another host
     for target in ("/v2/other/tags/list?n=1", f"http://127.0.0.1:9/v2/{repo}/tags/list?n=1"):
@@ -193,7 +193,7 @@ def test_a_registry_that_breaks_off_or_cuts_its_tag_list_changes_nothing(pinned_
             one_line_no_change(project, track_through(proxy, project, n), None, "outside the listing")
     # a page that starts the list over: a loop, not a listing
     with FaultyProxy(registry, [], overrides={first: (200, link, page),
-                                              f"/v2/{repo}/tags/list?last=latest&n={track.PAGE}": (200, link, page)}) as proxy:
+                                              f"/v2/{repo}/tags/list?last=latest&n={upstream.PAGE}": (200, link, page)}) as proxy:
         one_line_no_change(project, track_through(proxy, project, n), None, "repeats tags")
     # silently cut: after a full run, one page without a link, known tags missing that still resolve
     with FaultyProxy(registry, []) as proxy:
@@ -213,7 +213,7 @@ def test_a_registry_that_lies_about_a_digest_changes_nothing(pinned_project, nig
 
 def test_tag_pages_are_followed_on_the_real_registry(nightlies):
     """The local registry (distribution) paginates with Link when asked for one tag a page."""
-    assert track.list_tags(nightlies["registry"], nightlies["upstream"].repository, page=1) == \
+    assert upstream.list_tags(nightlies["registry"], nightlies["upstream"].repository, page=1) == \
         ["latest", "nightly-a", "nightly-b"]
 
 
@@ -268,12 +268,12 @@ def test_the_report_carries_no_markup_from_the_base():
     from types import SimpleNamespace
 
     hostile = "x | y\r<!-- hidden\n``` Closes #1 @org/team [link](http://e.invalid)"
-    nightly = track.Nightly(Digest.of(b"n"), None, "2026-12-01T00:00:00Z", track.Version("0.27.0", "abcdef0"),
-                            track.Version(None, None), "reg/m@" + str(Digest.of(b"n")), "2026-12-01T00:00:00Z",
+    nightly = ledger_mod.Nightly(Digest.of(b"n"), None, "2026-12-01T00:00:00Z", ledger_mod.Version("0.27.0", "abcdef0"),
+                            ledger_mod.Version(None, None), "reg/m@" + str(Digest.of(b"n")), "2026-12-01T00:00:00Z",
                             ("nightly-b",))
     overlay = SimpleNamespace(id="cpu-kv-transfer-fence", baked=True)
     row = SimpleNamespace(overlay=overlay, status="ported (exact), proven", detail=hostile, carried=True)
-    text = track.report(track.Bump(nightly, "reg/u", [row], True, [hostile, "```"], "reg/u@sha256:" + "0" * 64),
+    text = report_mod.report(bump_mod.Bump(nightly, "reg/u", [row], True, [hostile, "```"], "reg/u@sha256:" + "0" * 64),
                         Path("out/rebase"))
     table = [l for l in text.splitlines() if l.startswith("| cpu-kv")]
     assert len(table) == 1 and len(re.findall(r"(?<!\\)\|", table[0])) == 5, table
@@ -283,7 +283,7 @@ def test_the_report_carries_no_markup_from_the_base():
     for bad in ("<!--", "Closes #1", "@org", "](http", "\r"):
         assert bad not in outside + rest, bad
     assert "Closes #1" not in log and "@org" not in log and "\r" not in log  # code, but still no links or mentions
-    assert track.read_versions({track.VERSION_FILES["vllm"]: b"__version__ = '1.0<!--x'\n"})["vllm"].version is None
+    assert upstream.read_versions({upstream.VERSION_FILES["vllm"]: b"__version__ = '1.0<!--x'\n"})["vllm"].version is None
 
 
 def test_the_next_nightly_is_ours_to_order_not_upstream_s():
@@ -291,15 +291,15 @@ def test_the_next_nightly_is_ours_to_order_not_upstream_s():
     claiming an old date cannot hide a nightly first seen after the pin, nor a later claim jump
     one seen with the pin."""
     def entry(name, created, seen, tried=None):
-        return track.Nightly(Digest.of(name.encode()), None, created, track.Version("1", None), track.Version("1", None),
+        return ledger_mod.Nightly(Digest.of(name.encode()), None, created, ledger_mod.Version("1", None), ledger_mod.Version("1", None),
                              "m@x", seen, (name,), tried=tried)
     pin = entry("pin", "2026-11-01T00:00:00Z", "2026-11-01T00:00:00Z")
     older_claim = entry("later-seen", "2020-01-01T00:00:00Z", "2026-11-02T00:00:00Z")
     same_run_older = entry("same-run", "2026-10-01T00:00:00Z", "2026-11-01T00:00:00Z")
-    tried = entry("tried", "2026-11-03T00:00:00Z", "2026-11-03T00:00:00Z", track.Tried("needs porting", {}))
-    ledger_ = track.Ledger("u", "m", (pin, older_claim, same_run_older, tried))
-    assert track.pending(ledger_, pin.digest) is older_claim
-    assert track.pending(track.Ledger("u", "m", (pin, same_run_older, tried)), pin.digest) is None
+    tried = entry("tried", "2026-11-03T00:00:00Z", "2026-11-03T00:00:00Z", ledger_mod.Tried("needs porting", {}))
+    ledger_ = ledger_mod.Ledger("u", "m", (pin, older_claim, same_run_older, tried))
+    assert bump_mod.pending(ledger_, pin.digest) is older_claim
+    assert bump_mod.pending(ledger_mod.Ledger("u", "m", (pin, same_run_older, tried)), pin.digest) is None
 
 
 def test_an_upstream_that_floods_new_nightlies_is_refused_before_copying(pinned_project, nightlies, monkeypatch):
@@ -308,9 +308,28 @@ def test_an_upstream_that_floods_new_nightlies_is_refused_before_copying(pinned_
     from bakery.errors import InputError
 
     n = nightlies
-    monkeypatch.setattr(track, "MAX_NEW", 1)
+    monkeypatch.setattr(tracker, "MAX_NEW", 1)
     with pytest.raises(InputError, match="offers 2 nightlies not yet kept .* more than 1 in one run"):
-        track.track(pinned_project, n["upstream"].name, n["mirror"].name, "*",
+        tracker.track(pinned_project, n["upstream"].name, n["mirror"].name, "*",
                     pinned_project / "image" / "nightlies.yaml", "linux/amd64", log=lambda m: None)
     assert not (pinned_project / "image" / "nightlies.yaml").exists()
     assert not n["registry"].manifest_exists(n["mirror"].repository, n["b"])
+
+
+def test_the_listing_names_only_what_needs_porting():
+    """An audit record kept by hand (status check-by-hand) is no port to do: `invoke track --list`
+    named it beside the overlays that need porting (the filter looked for "by hand")."""
+    from bakery.oci.refs import Digest
+
+    pin = ledger_mod.Nightly(Digest.parse("sha256:" + "a" * 64), None, "2026-07-01T00:00:00Z",
+                             ledger_mod.Version("0.26.0", None), ledger_mod.Version("0.1.18", None), "m@x",
+                             "2026-07-01T00:00:00Z", ("nightly-a",))
+    tried = ledger_mod.Tried("needs porting", {"a-port": "needs porting", "b-moved": "target moved",
+                                               "c-hand": "check-by-hand", "d-audit": "audit changed: re-check",
+                                               "e-carried": "ported (exact), proven"})
+    newer = ledger_mod.Nightly(Digest.parse("sha256:" + "b" * 64), None, "2026-07-02T00:00:00Z",
+                               ledger_mod.Version("0.27.0", None), ledger_mod.Version("0.1.19", None), "m@y",
+                               "2026-07-02T00:00:00Z", ("nightly-b",), tried=tried)
+    rows = ledger_mod.listing(ledger_mod.Ledger("up", "m", (newer, pin)), pin.digest)
+    assert "needs porting: a-port, b-moved (target moved)  " in rows[0]  # and nothing after them
+    assert "the current pin" in rows[1]

@@ -23,17 +23,18 @@ class Bumped:
 
 
 def bump(project: Path, ledger=None, nightly=None, report=None, out=None, log=lambda m: None) -> Bumped:
-    from ..release import track as run
+    from ..release.track.bump import bump as run_bump
+    from ..release.track.report import report as run_report
 
     where = Project(project)
     out_dir = Path(out) if out else where.out
     ledger_path = Path(ledger) if ledger else where.ledger
-    result = run.bump(project, ledger_path, out_dir, nightly, log=log)
+    result = run_bump(project, ledger_path, out_dir, nightly, log=log)
     if result is None:
         return Bumped(None)
     report_path = Path(report) if report else where.out / "track" / "report.md"
     report_path.parent.mkdir(parents=True, exist_ok=True)
-    report_path.write_text(run.report(result, out_dir / "rebase"))
+    report_path.write_text(run_report(result, out_dir / "rebase"))
     return Bumped(result, report_path, out_dir / "rebase", where.ledger.relative_to(project))
 
 
@@ -47,21 +48,21 @@ class Tracked:
 def listing(project: Path, ledger=None) -> list[str]:
     """`invoke track --list`: the ledger, newest first, with what each nightly would need."""
     from ..base import spec as base_mod
-    from ..release import track as run
+    from ..release.track.ledger import listing as run_listing, load_ledger
 
     pinned = base_mod.load_spec(Project(project).base_yaml).image.digest
-    return run.listing(run.load_ledger(Path(ledger) if ledger else Project(project).ledger), pinned)
+    return run_listing(load_ledger(Path(ledger) if ledger else Project(project).ledger), pinned)
 
 
 def track(project: Path, from_=None, mirror=None, tags="*", ledger=None, log=lambda m: None) -> Tracked:
     """Mirror and record every matching nightly (the bump, if wanted, is the caller's next call)."""
     from ..base import spec as base_mod
-    from ..release import track as run
+    from ..release.track.tracker import track as run_track
 
     if not (from_ and mirror):
         raise InputError("name the upstream and your mirror: invoke track --from REGISTRY/REPO --mirror "
                          "REGISTRY/REPO (or --list to print the ledger)")
     ledger_path = Path(ledger) if ledger else Project(project).ledger
     platform = base_mod.load_spec(Project(project).base_yaml).platform
-    kept, changed = run.track(project, from_, mirror, tags, ledger_path, platform, log=log)
+    kept, changed = run_track(project, from_, mirror, tags, ledger_path, platform, log=log)
     return Tracked(ledger_path, len(kept.nightlies), changed)

@@ -651,7 +651,7 @@ def upstream_nightlies(project: Path, registry_host: str, log) -> tuple[str, dic
     from datetime import timedelta
 
     from . import fixture
-    from ..release import track
+    from ..release.track.ledger import parse_time
     from ..oci.refs import Descriptor, Reference
     from ..oci.registry import Registry
 
@@ -661,7 +661,7 @@ def upstream_nightlies(project: Path, registry_host: str, log) -> tuple[str, dic
     reg = Registry(registry_host)
     upstream = Reference.parse(f"{registry_host}/rehearsal-upstream-{secrets.token_hex(3)}/vllm-openai-rocm")
     config = reg.fetch_blob(a.repository, Descriptor.from_json(json.loads(reg.get_manifest(a)[0])["config"]))
-    later = track.parse_time(json.loads(config)["created"]) + timedelta(days=1)
+    later = parse_time(json.loads(config)["created"]) + timedelta(days=1)
     digests = {"nightly-a": tag_image(reg, a, upstream.with_tag("nightly-a")),
                "nightly-b": tag_image(reg, b, upstream.with_tag("nightly-b"), later.strftime("%Y-%m-%dT%H:%M:%SZ"))}
     return upstream.name, {tag: str(d) for tag, d in digests.items()}

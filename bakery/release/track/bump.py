@@ -1,0 +1,92 @@
+"""`invoke bump`: the newest untried nightly through `invoke rebase`, read from the mirror; carried,
+it moves the pin."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ... import untrusted
+from ...base import spec as base_mod
+from ...errors import BUMPED, PORTING, InputError
+from ...oci.layer import write_blob
+from ...oci.refs import Digest
+from ...project import Project
+from .ledger import CARRIED, NEEDS_PORTING, Ledger, Nightly, Tried, load_ledger, newest_first, write_ledger
+
+
+def pending(ledger: Ledger, pinned: Digest) -> Nightly | None:
+    """The newest kept nightly, newer than the pin, not yet tried (None: nothing new)."""
+    pin = ledger.find(pinned)
+    newer = [n for n in newest_first(ledger) if n.tried is None and n is not pin and (pin is None or n.order > pin.order)]
+    return newer[0] if newer else None
+
+
+@dataclass(frozen=True)
+class Bump:
+    nightly: Nightly
+    upstream: str
+    rows: list  # rebase.RebaseRow, overlays then audit records
+    carried: bool
+    proof_log: list[str]
+    previous: str  # the pin before
+
+    @property
+    def code(self) -> int:
+        return BUMPED if self.carried else PORTING
+
+
+def bump(project: Path, ledger_path: Path, out: Path, nightly: str | None = None, log=print) -> Bump | None:
+    """Try the newest untried nightly (or the one named) on the mirror's copy with `rebase`; carried:
+    pin it in image/base.yaml. The ledger records the outcome either way."""
+    from .. import rebase as rebase_mod
+    from ...build.pipeline import Options
+
+    ledger = load_ledger(ledger_path)
+    spec_path = Project(project).base_yaml
+    spec = base_mod.load_spec(spec_path)
+    if nightly:
+        chosen = ledger.find(Digest.parse(nightly.rsplit("@", 1)[-1]))
+        if chosen is None:
+            raise InputError(f"{nightly} is not in {ledger_path}: `invoke track --list` shows the kept nightlies")
+    else:
+        chosen = pending(ledger, spec.image.digest)
+        if chosen is None:
+            return None
+    target = f"{ledger.upstream}@{chosen.digest}"
+    log(f"trying {chosen.label()} {chosen.digest} (vLLM {chosen.vllm}), read from {ledger.mirror}")
+    proof_log: list[str] = []
+
+    def both(line: str) -> None:  # proof reasons come from the base's code: no control characters
+        line = plain(line, 400)
+        proof_log.append(line)
+        log(line)
+
+    # retire=False: a base whose own code "proves" a fix runs inside that proof; retiring an overlay
+    # takes a person (invoke rebase), never an unattended bump
+    rows, carried = rebase_mod.rebase(Options(project, target, out=out, base_mirror=ledger.mirror), log=both,
+                                      retire=False)
+    if carried:
+        pin(spec_path, target, ledger.mirror, chosen)
+    statuses = {r.overlay.id: str(r.status) for r in rows}
+    tried = replace(chosen, tried=Tried(CARRIED if carried else NEEDS_PORTING, statuses))
+    write_ledger(ledger_path, replace(ledger, nightlies=tuple(tried if n is chosen else n for n in ledger.nightlies)))
+    return Bump(tried, ledger.upstream, rows, carried, proof_log, str(spec.image))
+
+
+def pin(spec_path: Path, image: str, mirror: str, nightly: Nightly | None = None) -> None:
+    """Set image: and mirror: in base.yaml, its comments kept but the one naming the versions."""
+    text = spec_path.read_text()
+    if nightly is not None:
+        text = re.sub(r"(?m)^# vLLM .*\n", f"# vLLM {nightly.vllm}, AITER {nightly.aiter}: nightly {nightly.label()}, "
+                      f"pinned by invoke bump.\n", text, count=1)
+    text = re.sub(r"(?m)^image: .*$", f"image: {image}", text, count=1)
+    text = re.sub(r"(?m)^mirror: .*$", f"mirror: {mirror}", text, count=1) if re.search(r"(?m)^mirror:", text) \
+        else text.rstrip("\n") + f"\nmirror: {mirror}\n"
+    write_blob(spec_path, text.encode())
+
+
+def plain(text: str, limit: int) -> str:
+    """One line of someone else's text, inert on a terminal, at most about limit long."""
+    return untrusted.safe(text, "terminal", limit)
