@@ -1,4 +1,4 @@
-"""Files written whole or not at all, and the one canonical JSON encoding.
+"""Files and folders written whole or not at all, and the one canonical JSON encoding.
 
 Every writer in bakery goes through here: a reader (another build, a crash's next run) sees the
 old bytes or the new ones, never a part. Callers keep their own error wording; the mechanics live
@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from .errors import IntegrityError
+from .errors import EnvironmentProblem, InputError, IntegrityError
 
 
 @contextmanager
@@ -67,3 +67,18 @@ def canonical_json(value, what: str = "a document") -> bytes:
     except UnicodeEncodeError as e:
         raise IntegrityError(f"{what} holds {text[e.start:e.end].encode('unicode_escape').decode()}, a lone "
                              f"surrogate: not Unicode text, so it has no UTF-8 bytes to hash or sign") from None
+
+
+def write_tree(dest: Path, files: dict[str, bytes]) -> None:
+    """All the files or none: written in a sibling folder, which then becomes dest (new or empty)."""
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise InputError(f"{dest} exists and is not an empty directory: give a new or empty one")
+    try:
+        with atomic_dir(dest) as staging:
+            for name, data in files.items():
+                (staging / name).parent.mkdir(parents=True, exist_ok=True)
+                (staging / name).write_bytes(data)
+                (staging / name).chmod(0o644)
+            staging.chmod(0o755)
+    except OSError as e:
+        raise EnvironmentProblem(f"cannot write {dest}: {e.strerror}") from None

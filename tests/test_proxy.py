@@ -1,4 +1,4 @@
-"""The seed's front proxy, tested for real: Debian's Caddy runs the Caddyfile `bakery.release.deploy.caddyfile`
+"""The seed's front proxy, tested for real: Debian's Caddy runs the Caddyfile `bakery.release.deploy.caddy.caddyfile`
 renders, in front of a stand-in upstream (vLLM cannot run here: no GPU; the stand-in answers every
 path and streams its body in two parts, two seconds apart). TLS is Caddy's internal CA, whose root
 the client trusts; a second loopback address plays a client outside the allowed CIDRs.
@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from bakery.release import deploy as nodes
+from bakery.release.deploy import caddy as nodes
 
 pytestmark = pytest.mark.skipif(shutil.which("caddy") is None, reason="needs caddy (scripts/bootstrap.sh installs it)")
 

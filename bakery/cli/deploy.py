@@ -21,12 +21,13 @@ class NodePolicy:
 
 
 def policy(project: Path, containers: str, policy=None, key=None, mirror=None, accept=None) -> NodePolicy:
-    from ..release import deploy as nodes
+    from ..files import write_tree
+    from ..release.deploy import node_policy
 
     rules = load_policy(project, policy, {"release": [Path(k) for k in key or []]})
-    files = nodes.containers_policy(rules, nodes.parse_mirrors(mirror or []), accept=tuple(accept or ()))
-    nodes.write_tree(Path(containers), files)
-    return NodePolicy(Path(containers) / "policy.json", tuple(sorted(files)), nodes.unenforced(rules))
+    files = node_policy.containers_policy(rules, node_policy.parse_mirrors(mirror or []), accept=tuple(accept or ()))
+    write_tree(Path(containers), files)
+    return NodePolicy(Path(containers) / "policy.json", tuple(sorted(files)), node_policy.unenforced(rules))
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ def plan(project: Path, image: str, proxy_image: str, hostname: str, allow=None,
     import yaml
 
     from ..oci.refs import Reference
-    from ..release import deploy as nodes
+    from ..release.deploy import caddy as caddy_mod
 
     if bool(compose) == bool(k8s):
         raise InputError("say where: --compose DIR (this host) or --k8s DIR (manifests), one of them")
@@ -63,7 +64,7 @@ def plan(project: Path, image: str, proxy_image: str, hostname: str, allow=None,
     proxy_ref = Reference.parse_pinned(proxy_image, "--proxy-image")
     path = Path(compose_file) if compose_file else Project(project).compose_yaml
     spec = yaml.safe_load(path.read_text())
-    caddy = nodes.caddyfile(hostname, email, allow or [], "inference:8000", internal_tls)
+    caddy = caddy_mod.caddyfile(hostname, email, allow or [], "inference:8000", internal_tls)
     return Plan(str(image_ref), str(proxy_ref), caddy, spec, path, Path(compose) if compose else None,
                 Path(k8s) if k8s else None, snapshot, hostname, email, tuple(allow or ()), internal_tls, int(replicas))
 
@@ -71,18 +72,19 @@ def plan(project: Path, image: str, proxy_image: str, hostname: str, allow=None,
 def deploy(project: Path, p: Plan) -> Path:
     """Write the manifests (--k8s), or the compose folder and `docker compose up -d`: the digest is
     verified before this is called."""
-    from ..release import deploy as nodes
+    from ..files import write_tree
+    from ..release.deploy import k8s
 
     if p.k8s:
-        files = nodes.k8s_manifests(p.image, p.proxy, p.replicas, p.spec, p.snapshot, p.hostname, p.email,
-                                    list(p.allow), p.internal_tls)
-        nodes.write_tree(p.k8s, files)
+        files = k8s.k8s_manifests(p.image, p.proxy, p.replicas, p.spec, p.snapshot, p.hostname, p.email,
+                                  list(p.allow), p.internal_tls)
+        write_tree(p.k8s, files)
         return p.k8s
     out = p.compose.resolve()
     settings = {"BAKERY_IMAGE": p.image, "BAKERY_PROXY_IMAGE": p.proxy, "MODEL_SNAPSHOT": p.snapshot,
                 "BAKERY_DEPLOY_DIR": str(out)}
-    nodes.write_tree(out, {".env": "".join(f"{k}={v}\n" for k, v in settings.items()).encode(),
-                           "Caddyfile": p.caddyfile})
+    write_tree(out, {".env": "".join(f"{k}={v}\n" for k, v in settings.items()).encode(),
+                     "Caddyfile": p.caddyfile})
     # the verified values, also in the environment: compose lets an exported variable beat the env file
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")} | settings
     up = subprocess.run([*compose_command(project), "--project-directory", str(out), "--env-file", str(out / ".env"),
