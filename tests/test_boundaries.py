@@ -178,7 +178,7 @@ def test_a_signature_manifest_with_too_many_layers_is_refused():
 
 def test_a_kept_file_past_its_cap_is_refused_before_it_is_read():
     """A METADATA (kept on the first pass) whose header claims 1 GiB: refused on the size alone."""
-    from bakery.base import filesystem as extract
+    from bakery.base import layercache, scan as extract
     from bakery.oci.tarscan import Member, TarError
 
     read = []
@@ -186,7 +186,7 @@ def test_a_kept_file_past_its_cap_is_refused_before_it_is_read():
 
     def take(size):
         extract._take(Member("m/METADATA", b"0", size, 0o644, ""), lambda m: read.append(m) or b"x", {}, [], [], {},
-                      set(), keep, extract.LayerCache.__new__(extract.LayerCache))
+                      set(), keep, layercache.LayerCache.__new__(layercache.LayerCache))
 
     with pytest.raises(TarError, match="past the 268435456"):
         take(1 << 30)

@@ -13,7 +13,8 @@ import time
 import pytest
 
 from bakery.base import spec as base_mod
-from bakery.base.filesystem import BaseFilesystem, LayerCache
+from bakery.base.filesystem import BaseFilesystem
+from bakery.base.layercache import LayerCache
 from bakery.oci.refs import Descriptor, Reference
 from bakery.oci.registry import OCI_MANIFEST, Registry
 
@@ -218,7 +219,7 @@ def test_layer_streams_decode_as_gzipfile_reads_them_and_a_bad_digest_is_named_f
     import zstandard
 
     from bakery.errors import IntegrityError
-    from bakery.base.filesystem import scan_layer
+    from bakery.base.scan import scan_layer
 
     raw = tar_layer([(f"d/f{i}", os.urandom(i * 300)) for i in range(40)] + [("d/x", b"wanted")])
     diff_id = f"sha256:{hashlib.sha256(raw).hexdigest()}"
@@ -246,7 +247,7 @@ def test_layer_streams_decode_as_gzipfile_reads_them_and_a_bad_digest_is_named_f
 def test_a_big_member_is_skipped_without_copying_and_a_cut_one_is_refused():
     """TarReader drops a big member's data through the pipeline stream's skip(): the members
     after it are still found where tarfile finds them, and a stream cut inside it is an error."""
-    from bakery.base.filesystem import _Pieces
+    from bakery.base.scan import _Pieces
     from bakery.oci.tarscan import TarError, TarReader
 
     buf = io.BytesIO()

@@ -23,7 +23,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from bakery.base import spec as base_mod
 from bakery.errors import BakeryError
-from bakery.base.filesystem import BaseFilesystem, LayerCache
+from bakery.base.filesystem import BaseFilesystem
+from bakery.base.layercache import LayerCache
 from bakery.oci.refs import Reference
 from bakery.oci.registry import OCI_INDEX, OCI_MANIFEST, Registry
 

@@ -21,7 +21,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from bakery.base import spec as base_mod
 from bakery.errors import IntegrityError
-from bakery.base.filesystem import LayerCache, scan_layer
+from bakery.base.layercache import LayerCache
+from bakery.base.scan import scan_layer
 from bakery.oci.registry import Registry
 from bakery.oci.tarscan import TarError, TarReader
 

@@ -17,7 +17,8 @@ from pathlib import Path, PurePosixPath
 
 from .. import untrusted
 from ..base import spec as base_mod
-from ..base.filesystem import BaseFilesystem, LayerCache
+from ..base.filesystem import BaseFilesystem
+from ..base.layercache import LayerCache
 from ..errors import BakeryError, InputError, IntegrityError
 from ..inputs import hip as hip_mod
 from ..inputs import image as image_mod

@@ -209,7 +209,7 @@ def _files(store, desc: Descriptor) -> dict[str, str]:
     sha256, else its kind and target; its mode too when not 0644/0755. Read by tarscan, streamed,
     as the engine would unpack it (either side may be hostile: the original's registry, the
     rebuilt revision)."""
-    from ..base.filesystem import decompressed
+    from ..base.scan import decompressed
     from ..oci.tarscan import HAS_DATA, TarError, TarReader
 
     files, names = {}, 0

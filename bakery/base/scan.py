@@ -1,0 +1,356 @@
+"""Streaming one base layer once: fetch and digest, decompress and diff_id, read it as the engine's
+tar reader would, and keep what is wanted; whiteouts and paths normalised as the engine applies them."""
+
+from __future__ import annotations
+
+import fnmatch
+import gzip
+import hashlib
+import io
+import queue
+import re
+import sys
+import tarfile
+import threading
+import zlib
+from pathlib import Path
+from typing import Iterator
+
+import zstandard
+
+from ..errors import InputError, IntegrityError
+from ..oci.refs import Descriptor
+from ..oci.registry import Registry
+from ..oci.tarscan import TarError, TarReader
+from .layercache import LayerCache
+
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
+_KIND = {tarfile.REGTYPE: "file", tarfile.AREGTYPE: "file", tarfile.DIRTYPE: "dir", tarfile.SYMTYPE: "symlink",
+         tarfile.LNKTYPE: "hardlink"}
+
+
+def normalize(path: str) -> str:
+    """'/usr/x', './usr/x' and 'usr/x/' all name 'usr/x'."""
+    if path and path[0] not in "./" and path[-1] != "/" and "//" not in path and "/." not in path:
+        return path  # already normal: no empty, "." or ".." part can hide in it (most tar members)
+    parts = [p for p in path.split("/") if p and p != "."]  # str ops: once per tar member
+    if ".." in parts:
+        raise InputError(f"path {path!r} contains '..'")
+    return "/".join(parts)
+
+
+PIECE = 4 << 20  # the most decompressed bytes per hand-over: each hand-over costs a GIL switch
+DEPTH = 3  # pieces waiting at each hand-over: a layer's pass holds ~20 MiB, whatever the layer's size
+SWITCH_S = 0.001  # the GIL switch interval while a layer streams (Python's default: 5 ms)
+
+
+class _Pieces:
+    """A read(n)-only stream over pieces of bytes (`next_piece` gives b"" at the end): read(n) gives
+    n bytes unless the stream ends, as TarReader wants, and a read within one piece is one slice."""
+
+    def __init__(self, next_piece):
+        self.next_piece, self.buf, self.pos = next_piece, b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        buf, pos = self.buf, self.pos
+        if 0 <= n <= len(buf) - pos:  # the common case: a header, or a skip within one piece
+            self.pos = pos + n
+            return buf[pos:pos + n]
+        # across pieces: views of them, copied once by the join (a 1 GiB member is skipped in 1 MiB reads)
+        parts, have = [memoryview(buf)[pos:]], len(buf) - pos
+        self.buf, self.pos = b"", 0
+        while n < 0 or have < n:
+            piece = self.next_piece()
+            if not piece:
+                break
+            if 0 <= n < have + len(piece):  # keep the rest of this piece for the next read
+                self.buf, self.pos = piece, n - have
+                piece = memoryview(piece)[:n - have]
+            parts.append(piece)
+            have += len(piece)
+        return b"".join(parts)
+
+    def skip(self, n: int) -> int:
+        """Drop up to n bytes without copying them (a big member's data the index does not keep);
+        how many were dropped (fewer only where the stream ends)."""
+        done = 0
+        while done < n:
+            left = len(self.buf) - self.pos
+            if not left:
+                self.buf, self.pos = self.next_piece(), 0
+                if not self.buf:
+                    break
+                continue
+            step = min(left, n - done)
+            self.pos += step
+            done += step
+        return done
+
+
+def _gunzip(pieces: Iterator[bytes]) -> Iterator[bytes]:
+    """Decompressed pieces of a gzip stream, read as GzipFile reads it: members one after another,
+    zero bytes after a member skipped, each member's CRC and length checked (by zlib), a stream
+    that ends inside a member an EOFError. zlib on large pieces, not GzipFile's 8 KiB reads, and
+    at most PIECE bytes out per call, so a compression bomb cannot swell memory."""
+    inflate, pending, members = None, False, 0
+    for data in pieces:
+        while data or pending:
+            if inflate is None:
+                if members:  # after a member, GzipFile skips zero padding (not before the first)
+                    data = data.lstrip(b"\0")
+                    if not data:
+                        break
+                inflate, members = zlib.decompressobj(wbits=31), members + 1
+            out = inflate.decompress(data, PIECE)
+            pending = len(out) == PIECE  # zlib may hold more output for input it already took
+            data = inflate.unconsumed_tail
+            if out:
+                yield out
+            if inflate.eof:  # the next member, if any, starts in what this one left
+                data, inflate, pending = inflate.unused_data, None, False
+    if inflate is not None:
+        raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+
+
+def _unzstd(pieces: Iterator[bytes]) -> Iterator[bytes]:
+    reader = zstandard.ZstdDecompressor().stream_reader(_Pieces(lambda: next(pieces, b"")), read_across_frames=True)
+    while piece := reader.read(PIECE):
+        yield piece
+
+
+def _decoder(media_type: str):
+    """What turns a layer's blob into its tar stream, piece by piece (as `decompressed` reads it)."""
+    if "zstd" in media_type:
+        return _unzstd
+    if media_type.endswith(("gzip", "+gzip")):
+        return _gunzip
+    if media_type.endswith(("tar", ".tar")):
+        return lambda pieces: pieces
+    raise InputError(f"unsupported layer media type {media_type!r}")
+
+
+class _Failed:
+    """What a stage hands on in place of a piece when it fails: the next stage raises it."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class _Upstream(Exception):
+    """The fetch failed: the decoding stage hands that failure on instead of its own."""
+
+
+_END = object()  # a stage is done: the pieces before it are all there is
+
+
+class _LayerPipe:
+    """One layer's bytes through three threads, so that on two cores the stages overlap: `fetch`
+    (HTTP receive and the blob's sha256, inside stream_blob), `decode` (decompression and the
+    diff_id's sha256, on pieces of PIECE bytes), and the caller, which reads the tar stream with
+    read(n). hashlib and zlib (and zstd) let go of the GIL on large buffers, so the stages run
+    truly at once; the queues between them are bounded, so memory stays flat. The tar reader reads
+    `stream`.
+
+    The diff_id is the sha256 of everything decoded, the tar's end padding that the reader leaves
+    unread included. The blob's digest is checked when stream_blob ends; `finish` waits for it."""
+
+    def __init__(self, chunks: Iterator[bytes], decode):
+        self.chunks, self.decode = chunks, decode
+        self.hasher = hashlib.sha256()
+        self.compressed, self.decoded = queue.Queue(DEPTH), queue.Queue(DEPTH)
+        self.fetch_error: BaseException | None = None
+        self.last = None  # _END or _Failed, once the caller has taken it
+        self.stop = threading.Event()  # the caller reads no more: decode no further, but fetch to the end
+        self.cancel = threading.Event()  # nobody wants the rest: fetch no further either
+        self.threads = [threading.Thread(target=self._fetch, daemon=True, name="layer-fetch"),
+                        threading.Thread(target=self._decode, daemon=True, name="layer-decode")]
+        self.stream = _Pieces(self._next_decoded)
+        for t in self.threads:
+            t.start()
+
+    def _put(self, q: queue.Queue, item, until: threading.Event) -> bool:
+        """Put, unless `until` is set first (the reader of `q` has gone): False then."""
+        while not until.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def _fetch(self) -> None:
+        end = _END
+        try:
+            for chunk in self.chunks:  # stream_blob hashes each chunk, and checks the digest at its end
+                if self.cancel.is_set() or not self._put(self.compressed, chunk, self.cancel):
+                    break
+        except BaseException as e:  # a bad digest, a broken transfer: the caller raises it
+            self.fetch_error, end = e, _Failed(e)
+        finally:
+            self.chunks.close()  # in this thread, the one iterating it: gives the connection back
+        self._put(self.compressed, end, self.cancel)
+
+    def _compressed_pieces(self) -> Iterator[bytes]:
+        while True:
+            try:
+                item = self.compressed.get(timeout=0.1)
+            except queue.Empty:
+                if self.cancel.is_set():  # the fetch was cancelled before it could say it ended
+                    return
+                continue
+            if item is _END:
+                return
+            if isinstance(item, _Failed):
+                raise _Upstream()
+            if item:  # b"" would read as the end downstream
+                yield item
+
+    def _decode(self) -> None:
+        pieces = self._compressed_pieces()
+        try:
+            for piece in self.decode(pieces):
+                if self.stop.is_set():
+                    break
+                if not piece:  # b"" means the end to _Pieces
+                    continue
+                self.hasher.update(piece)
+                if not self._put(self.decoded, piece, self.stop):
+                    break
+            else:
+                self._put(self.decoded, _END, self.stop)
+        except _Upstream:
+            self._put(self.decoded, _Failed(self.fetch_error), self.stop)
+        except BaseException as e:  # not decodable: the caller raises it, once the digest was checked
+            self._put(self.decoded, _Failed(e), self.stop)
+        finally:  # let the fetch run to its end, where the digest is checked
+            try:
+                for _ in pieces:
+                    if self.cancel.is_set():
+                        break
+            except _Upstream:  # the fetch failed: it keeps its error for abandon()
+                pass
+
+    def _next_decoded(self) -> bytes:
+        item = self.last or self.decoded.get()
+        if isinstance(item, _Failed):
+            self.last = item  # raised again by any later read
+            raise item.error
+        if item is _END:
+            self.last = item
+            return b""
+        return item
+
+    def finish(self) -> str:
+        """Read what the tar reader left (end blocks, padding) and name the whole stream; the blob's
+        digest has been checked once the decoded stream ends."""
+        while self.stream.read(PIECE):
+            pass
+        for t in self.threads:
+            t.join()
+        return f"sha256:{self.hasher.hexdigest()}"
+
+    def abandon(self, error: BaseException) -> None:
+        """The layer is unreadable (`error`): decode no further, but fetch to the end, so that a
+        bad digest, the better diagnosis, is raised here first (unless `error` is the fetch's own)."""
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+        if self.fetch_error is not None and self.fetch_error is not error:
+            raise self.fetch_error
+
+    def close(self) -> None:
+        """Whatever happened, no thread is left waiting on us (they end by themselves: a thread
+        in a read from the network may take until its timeout)."""
+        self.stop.set()
+        self.cancel.set()
+
+
+def decompressed(media_type: str, raw) -> io.IOBase:
+    if "zstd" in media_type:
+        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+    if media_type.endswith(("gzip", "+gzip")):
+        return gzip.GzipFile(fileobj=raw)
+    if media_type.endswith(("tar", ".tar")):
+        return raw
+    raise InputError(f"unsupported layer media type {media_type!r}")
+
+
+def scan_layer(registry: Registry, repo: str, desc: Descriptor, wanted: set[str],
+               cache: LayerCache, keep: tuple[str, ...] = ()) -> tuple[dict, dict[str, str]]:
+    """Stream one layer: list everything in it, keep the contents of `wanted` regular files
+    and of those matching a `keep` pattern (files known to be needed later, e.g. dist-info).
+
+    Returns (index, {path: sha256}); nothing is recorded in the cache until the layer's digest
+    has been checked, so a corrupt download leaves no trace. Members are read by tarscan, as the
+    engine will unpack them; a layer it cannot read that way refuses the base.
+    """
+    cache.downloads += 1
+    entries, whiteouts, opaque, found = {}, [], [], {}
+    decode = _decoder(desc.media_type)
+    keep = re.compile("|".join(f"(?:{fnmatch.translate(k)})" for k in keep)) if keep else None
+    pipe = _LayerPipe(registry.stream_blob(repo, desc, label=f"layer {desc.digest.hex[:12]}"), decode)
+    # While the tar reader runs Python, a stage coming back from zlib or hashlib waits for the GIL
+    # up to the switch interval, for each piece: 5 ms would stall it longer than the work itself.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(interval, SWITCH_S))
+    try:
+        reader = TarReader(pipe.stream)
+        for member in reader:
+            _take(member, reader.read_data, entries, whiteouts, opaque, found, wanted, keep, cache)
+        diff_id = pipe.finish()
+    except (TarError, EOFError, OSError, zlib.error, zstandard.ZstdError, ValueError, UnicodeError) as e:
+        pipe.abandon(e)  # a bad digest is the better diagnosis: raised from here when the fetch saw one
+        raise IntegrityError(f"layer {desc.digest} of {repo} is not a readable {desc.media_type} "
+                             f"({type(e).__name__}: {e}); the image is corrupt or hostile") from None
+    except BaseException as e:  # a member path with "..", a kept file past its cap: still the digest first
+        pipe.abandon(e)
+        raise
+    finally:
+        pipe.close()
+        sys.setswitchinterval(interval)
+    index = {"entries": entries, "whiteouts": sorted(whiteouts), "opaque": sorted(opaque), "files": {},
+             "diff_id": diff_id}
+    return index, found
+
+
+def index_into_cache(job) -> tuple[int, dict]:
+    """In a worker process: stream one layer, record its index and kept files in the cache, and
+    hand the index back (unpickling it beats parsing the JSON again)."""
+    from ..oci.registry import Registry
+
+    registry, repo, desc, keep, root = job
+    desc = Descriptor.from_json(desc)
+    cache = LayerCache(Path(root))
+    index, found = scan_layer(Registry(registry), repo, desc, set(), cache, keep)
+    index["files"].update(found)
+    cache.save_index(desc, index)
+    return cache.downloads, index
+
+
+KEPT_LIMIT = 256 << 20
+# layers streamed at once: all of a base (up to this), since which layer costs most is not known
+# before it is read (a small blob of many small files costs more than a big one of few)
+WORKERS = 8
+
+
+def _take(member, read_data, entries, whiteouts, opaque, found, wanted, keep, cache) -> None:
+    """Record one tar member: a whiteout, an opaque marker, or an entry (kept if wanted)."""
+    path = normalize(member.name)
+    parent, _, name = path.rpartition("/")
+    if name == OPAQUE:
+        opaque.append(parent)
+        return
+    if name.startswith(WHITEOUT):
+        whiteouts.append(f"{parent}/{name[len(WHITEOUT):]}" if parent else name[len(WHITEOUT):])
+        return
+    kind = _KIND.get(member.type, "other")
+    entries[path] = [kind, member.size, member.mode, normalize(member.linkname) if kind == "hardlink"
+                     else member.linkname]
+    if kind == "file" and (path in wanted or (keep is not None and keep.match(path))):
+        if member.size > KEPT_LIMIT:  # kept files are sources and METADATA: read whole, so capped
+            raise TarError(f"{path} is {member.size} bytes, past the {KEPT_LIMIT} a file we read may be")
+        found[path] = cache.store(read_data(member))
