@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -15,11 +12,12 @@ from pathlib import Path
 from ..base.spec import Image
 from ..errors import EnvironmentProblem, InputError
 from ..files import atomic_dir
-from ..oci.layer import Layer, write_blob
+from ..oci.layer import Layer
 from ..oci.manifest import Manifest
 from ..oci.mirror import copy_blob
 from ..oci.refs import Descriptor, Digest, Reference
-from ..oci.registry import OCI_INDEX, OCI_MANIFEST, Registry
+from ..oci.registry import OCI_MANIFEST, Registry
+from ..oci.store import LayoutStore
 
 
 @dataclass(frozen=True)
@@ -91,7 +89,7 @@ def push(derived: Derived, target: Reference, registries: dict) -> tuple[Referen
     return target.with_digest(digest), stats
 
 
-def write_layout(derived: Derived, dest: Path, tag: str | None, blob_cache: Path) -> Path:
+def write_layout(derived: Derived, dest: Path, tag: str, blob_cache: Path) -> Path:
     """Write an OCI image layout holding every blob (air-gapped hand-off), atomically.
 
     Base layers are downloaded once into blob_cache (verified) and linked from there.
@@ -105,22 +103,16 @@ def write_layout(derived: Derived, dest: Path, tag: str | None, blob_cache: Path
             tmp = stack.enter_context(atomic_dir(dest))  # becomes dest only when everything is in it
         except OSError as e:
             raise EnvironmentProblem(f"cannot create {dest}: {e.strerror}") from None
-        blobs = tmp / "blobs" / "sha256"
-        blobs.mkdir(parents=True)
+        layout = LayoutStore(tmp, create=True)
         for desc in derived.base_layers:
             cached = blob_cache / "sha256" / desc.digest.hex
             if not _cached_blob_ok(cached, desc):
                 derived.base_registry.download_blob(derived.base.ref.repository, desc, cached)
-            _link_or_copy(cached, blobs / desc.digest.hex)
+            layout.put_file(desc, cached)
         for layer in derived.layers:
-            _link_or_copy(layer.path, blobs / layer.descriptor.digest.hex)
-        write_blob(blobs / derived.config_descriptor.digest.hex, derived.config)
-        write_blob(blobs / derived.digest.hex, derived.manifest)
-        entry = Descriptor(OCI_MANIFEST, derived.digest, len(derived.manifest),
-                           {"org.opencontainers.image.ref.name": tag} if tag else {})
-        index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [entry.to_json()]}
-        write_blob(tmp / "index.json", json.dumps(index, sort_keys=True, indent=1).encode())
-        write_blob(tmp / "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+            layout.put_file(layer.descriptor, layer.path)
+        layout.put_blob(derived.config, derived.config_descriptor.media_type)
+        layout.put_manifest(tag, derived.manifest)
     return dest
 
 
@@ -139,14 +131,3 @@ def _cached_blob_ok(path: Path, desc: Descriptor) -> bool:
     print(f"warning: dropped a corrupt cached blob {desc.digest.hex[:12]}; downloading it again", file=sys.stderr)
     path.unlink()
     return False
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        try:
-            shutil.copyfile(src, dst)
-        except OSError as e:
-            hint = "the disk is full" if e.errno == 28 else e.strerror
-            raise EnvironmentProblem(f"writing {dst.name[:12]} to {dst.parent}: {hint}; nothing was kept") from None

@@ -8,12 +8,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import stat
 import sys
 from pathlib import Path
 from typing import Iterator
 
-from ..errors import InputError, IntegrityError, NotFound, malformed
+from ..errors import EnvironmentProblem, InputError, IntegrityError, NotFound, malformed
 from ..files import atomic_file
 from .layer import write_blob
 from .refs import Descriptor, Digest, Reference
@@ -168,6 +169,20 @@ class LayoutStore:
                 size += len(chunk)
                 out.write(chunk)
             check_digest(desc, hasher.hexdigest(), size, "copy source")
+
+    def put_file(self, desc: Descriptor, source: Path) -> None:
+        """A blob already on this disk, checked by whoever made it (a verified cache entry, a layer
+        just written): hard-linked where it can be, else copied; several GB are never read twice."""
+        dest = self._blob_path(desc.digest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source, dest)
+        except OSError:
+            try:
+                shutil.copyfile(source, dest)
+            except OSError as e:
+                hint = "the disk is full" if e.errno == 28 else e.strerror
+                raise EnvironmentProblem(f"writing {dest.name[:12]} to {dest.parent}: {hint}; nothing was kept") from None
 
     def put_manifest(self, tag: str, body: bytes) -> Digest:
         desc = self.put_blob(body, OCI_MANIFEST)
