@@ -223,6 +223,7 @@ class Trickle:
         self.host = f"127.0.0.1:{self.server.server_address[1]}"
 
 
+@pytest.mark.slow
 def test_a_transfer_slower_than_its_deadline_is_given_up(monkeypatch):
     """Each read gets a byte before its timeout, so only an overall deadline stops it."""
     from bakery.oci import registry as registry_mod

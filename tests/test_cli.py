@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import re
 
+import pytest
 from invoke import Collection
 
 from support import ROOT, invoke
@@ -33,6 +34,7 @@ def test_every_task_is_listed_with_a_summary():
         assert re.search(rf"^\s+{name}\s+\S", listing, re.M), f"{name} missing from:\n{listing}"
 
 
+@pytest.mark.slow
 def test_every_task_has_help():
     for name in TASKS:
         result = invoke(ROOT, "--help", name)
@@ -40,6 +42,7 @@ def test_every_task_has_help():
     assert "REPO@sha256" in invoke(ROOT, "--help", "build").stdout
 
 
+@pytest.mark.slow
 def test_help_after_the_task_name_shows_help_and_runs_nothing():
     """`invoke verify --help`: invoke gives a flag after a task with a positional argument to that
     argument; the task shows its help instead of verifying an image named --help."""

@@ -394,6 +394,7 @@ def test_a_build_records_only_what_its_overlays_make_served():
     assert only_swiglu.key("toolchain") == recipe.key("toolchain")  # the same compile: only the claim differs
 
 
+@pytest.mark.slow
 def test_a_baked_library_that_does_not_load_stops_the_import(tmp_path):
     """In the image the library sits beside the glue: if it does not load in the base's torch, the
     import fails with a RuntimeError, which the overlays' `except ImportError` does not swallow, so

@@ -24,6 +24,9 @@ from bakery.oci.registry import Registry
 
 from support import ROOT, invoke
 
+pytestmark = pytest.mark.slow  # no engine needed, but seconds each: `invoke test --fast` skips it
+
+
 pytest.importorskip("torch", reason="the overlay proofs need CPU torch (pip install -e '.[test]')")
 
 REQUIRED = ["mxfp4-bitmatrix-padding-mask", "cpu-kv-transfer-fence", "fnuz-indexer-cache-writer",

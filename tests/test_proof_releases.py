@@ -22,6 +22,8 @@ from bakery.proofs import runner as prove
 
 from support import ROOT
 
+pytestmark = pytest.mark.slow  # no engine needed, but seconds each: `invoke test --fast` skips it
+
 pytest.importorskip("torch", reason="the overlay proofs need CPU torch (pip install -e '.[test]')")
 
 SITE = "/usr/local/lib/python3.12/dist-packages/"
@@ -109,6 +111,7 @@ def run():
 
 triton_ints, triton_floats = run()
 import _proof
+
 _proof._interpreter_philox()
 numpy_ints, numpy_floats = run()
 assert (numpy_ints == triton_ints).all() and (numpy_floats.view(np.int32) == triton_floats.view(np.int32)).all()

@@ -20,7 +20,7 @@ import pytest
 
 from bakery.release.deploy import caddy as nodes
 
-pytestmark = pytest.mark.skipif(shutil.which("caddy") is None, reason="needs caddy (scripts/bootstrap.sh installs it)")
+pytestmark = [pytest.mark.skipif(shutil.which("caddy") is None, reason="needs caddy (scripts/bootstrap.sh installs it)"), pytest.mark.slow]
 
 
 def free_port() -> int:

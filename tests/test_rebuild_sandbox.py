@@ -19,6 +19,8 @@ from bakery.release import reproduce
 from bakery.errors import EnvironmentProblem
 from bakery.oci.refs import Reference
 
+pytestmark = pytest.mark.slow  # no engine needed, but seconds each: `invoke test --fast` skips it
+
 SECRETS = {"BAKERY_KEY_PASSWORD": "rebuilder-password", "BAKERY_REBUILDER_SIGNING_KEY": "-----BEGIN ENCRYPTED"}
 
 # the revision's tasks.py: `invoke build` looks for everything a rebuilder holds, says what it
@@ -207,6 +209,7 @@ def test_a_rebuilt_layout_with_anything_but_files_and_folders_is_refused(plant, 
 BROKER_CLIENT = '''
 import json, os, socket, sys, threading, time
 from invoke import task
+
 
 
 def compile_outside(shell):

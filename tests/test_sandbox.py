@@ -19,6 +19,8 @@ from bakery.errors import EnvironmentProblem
 
 from support import ROOT
 
+pytestmark = pytest.mark.slow  # no engine needed, but seconds each: `invoke test --fast` skips it
+
 SECRETS = {"GITHUB_TOKEN": "ghs_secret", "BAKERY_REGISTRY_PASSWORD": "hunter2", "BAKERY_KEY_PASSWORD": "pw",
            "BAKERY_SIGNING_KEY": "-----BEGIN ENCRYPTED PRIVATE KEY-----", "SAMPLES": "3"}
 
@@ -337,6 +339,7 @@ def test_the_kernels_settings_are_not_writable_from_inside():
 
 SOCKETS = """
 import json, socket
+
 said = {}
 for name, family, kind in (("unix", 1, socket.SOCK_STREAM), ("inet", 2, socket.SOCK_STREAM),
                            ("vsock", 40, socket.SOCK_STREAM), ("packet", 17, socket.SOCK_RAW),

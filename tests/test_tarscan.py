@@ -26,6 +26,9 @@ from bakery.base.scan import scan_layer
 from bakery.oci.registry import Registry
 from bakery.oci.tarscan import TarError, TarReader
 
+pytestmark = pytest.mark.slow  # no engine needed, but seconds each: `invoke test --fast` skips it
+
+
 SETTINGS = settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 KINDS = {"file": tarfile.REGTYPE, "old-file": tarfile.AREGTYPE, "dir": tarfile.DIRTYPE, "symlink": tarfile.SYMTYPE,
          "hardlink": tarfile.LNKTYPE, "fifo": tarfile.FIFOTYPE, "char": tarfile.CHRTYPE, "contiguous": tarfile.CONTTYPE}

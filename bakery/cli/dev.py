@@ -46,7 +46,7 @@ def pytest_argv(k: str | None, x: bool, rehearsal: bool, fast: bool = False) -> 
     """`invoke test`'s pytest command line, as a list (no shell: a -k with a quote stays one argument)."""
     args = [sys.executable, "-m", "pytest", "-ra", "tests"]
     if fast:
-        args += ["-m", "not stack and not rehearsal and not gpu"]
+        args += ["-m", "not stack and not slow and not rehearsal and not gpu"]
     elif not rehearsal:
         args += ["-m", "not rehearsal"]
     if k:

@@ -23,7 +23,7 @@ FIXTURE = {"registry": "registry host:port to push the fixture to (default: the 
 
 TEST = {"k": "only tests matching this pytest -k expression", "x": "stop at the first failure",
         "rehearsal": "also run the workflow rehearsals under act (tests/test_rehearse.py: minutes each; CI runs them)",
-        "fast": "only the tests that need no Docker engine or registry (seconds; nothing is started)"}
+        "fast": "only the quick tests that need no Docker engine or registry (about 20 s; nothing is started)"}
 
 LOCK = {"base": "base image REF@sha256:DIGEST, overriding image/base.yaml",
         "lock": "lock file to write (default: overlays/overlays.lock)"}
