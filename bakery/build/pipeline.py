@@ -28,7 +28,7 @@ from ..oci.layer import FileEntry, write_blob, write_layer
 from ..oci.refs import Descriptor, Reference
 from ..oci.registry import Registry
 from ..project import Project, cache_dir
-from ..proofs import runner as prove_mod
+from ..proofs import gate, runner as prove_mod
 from . import record
 from ..trust import record as record_file
 from ..trust.record import (Artifact as ArtifactRecord, Base as BaseRecord, BuildRecord, Deleted, Distribution,
@@ -203,22 +203,13 @@ def overlay_proofs(base: OpenBase, applied: list, log=print, signed: prove_mod.S
     out = {}
     for a in applied:
         spec = a.overlay.proof
-        if spec is None:
-            raise InputError(f"overlay {a.overlay.id!r} has no proof: give it proof: {{script: ...}} in "
-                             f"overlays.yaml, or {{hardware: WHY}} where only hardware can tell")
+        stock, overlaid = verdicts.get((a.overlay.id, "stock")), verdicts.get((a.overlay.id, "overlaid"))
+        judged = gate.judge(spec, stock, overlaid)
+        if not judged.proven:
+            raise (IntegrityError if judged.has_proof else InputError)(judged.message(a.overlay.id))
         if spec.script is None:
             out[a.overlay.id] = {"hardware": spec.hardware}
             continue
-        stock, overlaid = verdicts[(a.overlay.id, "stock")], verdicts[(a.overlay.id, "overlaid")]
-        if overlaid.verdict != prove_mod.FIXED:
-            raise IntegrityError(f"overlay {a.overlay.id!r}: its proof says {overlaid.verdict} on the overlaid "
-                                 f"target ({overlaid.reason}); run `invoke prove` for the table")
-        if stock.verdict != prove_mod.BROKEN:  # a proof that cannot tell stock from fixed proves nothing
-            raise IntegrityError(
-                f"overlay {a.overlay.id!r}: its proof says {stock.verdict} on the base's stock target "
-                f"({stock.reason}): " + ("upstream fixed it, run `invoke rebase` to record that and stop baking "
-                                         "the overlay" if stock.verdict == prove_mod.FIXED else
-                                         "the proof cannot show the defect is there; run `invoke prove`"))
         out[a.overlay.id] = {"script": str(spec.script.name), "code_sha256": spec.code_sha256,
                              "stock": stock.verdict, "overlaid": overlaid.verdict, "reason": overlaid.reason}
     return out, [(overlay, side, verdicts[(overlay, side)]) for overlay, side in sorted(verdicts)]

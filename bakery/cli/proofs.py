@@ -9,8 +9,6 @@ from pathlib import Path
 from ..build.pipeline import Options
 from ..errors import InputError, NotCarried, NotProven
 
-HARDWARE_ONLY = "hardware-only"
-
 
 @dataclass(frozen=True)
 class Proven:
@@ -37,6 +35,8 @@ def hardware_only(row):
     """A proof marked `hardware:` runs nowhere here: its row says so instead of a verdict."""
     if row.overlay.proof.script is not None:
         return row
+    from ..proofs.gate import HARDWARE_ONLY
+
     return dataclasses.replace(row, stock=dataclasses.replace(row.stock, verdict=HARDWARE_ONLY))
 
 

@@ -1,2 +1,3 @@
-"""Running upstream's code: the bubblewrap sandbox for everything we do not trust (sandbox) and the
-overlay proofs run in it, their cache and their signed verdicts (runner)."""
+"""Running upstream's code: the bubblewrap sandbox for everything we do not trust (sandbox), the
+overlay proofs run in it, their cache and their signed verdicts (runner), and the one rule a required
+overlay is held to (gate)."""

@@ -23,7 +23,7 @@ from ..errors import BakeryError, InputError
 from ..inputs import overlays as overlays_mod, patch as patch_mod
 from ..inputs.overlays import Overlay
 from ..project import Project
-from ..proofs import runner as prove
+from ..proofs import gate, runner as prove
 
 
 
@@ -69,12 +69,8 @@ class ProofRow:
 
     @property
     def ok(self) -> bool:
-        """A required overlay must be BROKEN on stock and FIXED overlaid, or say why no proof runs."""
-        if not self.overlay.baked:
-            return True
-        if self.overlay.proof is None or self.overlay.proof.script is None:
-            return self.overlay.proof is not None  # marked hardware-only, with its reason
-        return self.stock.verdict == prove.BROKEN and self.overlaid.verdict == prove.FIXED
+        """A required overlay holds to the proof gate (proofs/gate.py); an audit record bakes nothing."""
+        return not self.overlay.baked or gate.judge(self.overlay.proof, self.stock, self.overlaid).proven
 
 
 def _reads(base, overlays: list[Overlay]) -> dict:
