@@ -24,8 +24,8 @@ from bakery.dev import stack  # noqa: E402
 
 # a test that takes one of these needs the engine and a registry: marked `stack`, so the rest runs
 # alone in seconds (`invoke test --fast`); a file that reaches the stack otherwise says so itself
-STACK_FIXTURES = {"registry", "basic_registry", "fixture_base", "fixture_base_027", "toolchain", "fixture_lock",
-                  "project"}
+STACK_FIXTURES = {"registry", "basic_registry", "token_registry", "fixture_base", "fixture_base_027", "toolchain",
+                  "fixture_lock", "project"}
 
 
 def pytest_collection_modifyitems(items):

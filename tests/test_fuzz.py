@@ -31,9 +31,6 @@ from bakery.oci.registry import OCI_INDEX, OCI_MANIFEST, Registry
 from support import invoke
 from proxy import FaultyProxy
 
-pytestmark = pytest.mark.slow  # no engine needed, but seconds each: `invoke test --fast` skips it
-
-
 SITE = "usr/local/lib/python3.12/dist-packages"
 PATHS = [f"{SITE}/vllm/v1/kv_offload/cpu/gpu_worker.py", f"{SITE}/vllm/envs.py", "etc/os-release"]
 MEDIA = {"tar": "application/vnd.oci.image.layer.v1.tar", "gzip": "application/vnd.oci.image.layer.v1.tar+gzip",

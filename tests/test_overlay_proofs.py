@@ -24,9 +24,6 @@ from bakery.oci.registry import Registry
 
 from support import ROOT, invoke
 
-pytestmark = pytest.mark.slow  # no engine needed, but seconds each: `invoke test --fast` skips it
-
-
 pytest.importorskip("torch", reason="the overlay proofs need CPU torch (pip install -e '.[test]')")
 
 REQUIRED = ["mxfp4-bitmatrix-padding-mask", "cpu-kv-transfer-fence", "fnuz-indexer-cache-writer",
@@ -45,16 +42,19 @@ def table(fixture_base):
 
 
 @pytest.mark.parametrize("overlay", REQUIRED)
+@pytest.mark.slow  # seconds: `invoke test --fast` skips it
 def test_each_overlay_is_broken_on_stock_and_fixed_overlaid(table, overlay):
     assert table[overlay][:2] == ["BROKEN", "FIXED"]
 
 
+@pytest.mark.slow
 def test_the_prove_table_names_the_check_behind_each_verdict(table):
     gumbel = next(o for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml") if o.id == "independent-draft-gumbel")
     assert table["independent-draft-gumbel"][2:4] == [gumbel.proof.script.name, "(cpu)"]
     assert table["sparse-mla-prefill-bh64"][2] == "hardware"
 
 
+@pytest.mark.slow
 def test_hardware_only_overlay_says_why_and_audit_records_are_proven_on_stock(table):
     assert table["sparse-mla-prefill-bh64"][:2] == ["hardware-only", "hardware-only"]
     assert table["deterministic-indexer-topk"][:2] == ["BROKEN", "(audit)"]
@@ -84,17 +84,20 @@ def spec_of(overlay_id: str) -> proof_spec.ProofSpec:
 
 # -- CANNOT-PROVE is never a pass --------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_target_that_raises_cannot_be_proven_with_one_line_why():
     verdict = prove.run(spec_of("cpu-kv-transfer-fence"), b"raise RuntimeError('boom')\n", {})
     assert verdict.verdict == prove.CANNOT and "RuntimeError: boom" in verdict.reason and "\n" not in verdict.reason
 
 
+@pytest.mark.slow
 def test_a_renamed_function_cannot_be_proven(versions):
     renamed = versions["exact-swiglu-clamp-kernel"][1].read_bytes().replace(b"def forward_native", b"def forward_eager")
     verdict = prove.run(spec_of("exact-swiglu-clamp-kernel"), renamed, {})
     assert verdict.verdict == prove.CANNOT and "forward_native is not in the target" in verdict.reason
 
 
+@pytest.mark.slow
 def test_a_proof_that_crashes_is_cannot_prove_not_a_pass(tmp_path, monkeypatch):
     """Even after printing a well-formed FIXED line: a proof that then exits non-zero did not finish."""
     monkeypatch.setenv("BAKERY_CACHE", str(tmp_path / "cache"))
@@ -107,6 +110,7 @@ def test_a_proof_that_crashes_is_cannot_prove_not_a_pass(tmp_path, monkeypatch):
         assert verdict.verdict == prove.CANNOT and "exit 3" in verdict.reason, (body, verdict)
 
 
+@pytest.mark.slow
 def test_a_poisoned_verdict_cache_entry_is_dropped_and_rerun(versions, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("BAKERY_CACHE", str(tmp_path))
     spec, stock = spec_of("cpu-kv-transfer-fence"), versions["cpu-kv-transfer-fence"][0].read_bytes()
@@ -118,6 +122,7 @@ def test_a_poisoned_verdict_cache_entry_is_dropped_and_rerun(versions, tmp_path,
     assert "dropped a corrupt proof cache entry" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_fence_proof_catches_a_fence_on_stores_only(versions):
     """A mutation of the overlaid file that fences only stores again must be BROKEN: the proof
     reads the happens-before order the code produces, not the text of the patch."""
@@ -130,6 +135,7 @@ def test_the_fence_proof_catches_a_fence_on_stores_only(versions):
 
 # -- (d) FNUZ FP8 writer: the read contract and the compiled code -------------------------------------
 
+@pytest.mark.slow
 def test_the_base_reads_the_indexer_cache_shuffled(versions):
     """The contract the overlay writes to, as the base's ROCm indexer states it: decode hands the
     cache to AITER with Preshuffle=block_size > 1, prefill gathers it SHUFFLE for blocks above 1.
@@ -153,6 +159,7 @@ def amdgcn(writer: Path, *args: str) -> dict:
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=["stock", "overlaid"])
+@pytest.mark.slow
 def test_gfx942_writer_converts_with_the_hardware_fnuz_instruction(versions, which):
     """Triton's real compiler, ahead of time for gfx942 (no GPU needed), flags as the launcher sets
     them on an MI300X: the overlaid writer converts with v_cvt_pk_fp8_f32, the MI300X's own FP8
@@ -162,6 +169,7 @@ def test_gfx942_writer_converts_with_the_hardware_fnuz_instruction(versions, whi
     assert ("v_cvt_pk_fp8_f32" in code["fp8_instructions"]) is (which == 1), code
 
 
+@pytest.mark.slow
 def test_ocp_hardware_runs_the_stock_machine_code(versions):
     """For gfx950 (MI355X, OCP FP8), with its flags at the default the launcher leaves them at
     there, the overlaid writer compiles to exactly the stock machine code."""
@@ -190,6 +198,7 @@ def test_the_verdict_cache_key_covers_every_project_file_the_proof_executes(tmp_
     assert prove.cache_key(spec, b"target", {}) != before
 
 
+@pytest.mark.slow
 def test_a_proof_cannot_execute_a_project_file_it_does_not_declare(versions, tmp_path, monkeypatch):
     """The sandbox shows a proof only its declared code, so an undeclared import fails (and its
     verdict is never cached under a key that does not cover what ran)."""
@@ -201,6 +210,7 @@ def test_a_proof_cannot_execute_a_project_file_it_does_not_declare(versions, tmp
     assert verdict.verdict == prove.CANNOT and "bakery_kernels/__init__.py" in verdict.reason, verdict.reason
 
 
+@pytest.mark.slow
 def test_stock_and_overlaid_run_in_one_process_and_keep_apart(versions, tmp_path, monkeypatch):
     """One sandboxed process per proof: both verdicts come back, each from its own bytes."""
     monkeypatch.setenv("BAKERY_CACHE", str(tmp_path))
@@ -218,6 +228,7 @@ def reads(registry, fixture_base):
     return {p: f.data for p, f in ((p, fs.read([p])[p.lstrip("/")]) for p in paths)}
 
 
+@pytest.mark.slow
 def test_the_gumbel_proof_catches_a_salt_that_keeps_the_targets_key(versions, reads):
     """The overlaid speculator with its salt made 0: the draft samples with the target's key again."""
     overlaid = versions["independent-draft-gumbel"][1].read_text()
@@ -231,6 +242,7 @@ def test_the_gumbel_proof_catches_a_salt_that_keeps_the_targets_key(versions, re
 DSPARK = "/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu/spec_decode/dspark/speculator.py"
 
 
+@pytest.mark.slow
 def test_the_gumbel_proof_draws_drafts_through_the_bases_own_dspark_sampler(versions, reads):
     """The draft's key comes from DSpark's own call, not from the proof: make DSpark key its draws
     by the drafted position itself (Q) instead of the one before it (Q-1, the key the target's
@@ -243,6 +255,7 @@ def test_the_gumbel_proof_draws_drafts_through_the_bases_own_dspark_sampler(vers
     assert verdict.verdict == prove.FIXED, verdict.reason
 
 
+@pytest.mark.slow
 def test_a_branch_on_a_name_the_proof_does_not_model_is_cannot_prove(versions):
     """Upstream often ships a fix behind a flag that is off by default. A stand-in's value is not
     known, so the fence gated on an unmodeled vllm.envs flag is CANNOT-PROVE naming it, never
@@ -256,6 +269,7 @@ def test_a_branch_on_a_name_the_proof_does_not_model_is_cannot_prove(versions):
     assert verdict.verdict == prove.CANNOT and "vllm.envs.VLLM_KV_OFFLOAD_FENCE_LOADS" in verdict.reason, verdict
 
 
+@pytest.mark.slow
 def test_an_argument_the_target_no_longer_takes_is_cannot_prove(versions, reads):
     """The proof gives rejection_sample use_block_verification=True (DSpark as served): a base
     whose function dropped it would silently run another path, so the proof says it cannot tell."""
@@ -267,6 +281,7 @@ def test_an_argument_the_target_no_longer_takes_is_cannot_prove(versions, reads)
     assert verdict.verdict == prove.CANNOT and "no longer takes use_block_verification" in verdict.reason, verdict
 
 
+@pytest.mark.slow
 def test_the_swiglu_proof_imports_bakery_kernels_as_the_image_does(versions):
     """An overlay whose import of the package never succeeds in the image (a misspelt name) serves
     the stock arithmetic through its fallback: BROKEN, though its fast path alone is exact."""
@@ -293,6 +308,7 @@ ROUTE = b"        return _bakery_kernels.top_k_top_p(logits, k, p)\n"
     (b"        nan = logits.isnan()\n        out = _bakery_kernels.top_k_top_p(logits.masked_fill(nan, 3e38), k, p)\n"
      b"        return out.masked_fill_(nan & (out > float('-inf')), float('nan'))\n", "NaN: "),
 ], ids=["ties to the higher index", "only in big batches", "NaN kept"])
+@pytest.mark.slow
 def test_the_sampler_proof_names_the_property_a_wrong_route_breaks(versions, reads, route, named):
     """The overlaid sampler, its route to bakery_kernels changed so that one property of the
     semantics fails: BROKEN, naming it (the proof's own reference, not the glue, decides)."""
@@ -306,6 +322,7 @@ def test_the_sampler_proof_names_the_property_a_wrong_route_breaks(versions, rea
         verdict.reason
 
 
+@pytest.mark.slow
 def test_the_sampler_proof_cannot_prove_what_the_served_sampler_no_longer_calls(versions, reads):
     """A base whose served sampler stopped calling apply_top_k_top_p: the overlay would route a
     function nothing serves with, so no verdict (FIXED would claim a served path that is not there)."""
@@ -318,6 +335,7 @@ def test_the_sampler_proof_cannot_prove_what_the_served_sampler_no_longer_calls(
     assert verdict.verdict == prove.CANNOT and "no longer calls apply_top_k_top_p" in verdict.reason, verdict.reason
 
 
+@pytest.mark.slow
 def test_proofs_on_a_gpu_where_there_is_none_say_so_in_one_line(tmp_path, monkeypatch):
     if list(Path("/dev").glob("nvidia*")) or Path("/dev/kfd").exists():
         pytest.skip("this machine has a GPU")
@@ -340,6 +358,7 @@ def test_the_verdict_cache_key_covers_the_device():
      ("(block // 16) * 256 + block % 16", "(block // 16) * 256 + (block % 16) * 16")],  # each tile transposed
     [("            fp8_max = 224.0\n", "            fp8_max = 448.0\n")],  # OCP's max in FNUZ bytes
 ], ids=["tile transposed", "OCP max"])
+@pytest.mark.slow
 def test_the_fnuz_proof_catches_a_wrong_layout_or_scale(versions, reads, mutation):
     overlaid = versions["fnuz-indexer-cache-writer"][1].read_text()
     mutated = overlaid

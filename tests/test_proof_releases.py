@@ -22,8 +22,6 @@ from bakery.proofs import runner as prove
 
 from support import ROOT
 
-pytestmark = pytest.mark.slow  # no engine needed, but seconds each: `invoke test --fast` skips it
-
 pytest.importorskip("torch", reason="the overlay proofs need CPU torch (pip install -e '.[test]')")
 
 SITE = "/usr/local/lib/python3.12/dist-packages/"
@@ -55,6 +53,7 @@ def test_every_required_overlay_is_checked_here():
 
 
 @pytest.mark.parametrize("overlay_id", sorted(EXPECTED_ON_NEWEST))
+@pytest.mark.slow  # seconds: `invoke test --fast` skips it
 def test_stock_proof_gives_a_verdict_on_the_newest_release(newest, overlay_id, tmp_path, monkeypatch):
     monkeypatch.setenv("BAKERY_CACHE", str(tmp_path))  # proven now, not read from a cache
     o = required()[overlay_id]
@@ -75,6 +74,7 @@ REJECTION = SITE + "vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.py"
     ((b"def rejection_sample(\n", b"def rejection_sample(\n    lane: int,\n"),
      "rejection_sample now takes lane"),
 ], ids=["symbol renamed", "parameter added"])
+@pytest.mark.slow
 def test_what_the_proof_needs_and_the_base_lacks_is_cannot_prove_naming_it(newest, edit, named, tmp_path, monkeypatch):
     monkeypatch.setenv("BAKERY_CACHE", str(tmp_path))
     spec, target, reads = _gumbel_inputs(newest)
@@ -111,7 +111,6 @@ def run():
 
 triton_ints, triton_floats = run()
 import _proof
-
 _proof._interpreter_philox()
 numpy_ints, numpy_floats = run()
 assert (numpy_ints == triton_ints).all() and (numpy_floats.view(np.int32) == triton_floats.view(np.int32)).all()
@@ -120,6 +119,7 @@ print("same bits")
 '''
 
 
+@pytest.mark.slow
 def test_the_interpreters_numpy_philox_gives_tritons_bits():
     """The proofs draw Gumbel noise through a numpy Philox under the interpreter (ten times fewer
     interpreter steps); it must give, bit for bit, what Triton's own Philox gives there."""

@@ -20,7 +20,7 @@ import pytest
 
 from bakery.release.deploy import caddy as nodes
 
-pytestmark = [pytest.mark.skipif(shutil.which("caddy") is None, reason="needs caddy (scripts/bootstrap.sh installs it)"), pytest.mark.slow]
+pytestmark = pytest.mark.skipif(shutil.which("caddy") is None, reason="needs caddy (scripts/bootstrap.sh installs it)")
 
 
 def free_port() -> int:
@@ -96,6 +96,7 @@ def get(proxy, path: str, source: str = "127.0.0.1", seen: list | None = None) -
 
 
 @pytest.mark.parametrize("path", nodes.API_PATHS)
+@pytest.mark.slow  # seconds: `invoke test --fast` skips it
 def test_an_api_path_from_an_allowed_source_reaches_vllm_over_tls(proxy, path):
     status, body, _, _ = get(proxy, path)
     assert status == 200 and body == b"first\nsecond\n"
@@ -103,6 +104,7 @@ def test_an_api_path_from_an_allowed_source_reaches_vllm_over_tls(proxy, path):
 
 @pytest.mark.parametrize("path", ["/", "/v1/admin", "/v1/chat/completions/../../debug", "/generate2", "/metrics/x",
                                   "/v1/models/", "/docs"])
+@pytest.mark.slow
 def test_any_other_path_is_403(proxy, path):
     assert get(proxy, path)[0] == 403
 
@@ -110,23 +112,27 @@ def test_any_other_path_is_403(proxy, path):
 @pytest.mark.parametrize("asked, canonical", [("/v1//models", "/v1/models"), ("/x/../v1/models", "/v1/models"),
                                               ("/V1/MODELS", "/v1/models"),  # Caddy matches paths without case
                                               ("/v1/completions?stream=true", "/v1/completions?stream=true")])
+@pytest.mark.slow
 def test_vllm_sees_only_the_canonical_path(proxy, asked, canonical):
     """A spelling Caddy cleans to match an allowed path reaches vLLM as that path, query kept."""
     seen = []
     assert get(proxy, asked, seen=seen)[0] == 200 and seen == [canonical]
 
 
+@pytest.mark.slow
 def test_a_source_outside_the_allowed_cidrs_is_403(proxy):
     status, body, _, _ = get(proxy, "/v1/chat/completions", source="127.0.0.2")
     assert status == 403 and b"second" not in body
 
 
+@pytest.mark.slow
 def test_streamed_tokens_are_not_buffered(proxy):
     """The upstream sends its first part, then waits two seconds: the client has it long before."""
     status, body, first_at, done_at = get(proxy, "/v1/completions")
     assert status == 200 and done_at >= 1.9 and first_at < 1.0, (first_at, done_at)
 
 
+@pytest.mark.slow
 def test_plain_http_gets_nothing(proxy):
     port, _ = proxy
     conn = http.client.HTTPConnection("localhost", port, timeout=10)

@@ -19,8 +19,6 @@ from bakery.release import reproduce
 from bakery.errors import EnvironmentProblem
 from bakery.oci.refs import Reference
 
-pytestmark = pytest.mark.slow  # no engine needed, but seconds each: `invoke test --fast` skips it
-
 SECRETS = {"BAKERY_KEY_PASSWORD": "rebuilder-password", "BAKERY_REBUILDER_SIGNING_KEY": "-----BEGIN ENCRYPTED"}
 
 # the revision's tasks.py: `invoke build` looks for everything a rebuilder holds, says what it
@@ -116,6 +114,7 @@ def key_holder(keyfile: Path) -> subprocess.Popen:
                             env={**os.environ, **SECRETS})
 
 
+@pytest.mark.slow  # seconds: `invoke test --fast` skips it
 def test_run_as_a_child_the_hostile_revision_takes_the_rebuilders_secrets(hostile, tmp_path):
     """The control, as reproduce ran it before: a child with a filtered environment, the key file
     named on the parent's command line (here: this process's environment and a child of ours
@@ -136,6 +135,7 @@ def test_run_as_a_child_the_hostile_revision_takes_the_rebuilders_secrets(hostil
         assert what in said, said
 
 
+@pytest.mark.slow
 def test_in_the_rebuild_sandbox_the_hostile_revision_finds_nothing(hostile, tmp_path):
     plan, keyfile = hostile
     holder = key_holder(keyfile)
@@ -147,6 +147,7 @@ def test_in_the_rebuild_sandbox_the_hostile_revision_finds_nothing(hostile, tmp_
     assert str(failed.value).endswith("found: nothing"), failed.value
 
 
+@pytest.mark.slow
 def test_a_revision_whose_hip_is_a_link_is_not_compiled(hostile, tmp_path):
     """Docker binds where a link points: hip -> / would hand the host to the compile container."""
     plan, _ = hostile
@@ -167,6 +168,7 @@ def test_a_revision_whose_hip_is_a_link_is_not_compiled(hostile, tmp_path):
         reproduce.rebuild(replace(plan, revision=revision), tmp_path / "work", None, log=lambda m: None)
 
 
+@pytest.mark.slow
 def test_what_the_sandboxed_code_made_setuid_is_disarmed(tmp_path):
     """Run by root, the code inside is root to the kernel: a file it marks setuid in its work
     folder would be a setuid-root binary left on the host."""
@@ -211,7 +213,6 @@ import json, os, socket, sys, threading, time
 from invoke import task
 
 
-
 def compile_outside(shell):
     import http.client
     conn = http.client.HTTPConnection("localhost", timeout=900)
@@ -247,6 +248,7 @@ def revision_with(tmp_path, plan, body: str):
     return replace(plan, revision=head)
 
 
+@pytest.mark.slow
 def test_the_broker_grants_a_few_compiles_and_no_more(hostile, tmp_path):
     plan = revision_with(tmp_path, hostile[0], MANY_COMPILES)
     with pytest.raises(EnvironmentProblem) as failed:
@@ -254,6 +256,7 @@ def test_the_broker_grants_a_few_compiles_and_no_more(hostile, tmp_path):
     assert str(failed.value).endswith("statuses: 200 200 200 200 429"), failed.value
 
 
+@pytest.mark.slow
 def test_a_compile_the_revision_leaves_running_ends_with_the_rebuild(hostile, tmp_path, monkeypatch):
     """The revision starts a compile that never ends and exits; once reproduce is done, no
     container of that compile is left (the broker removes what it labelled)."""

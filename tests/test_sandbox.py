@@ -19,8 +19,6 @@ from bakery.errors import EnvironmentProblem
 
 from support import ROOT
 
-pytestmark = pytest.mark.slow  # no engine needed, but seconds each: `invoke test --fast` skips it
-
 SECRETS = {"GITHUB_TOKEN": "ghs_secret", "BAKERY_REGISTRY_PASSWORD": "hunter2", "BAKERY_KEY_PASSWORD": "pw",
            "BAKERY_SIGNING_KEY": "-----BEGIN ENCRYPTED PRIVATE KEY-----", "SAMPLES": "3"}
 
@@ -86,6 +84,7 @@ def hostile(tmp_path, registry, monkeypatch):
     return proof_spec.ProofSpec(proofs / "hostile.py")
 
 
+@pytest.mark.slow  # seconds: `invoke test --fast` skips it
 def test_run_plainly_the_hostile_proof_finds_every_secret(hostile):
     """The control: without the sandbox, each thing the proof looks for is there to take."""
     done = subprocess.run([sys.executable, str(hostile.script), "/dev/null"], capture_output=True, text=True,
@@ -97,6 +96,7 @@ def test_run_plainly_the_hostile_proof_finds_every_secret(hostile):
         assert what in reason, reason
 
 
+@pytest.mark.slow
 def test_in_the_sandbox_the_hostile_proof_finds_nothing(hostile):
     verdict = prove.run(hostile, b"print('the base code')\n", {})
     found = [f for f in verdict.reason.split("; ") if not f.endswith("/planted.py")]
@@ -104,6 +104,7 @@ def test_in_the_sandbox_the_hostile_proof_finds_nothing(hostile):
     assert not (hostile.script.parent / "planted.py").exists()  # nothing written reached the host
 
 
+@pytest.mark.slow
 def test_real_proofs_run_in_the_sandbox(tmp_path, monkeypatch):
     """The sandbox still holds what a proof needs: torch, the proof's folder, hip/, its inputs."""
     monkeypatch.setenv("BAKERY_CACHE", str(tmp_path / "cache"))
@@ -116,12 +117,14 @@ def test_real_proofs_run_in_the_sandbox(tmp_path, monkeypatch):
     assert verdict.verdict == prove.BROKEN, verdict.reason  # it imports hip/bakery_kernels and torch inside
 
 
+@pytest.mark.slow
 def test_without_bubblewrap_proofs_do_not_run(hostile, monkeypatch):
     monkeypatch.setattr(sandbox, "BWRAP", "bwrap-not-installed")
     with pytest.raises(EnvironmentProblem, match="apt-get install bubblewrap"):
         prove.run(hostile, b"", {})
 
 
+@pytest.mark.slow
 def test_a_sandbox_that_cannot_start_is_the_machines_problem_not_a_verdict(hostile, tmp_path, monkeypatch):
     """Where user namespaces are refused (Ubuntu 24.04's AppArmor default, not this machine), bwrap
     fails before running anything: a stand-in bwrap that fails the same way gives one clear line."""
@@ -134,6 +137,7 @@ def test_a_sandbox_that_cannot_start_is_the_machines_problem_not_a_verdict(hosti
         prove.run(hostile, b"", {})
 
 
+@pytest.mark.slow
 def test_a_bubblewrap_too_old_for_the_sandbox_says_so(hostile, tmp_path, monkeypatch):
     """Ubuntu 22.04's bubblewrap 0.6 has no --disable-userns (a stand-in answers as it would)."""
     fake = tmp_path / "bwrap"
@@ -155,6 +159,7 @@ def test_a_bubblewrap_too_old_for_the_sandbox_says_so(hostile, tmp_path, monkeyp
     ("import sys\nprint('bwrap: setting up uid map: Permission denied', file=sys.stderr)\nsys.exit(1)\n",
      "the proof failed (exit 1): bwrap: setting up uid map"),
 ])
+@pytest.mark.slow
 def test_whatever_the_code_inside_prints_is_a_verdict(body, reason, tmp_path, monkeypatch):
     monkeypatch.setenv("BAKERY_CACHE", str(tmp_path / "cache"))
     proofs = tmp_path / "project" / "overlays" / "proofs"
@@ -213,6 +218,7 @@ if __name__ == "__main__":
 '''
 
 
+@pytest.mark.slow
 def test_one_targets_code_cannot_write_the_others_verdict(tmp_path, monkeypatch):
     """Stock and overlaid run as two children of one proof process. The stock target's code opens
     its sibling's pipe through /proc and writes FIXED there after the sibling exits: the children
@@ -285,6 +291,7 @@ def test_the_filter_refuses_what_no_proof_or_build_needs():
     ("file size", "open('/tmp/big', 'wb').write(b'x' * (3 << 20))\n", sandbox.Limits(seconds=60, files=1 << 20),
      "File too large"),
 ])
+@pytest.mark.slow
 def test_each_limit_stops_hostile_code_with_an_error(name, code, limits, expect):
     """The control runs the same code with room to spare and it ends well; under the limit it fails
     with the kernel's error, which the caller sees as the code's failure."""
@@ -294,6 +301,7 @@ def test_each_limit_stops_hostile_code_with_an_error(name, code, limits, expect)
     assert done.returncode != 0 and expect in done.stderr, (name, done.stderr[-500:])
 
 
+@pytest.mark.slow
 def test_a_proof_past_its_limits_is_never_a_verdict(tmp_path, monkeypatch):
     """A proof that forks without end gets CANNOT-PROVE (the error), not the FIXED it prints first."""
     monkeypatch.setenv("BAKERY_CACHE", str(tmp_path / "cache"))
@@ -307,6 +315,7 @@ def test_a_proof_past_its_limits_is_never_a_verdict(tmp_path, monkeypatch):
     assert verdict.verdict == prove.CANNOT, verdict
 
 
+@pytest.mark.slow
 def test_code_past_its_time_is_stopped(tmp_path):
     with pytest.raises(subprocess.TimeoutExpired):
         sandbox.run(["sleep", "30"], [], None, sandbox.Limits(seconds=2))
@@ -339,7 +348,6 @@ def test_the_kernels_settings_are_not_writable_from_inside():
 
 SOCKETS = """
 import json, socket
-
 said = {}
 for name, family, kind in (("unix", 1, socket.SOCK_STREAM), ("inet", 2, socket.SOCK_STREAM),
                            ("vsock", 40, socket.SOCK_STREAM), ("packet", 17, socket.SOCK_RAW),

@@ -26,9 +26,6 @@ from bakery.base.scan import scan_layer
 from bakery.oci.registry import Registry
 from bakery.oci.tarscan import TarError, TarReader
 
-pytestmark = pytest.mark.slow  # no engine needed, but seconds each: `invoke test --fast` skips it
-
-
 SETTINGS = settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 KINDS = {"file": tarfile.REGTYPE, "old-file": tarfile.AREGTYPE, "dir": tarfile.DIRTYPE, "symlink": tarfile.SYMTYPE,
          "hardlink": tarfile.LNKTYPE, "fifo": tarfile.FIFOTYPE, "char": tarfile.CHRTYPE, "contiguous": tarfile.CONTTYPE}
@@ -127,6 +124,7 @@ def ambiguous(items) -> bool:
 
 @SETTINGS
 @given(items=members, fmt=st.sampled_from(sorted(FORMATS)))
+@pytest.mark.slow  # seconds: `invoke test --fast` skips it
 def test_archives_tarfile_wrote_are_listed_as_go_lists_them(go, items, fmt):
     data = archive(items, fmt)
     if data is not None:
@@ -135,6 +133,7 @@ def test_archives_tarfile_wrote_are_listed_as_go_lists_them(go, items, fmt):
 
 @SETTINGS
 @given(items=members, fmt=st.sampled_from(sorted(FORMATS)), data=st.data())
+@pytest.mark.slow
 def test_mutated_and_cut_archives_are_refused_or_listed_as_go_does(go, items, fmt, data):
     raw = archive(items, fmt)
     if not raw:
@@ -164,6 +163,7 @@ def with_fields(raw: bytes, block: int, fields: dict) -> bytes:
 
 @SETTINGS
 @given(items=members, fmt=st.sampled_from(sorted(FORMATS)), data=st.data())
+@pytest.mark.slow
 def test_rewritten_header_fields_with_good_checksums_are_refused_or_listed_as_go_does(go, items, fmt, data):
     """What a hostile writer does: any field rewritten and the checksum made right again."""
     raw = archive(items, fmt)
@@ -179,6 +179,7 @@ def test_rewritten_header_fields_with_good_checksums_are_refused_or_listed_as_go
     agree(go, with_fields(raw, block, {offset: value}))
 
 
+@pytest.mark.slow
 def test_a_base_256_number_past_int64_is_refused_as_go_does(go):
     """Found by the test above on a CI run: a size field 0x80 + its old octal digits reads as a
     number near 2**85, which Go's int64 cannot hold (invalid header) and tarscan listed."""
@@ -211,6 +212,7 @@ def pax_member(*headers: bytes, name: str = "f", data: bytes = b"0123456789") ->
     return out + header(name, b"0", len(data)) + pad(data) + b"\0" * 1024
 
 
+@pytest.mark.slow
 def test_pax_records_that_override_size_path_and_link(go):
     items = [("p" * 150 + "/file", "file", b"x" * 700, "", 0o644), ("short", "symlink", b"", "t" * 200, 0o777),
              ("é/ü", "hardlink", b"", "p" * 150 + "/file", 0o644)]
@@ -263,6 +265,7 @@ GO_REFUSES = {  # tarfile (or our reader) listed these; the engine cannot unpack
 }
 
 
+@pytest.mark.slow
 def test_each_header_the_issue_found_is_read_by_go(go):
     """The control: the engine reads each of these archives without an error (so a layer holding
     one unpacks, and whatever we would read differently is in the image)."""
@@ -275,6 +278,7 @@ def test_each_header_the_issue_found_is_read_by_go(go):
 
 
 @pytest.mark.parametrize("case", sorted(HIDDEN) + sorted(GO_REFUSES))
+@pytest.mark.slow
 def test_each_header_the_issue_found_is_refused(go, case):
     data = HIDDEN.get(case) or GO_REFUSES[case]
     if "global" in case:
@@ -289,6 +293,7 @@ def test_each_header_the_issue_found_is_refused(go, case):
         list(TarReader(io.BytesIO(data)))
 
 
+@pytest.mark.slow
 def test_every_fixture_layer_is_listed_as_go_lists_it(go, registry, fixture_base, tmp_path):
     """The real layers (Debian, vLLM and AITER as Docker wrote them): none refused, each Go's listing."""
     import gzip
@@ -328,6 +333,7 @@ def test_a_member_whose_size_outruns_the_stream_is_cut_not_allocated():
         tracemalloc.stop()
 
 
+@pytest.mark.slow
 def test_a_layer_go_and_we_read_differently_refuses_the_base(registry, tmp_path):
     """scan_layer, as the build calls it: the V7 layer above is an integrity error (exit 5), its
     digest checked first; no listing of ours is kept."""

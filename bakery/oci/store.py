@@ -174,6 +174,8 @@ class LayoutStore:
         """A blob already on this disk, checked by whoever made it (a verified cache entry, a layer
         just written): hard-linked where it can be, else copied; several GB are never read twice."""
         dest = self._blob_path(desc.digest)
+        if dest.exists():  # a manifest may name one blob twice (an empty layer)
+            return
         dest.parent.mkdir(parents=True, exist_ok=True)
         try:
             os.link(source, dest)
