@@ -189,7 +189,7 @@ def signed_image(registry, fixture_base, fixture_lock, tmp_path_factory):
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_verifying_against_hostile_signatures_fails_checks_never_crashes(hostile, signed_image, data):
-    from bakery.trust import provenance, verify
+    from bakery.trust import policy as policy_mod, verify
     from bakery.oci.store import RegistryStore, signature_tag
 
     project, ref, pub, policy_path = signed_image
@@ -202,7 +202,7 @@ def test_verifying_against_hostile_signatures_fails_checks_never_crashes(hostile
             served[f"/v2/{ref.repository}/manifests/{tag}"] = (200, {"Content-Type": OCI_MANIFEST},
                                                                data.draw(hostile_signature(body)))
     hostile.overrides = served
-    policy = provenance.load_policy(policy_path, project, {"release": [pub]})
+    policy = policy_mod.load_policy(policy_path, project, {"release": [pub]})
     mirror = Reference(hostile.host, ref.repository, None, ref.digest)
     report = verify.verify(RegistryStore(mirror), mirror, policy, blobs=False)
     assert report.checks  # a report, whatever was served

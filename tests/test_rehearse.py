@@ -21,7 +21,7 @@ import sys
 import pytest
 import yaml
 
-from bakery.trust import provenance
+from bakery.trust import policy, provenance
 from bakery.dev import rehearse
 from bakery.oci.refs import Reference
 from bakery.oci.registry import Registry
@@ -151,7 +151,7 @@ def test_the_promoted_tag_passes_cosign_with_each_roles_key(promoted):
     tagged = f"{stage.image_repo}:{rehearse.TAG}"
     pub = {role: str(stage.keys / f"{role}.pub") for role in ("release", "smoke", "rebuilder")}
     assert cosign(promoted, "verify", "--key", pub["release"], tagged).returncode == 0
-    for predicate, role in provenance.SIGNED_BY.items():
+    for predicate, role in policy.SIGNED_BY.items():
         good = cosign(promoted, "verify-attestation", "--key", pub[role], "--type", predicate, tagged)
         assert good.returncode == 0, (predicate, good.stderr)
     # and each statement only with its own role's key: the smoke key vouches for no provenance

@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from support import ROOT, dev_policy
 
-from bakery.trust import attest, keys, provenance, sign, verify
+from bakery.trust import attest, keys, policy as policy_mod, sign, verify
 from bakery.errors import IntegrityError
 from bakery.oci.refs import Descriptor, Reference
 from bakery.oci.registry import OCI_MANIFEST, Registry, verified_dir
@@ -60,7 +60,7 @@ def signed(registry, tmp_path, monkeypatch):
     policies = {}
     for name, key in private.items():
         (tmp_path / f"{name}.pub").write_bytes(keys.public_pem(key.public_key()))
-        policies[name] = provenance.load_policy(dev_policy(tmp_path / f"{name}.yaml", PIN), ROOT,
+        policies[name] = policy_mod.load_policy(dev_policy(tmp_path / f"{name}.yaml", PIN), ROOT,
                                                 {"release": [tmp_path / f"{name}.pub"]})
     attest.sign_image(RegistryStore(good), good, sign.Signer(private["a"]))
     return good, unsigned, policies

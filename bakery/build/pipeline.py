@@ -78,9 +78,9 @@ class Options:
         policy's release keys (threshold, allowed repositories). None where the policy names no release
         key. With --key there is one, so the policy is read when a signature is first checked (a warm
         build checks none)."""
-        from ..trust import provenance
+        from ..trust import policy
 
-        load = functools.lru_cache(maxsize=1)(lambda: provenance.load_policy(
+        load = functools.lru_cache(maxsize=1)(lambda: policy.load_policy(
             self.policy or Project(self.project).policy, self.project, {"release": list(self.keys)}))
         if not self.keys and not load().roles["release"].keys:
             return None

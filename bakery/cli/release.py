@@ -34,9 +34,9 @@ def attest(project: Path, image: str, record: str | None, key: str | None, layou
 def may_attach(kind: str, role: str, envelope: str) -> None:
     """Only a statement type the role signs is attached: a smoke key cannot put provenance beside
     (or in place of) the release key's."""
-    from ..trust import provenance
+    from ..trust import policy
 
-    if provenance.SIGNED_BY.get(kind) != role:
+    if policy.SIGNED_BY.get(kind) != role:
         raise InputError(f"envelope {envelope} holds a statement of type {kind}, which the {role} role does not "
                          f"sign: not attached (it would stand beside, or in place of, another role's)")
 

@@ -17,9 +17,9 @@ def role_keys(release: str | None = None, smoke: str | None = None, rebuilders=N
 
 def load_policy(project: Path, policy: str | None, keys: dict):
     """The verification policy (default: provenance/policy.yaml) with the keys given on the command line."""
-    from ..trust import provenance
+    from ..trust import policy as policy_mod
 
-    return provenance.load_policy(Path(policy) if policy else Project(project).policy, project, keys)
+    return policy_mod.load_policy(Path(policy) if policy else Project(project).policy, project, keys)
 
 
 def kernel_trust(project: Path, key: str | None, policy: str | None, registry):

@@ -444,12 +444,12 @@ def statement(ref, report: dict, spec_bytes: bytes) -> bytes:
     facts (in the report)."""
     import hashlib
 
-    from ..trust import provenance
+    from ..trust import policy, provenance
 
     if report.get("image") != str(ref):
         raise InputError(f"the smoke report is about {report.get('image')}, not {ref}")
     predicate = {"result": report["result"], "passedTests": report["passed"], "failedTests": report["failed"],
-                 "warnedTests": [], "configuration": [{"name": provenance.SMOKE_SPEC,
+                 "warnedTests": [], "configuration": [{"name": policy.SMOKE_SPEC,
                                                       "digest": {"sha256": hashlib.sha256(spec_bytes).hexdigest()}}],
                  "report": report}
     return provenance.statement(ref, TEST_RESULT, predicate)

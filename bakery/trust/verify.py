@@ -12,7 +12,7 @@ from ..errors import BakeryError, InputError, IntegrityError, malformed
 from ..oci.manifest import Manifest
 from ..oci.refs import Descriptor, Digest, Reference
 from ..oci.store import signature_tag
-from . import keys as keys_mod, provenance, sbom, sign
+from . import keys as keys_mod, policy as policy_mod, provenance, sbom, sign
 
 
 @dataclass
@@ -328,13 +328,13 @@ def _smoke(smoke: dict | None, policy, report: Report, digest: str = "", run: st
     and not older than a FAILED this machine has seen for the same digest and spec (the ledger)."""
     compared = _report(smoke or {}).get("regression_compared", 0)
     ran = next((c.get("digest", {}).get("sha256") for c in (smoke or {}).get("configuration") or []
-                if c.get("name") == provenance.SMOKE_SPEC), None)
+                if c.get("name") == policy_mod.SMOKE_SPEC), None)
     if not report.check(smoke is not None and smoke.get("result") == "PASSED" and compared > 0,
                         "a passing MI300X smoke attestation signed by a smoke key, its regression outputs compared"
                         + ("" if smoke else " (none attached, or not signed by a smoke key)")
                         + (f" (result {smoke.get('result')}, {compared} outputs compared)" if smoke else "")):
         return
-    report.check(ran == policy.smoke_spec, f"the smoke ran the pinned spec {provenance.SMOKE_SPEC} "
+    report.check(ran == policy.smoke_spec, f"the smoke ran the pinned spec {policy_mod.SMOKE_SPEC} "
                  f"sha256:{policy.smoke_spec}" + ("" if ran == policy.smoke_spec else
                                                   f" (it ran sha256:{ran}: an older or other spec; run the smoke "
                                                   f"again with the pinned one)"))
@@ -365,7 +365,7 @@ def _remember_failure(ref: Reference, smoke) -> None:
     if not isinstance(smoke, dict) or smoke.get("result") == "PASSED":
         return
     ran = next((c.get("digest", {}).get("sha256") for c in smoke.get("configuration") or []
-                if isinstance(c, dict) and c.get("name") == provenance.SMOKE_SPEC), None)
+                if isinstance(c, dict) and c.get("name") == policy_mod.SMOKE_SPEC), None)
     if isinstance(ran, str):
         smoke_ledger.remember(str(ref.digest), ran, smoke.get("result"), *_when(smoke))
 

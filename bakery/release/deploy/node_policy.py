@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ...errors import InputError
 from ...trust import keys as keys_mod
-from ...trust.provenance import Policy
+from ...trust.policy import Policy
 
 INSTALLED = Path("/etc/containers")  # where DIR's contents are meant to be installed
 KEYS_DIR = "bakery-keys"
