@@ -29,11 +29,11 @@ from ..oci.refs import Descriptor, Reference
 from ..oci.registry import Registry
 from ..project import Project, cache_dir
 from ..proofs import gate, runner as prove_mod
-from . import record
 from ..trust import record as record_file
 from ..trust.record import (Artifact as ArtifactRecord, Base as BaseRecord, BuildRecord, Deleted, Distribution,
                             File as FileRecord, Hashed, ImageSpec, Kernels, Layer as LayerRecord, LockPin,
                             Manifest as ManifestRecord, Overlay as OverlayRecord, Source, Tuning, Verdict)
+from . import record
 from .publish import Derived, push, write_layout
 
 DIST_INFO = "usr/local/lib/python3*/dist-packages/*.dist-info/METADATA"
