@@ -140,7 +140,8 @@ def test_build_bakes_the_outputs_and_records_them(project, registry, fixture_bas
         ("bakery::top_k_top_p_", "vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p"),
         ("bakery::swiglu_clamp", "vllm.model_executor.layers.activation.SiluAndMulWithClamp.forward_native")}
     from bakery.trust import sbom as sbom_mod
-    spdx = json.loads(sbom_mod.document(record, f"{registry}/test/kernels"))
+    from bakery.trust.record import BuildRecord
+    spdx = json.loads(sbom_mod.document(BuildRecord.from_json(record), f"{registry}/test/kernels"))
     [package] = [p for p in spdx["packages"] if p["SPDXID"].startswith("SPDXRef-Artifact")]
     assert "bakery::top_k_top_p_ serves vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p" in package["comment"]
     ref = last_line(result)
