@@ -60,3 +60,60 @@ def test_image_paths_must_be_absolute_and_normal(path):
 def test_two_files_for_one_path_are_refused():
     with pytest.raises(InputError, match="same image path"):
         tar_bytes((FileEntry("/a", b"1"), FileEntry("/a", b"2")), 0)
+
+
+def _kept_entry(kept):
+    entries = list(kept.rglob("*.gz"))
+    assert len(entries) == 1
+    return entries[0]
+
+
+def test_a_tar_compressed_before_is_not_compressed_again(tmp_path, monkeypatch):
+    """The gzip cache: the second write of the same tar takes the kept stream (compressing at
+    level 9 is most of a warm build's layer writing) and gives the same blob."""
+    import bakery.oci.layer as layer_mod
+
+    kept = tmp_path / "gzip"
+    first = write_layer(FILES, 7, tmp_path / "a", "t", kept=kept)
+    assert _kept_entry(kept).read_bytes() == first.path.read_bytes()
+
+    def no_compressing(data):
+        raise AssertionError("compressed again")
+
+    monkeypatch.setattr(layer_mod, "gzip_bytes", lambda data: b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
+                        if data == b"" else no_compressing(data))  # the header it checks against stays
+    second = write_layer(FILES, 7, tmp_path / "b", "t", kept=kept)
+    assert second.descriptor == first.descriptor and second.path.read_bytes() == first.path.read_bytes()
+
+
+def _other_tar_stream():
+    return gzip_bytes(tar_bytes(FILES[:1], 7))
+
+
+def _cut(stream):
+    return stream[:-9]
+
+
+def _trailing(stream):
+    return stream + gzip_bytes(b"more")
+
+
+def _another_header(stream):
+    return stream[:4] + b"\x01\x00\x00\x00" + stream[8:]  # an mtime of its own: another digest
+
+
+@pytest.mark.parametrize("forge", [lambda s: _other_tar_stream(), _cut, _trailing, _another_header,
+                                   lambda s: b"not gzip"],
+                         ids=["another tar", "cut", "trailing member", "another header", "garbage"])
+def test_a_kept_stream_that_is_not_exactly_ours_for_this_tar_is_dropped(tmp_path, capsys, forge):
+    """A kept stream counts only if it has our fixed header and inflates to exactly this tar,
+    whole and alone; anything else is one warning, compressed again, the same digest as ever."""
+    kept = tmp_path / "gzip"
+    first = write_layer(FILES, 7, tmp_path / "a", "t", kept=kept)
+    entry = _kept_entry(kept)
+    entry.write_bytes(forge(entry.read_bytes()))
+    again = write_layer(FILES, 7, tmp_path / "b", "t", kept=kept)
+    assert again.descriptor == first.descriptor and again.path.read_bytes() == first.path.read_bytes()
+    assert entry.read_bytes() == first.path.read_bytes()  # made again
+    warnings = [l for l in capsys.readouterr().err.splitlines() if l.startswith("warning:")]
+    assert len(warnings) == 1 and "gzip cache entry" in warnings[0]

@@ -9,9 +9,7 @@ from __future__ import annotations
 import bisect
 import fnmatch
 import itertools
-import multiprocessing
 import re
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Iterable
@@ -109,6 +107,9 @@ class BaseFilesystem:
         todo = sorted((d for d in self.image.layers if not self.cache.has_index(d)), key=lambda d: -d.size)
         if len(todo) < 2:
             return
+        import multiprocessing  # only a cold pass pays for the process pool's imports
+        from concurrent.futures import ProcessPoolExecutor
+
         jobs = [(self.registry.name, self.image.ref.repository, d.to_json(), self.keep, str(self.cache.root))
                 for d in todo]
         with ProcessPoolExecutor(min(len(todo), WORKERS), mp_context=multiprocessing.get_context("fork")) \

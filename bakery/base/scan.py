@@ -16,8 +16,6 @@ import zlib
 from pathlib import Path
 from typing import Iterator
 
-import zstandard
-
 from ..errors import InputError, IntegrityError
 from ..oci.refs import Descriptor
 from ..oci.registry import Registry
@@ -117,6 +115,8 @@ def _gunzip(pieces: Iterator[bytes]) -> Iterator[bytes]:
 
 
 def _unzstd(pieces: Iterator[bytes]) -> Iterator[bytes]:
+    import zstandard  # only a zstd layer pays for it
+
     reader = zstandard.ZstdDecompressor().stream_reader(_Pieces(lambda: next(pieces, b"")), read_across_frames=True)
     while piece := reader.read(PIECE):
         yield piece
@@ -271,6 +271,8 @@ class _LayerPipe:
 
 def decompressed(media_type: str, raw) -> io.IOBase:
     if "zstd" in media_type:
+        import zstandard
+
         return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
     if media_type.endswith(("gzip", "+gzip")):
         return gzip.GzipFile(fileobj=raw)
@@ -288,6 +290,8 @@ def scan_layer(registry: Registry, repo: str, desc: Descriptor, wanted: set[str]
     has been checked, so a corrupt download leaves no trace. Members are read by tarscan, as the
     engine will unpack them; a layer it cannot read that way refuses the base.
     """
+    import zstandard  # a layer is streamed: what the warm path never needs
+
     cache.downloads += 1
     entries, whiteouts, opaque, found = {}, [], [], {}
     decode = _decoder(desc.media_type)

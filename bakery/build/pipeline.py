@@ -124,15 +124,23 @@ class OpenBase:
     registry: Registry
     image: base_mod.Image
     fs: BaseFilesystem
+    overlays: list | None = None  # overlays.yaml as loaded when the base was opened; None if it did not load
 
 
-def needed_files(project: Path) -> tuple[str, ...]:
+def registered_overlays(project: Path) -> list | None:
+    """overlays.yaml loaded, or None when it does not load: whoever needs it reports why."""
+    try:
+        return overlays_mod.load(Project(project).overlays_yaml)
+    except BakeryError:
+        return None
+
+
+def needed_files(project: Path, registered: list | None = None) -> tuple[str, ...]:
     """Every base file a build or rebase reads (as patterns): dist-info, overlay targets, what the
     proofs and probes read. Kept on a layer's first pass, so no layer is streamed twice."""
-    try:
-        registered = overlays_mod.load(Project(project).overlays_yaml)
-    except BakeryError:
-        return (DIST_INFO,)  # the registry is reported by whoever loads it next
+    registered = registered if registered is not None else registered_overlays(project)
+    if registered is None:
+        return (DIST_INFO,)
     paths = {o.target for o in registered} | {r for o in registered if o.proof for r in o.proof.reads} | \
         {c["path"] for o in registered for c in o.probe}
     return (DIST_INFO,) + tuple(sorted(glob.escape(p.lstrip("/")) for p in paths))
@@ -145,10 +153,11 @@ def open_base(project: Path, override: str | None, log=print, mirror: str | None
     registry = Registry(spec.source.registry)
     log(f"resolving base {spec.source}")
     image = base_mod.resolve(registry, spec.source, spec.platform)
-    fs = BaseFilesystem(registry, image, LayerCache(), keep=needed_files(project))
+    registered = registered_overlays(project)  # loaded once: its checks are not free
+    fs = BaseFilesystem(registry, image, LayerCache(), keep=needed_files(project, registered))
     fs.prefetch()
     fs.check_layers()
-    return OpenBase(spec, registry, image, fs)
+    return OpenBase(spec, registry, image, fs, registered)
 
 
 def base_files(base: OpenBase, paths) -> dict:
@@ -162,7 +171,7 @@ def base_files(base: OpenBase, paths) -> dict:
 def overlay_inputs(project: Path, base: OpenBase) -> tuple[list, list, list]:
     """Registered overlays, the required ones applied exactly to the base bytes, and the stale
     bytecode to delete."""
-    overlays = overlays_mod.load(Project(project).overlays_yaml)
+    overlays = base.overlays if base.overlays is not None else overlays_mod.load(Project(project).overlays_yaml)
     targets = [o.target for o in overlays if o.baked]
     applied = overlays_mod.apply_all(overlays, base.fs.read(targets))
     caches = sorted({str(PurePosixPath(t).parent / "__pycache__").lstrip("/") + "/*.pyc" for t in targets})
@@ -298,10 +307,11 @@ def overlay_records(project: Path, overlays: list, applied: list, proofs: dict) 
 
 def write_layers(specs: list, epoch: int, blobs: Path) -> list:
     """One layer per (files, comment, deletions), None skipped, in order, compressed concurrently
-    (zlib lets go of the GIL)."""
+    (zlib lets go of the GIL), or taken from the gzip cache where the same tar was compressed before."""
     specs = [s for s in specs if s is not None]
+    kept = cache_dir("gzip")
     with ThreadPoolExecutor(len(specs)) as pool:
-        return list(pool.map(lambda s: write_layer(s[0], epoch, blobs, s[1], deletions=s[2]), specs))
+        return list(pool.map(lambda s: write_layer(s[0], epoch, blobs, s[1], deletions=s[2], kept=kept), specs))
 
 
 def checked_overlays(project: Path, opts: Options, opened: OpenBase, log=print,

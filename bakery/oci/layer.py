@@ -5,7 +5,9 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import sys
 import tarfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -96,15 +98,56 @@ def gzip_bytes(data: bytes) -> bytes:
     return out.getvalue()
 
 
-def write_layer(files: tuple[FileEntry, ...], epoch: int, blobs: Path, comment: str,
-                deletions: tuple[str, ...] = ()) -> Layer:
-    """Build a layer and store it as blobs/sha256/<hex>; a failed write leaves nothing behind."""
-    raw = tar_bytes(files, epoch, deletions)
+def gzip_kept(raw: bytes, diff_id: Digest, kept: Path | None) -> bytes:
+    """gzip_bytes(raw), or the stream kept under `kept` for this tar (by its diff_id, this zlib and
+    the level): compressing at level 9 is most of a warm build's layer writing. A kept stream is
+    used only if it carries our fixed header and inflates to exactly `raw`, whole; else it is
+    dropped with a warning and made again."""
+    if kept is None:
+        return gzip_bytes(raw)
+    path = kept / f"zlib-{zlib.ZLIB_RUNTIME_VERSION}-{GZIP_LEVEL}" / f"{diff_id.hex}.gz"
+    try:
+        stream = path.read_bytes()
+    except FileNotFoundError:
+        stream = None
+    except OSError as e:
+        raise EnvironmentProblem(f"cannot read the gzip cache entry {path}: {e.strerror}") from None
+    if stream is not None:
+        if _inflates_to(stream, raw):
+            return stream
+        print(f"warning: dropped a gzip cache entry {diff_id.hex[:12]} that does not inflate to its tar; "
+              f"compressing again", file=sys.stderr)
     blob = gzip_bytes(raw)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, blob)
+    except OSError as e:
+        print(f"warning: could not keep a compressed layer in {path.parent}: {e.strerror}", file=sys.stderr)
+    return blob
+
+
+def _inflates_to(stream: bytes, raw: bytes) -> bool:
+    if stream[:10] != gzip_bytes(b"")[:10]:  # a header of its own would change the digest
+        return False
+    inflate = zlib.decompressobj(wbits=31)
+    try:
+        out = inflate.decompress(stream, len(raw) + 1)  # never more than the tar (a bomb stops here)
+    except zlib.error:
+        return False
+    return out == raw and inflate.eof and not inflate.unused_data and not inflate.unconsumed_tail
+
+
+def write_layer(files: tuple[FileEntry, ...], epoch: int, blobs: Path, comment: str,
+                deletions: tuple[str, ...] = (), kept: Path | None = None) -> Layer:
+    """Build a layer and store it as blobs/sha256/<hex>; a failed write leaves nothing behind.
+    With `kept` (a cache folder), a stream compressed before for the same tar is reused."""
+    raw = tar_bytes(files, epoch, deletions)
+    diff_id = Digest.of(raw)
+    blob = gzip_kept(raw, diff_id, kept)
     desc = Descriptor.of(OCI_LAYER_GZIP, blob)
     path = blobs / "sha256" / desc.digest.hex
     write_blob(path, blob)
-    return Layer(desc, Digest.of(raw), path, comment, tuple(sorted(files, key=lambda f: f.path)),
+    return Layer(desc, diff_id, path, comment, tuple(sorted(files, key=lambda f: f.path)),
                  tuple(sorted(deletions)))
 
 

@@ -212,6 +212,7 @@ def run_many(jobs: dict, device: str = "cpu", signed: "SignedVerdicts | None" = 
     """{key: (spec, target bytes, reads)} -> {key: Verdict}: the targets of one proof together in one
     process, every proof at once (the cores are shared out by the kernel: how long each proof takes
     is not known before it runs, so no order of a queue would be better)."""
+    _versions()  # once, here: six threads that each miss the empty cache would each scan every distribution
     groups: dict = {}
     for key, (spec, target, reads) in jobs.items():
         groups.setdefault((spec, id(reads)), (spec, reads, []))[2].append((key, target))
