@@ -6,32 +6,20 @@ it knows nothing of the server's rules, only the socket.
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import os
-import socket
 from pathlib import Path
 
 from .errors import EnvironmentProblem, IntegrityError
+from .oci.http import UnixConnection
 
 SOCKET_ENV = "BAKERY_BROKER_SOCKET"
 OUTPUTS_LIMIT = 256 << 20  # all a compile may hand back, together (the extensions are tens of MiB)
 
 
-class _UnixHTTP(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self.path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self.path)
-
-
 def ask(method: str, path: str, body: dict | None = None, timeout: float = 3600) -> dict:
     """One request to the broker from inside the sandbox; its JSON answer, or the error it gave."""
-    conn = _UnixHTTP(os.environ[SOCKET_ENV], timeout)
+    conn = UnixConnection(os.environ[SOCKET_ENV], timeout)
     try:
         data = json.dumps(body).encode() if body is not None else None
         conn.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
@@ -55,38 +43,3 @@ def compile_outside(toolchain: str, shell: str, out: Path) -> tuple[int, str]:
             raise IntegrityError(f"the broker handed back an output named {name[:80]!r}")
         (out / name).write_bytes(base64.b64decode(data))
     return int(answer["status"]), str(answer["logs"])
-
-
-def requests_session(path: str):
-    """A requests session whose every request, http or https, goes to the broker's socket (the
-    Host header keeps naming the registry the code asked for)."""
-    import requests
-    import urllib3
-
-    class Connection(urllib3.connection.HTTPConnection):
-        def connect(self) -> None:
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self.sock.settimeout(self.timeout if isinstance(self.timeout, (int, float)) else None)
-            self.sock.connect(path)
-
-    class Pool(urllib3.HTTPConnectionPool):
-        ConnectionCls = Connection
-
-    class Adapter(requests.adapters.HTTPAdapter):
-        def get_connection_with_tls_context(self, request, verify, proxies=None, cert=None):
-            return Pool("localhost")
-
-        def send(self, request, **kwargs):
-            from urllib.parse import urlsplit
-
-            request.headers["Host"] = urlsplit(request.url).netloc  # the registry asked for, port and all
-            return super().send(request, **kwargs)
-
-        def cert_verify(self, conn, url, verify, cert) -> None:
-            pass  # plain HTTP to our own socket
-
-    session = requests.Session()
-    session.trust_env = False
-    for prefix in ("http://", "https://"):
-        session.mount(prefix, Adapter())
-    return session

@@ -7,11 +7,11 @@ import json
 import time
 
 import pytest
-import requests
 
 from bakery.dev import stack
 from bakery.errors import AuthError, IntegrityError, RegistryError
 from bakery.oci.refs import Descriptor, Digest, Reference
+from bakery.oci.http import Connections
 from bakery.oci.registry import OCI_MANIFEST, Registry
 from bakery.oci.transport import Credentials, Transport
 
@@ -345,7 +345,7 @@ def test_a_layout_index_over_4_mib_is_refused(tmp_path):
 
 
 def test_a_redirect_with_an_endless_body_is_followed_without_reading_it(registry):
-    """requests' Session reads a redirect's whole body even when not following it: we do not."""
+    """A redirect's body is never read (requests' Session read it whole even when not following it)."""
     desc = upload(Registry(registry), "test/redirect-body", b"the blob itself")
     with FaultyProxy("127.0.0.1:9", [], {"/bucket/blob": (200, {}, b"the blob itself")}) as storage:
         redirect = {f"/v2/test/redirect-body/blobs/{desc.digest}":
@@ -356,26 +356,23 @@ def test_a_redirect_with_an_endless_body_is_followed_without_reading_it(registry
     assert proxy.sent < 32 << 20
 
 
+class NoSend(Connections):
+    def send(self, method, url, headers, body, timeout=None):
+        raise AssertionError(f"sent a request to {url}")
+
+
 @pytest.mark.parametrize("realm", ["http://169.254.169.254/latest/meta-data", "file:///etc/passwd", "ftp://x/token",
                                    "https://[x"])
 def test_an_https_registry_cannot_send_us_to_a_plain_token_service(realm):
     """The realm comes from the registry's 401: a plain one would make us fetch an internal URL for it.
     Nothing is requested (the session refuses to send anything)."""
-    class NoSend(requests.Session):
-        def get_adapter(self, url):
-            raise AssertionError(f"sent a request to {url}")
-
-    transport = Transport("registry.example.com", session=NoSend())
+    transport = Transport("registry.example.com", connections=NoSend())
     with pytest.raises(AuthError, match="refused \\(an https registry's must be https"):
         transport._fetch_token({"realm": realm, "service": "x"}, ("repository:a/b:pull",))
 
 
 def test_a_plain_registry_may_name_only_a_token_service_on_its_own_host():
-    class NoSend(requests.Session):
-        def get_adapter(self, url):
-            raise AssertionError(f"sent a request to {url}")
-
-    transport = Transport("127.0.0.1:5999", session=NoSend())  # loopback: plain http
+    transport = Transport("127.0.0.1:5999", connections=NoSend())  # loopback: plain http
     with pytest.raises(AuthError, match="a plain one's must be on its own host"):
         transport._fetch_token({"realm": "http://127.0.0.2:80/token"}, ("repository:a/b:pull",))
     with pytest.raises(AuthError, match="refused"):
@@ -400,7 +397,7 @@ def test_a_layout_file_that_is_not_a_regular_file_is_refused_at_once(tmp_path, m
 
 
 def test_a_netrc_default_entry_goes_nowhere(registry, tmp_path, monkeypatch):
-    """requests fills Authorization from ~/.netrc for any host a URL names (a `default` entry for
+    """requests filled Authorization from ~/.netrc for any host a URL names (a `default` entry for
     all of them): not ours. A redirect target, and the registry itself, see no such header."""
     (tmp_path / "netrc").write_text("default login leaked password from-netrc\n")
     monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))

@@ -9,13 +9,12 @@ import urllib.parse
 from pathlib import Path
 from typing import Callable, Iterator
 
-import requests
-
 from ..errors import IntegrityError, NotFound, RegistryError, TransientError
 from ..files import atomic_file, atomic_write
 from ..project import cache_dir
 from .progress import Progress
 from .refs import Descriptor, Digest, Reference
+from .http import ConnectionFailed
 from .transport import DOCUMENT_LIMIT, Transport
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -140,9 +139,9 @@ class Registry:
                                          f"{SLOWEST >> 10} KiB/s: given up; retry")
                 progress.update(len(chunk))
                 yield chunk
-        except requests.RequestException as e:
+        except ConnectionFailed as e:
             raise TransientError(f"blob {desc.digest} from {self.name}/{repo}: the transfer broke off after "
-                                 f"{size} of {desc.size} bytes ({type(e).__name__}); retry") from None
+                                 f"{size} of {desc.size} bytes ({e}); retry") from None
         finally:
             resp.close()
             progress.close()

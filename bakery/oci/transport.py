@@ -14,14 +14,11 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
-import requests
-import requests.auth
-
 from ..errors import AuthError, InputError, IntegrityError, NotFound, RegistryError, TransientError
+from .http import ConnectionFailed, Connections, Response
 
 RETRY_STATUSES = {429, 500, 502, 503, 504}
 ATTEMPTS = 5
-TIMEOUT = (10, 300)  # connect, read
 DOCUMENT_LIMIT = 4 << 20  # manifests, indexes, configs, signatures, envelopes: distribution's own cap
 ERROR_BODY_LIMIT = 64 << 10  # what a registry may say about a failure
 REDIRECTS = {301, 302, 303, 307, 308}
@@ -124,7 +121,7 @@ def origin(url: str) -> tuple[str, str, int | None]:
         return "", "", -1
 
 
-def read_bounded(resp: requests.Response, limit: int, what: str, error: type) -> bytes:
+def read_bounded(resp: Response, limit: int, what: str, error: type) -> bytes:
     """The whole body, or `error` as soon as it is known to exceed `limit` (from Content-Length, or
     while reading a body of unannounced length): a hostile server cannot make us read gigabytes."""
     declared = resp.headers.get("Content-Length", "")
@@ -139,25 +136,12 @@ def read_bounded(resp: requests.Response, limit: int, what: str, error: type) ->
             if len(body) > limit:
                 raise error(f"{what}: the response is over the {limit}-byte limit for it; refused after reading "
                             f"{len(body)} bytes (the server is broken or hostile)")
-    except requests.RequestException as e:
-        raise TransientError(f"{what}: the response broke off after {len(body)} bytes ({type(e).__name__}); "
-                             f"retry") from None
+    except ConnectionFailed as e:
+        raise TransientError(f"{what}: the response broke off after {len(body)} bytes ({e}); retry") from None
     finally:
         resp.close()
-    # requests' own cache of the body: .content, .text and .json() read it from here
-    resp._content, resp._content_consumed = bytes(body), True
-    return resp._content
-
-
-class _NoAuth(requests.auth.AuthBase):
-    """Our Authorization header as we set it: requests would otherwise fill it from ~/.netrc, for
-    whatever host a URL names."""
-
-    def __call__(self, r):
-        return r
-
-
-_NO_AUTH = _NoAuth()
+    resp.content = bytes(body)  # what .content, .text and .json() read from now on
+    return resp.content
 
 
 def parse_challenge(header: str) -> tuple[str, dict]:
@@ -167,12 +151,11 @@ def parse_challenge(header: str) -> tuple[str, dict]:
     return scheme.lower(), params
 
 
-def _session():
-    """A plain session; in a rebuild's sandbox (no network) one that asks the broker outside."""
-    from .. import broker_client
+def _connections() -> Connections:
+    """Our own connections; in a rebuild's sandbox (no network), every one to the broker outside."""
+    from ..broker_client import SOCKET_ENV
 
-    path = os.environ.get(broker_client.SOCKET_ENV)
-    return broker_client.requests_session(path) if path else requests.Session()
+    return Connections(os.environ.get(SOCKET_ENV) or None)
 
 
 class Transport:
@@ -180,18 +163,19 @@ class Transport:
     Credentials (basic or a token) go only to the registry's own origin: an upload Location or a
     redirect that points elsewhere is followed without them."""
 
-    def __init__(self, registry: str, credentials: Credentials | None = None, session=None):
+    def __init__(self, registry: str, credentials: Credentials | None = None,
+                 connections: Connections | None = None):
         self.registry = registry
         self.base = f"{scheme_for(registry)}://{api_host(registry)}"
         self.origin = origin(self.base)
         self.credentials = credentials if credentials is not None else load_credentials(registry)
-        self.session = session or _session()
+        self.connections = connections or _connections()
         self._tokens: dict[str, str] = {}
         self._basic = False
 
     def request(self, method: str, path: str, *, scopes: tuple[str, ...] = (), ok=(200,),
                 headers: dict | None = None, body=None, stream: bool = False,
-                limit: int = DOCUMENT_LIMIT) -> requests.Response:
+                limit: int = DOCUMENT_LIMIT) -> Response:
         """Send one request; body may be bytes or a callable returning a fresh body per attempt.
         Unless `stream`, the response body is read here, refused past `limit` bytes (an error
         body past 64 KiB)."""
@@ -214,7 +198,9 @@ class Transport:
             if resp is not None and resp.status_code not in RETRY_STATUSES:
                 if resp.status_code not in ok:
                     raise (NotFound if resp.status_code == 404 else RegistryError)(self._describe(method, url, resp))
-                if not stream and method != "HEAD":  # an answer that says "not there" says little
+                if method == "HEAD":
+                    resp.close()  # no body: its connection is free for the next request
+                elif not stream:  # an answer that says "not there" says little
                     read_bounded(resp, limit if resp.status_code < 400 else ERROR_BODY_LIMIT, f"{method} {url}",
                                  IntegrityError)
                 return resp
@@ -239,8 +225,8 @@ class Transport:
             data = body() if callable(body) else body
             try:
                 resp = self._send_once(method, url, hdrs, data)
-            except requests.RequestException as e:  # refused, timed out, or a body cut short
-                self._last_error = type(e).__name__ + ": " + str(e).split("(Caused by")[0].strip()[:200]
+            except ConnectionFailed as e:  # refused, reset or timed out
+                self._last_error = str(e)
                 return None
             if resp.status_code not in REDIRECTS or "Location" not in resp.headers:
                 return resp
@@ -255,16 +241,14 @@ class Transport:
                 method, body = "GET", None
         raise RegistryError(f"{method} {url}: more than {MAX_REDIRECTS} redirects from {self.registry}")
 
-    def _send_once(self, method: str, url: str, headers: dict, data, params=None, auth=None) -> requests.Response:
-        """One HTTP exchange, its body left unread, no redirect followed. Through the session's
-        adapter, not Session.send: that reads a redirect's whole body (to release the socket) even
-        when told not to follow it."""
-        prepared = self.session.prepare_request(requests.Request(method, url, headers=headers, data=data,
-                                                                 params=params, auth=auth or _NO_AUTH))
-        settings = self.session.merge_environment_settings(prepared.url, {}, True, None, None)
-        return self.session.get_adapter(prepared.url).send(prepared, stream=True, timeout=TIMEOUT,
-                                                           verify=settings["verify"], proxies=settings["proxies"],
-                                                           cert=settings["cert"])
+    def _send_once(self, method: str, url: str, headers: dict, data, params=None, auth=None) -> Response:
+        """One HTTP exchange, its body left unread, no redirect followed; `params` are added to the
+        query, `auth` (user, password) is sent as Basic."""
+        if params:
+            url += ("&" if urllib.parse.urlsplit(url).query else "?") + urllib.parse.urlencode(params)
+        if auth:
+            headers = {**headers, "Authorization": "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()}
+        return self.connections.send(method, url, headers, data)
 
     def _auth_header(self, scopes) -> str | None:
         token = self._tokens.get(" ".join(scopes))
@@ -307,7 +291,7 @@ class Transport:
         for attempt in range(ATTEMPTS):
             try:  # no redirects: a token service that moves elsewhere would take the credentials along
                 resp = self._send_once("GET", params["realm"], {}, None, params=query, auth=auth)
-            except requests.RequestException as e:
+            except ConnectionFailed as e:
                 resp, err = None, e
             if resp is not None and resp.status_code not in RETRY_STATUSES:
                 break

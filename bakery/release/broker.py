@@ -142,7 +142,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.close_connection = True
             self.end_headers()
             if method == "GET":
-                for chunk in resp.raw.stream(1 << 20, decode_content=False):
+                for chunk in resp.iter_content(1 << 20):
                     self.wfile.write(chunk)
 
     def _compile(self) -> None:

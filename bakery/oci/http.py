@@ -1,0 +1,242 @@
+"""HTTP/1.1 for the registry client, on the standard library: connections kept alive per origin
+and shared by threads, TLS verified against certifi's bundle (or REQUESTS_CA_BUNDLE /
+CURL_CA_BUNDLE, as requests did), proxies from the environment. Bodies are never decoded: a blob's
+bytes are the bytes its digest names. Nothing here knows registries (transport.py does).
+
+requests did this before; importing it was a third of a warm build's own time."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import select
+import socket
+import ssl
+import threading
+import urllib.parse
+
+from .. import __version__
+from ..errors import TransientError
+
+USER_AGENT = f"bakery/{__version__}"
+TIMEOUT = (10, 300)  # connect, each read
+IDLE_PER_ORIGIN = 8  # kept-alive connections kept per origin (a push runs a few blobs at once)
+
+
+class ConnectionFailed(TransientError):
+    """Refused, reset, timed out, a TLS failure, or a body cut short: nothing a retry cannot mend."""
+
+
+def failure(e: BaseException) -> ConnectionFailed:
+    return ConnectionFailed(f"{type(e).__name__}: {str(e)[:200]}")
+
+
+class Response:
+    """One answer, its body unread until asked for. Reading it whole gives its connection back for
+    the next request; closing it early closes the connection."""
+
+    def __init__(self, raw: http.client.HTTPResponse, url: str, done) -> None:
+        self.status_code = raw.status
+        self.headers = raw.headers  # case-insensitive, like requests'
+        self.url = url
+        self._raw, self._done = raw, done
+        self._content: bytes | None = None
+
+    def iter_content(self, size: int):
+        """The body in pieces of at most `size` bytes; ConnectionFailed when it breaks off."""
+        while True:
+            try:
+                piece = self._raw.read(size)
+            except (OSError, http.client.HTTPException) as e:
+                self.close()
+                raise failure(e) from None
+            if not piece:
+                self.close()
+                return
+            yield piece
+
+    @property
+    def content(self) -> bytes:
+        if self._content is None:
+            self._content = b"".join(self.iter_content(1 << 20))
+        return self._content
+
+    @content.setter
+    def content(self, body: bytes) -> None:
+        self._content = body
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self):
+        return json.loads(self.content)
+
+    def close(self) -> None:
+        """Give the connection back if the answer was read to its end, else close it."""
+        if self._done is None:
+            return
+        done, self._done = self._done, None
+        raw = self._raw
+        if not raw.isclosed() and raw.length == 0:  # a HEAD's, or an empty body: ended, once read
+            try:
+                raw.read()
+            except (OSError, http.client.HTTPException):
+                pass
+        reusable = raw.isclosed() and not raw.will_close
+        raw.close()
+        done(reusable)
+
+    def __enter__(self) -> "Response":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _ca_file() -> str:
+    found = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+    if found:
+        return found
+    import certifi
+
+    return certifi.where()
+
+
+class UnixConnection(http.client.HTTPConnection):
+    """Every request to one Unix socket (the rebuild's broker), whatever host it names."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.socket_path)
+
+
+class Connections:
+    """Kept-alive connections, one request at a time on each, shared by threads. With
+    `unix_socket`, every request goes to that socket in plain HTTP, its Host header naming the
+    registry asked for (the rebuild's broker answers for it); proxies are not asked then."""
+
+    def __init__(self, unix_socket: str | None = None) -> None:
+        self.unix_socket = unix_socket
+        self._idle: dict[tuple, list] = {}
+        self._lock = threading.Lock()
+        self._tls: ssl.SSLContext | None = None
+
+    def send(self, method: str, url: str, headers: dict, body: bytes | None,
+             timeout: tuple[float, float] = TIMEOUT) -> Response:
+        """One exchange: the request sent and the answer's status and headers read; its body is left
+        for the caller. ConnectionFailed when no answer came."""
+        try:
+            parts = urllib.parse.urlsplit(url)
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError as e:
+            raise ConnectionFailed(f"InvalidURL: {str(e)[:200]}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConnectionFailed(f"InvalidURL: {url[:200]!r} is not an http(s) URL")
+        key = (parts.scheme, parts.hostname.lower(), port)
+        proxy = None if self.unix_socket else _proxy_for(parts.scheme, url)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        hdrs = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", **headers}
+        if self.unix_socket or proxy:
+            hdrs["Host"] = parts.netloc
+        if proxy and parts.scheme == "http":  # a plain request through a proxy names the whole URL
+            target = url
+            if proxy.username is not None:
+                hdrs["Proxy-Authorization"] = _basic(proxy)
+        conn = self._take(key) or self._open(key, proxy, timeout)
+        try:
+            conn.putrequest(method, target, skip_host="Host" in hdrs, skip_accept_encoding=True)
+            for name, value in hdrs.items():
+                conn.putheader(name, value)
+            if body is not None and not any(n.lower() == "content-length" for n in hdrs):
+                conn.putheader("Content-Length", str(len(body)))
+            elif body is None and method in ("POST", "PUT", "PATCH") and \
+                    not any(n.lower() == "content-length" for n in hdrs):
+                conn.putheader("Content-Length", "0")
+            conn.endheaders(body)
+            raw = conn.getresponse()
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            raise failure(e) from None
+        return Response(raw, url, lambda reusable: self._give_back(key, conn, reusable))
+
+    def _open(self, key: tuple, proxy, timeout) -> http.client.HTTPConnection:
+        scheme, host, port = key
+        try:
+            if self.unix_socket:
+                conn = UnixConnection(self.unix_socket, timeout[0])
+            elif scheme == "https":
+                if self._tls is None:
+                    self._tls = ssl.create_default_context(cafile=_ca_file())
+                if proxy:
+                    conn = http.client.HTTPSConnection(proxy.hostname, proxy.port or 80, timeout=timeout[0],
+                                                       context=self._tls)
+                    tunnel = {"Proxy-Authorization": _basic(proxy)} if proxy.username is not None else None
+                    conn.set_tunnel(host, port, headers=tunnel)
+                else:
+                    conn = http.client.HTTPSConnection(host, port, timeout=timeout[0], context=self._tls)
+            elif proxy:
+                conn = http.client.HTTPConnection(proxy.hostname, proxy.port or 80, timeout=timeout[0])
+            else:
+                conn = http.client.HTTPConnection(host, port, timeout=timeout[0])
+            conn.connect()  # under the connect timeout; sending and each read get the longer one
+            conn.sock.settimeout(timeout[1])
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            raise failure(e) from None
+        return conn
+
+    def _take(self, key: tuple) -> http.client.HTTPConnection | None:
+        """An idle connection the server has not closed meanwhile (one it closed reads as ready)."""
+        while True:
+            with self._lock:
+                idle = self._idle.get(key)
+                conn = idle.pop() if idle else None
+            if conn is None:
+                return None
+            try:
+                dropped = conn.sock is None or bool(select.select([conn.sock], [], [], 0)[0])
+            except (OSError, ValueError):
+                dropped = True
+            if not dropped:
+                return conn
+            conn.close()
+
+    def _give_back(self, key: tuple, conn: http.client.HTTPConnection, reusable: bool) -> None:
+        if reusable and conn.sock is not None:
+            with self._lock:
+                idle = self._idle.setdefault(key, [])
+                if len(idle) < IDLE_PER_ORIGIN:
+                    idle.append(conn)
+                    return
+        conn.close()
+
+
+def _basic(url: urllib.parse.SplitResult) -> str:
+    raw = f"{urllib.parse.unquote(url.username or '')}:{urllib.parse.unquote(url.password or '')}".encode()
+    return "Basic " + base64.b64encode(raw).decode()
+
+
+def _proxy_for(scheme: str, url: str) -> urllib.parse.SplitResult | None:
+    """The proxy the environment names for this URL (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY, NO_PROXY,
+    either case), as requests read them; None for none."""
+    if not any(name.lower().endswith("_proxy") for name in os.environ):
+        return None  # the usual case, without importing urllib.request
+    import urllib.request
+
+    proxies = urllib.request.getproxies_environment()
+    chosen = proxies.get(scheme) or proxies.get("all")
+    if not chosen or urllib.request.proxy_bypass_environment(urllib.parse.urlsplit(url).netloc, proxies):
+        return None
+    if "://" not in chosen:
+        chosen = "http://" + chosen
+    proxy = urllib.parse.urlsplit(chosen)
+    if proxy.scheme != "http" or not proxy.hostname:
+        raise ConnectionFailed(f"the proxy {chosen[:100]!r} that the environment names is not http://HOST[:PORT]")
+    return proxy

@@ -1,0 +1,311 @@
+"""The registry client's HTTP (bakery/oci/http.py), against real servers: TLS verified (a real
+registry serving TLS with a CA made here), proxies from the environment (a forward proxy written
+here, CONNECT and plain), and connections kept alive only when an answer was read to its end."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import select
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from bakery.dev import stack
+from bakery.oci.http import ConnectionFailed, Connections
+from bakery.oci.refs import Descriptor, Reference
+from bakery.oci.registry import OCI_MANIFEST, Registry
+from bakery.oci.transport import Transport, origin
+
+
+def _certificates(folder: Path, names: list[str]) -> tuple[Path, Path, Path]:
+    """(CA certificate, leaf certificate, leaf key): a CA made here and a leaf for `names` it signed."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bakery test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(1).not_valid_before(now - datetime.timedelta(days=1))
+          .not_valid_after(now + datetime.timedelta(days=30))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    alt = [x509.IPAddress(ipaddress.ip_address(n)) if n[0].isdigit() else x509.DNSName(n) for n in names]
+    leaf = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(2)
+            .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=30))
+            .add_extension(x509.SubjectAlternativeName(alt), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    paths = folder / "ca.pem", folder / "leaf.pem", folder / "leaf.key"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return paths
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tls_registry(tmp_path_factory, registry):
+    """(host:port, CA file) of a real registry (distribution) serving TLS on loopback with a
+    certificate for 127.0.0.1 from a CA made here."""
+    folder = tmp_path_factory.mktemp("tls-registry")
+    ca, cert, key = _certificates(folder, ["127.0.0.1"])
+    port = _free_port()
+    config = yaml.safe_load(stack.registry_config(port, folder / "data"))
+    config["http"]["tls"] = {"certificate": str(cert), "key": str(key)}
+    (folder / "config.yml").write_text(yaml.safe_dump(config))
+    binary = shutil.which("docker-registry") or shutil.which("registry")
+    with open(folder / "registry.log", "ab") as log:
+        server = subprocess.Popen([binary, "serve", str(folder / "config.yml")], stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        yield f"127.0.0.1:{port}", ca
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def _over_tls(host: str) -> Registry:
+    """A Registry client that speaks TLS to `host`: loopback registries speak plain HTTP by policy
+    (transport.scheme_for), so this one is pointed at https by hand to test the client's TLS path."""
+    transport = Transport(host)
+    transport.base = f"https://{host}"
+    transport.origin = origin(transport.base)
+    return Registry(host, transport)
+
+
+def _push_and_pull(reg: Registry, repo: str, size: int) -> None:
+    data = bytes(range(256)) * (size // 256)
+    desc = Descriptor.of("application/octet-stream", data)
+    reg.upload_blob(repo, desc, lambda: iter([data]))
+    config = b"{}"
+    config_desc = Descriptor.of("application/vnd.oci.image.config.v1+json", config)
+    reg.upload_blob(repo, config_desc, lambda: iter([config]))
+    manifest = (b'{"schemaVersion":2,"mediaType":"%s","config":%s,"layers":[%s]}'
+                % (OCI_MANIFEST.encode(), _json(config_desc), _json(desc)))
+    pushed = reg.put_manifest(repo, "tls", manifest, OCI_MANIFEST)
+    body, _, digest = reg.get_manifest(Reference.parse(f"{reg.name}/{repo}:tls"))
+    assert body == manifest and digest == pushed
+    assert reg.fetch_blob(repo, desc) == data
+    assert reg.manifest_is(repo, "tls", pushed)
+
+
+def _json(desc: Descriptor) -> bytes:
+    import json
+
+    return json.dumps(desc.to_json(), sort_keys=True).encode()
+
+
+def test_a_registry_over_tls_verified_against_the_named_ca(tls_registry, monkeypatch):
+    """Pushes (one PUT, and PATCH chunks past 8 MiB), pulls and HEADs over TLS, verified against
+    REQUESTS_CA_BUNDLE (the variable requests read, kept for the users who set it)."""
+    host, ca = tls_registry
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(ca))
+    _push_and_pull(_over_tls(host), "tls/small", 4096)
+    _push_and_pull(_over_tls(host), "tls/chunked", 9 << 20)
+
+
+def test_a_certificate_from_another_ca_is_refused(tls_registry, monkeypatch):
+    host, _ = tls_registry
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+    with pytest.raises(ConnectionFailed, match="CERTIFICATE_VERIFY_FAILED"):
+        Connections().send("GET", f"https://{host}/v2/", {}, None)
+
+
+def test_a_certificate_for_another_name_is_refused(tmp_path, monkeypatch):
+    """A certificate the CA signed, but for another name than the one asked for."""
+    import ssl
+
+    ca, cert, key = _certificates(tmp_path, ["registry.example.com"])
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    with _Server(_Answer, context) as server:
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(ca))
+        with pytest.raises(ConnectionFailed, match="CERTIFICATE_VERIFY_FAILED.*(mismatch|match)"):
+            Connections().send("GET", f"https://127.0.0.1:{server.server_address[1]}/", {}, None)
+
+
+class _Answer(BaseHTTPRequestHandler):
+    """A small answer to anything; each request's client port recorded (one port, one connection)."""
+    protocol_version = "HTTP/1.1"
+    body = b"x" * 100_000
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        self.server.ports.append(self.client_address[1])
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(self.body)
+
+    do_HEAD = do_GET
+
+
+class _Server:
+    def __init__(self, handler, tls=None):
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.ports, self.server.seen = [], []
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+
+    def __enter__(self):
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self.server
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_connection_is_kept_only_after_an_answer_read_to_its_end():
+    """HEAD, then two whole GETs: one connection. A GET closed after its first piece leaves unread
+    bytes on its connection, which is closed, not reused: the next request opens another."""
+    with _Server(_Answer) as server:
+        conns = Connections()
+        url = f"http://127.0.0.1:{server.server_address[1]}/x"
+        conns.send("HEAD", url, {}, None).close()
+        for _ in range(2):
+            assert conns.send("GET", url, {}, None).content == _Answer.body
+        assert len(set(server.ports)) == 1
+        partly = conns.send("GET", url, {}, None)
+        next(partly.iter_content(1000))
+        partly.close()
+        assert conns.send("GET", url, {}, None).content == _Answer.body
+        assert len(server.ports) == 5 and len(set(server.ports)) == 2
+
+
+def test_a_connection_the_server_closed_meanwhile_is_not_used():
+    """An idle kept-alive connection the server has closed is noticed before a request is sent on it."""
+    class Closing(_Answer):
+        def do_GET(self):
+            super().do_GET()
+            self.close_connection = True  # and say nothing about it: the client sees the socket end
+
+    with _Server(Closing) as server:
+        conns = Connections()
+        url = f"http://127.0.0.1:{server.server_address[1]}/x"
+        assert conns.send("GET", url, {}, None).content == _Answer.body
+        time.sleep(0.2)
+        assert conns.send("GET", url, {}, None).content == _Answer.body  # not a ConnectionFailed
+        assert len(set(server.ports)) == 2
+
+
+class _ForwardProxy(BaseHTTPRequestHandler):
+    """A forward proxy: CONNECT tunnels, and plain requests by their absolute URL. Records
+    (method, target, Proxy-Authorization)."""
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_CONNECT(self):
+        self.server.seen.append(("CONNECT", self.path, self.headers.get("Proxy-Authorization")))
+        host, port = self.path.rsplit(":", 1)
+        upstream = socket.create_connection((host, int(port)))
+        self.send_response(200)
+        self.end_headers()
+        self.close_connection = True
+        sockets = [self.connection, upstream]
+        try:
+            while True:
+                ready, _, _ = select.select(sockets, [], [], 10)
+                if not ready:
+                    return
+                for s in ready:
+                    data = s.recv(65536)
+                    if not data:
+                        return
+                    (upstream if s is self.connection else self.connection).sendall(data)
+        finally:
+            upstream.close()
+
+    def do_GET(self):
+        import http.client
+        import urllib.parse
+
+        self.server.seen.append((self.command, self.path, self.headers.get("Proxy-Authorization")))
+        url = urllib.parse.urlsplit(self.path)
+        conn = http.client.HTTPConnection(url.hostname, url.port)
+        headers = {k: v for k, v in self.headers.items() if k.lower() != "proxy-authorization"}
+        conn.request(self.command, url.path + (f"?{url.query}" if url.query else ""), headers=headers)
+        resp = conn.getresponse()
+        data = resp.read()
+        self.send_response(resp.status)
+        for k, v in resp.getheaders():
+            if k.lower() not in ("content-length", "transfer-encoding", "connection"):
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data) if self.command != "HEAD" else resp.length or 0))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+        conn.close()
+
+    do_HEAD = do_GET
+
+
+def _clear_proxies(monkeypatch):
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+
+
+def test_https_goes_through_the_environments_proxy_by_connect(tls_registry, monkeypatch):
+    """HTTPS_PROXY: a CONNECT tunnel, TLS verified end to end through it (the proxy sees no byte in clear)."""
+    host, ca = tls_registry
+    _clear_proxies(monkeypatch)
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(ca))
+    with _Server(_ForwardProxy) as proxy:
+        monkeypatch.setenv("HTTPS_PROXY", f"http://who:pass%21@127.0.0.1:{proxy.server_address[1]}")
+        _push_and_pull(_over_tls(host), "tls/proxied", 4096)
+    assert proxy.seen and {(m, t) for m, t, _ in proxy.seen} == {("CONNECT", host)}
+    assert {a for _, _, a in proxy.seen} == {"Basic d2hvOnBhc3Mh"}  # who:pass!, unquoted
+
+
+def test_plain_http_goes_through_the_proxy_by_absolute_url_unless_no_proxy_says(registry, monkeypatch):
+    _clear_proxies(monkeypatch)
+    pushed = Registry(registry)
+    data = b"through the proxy"
+    desc = Descriptor.of("application/octet-stream", data)
+    pushed.upload_blob("proxy/plain", desc, lambda: iter([data]))
+    with _Server(_ForwardProxy) as proxy:
+        monkeypatch.setenv("http_proxy", f"127.0.0.1:{proxy.server_address[1]}")
+        assert Registry(registry).fetch_blob("proxy/plain", desc) == data
+        assert proxy.seen == [("GET", f"http://{registry}/v2/proxy/plain/blobs/{desc.digest}", None)]
+        monkeypatch.setenv("NO_PROXY", "example.com,127.0.0.1")
+        assert Registry(registry).fetch_blob("proxy/plain", desc) == data
+        assert len(proxy.seen) == 1
+
+
+def test_an_unreachable_host_is_a_connection_failure_not_a_traceback():
+    with pytest.raises(ConnectionFailed, match="Connection refused|ConnectionRefused"):
+        Connections().send("GET", f"http://127.0.0.1:{_free_port()}/v2/", {}, None)
+    with pytest.raises(ConnectionFailed, match="InvalidURL"):
+        Connections().send("GET", "http://[x/v2/", {}, None)
