@@ -4,7 +4,6 @@ The record's shape is bakery.trust.record."""
 from __future__ import annotations
 
 import os
-import platform
 import re
 import sys
 import zlib
@@ -15,12 +14,12 @@ from ..trust.record import Builder
 
 
 def tools() -> dict:
-    """Versions that can change output bytes (zlib: gzip streams) or explain a build."""
-    import requests
+    """Versions that can change output bytes (zlib: gzip streams) or explain a build. (requests is
+    no longer one: the registry client speaks HTTP through the standard library.)"""
     import yaml
 
-    return {"bakery": __version__, "python": platform.python_version(), "zlib": zlib.ZLIB_RUNTIME_VERSION,
-            "requests": requests.__version__, "pyyaml": yaml.__version__, "platform": sys.platform}
+    return {"bakery": __version__, "python": sys.version.split()[0], "zlib": zlib.ZLIB_RUNTIME_VERSION,
+            "pyyaml": yaml.__version__, "platform": sys.platform}
 
 
 def builder() -> Builder:

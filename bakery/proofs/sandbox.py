@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import functools
 import os
-import platform
 import shutil
 import struct
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,9 +93,9 @@ def seccomp_filter() -> bytes:
     """The classic-BPF program bwrap installs (--seccomp): a call of another architecture kills
     the process, an x32 call or a REFUSED one gets EPERM, a socket outside FAMILIES EAFNOSUPPORT,
     everything else is allowed."""
-    if platform.machine() not in ("x86_64", "AMD64"):
+    if os.uname().machine not in ("x86_64", "AMD64"):
         raise EnvironmentProblem(f"the sandbox's seccomp filter is written for x86-64 (the MI300X hosts); this "
-                                 f"machine is {platform.machine()}")
+                                 f"machine is {os.uname().machine}")
     ld_w_abs, jeq_k, jge_k, jset_k, and_k, ret_k = 0x20, 0x15, 0x35, 0x45, 0x54, 0x06
     allow, errno, kill, no_family = 0x7FFF0000, 0x00050000 | EPERM, 0x80000000, 0x00050000 | EAFNOSUPPORT
     # (code, k, label taken, label not taken): labels resolve to relative jumps below
@@ -283,7 +281,7 @@ def _process_cap(limits: Limits):
                                      "ordinary user, or give this root a writable cgroup tree")
         yield [], True
         return
-    group = root / f"bakery-sandbox-{uuid.uuid4().hex[:12]}"
+    group = root / f"bakery-sandbox-{os.urandom(6).hex()}"
     group.mkdir()
     try:
         (group / "pids.max").write_text(str(limits.processes))
