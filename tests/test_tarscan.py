@@ -349,3 +349,19 @@ def test_a_layer_go_and_we_read_differently_refuses_the_base(registry, tmp_path)
     with pytest.raises(IntegrityError, match="without ustar or GNU magic") as refused:
         scan_layer(reg, "test/v7-layer", desc, set(), cache)
     assert refused.value.exit_code == 5
+
+
+@given(st.binary(min_size=512, max_size=512))
+@settings(max_examples=300)
+def test_the_checksum_sum_in_c_is_the_sum_of_the_bytes(block):
+    """The header checksum's byte sum is taken from Adler-32 (exact for 256-byte halves)."""
+    from bakery.oci.tarscan import _byte_sum
+
+    assert _byte_sum(block) == sum(block)
+
+
+def test_the_checksum_sum_in_c_holds_at_the_extremes():
+    from bakery.oci.tarscan import _byte_sum
+
+    for block in (bytes(512), b"\xff" * 512, b"\xff" * 256 + bytes(256), bytes(256) + b"\xff" * 256):
+        assert _byte_sum(block) == sum(block)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import re
 import struct
+import zlib
 from typing import Iterator
 
 BLOCK = 512
@@ -99,6 +100,14 @@ def _parse_number(field: bytes) -> int:
 
 # name mode uid gid size mtime checksum type linkname magic+version uname gname devmajor devminor prefix
 _FIELDS = struct.Struct("100s8s8s8s12s12s8sc100s8s32s32s8s8s155s")
+_ZERO = bytes(BLOCK)
+_CHECKED: set[bytes] = set()  # uid, gid, mtime, devmajor and devminor fields together, already read as numbers
+
+
+def _byte_sum(buf: bytes) -> int:
+    """sum(buf) of a 512-byte block, in C: Adler-32's low half is 1 + the sum of the bytes modulo
+    65521, and 256 bytes sum to at most 65280, so each half's is exact."""
+    return (zlib.adler32(buf[:256]) & 0xFFFF) + (zlib.adler32(buf[256:]) & 0xFFFF) - 2
 
 
 def _header(buf: bytes) -> tuple[Member, int]:
@@ -107,7 +116,7 @@ def _header(buf: bytes) -> tuple[Member, int]:
         raise _End()  # the stream ends at a header boundary: Go reads that as the archive's end
     if len(buf) != BLOCK:
         raise TarError("a tar header cut short")
-    if not buf.strip(b"\0"):
+    if buf == _ZERO:
         raise _End()
     (name, mode, uid, gid, size, mtime, checksum, kind, link, magic, _, _, major, minor, prefix) = \
         _FIELDS.unpack_from(buf)
@@ -122,11 +131,16 @@ def _header(buf: bytes) -> tuple[Member, int]:
     said = None if checksum[0] & 0o200 else _number(checksum)
     # the signed sum (old writers') only when the usual unsigned one does not match: it costs as much
     # again as the rest of the header, on every member of a many-file layer
-    if said is None or (said != 256 + sum(buf) - sum(buf[148:156]) and
+    if said is None or (said != 256 + _byte_sum(buf) - sum(buf[148:156]) and
                         said != 256 + sum(struct.unpack_from("148b8x356b", buf))):
         raise TarError("a tar header with a bad checksum")
-    for field in (uid, gid, mtime, major, minor):
-        _number(field)
+    numbers = uid + gid + mtime + major + minor  # the same in most headers of a layer: checked once
+    if numbers not in _CHECKED:
+        for field in (uid, gid, mtime, major, minor):
+            _number(field)
+        if len(_CHECKED) > 100_000:
+            _CHECKED.clear()
+        _CHECKED.add(numbers)
     name, size, mode = _text(name), _number(size), _number(mode)
     if magic == USTAR_MAGIC and prefix[0]:
         name = _text(prefix) + "/" + name
