@@ -94,12 +94,22 @@ class Options:
         return trust
 
 
+def _git_started(project: Path, *args: str):
+    """Ask git now; the answer (stripped stdout, or InputError) when the returned function is called."""
+    proc = subprocess.Popen(["git", "-C", str(project), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+    def answer() -> str:
+        out, err = proc.communicate()
+        if proc.returncode != 0:
+            raise InputError(f"{project} is not a git checkout with a commit ({err.strip()}): "
+                             f"bakery records the source revision; commit first")
+        return out.strip()
+    return answer
+
+
 def _git(project: Path, *args: str) -> str:
-    result = subprocess.run(["git", "-C", str(project), *args], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise InputError(f"{project} is not a git checkout with a commit ({result.stderr.strip()}): "
-                         f"bakery records the source revision; commit first")
-    return result.stdout.strip()
+    return _git_started(project, *args)()
 
 
 def source_date_epoch(project: Path) -> int:
@@ -358,9 +368,9 @@ def build(opts: Options, log=print) -> tuple[Reference, BuildRecord]:
     outputs -> build record."""
     project = opts.project.resolve()
     started = datetime.now(timezone.utc)
-    epoch = source_date_epoch(project)
-    revision = _git(project, "rev-parse", "HEAD")
-    dirty = bool(_git(project, "status", "--porcelain"))  # untracked files count: they can change the image
+    revision, status = _git_started(project, "rev-parse", "HEAD"), _git_started(project, "status", "--porcelain")
+    epoch = source_date_epoch(project)  # the three git processes run at once
+    revision, dirty = revision(), bool(status())  # untracked files count: they can change the image
     spec = image_mod.load_spec(Project(project).image_yaml)
     target = push_target(opts)
     opened = open_base(project, opts.base, log)
