@@ -307,5 +307,6 @@ def test_plain_http_goes_through_the_proxy_by_absolute_url_unless_no_proxy_says(
 def test_an_unreachable_host_is_a_connection_failure_not_a_traceback():
     with pytest.raises(ConnectionFailed, match="Connection refused|ConnectionRefused"):
         Connections().send("GET", f"http://127.0.0.1:{_free_port()}/v2/", {}, None)
-    with pytest.raises(ConnectionFailed, match="InvalidURL"):
-        Connections().send("GET", "http://[x/v2/", {}, None)
+    for url in ("http://[x/v2/", "http://127.0.0.1:9/v2/\u00e9", "ftp://127.0.0.1/v2/"):
+        with pytest.raises(ConnectionFailed, match="InvalidURL"):
+            Connections().send("GET", url, {}, None)

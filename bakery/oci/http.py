@@ -138,8 +138,8 @@ class Connections:
             port = parts.port or (443 if parts.scheme == "https" else 80)
         except ValueError as e:
             raise ConnectionFailed(f"InvalidURL: {str(e)[:200]}") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConnectionFailed(f"InvalidURL: {url[:200]!r} is not an http(s) URL")
+        if parts.scheme not in ("http", "https") or not parts.hostname or not url.isascii():
+            raise ConnectionFailed(f"InvalidURL: {url[:200]!r} is not an http(s) URL in ASCII")
         key = (parts.scheme, parts.hostname.lower(), port)
         proxy = None if self.unix_socket else _proxy_for(parts.scheme, url)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
