@@ -6,15 +6,29 @@ it knows nothing of the server's rules, only the socket.
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
+import socket
 from pathlib import Path
 
 from .errors import EnvironmentProblem, IntegrityError
-from .oci.http import UnixConnection
 
 SOCKET_ENV = "BAKERY_BROKER_SOCKET"
 OUTPUTS_LIMIT = 256 << 20  # all a compile may hand back, together (the extensions are tens of MiB)
+
+
+class UnixConnection(http.client.HTTPConnection):
+    """Every request to one Unix socket (the broker's), whatever host it names."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.socket_path)
 
 
 def ask(method: str, path: str, body: dict | None = None, timeout: float = 3600) -> dict:

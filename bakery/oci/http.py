@@ -12,12 +12,12 @@ import http.client
 import json
 import os
 import select
-import socket
 import ssl
 import threading
 import urllib.parse
 
 from .. import __version__
+from ..broker_client import UnixConnection
 from ..errors import TransientError
 
 USER_AGENT = f"bakery/{__version__}"
@@ -103,19 +103,6 @@ def _ca_file() -> str:
     import certifi
 
     return certifi.where()
-
-
-class UnixConnection(http.client.HTTPConnection):
-    """Every request to one Unix socket (the rebuild's broker), whatever host it names."""
-
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self.socket_path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self.socket_path)
 
 
 class Connections:
