@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import NamedTuple
 
 from ..errors import InputError
 from ..oci.layer import write_blob
@@ -65,14 +65,13 @@ def _pinned(text: str, where: str) -> Reference:
     return ref
 
 
-@dataclass(frozen=True)
-class Source:
+class Source(NamedTuple):
     repository: str
     revision: str
     dirty: bool
     source_date_epoch: int
 
-    SHAPE: ClassVar = {"repository": str, "revision": str, "dirty": bool, "source_date_epoch": int}
+    SHAPE = {"repository": str, "revision": str, "dirty": bool, "source_date_epoch": int}
 
     @classmethod
     def from_json(cls, obj) -> "Source":
@@ -83,13 +82,12 @@ class Source:
                 "source_date_epoch": self.source_date_epoch}
 
 
-@dataclass(frozen=True)
-class Hashed:
+class Hashed(NamedTuple):
     """A file by path and sha256: a checked-in input, or a kernel's source."""
     path: str
     sha256: str
 
-    SHAPE: ClassVar = {"path": str, "sha256": str}
+    SHAPE = {"path": str, "sha256": str}
 
     @classmethod
     def from_json(cls, obj, where: str) -> "Hashed":
@@ -99,15 +97,14 @@ class Hashed:
         return {"path": self.path, "sha256": self.sha256}
 
 
-@dataclass(frozen=True)
-class Distribution:
+class Distribution(NamedTuple):
     """A Python distribution installed in the base, as its METADATA names it."""
     name: str
     version: str
     metadata: str
     sha256: str
 
-    SHAPE: ClassVar = {"name": str, "version": str, "metadata": str, "sha256": str}
+    SHAPE = {"name": str, "version": str, "metadata": str, "sha256": str}
 
     @classmethod
     def from_json(cls, obj, where: str) -> "Distribution":
@@ -117,8 +114,7 @@ class Distribution:
         return {"name": self.name, "version": self.version, "metadata": self.metadata, "sha256": self.sha256}
 
 
-@dataclass(frozen=True)
-class Base:
+class Base(NamedTuple):
     """The base as it was read: the pin, the platform image it resolved to, its layers and Pythons."""
     name: str
     pinned: Reference
@@ -132,7 +128,7 @@ class Base:
     layers: tuple[Descriptor, ...]
     python_distributions: tuple[Distribution, ...]
 
-    SHAPE: ClassVar = {"name": str, "pinned": str, "read_from": str, "platform": str,
+    SHAPE = {"name": str, "pinned": str, "read_from": str, "platform": str,
                        "index_digest": (str, OPTIONAL), "manifest": dict, "config": dict, "layers": list,
                        "python_distributions": list}
 
@@ -157,8 +153,7 @@ class Base:
                 "python_distributions": [d.to_json() for d in self.python_distributions]}
 
 
-@dataclass(frozen=True)
-class File:
+class File(NamedTuple):
     """A file a layer of ours holds."""
     path: str
     sha256: str
@@ -166,7 +161,7 @@ class File:
     mode: str  # octal, as oct() writes it
     layer: int
 
-    SHAPE: ClassVar = {"path": str, "sha256": str, "size": int, "mode": str, "layer": int}
+    SHAPE = {"path": str, "sha256": str, "size": int, "mode": str, "layer": int}
 
     @classmethod
     def from_json(cls, obj, where: str) -> "File":
@@ -176,14 +171,13 @@ class File:
         return {"path": self.path, "sha256": self.sha256, "size": self.size, "mode": self.mode, "layer": self.layer}
 
 
-@dataclass(frozen=True)
-class Deleted:
+class Deleted(NamedTuple):
     """A base file a layer of ours deletes (a whiteout), and why."""
     path: str
     layer: int
     why: str
 
-    SHAPE: ClassVar = {"path": str, "layer": int, "why": str}
+    SHAPE = {"path": str, "layer": int, "why": str}
 
     @classmethod
     def from_json(cls, obj, where: str) -> "Deleted":
@@ -193,8 +187,7 @@ class Deleted:
         return {"path": self.path, "layer": self.layer, "why": self.why}
 
 
-@dataclass(frozen=True)
-class Overlay:
+class Overlay(NamedTuple):
     """A registered overlay, baked or not, with its hashes; proof: its proof's summary (None: none ran)."""
     id: str
     target: str
@@ -210,7 +203,7 @@ class Overlay:
     base_sha256: str | None
     result_sha256: str | None
 
-    SHAPE: ClassVar = {"id": str, "target": str, "kind": str, "status": str, "baked": bool, "upstream": dict,
+    SHAPE = {"id": str, "target": str, "kind": str, "status": str, "baked": bool, "upstream": dict,
                        "reason": str, "platforms": list, "patch": (str, OPTIONAL), "patch_sha256": (str, OPTIONAL),
                        "proof": (dict, OPTIONAL), "base_sha256": (str, OPTIONAL), "result_sha256": (str, OPTIONAL)}
 
@@ -226,8 +219,7 @@ class Overlay:
                 "base_sha256": self.base_sha256, "result_sha256": self.result_sha256}
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(NamedTuple):
     """A proof verdict the build took (origin registry or cache) or proved (proven); artifact: where
     it is pushed, when it is."""
     overlay: str
@@ -237,7 +229,7 @@ class Verdict:
     origin: str
     artifact: Reference | None
 
-    SHAPE: ClassVar = {"overlay": str, "side": str, "key": str, "verdict": str, "origin": str,
+    SHAPE = {"overlay": str, "side": str, "key": str, "verdict": str, "origin": str,
                        "artifact": (str, OPTIONAL)}
 
     @classmethod
@@ -251,8 +243,7 @@ class Verdict:
                 "origin": self.origin, "artifact": str(self.artifact) if self.artifact else None}
 
 
-@dataclass(frozen=True)
-class Artifact:
+class Artifact(NamedTuple):
     """A compiled kernel library the image bakes, and what it was compiled from and with."""
     name: str
     path: str
@@ -264,7 +255,7 @@ class Artifact:
     code_objects: tuple[dict, ...]
     serves: tuple[dict, ...]  # {operator, function, overlay}
 
-    SHAPE: ClassVar = {"name": str, "path": str, "sha256": str, "arch": str, "toolchain": str, "sources": list,
+    SHAPE = {"name": str, "path": str, "sha256": str, "arch": str, "toolchain": str, "sources": list,
                        "schema": list, "code_objects": list, "serves": list}
 
     @classmethod
@@ -280,14 +271,13 @@ class Artifact:
                 "schema": list(self.schema), "code_objects": list(self.code_objects), "serves": list(self.serves)}
 
 
-@dataclass(frozen=True)
-class Kernels:
+class Kernels(NamedTuple):
     """The kernel artifact: its recipe key, where the build got it, and its pushed reference."""
     key: str
     origin: str
     artifact: Reference | None
 
-    SHAPE: ClassVar = {"key": str, "origin": str, "artifact": (str, OPTIONAL)}
+    SHAPE = {"key": str, "origin": str, "artifact": (str, OPTIONAL)}
 
     @classmethod
     def from_json(cls, obj) -> "Kernels":
@@ -298,8 +288,7 @@ class Kernels:
         return {"key": self.key, "origin": self.origin, "artifact": str(self.artifact) if self.artifact else None}
 
 
-@dataclass(frozen=True)
-class Tuning:
+class Tuning(NamedTuple):
     """An AITER tuning table the image bakes, and the variable that points AITER at it."""
     name: str
     path: str
@@ -308,7 +297,7 @@ class Tuning:
     env: str | None  # the AITER variable that names it; None: it lies in AITER's model_configs/
     source: str
 
-    SHAPE: ClassVar = {"name": str, "path": str, "sha256": str, "rows": int, "env": (str, OPTIONAL), "source": str}
+    SHAPE = {"name": str, "path": str, "sha256": str, "rows": int, "env": (str, OPTIONAL), "source": str}
 
     @classmethod
     def from_json(cls, obj, where: str) -> "Tuning":
@@ -319,8 +308,7 @@ class Tuning:
                 "source": self.source}
 
 
-@dataclass(frozen=True)
-class Layer:
+class Layer(NamedTuple):
     """A layer of ours: its descriptor, its uncompressed digest and what it holds."""
     descriptor: Descriptor
     diff_id: Digest
@@ -339,8 +327,7 @@ class Layer:
         return {**self.descriptor.to_json(), "diff_id": str(self.diff_id), "comment": self.comment}
 
 
-@dataclass(frozen=True)
-class Manifest:
+class Manifest(NamedTuple):
     """The derived image's manifest: the digest everything else is about."""
     digest: Digest
     media_type: str
@@ -357,8 +344,7 @@ class Manifest:
                 "annotations": self.annotations}
 
 
-@dataclass(frozen=True)
-class ImageSpec:
+class ImageSpec(NamedTuple):
     """What image/image.yaml made of the image: its repository, environment and command."""
     repository: str
     env: dict
@@ -377,14 +363,13 @@ class ImageSpec:
                 "cmd": list(self.cmd)}
 
 
-@dataclass(frozen=True)
-class LockPin:
+class LockPin(NamedTuple):
     """The overlays.lock the build was held to, by hash, and the base it pins."""
     path: str
     base: str
     sha256: str
 
-    SHAPE: ClassVar = {"path": str, "base": str, "sha256": str}
+    SHAPE = {"path": str, "base": str, "sha256": str}
 
     @classmethod
     def from_json(cls, obj) -> "LockPin":
@@ -394,13 +379,12 @@ class LockPin:
         return {"path": self.path, "base": self.base, "sha256": self.sha256}
 
 
-@dataclass(frozen=True)
-class Builder:
+class Builder(NamedTuple):
     """Who ran the build: a workflow run's identity, or `local`."""
     id: str
     invocation: str
 
-    SHAPE: ClassVar = {"id": str, "invocation": str}
+    SHAPE = {"id": str, "invocation": str}
 
     @classmethod
     def from_json(cls, obj) -> "Builder":
@@ -436,7 +420,7 @@ class BuildRecord:
     finished: str
     layer_downloads: int
 
-    SHAPE: ClassVar = {"schema": str, "source": dict, "inputs": list, "base": dict, "files": list, "deleted": list,
+    SHAPE = {"schema": str, "source": dict, "inputs": list, "base": dict, "files": list, "deleted": list,
                        "overlays": list, "verdicts": list, "artifacts": list, "kernels": dict, "tuning": list,
                        "layers": list, "config": dict, "manifest": dict, "image": dict, "outputs": list,
                        "push": (dict, OPTIONAL), "overlays_lock": dict, "builder": dict, "tools": dict,
