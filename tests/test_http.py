@@ -310,3 +310,47 @@ def test_an_unreachable_host_is_a_connection_failure_not_a_traceback():
     for url in ("http://[x/v2/", "http://127.0.0.1:9/v2/\u00e9", "ftp://127.0.0.1/v2/"):
         with pytest.raises(ConnectionFailed, match="InvalidURL"):
             Connections().send("GET", url, {}, None)
+
+
+class _Short(_Answer):
+    """Announces 100,000 bytes, sends half, closes."""
+
+    def do_GET(self):
+        self.server.ports.append(self.client_address[1])
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body[:len(self.body) // 2])
+        self.wfile.flush()
+        self.close_connection = True
+
+
+def test_a_body_cut_short_of_its_length_is_a_connection_failure_and_its_connection_is_not_kept():
+    """http.client gives b"" at a close before Content-Length is met; that is a body cut short
+    (retried as transient by the callers), never a shorter whole answer."""
+    with _Server(_Short) as server:
+        conns = Connections()
+        with pytest.raises(ConnectionFailed, match="IncompleteRead"):
+            conns.send("GET", f"http://127.0.0.1:{server.server_address[1]}/x", {}, None).content
+        assert not any(conns._idle.values())
+
+
+def test_a_blob_the_registry_cuts_short_reaches_the_rebuild_as_cut_short_not_as_other_bytes(registry, tmp_path):
+    """The broker relays a registry's answer into the rebuild's sandbox. When the registry breaks
+    off mid-body, the broker ends the connection: it writes nothing more into an answer it began
+    (an error page there would be read as the blob's bytes, and the sandbox would wait for the rest)."""
+    from bakery.errors import TransientError
+    from bakery.release import broker
+    from proxy import FaultyProxy
+
+    data = bytes(range(256)) * 4096
+    desc = Descriptor.of("application/octet-stream", data)
+    Registry(registry).upload_blob("relay/cut", desc, lambda: iter([data]))
+    with FaultyProxy(registry, [("GET", f"/blobs/{desc.digest}", "truncate")]) as proxy:
+        with broker.serve(tmp_path, broker.Grant(proxy.host, "relay/cut", None, tmp_path)) as socket_path:
+            inside = Registry(proxy.host, Transport(proxy.host, connections=Connections(str(socket_path))))
+            started = time.monotonic()
+            with pytest.raises(TransientError, match="broke off"):
+                inside.fetch_blob("relay/cut", desc)
+            assert time.monotonic() - started < 30
+            assert inside.fetch_blob("relay/cut", desc) == data  # the fault was once: a retry gets it whole

@@ -43,6 +43,7 @@ class Response:
         self.url = url
         self._raw, self._done = raw, done
         self._content: bytes | None = None
+        self._cut = False
 
     def iter_content(self, size: int):
         """The body in pieces of at most `size` bytes; ConnectionFailed when it breaks off."""
@@ -53,6 +54,10 @@ class Response:
                 self.close()
                 raise failure(e) from None
             if not piece:
+                if self._raw.length:  # the server closed before the length it announced: cut short
+                    self._cut = True
+                    self.close()
+                    raise failure(http.client.IncompleteRead(b"", self._raw.length))
                 self.close()
                 return
             yield piece
@@ -85,7 +90,7 @@ class Response:
                 raw.read()
             except (OSError, http.client.HTTPException):
                 pass
-        reusable = raw.isclosed() and not raw.will_close
+        reusable = raw.isclosed() and not raw.will_close and not self._cut
         raw.close()
         done(reusable)
 
@@ -96,13 +101,17 @@ class Response:
         self.close()
 
 
-def _ca_file() -> str:
+def _tls_context() -> ssl.SSLContext:
+    """Verifying against REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE (a file, or a folder of hashed
+    certificates, as requests took them), else certifi's bundle; host names checked."""
     found = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
-    if found:
-        return found
-    import certifi
+    if found and os.path.isdir(found):
+        return ssl.create_default_context(capath=found)
+    if not found:
+        import certifi
 
-    return certifi.where()
+        found = certifi.where()
+    return ssl.create_default_context(cafile=found)
 
 
 class Connections:
@@ -132,7 +141,7 @@ class Connections:
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         hdrs = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", **headers}
         if self.unix_socket or proxy:
-            hdrs["Host"] = parts.netloc
+            hdrs["Host"] = parts.netloc.rpartition("@")[2]  # never a user:password the URL may carry
         if proxy and parts.scheme == "http":  # a plain request through a proxy names the whole URL
             target = url
             if proxy.username is not None:
@@ -149,7 +158,7 @@ class Connections:
                 conn.putheader("Content-Length", "0")
             conn.endheaders(body)
             raw = conn.getresponse()
-        except (OSError, http.client.HTTPException) as e:
+        except (OSError, http.client.HTTPException, ValueError) as e:  # ValueError: CR/LF or non-Latin-1 in a header
             conn.close()
             raise failure(e) from None
         return Response(raw, url, lambda reusable: self._give_back(key, conn, reusable))
@@ -161,7 +170,7 @@ class Connections:
                 conn = UnixConnection(self.unix_socket, timeout[0])
             elif scheme == "https":
                 if self._tls is None:
-                    self._tls = ssl.create_default_context(cafile=_ca_file())
+                    self._tls = _tls_context()
                 if proxy:
                     conn = http.client.HTTPSConnection(proxy.hostname, proxy.port or 80, timeout=timeout[0],
                                                        context=self._tls)
@@ -196,7 +205,9 @@ class Connections:
             conn.close()
 
     def _give_back(self, key: tuple, conn: http.client.HTTPConnection, reusable: bool) -> None:
-        if reusable and conn.sock is not None:
+        # to the broker, a connection per request, as before: each one kept alive would hold one of
+        # its few threads
+        if reusable and conn.sock is not None and not self.unix_socket:
             with self._lock:
                 idle = self._idle.setdefault(key, [])
                 if len(idle) < IDLE_PER_ORIGIN:

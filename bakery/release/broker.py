@@ -142,8 +142,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.close_connection = True
             self.end_headers()
             if method == "GET":
-                for chunk in resp.iter_content(1 << 20):
-                    self.wfile.write(chunk)
+                try:
+                    for chunk in resp.iter_content(1 << 20):
+                        self.wfile.write(chunk)
+                except BakeryError:
+                    # the answer has begun: nothing more may be written into it (a 502 would be read as
+                    # the blob's bytes); the connection ends short, which the code inside sees as such
+                    self.close_connection = True
 
     def _compile(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
