@@ -407,3 +407,41 @@ def test_a_netrc_default_entry_goes_nowhere(registry, tmp_path, monkeypatch):
         with FaultyProxy(registry, [], redirect) as proxy:
             assert Registry(proxy.host).fetch_blob("test/netrc", desc) == b"netrc must not leak"
     assert [a for _, _, a in proxy.authorization + storage.authorization] == [None, None]
+
+
+@pytest.mark.parametrize("token", ["a\r\nX-Injected: 1", "t\u0100ken", "two words"])
+def test_a_token_no_header_can_carry_is_refused_in_one_line(token):
+    """The token service is the registry's to name: a token with CR/LF, a space or a character past
+    Latin-1 would otherwise break (or smuggle into) the next request's Authorization header."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Service(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            if self.path.startswith("/token"):
+                body, status, headers = json.dumps({"token": token}).encode(), 200, {}
+            else:
+                realm = f"http://127.0.0.1:{self.server.server_address[1]}/token"
+                body, status = b"{}", 401
+                headers = {"WWW-Authenticate": f'Bearer realm="{realm}",service="x"'}
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Service)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        host = f"127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(AuthError, match="not printable ASCII"):
+            Registry(host).get_manifest(Reference.parse(f"{host}/a/b:latest"))
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -245,6 +245,7 @@ class Transport:
         """One HTTP exchange, its body left unread, no redirect followed; `params` are added to the
         query, `auth` (user, password) is sent as Basic."""
         if params:
+            url = url.split("#", 1)[0]  # a fragment is never sent; the query goes before it
             url += ("&" if urllib.parse.urlsplit(url).query else "?") + urllib.parse.urlencode(params)
         if auth:
             headers = {**headers, "Authorization": "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()}
@@ -314,8 +315,9 @@ class Transport:
             token = data.get("token") or data.get("access_token")
         except (ValueError, AttributeError):
             token = None
-        if not token or not isinstance(token, str):
-            raise AuthError(f"token service {params['realm']} returned no token")
+        if not token or not isinstance(token, str) or not re.fullmatch(r"[\x21-\x7e]+", token):
+            raise AuthError(f"token service {params['realm']} returned no token (or one that is not printable "
+                            f"ASCII, which no header may carry)")
         return token
 
     @staticmethod
