@@ -117,3 +117,23 @@ def test_a_kept_stream_that_is_not_exactly_ours_for_this_tar_is_dropped(tmp_path
     assert entry.read_bytes() == first.path.read_bytes()  # made again
     warnings = [l for l in capsys.readouterr().err.splitlines() if l.startswith("warning:")]
     assert len(warnings) == 1 and "gzip cache entry" in warnings[0]
+
+
+@pytest.mark.parametrize("plant", ["folder", "fifo", "oversized"])
+def test_a_kept_entry_that_is_not_a_plain_small_file_is_ignored_with_a_warning(tmp_path, capsys, plant):
+    """A folder, a FIFO (which would block a plain open) or a file far larger than its tar could
+    compress to: one warning each, compressed again, the same blob; never an error or a hang."""
+    kept = tmp_path / "gzip"
+    first = write_layer(FILES, 7, tmp_path / "a", "t", kept=kept)
+    entry = _kept_entry(kept)
+    entry.unlink()
+    if plant == "folder":
+        entry.mkdir()
+    elif plant == "fifo":
+        os.mkfifo(entry)
+    else:
+        entry.write_bytes(first.path.read_bytes() + bytes(1 << 20))
+    again = write_layer(FILES, 7, tmp_path / "b", "t", kept=kept)
+    assert again.descriptor == first.descriptor and again.path.read_bytes() == first.path.read_bytes()
+    warnings = [l for l in capsys.readouterr().err.splitlines() if l.startswith("warning:")]
+    assert warnings and all("gzip cache entry" in w or "could not keep" in w for w in warnings)

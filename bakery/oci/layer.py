@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import os
+import stat
 import sys
 import tarfile
 import zlib
@@ -106,12 +108,7 @@ def gzip_kept(raw: bytes, diff_id: Digest, kept: Path | None) -> bytes:
     if kept is None:
         return gzip_bytes(raw)
     path = kept / f"zlib-{zlib.ZLIB_RUNTIME_VERSION}-{GZIP_LEVEL}" / f"{diff_id.hex}.gz"
-    try:
-        stream = path.read_bytes()
-    except FileNotFoundError:
-        stream = None
-    except OSError as e:
-        raise EnvironmentProblem(f"cannot read the gzip cache entry {path}: {e.strerror}") from None
+    stream = _read_kept(path, len(raw) + len(raw) // 100 + 1024)  # deflate never grows a tar by more
     if stream is not None:
         if _inflates_to(stream, raw):
             return stream
@@ -124,6 +121,33 @@ def gzip_kept(raw: bytes, diff_id: Digest, kept: Path | None) -> bytes:
     except OSError as e:
         print(f"warning: could not keep a compressed layer in {path.parent}: {e.strerror}", file=sys.stderr)
     return blob
+
+
+def _read_kept(path: Path, limit: int) -> bytes | None:
+    """A kept stream's bytes: None when absent; one that is not a regular file of at most `limit`
+    bytes, or cannot be read, is one warning and None (a FIFO does not block the open)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        print(f"warning: ignored the gzip cache entry {path.name[:12]} ({e.strerror}); compressing again",
+              file=sys.stderr)
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            print(f"warning: ignored the gzip cache entry {path.name[:12]} (not a regular file of at most {limit} "
+                  f"bytes); compressing again", file=sys.stderr)
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(limit + 1)
+    except OSError as e:
+        print(f"warning: ignored the gzip cache entry {path.name[:12]} ({e.strerror}); compressing again",
+              file=sys.stderr)
+        return None
+    finally:
+        os.close(fd)
 
 
 def _inflates_to(stream: bytes, raw: bytes) -> bool:
