@@ -50,7 +50,7 @@ def ask(method: str, path: str, body: dict | None = None, timeout: float = 3600)
 
 
 def compile_outside(toolchain: str, shell: str, out: Path) -> tuple[int, str]:
-    """hip.run_container's answer, from the broker: the outputs written into out here, inside."""
+    """hip.run_compile's answer, from the broker: the outputs written into out here, inside."""
     answer = ask("POST", "/bakery/compile", {"toolchain": toolchain, "shell": shell})
     for name, data in answer["files"].items():
         if "/" in name or name in (".", ".."):

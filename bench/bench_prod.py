@@ -143,7 +143,7 @@ def main() -> None:
     registry = stack.up()
     work = Path(tempfile.mkdtemp(prefix="bakery-bench-prod-"))
     base = stand_in_base(registry, work)
-    tools = fixture.toolchain(ROOT / "hip" / "toolchain", SPEC, log=lambda m: None)
+    tools = fixture.toolchain(ROOT / "hip" / "toolchain", SPEC, registry, log=lambda m: None)
     project = work / "project"
     shutil.copytree(ROOT, project, ignore=shutil.ignore_patterns("out", ".venv", ".tools", "__pycache__"))
     lock = work / "overlays.lock"

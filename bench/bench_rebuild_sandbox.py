@@ -74,7 +74,7 @@ def main() -> None:
     registry = stack.up()
     base = str(fixture.build(ROOT / "tests" / "fixture" / "fixture.yaml", registry, log=lambda m: None))
     toolchain = fixture.toolchain(ROOT / "hip" / "toolchain", ROOT / "tests" / "fixture" / "fixture.yaml",
-                                  log=lambda m: None)
+                                  registry, log=lambda m: None)
     work = Path(tempfile.mkdtemp(prefix="bakery-bench-rebuild-"))
     try:
         p = revision(work, base, toolchain)

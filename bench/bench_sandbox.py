@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bakery.inputs import overlays, proof_spec
-from bakery.proofs import runner as prove, sandbox  # noqa: E402
+from bakery import sandbox  # noqa: E402
+from bakery.proofs import runner as prove  # noqa: E402
 
 RUNS = 3
 

@@ -87,12 +87,12 @@ def fixture_base_027(registry):
 
 
 @pytest.fixture(scope="session")
-def toolchain() -> str:
+def toolchain(registry) -> str:
     """The stand-in HIP toolchain image (Debian clang-19, ROCm device libs, CPU torch), built by
-    Docker; every build in the suite compiles hip/ in it (BAKERY_TOOLCHAIN), as the fixture base
-    has no ROCm."""
+    Docker and pushed to the local registry, pinned; every build in the suite compiles hip/ over
+    its files (BAKERY_TOOLCHAIN), as the fixture base has no ROCm."""
     image = fixture_mod.toolchain(ROOT / "hip" / "toolchain", ROOT / "tests" / "fixture" / "fixture.yaml",
-                                  log=lambda m: None)
+                                  registry, log=lambda m: None)
     os.environ["BAKERY_TOOLCHAIN"] = image
     return image
 

@@ -178,15 +178,20 @@ def test_a_signature_manifest_with_too_many_layers_is_refused():
 
 def test_a_kept_file_past_its_cap_is_refused_before_it_is_read():
     """A METADATA (kept on the first pass) whose header claims 1 GiB: refused on the size alone."""
-    from bakery.base import layercache, scan as extract
+    from bakery.base import layercache, scan
     from bakery.oci.tarscan import Member, TarError
 
     read = []
     keep = re.compile(r".*METADATA")
 
+    class Reader:
+        def read_data(self, member):
+            read.append(member)
+            return b"x"
+
     def take(size):
-        extract._take(Member("m/METADATA", b"0", size, 0o644, ""), lambda m: read.append(m) or b"x", {}, [], [], {},
-                      set(), keep, layercache.LayerCache.__new__(layercache.LayerCache))
+        layer = scan._Layer(set(), keep, layercache.LayerCache.__new__(layercache.LayerCache), None)
+        layer.take(Member("m/METADATA", b"0", size, 0o644, ""), Reader())
 
     with pytest.raises(TarError, match="past the 268435456"):
         take(1 << 30)

@@ -83,9 +83,17 @@ def test_layout_into_a_non_layout_directory(project, fixture_base, tmp_path):
     assert (tmp_path / "precious" / "notes.txt").read_text() == "keep me"
 
 
-def test_no_engine_is_one_line_with_the_environment_exit_code(project, fixture_base, tmp_path):
-    """The Docker SDK's own exception never reaches the user as a traceback."""
-    result = invoke(project, "build", "--base", str(fixture_base),
-                    env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock", "BAKERY_TOOLCHAIN": "bakery-toolchain:none"})
+def test_no_engine_is_one_line_with_the_environment_exit_code(project, tmp_path):
+    """The Docker SDK's own exception never reaches the user as a traceback (the fixture is built by
+    Docker; a build needs no engine at all)."""
+    result = invoke(project, "fixture", "--registry", "127.0.0.1:5000",
+                    env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
     line = one_clear_line(result)
     assert result.returncode == 6 and "Docker" in line, result.stderr
+
+
+def test_a_toolchain_named_by_tag_is_refused_in_one_line(project, fixture_base):
+    """The compile's toolchain is read from its registry by digest (a tag could move under a rebuild)."""
+    result = invoke(project, "build", "--base", str(fixture_base), env={"BAKERY_TOOLCHAIN": "bakery-toolchain:none"})
+    line = one_clear_line(result)
+    assert result.returncode == 2 and "toolchain image 'bakery-toolchain:none' has no digest" in line, result.stderr

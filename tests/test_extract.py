@@ -53,7 +53,7 @@ def whiteout_image(registry, fixture_base):
                         (f"{cpu}/.wh..wh..opq", b""),  # hide everything below cpu/ ...
                         (f"{cpu}/only_new.py", b"NEW = True\n"),  # ... except what this layer adds
                         (f"{SITE}/vllm/envs.py", b"REPLACED = 1\n")])  # replace a file
-    layer2 = tar_layer([(f"{SITE}/vllm/.wh.envs.py", b""), (f"{SITE}/vllm/envs.py", b"REPLACED = 2\n")])
+    layer2 = tar_layer([(f"{SITE}/vllm/envs.py", b"REPLACED = 2\n")])  # replace the replacement
     repo = "test/whiteouts"
     config = base.config
     layers = list(base.layers)
@@ -235,7 +235,7 @@ def test_layer_streams_decode_as_gzipfile_reads_them_and_a_bad_digest_is_named_f
     for blob, media_type in ((gzip.compress(raw), gz), (multi, gz), (raw, "application/vnd.oci.image.layer.v1.tar"),
                              (zstd, "application/vnd.oci.image.layer.v1.tar+zstd")):
         for piece in (61, 4096, 1 << 20):
-            index, found = scan(blob, media_type, piece=piece)
+            index, found, _ = scan(blob, media_type, piece=piece)
             assert index["diff_id"] == diff_id and len(index["entries"]) == 41 and set(found) == {"d/x"}
     for bad in (gzip.compress(raw)[:-9], b"\0\0" + gzip.compress(raw), gzip.compress(raw) + b"junk"):
         with pytest.raises(IntegrityError, match="is not a readable"):

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from bakery.inputs import hip
-from bakery.engine import docker_client
 from bakery.errors import InputError, IntegrityError
 
 from support import ROOT, cold_compile_cache, dev_policy, docker, invoke, last_line
@@ -40,7 +39,7 @@ def test_device_code_is_gfx942_with_the_kernels(compiled):
     _, artifact, _ = compiled
     assert [o["mach"] for o in artifact.code_objects] == ["0x4c"]
     assert artifact.code_objects[0]["bundle_entry"].endswith("gfx942")
-    assert "Debian clang version 19" in artifact.toolchain.compiler and artifact.toolchain.image.startswith("sha256:")
+    assert "Debian clang version 19" in artifact.toolchain.compiler and "@sha256:" in artifact.toolchain.image
     assert str(artifact.toolchain) == f"{artifact.toolchain.compiler}; image {artifact.toolchain.image}"
 
 
@@ -76,7 +75,7 @@ def test_fixed_cuid_makes_object_names_irrelevant(compiled, toolchain, tmp_path)
     def build(shell: str, name: str) -> bytes:
         out = tmp_path / name
         out.mkdir()
-        hip.run_toolchain(docker_client, toolchain, recipe.root, shell, out)
+        hip.run_toolchain(recipe, toolchain, shell, out, log=lambda m: None)
         return (out / "_C_stable_libtorch.so").read_bytes()
 
     def elsewhere(shell: str) -> str:  # the same compile with other object names
@@ -168,13 +167,32 @@ def test_python_glue_falls_back_without_the_extension():
 
 # -- the compile cache that travels ----------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def pinned_toolchain(toolchain, registry):
-    """The stand-in toolchain pushed and named by digest, as the ROCm base is in production."""
-    tag = f"{registry}/bakery/toolchain:test"
-    docker("tag", toolchain, tag)
+def pushed(tag: str) -> str:
+    """A local image pushed, named by digest (REF@sha256:...)."""
     digest = [w for w in docker("push", tag).stdout.split() if w.startswith("sha256:")][0]
-    return f"{registry}/bakery/toolchain@{digest}"
+    return f"{tag.rpartition(':')[0]}@{digest}"
+
+
+@pytest.fixture(scope="module")
+def pinned_toolchain(toolchain):
+    """The stand-in toolchain, named by digest in the registry, as the ROCm base is in production."""
+    return toolchain
+
+
+def test_the_sandbox_compiles_the_bytes_a_container_of_the_image_compiles(compiled, toolchain, tmp_path):
+    """The reference: the same script run by Docker in a container of the same image (how hip/ was
+    compiled before the toolchain's files were taken out of its layers). Same library, byte for byte."""
+    recipe, artifact, _ = compiled
+    out = tmp_path / "out"
+    out.mkdir(mode=0o777)
+    out.chmod(0o777)
+    docker("pull", "-q", toolchain)
+    docker("run", "--rm", "--network", "none", "--cap-drop", "ALL", "--user", "65534:65534", "-e", "HOME=/tmp",
+           "-v", f"{recipe.root}:/src:ro", "-v", f"{out}:/out", "--entrypoint", "/bin/sh", toolchain, "-c",
+           hip.script(recipe))
+    assert hashlib.sha256((out / "_C_stable_libtorch.so").read_bytes()).hexdigest() == \
+        hashlib.sha256(artifact.data).hexdigest()
+    assert (out / "_C_stable_libtorch.schema").read_text() == artifact.schema
 
 
 PASSWORD = {"BAKERY_KEY_PASSWORD": "pw"}
@@ -306,8 +324,8 @@ def test_compile_verify_recompiles_to_the_same_bytes(project, pinned_toolchain):
     assert "_C_stable_libtorch.so  byte-identical when compiled again" in result.stdout
 
 
-def test_disk_check_knows_when_the_base_need_not_be_pulled(project, registry, fixture_base, pinned_toolchain,
-                                                           release_keys):
+def test_disk_check_knows_when_nothing_need_be_compiled(project, registry, fixture_base, pinned_toolchain,
+                                                        release_keys):
     env = {"BAKERY_TOOLCHAIN": pinned_toolchain}
     built = invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/travel/disk:1", env=env)
     assert built.returncode == 0
@@ -319,16 +337,16 @@ def test_disk_check_knows_when_the_base_need_not_be_pulled(project, registry, fi
                   env=PASSWORD).returncode == 0
     cached = invoke(project, *disk, env=env)
     assert cached.returncode == 0, cached.stderr
-    assert "holds the kernels, signed by a release key; the base will not be pulled" in cached.stdout
+    assert "holds the kernels, signed by a release key; nothing will be compiled" in cached.stdout
     elsewhere = invoke(project, "disk", "--base", str(fixture_base), "--unless-cached-in", f"{registry}/travel/empty",
                        env=env)
     assert elsewhere.returncode == 0 and "the build will compile" in elsewhere.stderr and "GiB free" in elsewhere.stdout
 
 
 def test_a_toolchain_that_leaves_a_link_in_out_reads_nothing_of_the_host(toolchain, tmp_path):
-    """The compile runs the base's code (its compiler, its python) as root in a container whose /out
-    is a host folder. A hostile toolchain leaves toolchain.txt as a link to a host file (on a
-    build runner: the registry login): we must refuse it without reading, hashing or pushing it."""
+    """The compile runs the base's code (its compiler, its python) in the sandbox, whose /out is a
+    host folder. A hostile toolchain leaves toolchain.txt as a link to a host file (on a build
+    runner: the registry login): we must refuse it without reading, hashing or pushing it."""
     secret = tmp_path / "docker-config.json"
     secret.write_text('{"auths": {"ghcr.io": {"auth": "cHVzaDp0b2tlbg=="}}}')
     wrapper = ("#!/bin/sh\n/usr/bin/python3.real \"$@\"\nrc=$?\n"
@@ -339,9 +357,9 @@ def test_a_toolchain_that_leaves_a_link_in_out_reads_nothing_of_the_host(toolcha
     (tmp_path / "ctx" / "python3").chmod(0o755)  # COPY keeps the mode (Debian's engine has no BuildKit --chmod)
     (tmp_path / "ctx" / "Dockerfile").write_text(
         f"FROM {toolchain}\nRUN mv /usr/bin/python3 /usr/bin/python3.real\nCOPY python3 /usr/bin/python3\n")
-    hostile = "bakery/hostile-toolchain:test"
+    hostile = f"{toolchain.split('/')[0]}/bakery/hostile-toolchain:test"
     docker("build", "-q", "-t", hostile, str(tmp_path / "ctx"))
-    result = invoke(ROOT, "compile", "--toolchain", hostile, env={"BAKERY_CACHE": str(tmp_path / "cache")})
+    result = invoke(ROOT, "compile", "--toolchain", pushed(hostile), env={"BAKERY_CACHE": str(tmp_path / "cache")})
     errors = [l for l in result.stderr.splitlines() if l.startswith("error:")]
     assert result.returncode == 5 and len(errors) == 1, result.stderr
     assert "compile output toolchain.txt is not a regular file" in errors[0]

@@ -149,7 +149,7 @@ def test_in_the_rebuild_sandbox_the_hostile_revision_finds_nothing(hostile, tmp_
 
 @pytest.mark.slow
 def test_a_revision_whose_hip_is_a_link_is_not_compiled(hostile, tmp_path):
-    """Docker binds where a link points: hip -> / would hand the host to the compile container."""
+    """A bind mount goes where a link points: hip -> /root would hand that host folder to the compile."""
     plan, _ = hostile
     repo = Path(plan.repository)
     subprocess.run(["git", "-C", str(repo), "rm", "-rq", "hip"], check=True)
@@ -230,7 +230,7 @@ def build(c, base=None, layout=None, out=None, toolchain=None, recompile=False):
 MANY_COMPILES = '''    raise SystemExit("statuses: " + " ".join(str(compile_outside("true")) for _ in range(5)))'''
 LEFT_RUNNING = '''    for _ in range(2):  # one running, one queued behind it
         threading.Thread(target=compile_outside, args=("sleep 600",), daemon=True).start()
-    time.sleep(5)  # the first container is up
+    time.sleep(30)  # the first compile is up (its toolchain's files taken out first)
     os._exit(3)'''
 
 
@@ -256,30 +256,41 @@ def test_the_broker_grants_a_few_compiles_and_no_more(hostile, tmp_path):
     assert str(failed.value).endswith("statuses: 200 200 200 200 429"), failed.value
 
 
+def sleepers() -> set[int]:
+    """Processes running `sleep 600` (what the revision's compiles run), wherever they are."""
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", b"600"]:
+                found.add(int(pid))
+        except OSError:
+            continue
+    return found
+
+
 @pytest.mark.slow
 def test_a_compile_the_revision_leaves_running_ends_with_the_rebuild(hostile, tmp_path, monkeypatch):
     """The revision starts a compile that never ends and exits; once reproduce is done, no
-    container of that compile is left (the broker removes what it labelled)."""
-    from bakery.release import broker
-    from bakery.engine import docker_client
+    process of that compile is left (the broker stops what it started) and the queued one never starts."""
+    import signal
+    import time
+
+    from bakery.inputs import hip
 
     plan = revision_with(tmp_path, hostile[0], LEFT_RUNNING)
 
-    def labelled() -> set:
-        return {c.id for c in docker_client().containers.list(all=True, filters={"label": broker.LABEL})}
-
-    before = labelled()
-    with monkeypatch.context() as m:  # the control: without the broker's clean-up, the container stays
-        m.setattr(broker, "_remove_containers", lambda token: None)
+    original = hip.run_compile
+    before = sleepers()
+    with monkeypatch.context() as m:  # the control: a compile the broker does not stop outlives the rebuild
+        m.setattr(hip, "run_compile", lambda files, src, shell, out, stop=None: original(files, src, shell, out))
         with pytest.raises(EnvironmentProblem, match="exit 3"):
             reproduce.rebuild(plan, tmp_path / "control", None, log=lambda m: None)
-    leaked = labelled() - before
-    assert leaked, "the control left no container: the revision did not start one"
-    for cid in leaked:
-        docker_client().containers.get(cid).remove(force=True)
+        time.sleep(2)
+        leaked = sleepers() - before
+    assert leaked, "the control left no compile running: the revision did not start one"
+    for pid in leaked:
+        os.kill(pid, signal.SIGKILL)
     with pytest.raises(EnvironmentProblem, match="exit 3"):
         reproduce.rebuild(plan, tmp_path / "work", None, log=lambda m: None)
-    import time
-
-    time.sleep(5)  # the queued compile gets the lock once the first is removed: it must start nothing
-    assert labelled() <= before
+    time.sleep(5)  # the queued compile gets the lock once the first is stopped: it must start nothing
+    assert sleepers() <= before

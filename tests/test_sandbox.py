@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bakery.proofs import runner as prove, sandbox
+from bakery import sandbox
+from bakery.proofs import runner as prove
 from bakery.inputs import proof_spec
 from bakery.errors import EnvironmentProblem
 

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Iterable
 
+from .. import untrusted
 from ..errors import IntegrityError
 from ..oci.refs import Descriptor
 from ..oci.registry import Registry
 from .layercache import LayerCache
-from .scan import WORKERS, index_into_cache, normalize, scan_layer
+from .scan import WORKERS, folders_above, index_into_cache, normalize, scan_layer
 from .spec import Image
 
 
@@ -34,6 +35,19 @@ class BaseFile:
     layer: str  # digest of the layer it comes from
     sha256: str | None = None  # set for extracted regular files
     data: bytes | None = None
+
+
+def _hidden(paths: set[str], index: dict) -> set[str]:
+    """Those of `paths` that a layer hides from the layers below it: whited out, or under a whiteout
+    or an opaque folder (each whiteout looked up by prefix, not each path against each whiteout)."""
+    ordered = sorted(paths)
+    found = set()
+    for gone, itself in [(w, True) for w in index["whiteouts"]] + [(d, False) for d in index["opaque"]]:
+        if itself and gone in paths:
+            found.add(gone)
+        start = bisect.bisect_left(ordered, gone + "/")
+        found.update(itertools.takewhile(lambda p: p.startswith(gone + "/"), itertools.islice(ordered, start, None)))
+    return found
 
 
 def _hidden_by(index: dict, path: str) -> bool:
@@ -81,8 +95,8 @@ class BaseFilesystem:
                     not self.cache.has_content(index["files"].get(p, "-")))}
         if index is not None and not missing:
             return self._checked(desc, index)
-        fresh, found = scan_layer(self.registry, self.image.ref.repository, desc, missing or set(), self.cache,
-                                  self.keep if index is None else ())
+        fresh, found, _ = scan_layer(self.registry, self.image.ref.repository, desc, missing or set(), self.cache,
+                                     self.keep if index is None else ())
         if index is not None:
             fresh["files"] = {k: v for k, v in index["files"].items() if self.cache.has_content(v)}
         fresh["files"].update(found)
@@ -99,24 +113,63 @@ class BaseFilesystem:
         self.view["diff_ids"] = self.diff_ids
         self.cache.save_view(self.image.manifest_digest, self.view)
 
-    def prefetch(self) -> None:
+    def prefetch(self, sink=None) -> list[dict] | None:
         """Index every layer that has no cached index yet, in parallel processes (largest first):
         fetching, hashing, decompressing and parsing a tar overlap across layers and cores, and
         each worker leaves its index and kept files in the cache. With `keep` naming every file the
-        caller will read, each layer is streamed once."""
-        todo = sorted((d for d in self.image.layers if not self.cache.has_index(d)), key=lambda d: -d.size)
-        if len(todo) < 2:
-            return
-        import multiprocessing  # only a cold pass pays for the process pool's imports
-        from concurrent.futures import ProcessPoolExecutor
+        caller will read, each layer is streamed once. With `sink` (base/extract.py), every layer is
+        streamed, and what it took from each is returned, in the layers' order."""
+        todo = [d for d in self.image.layers if sink is not None or not self.cache.has_index(d)]
+        if len(todo) < 2 and sink is None:
+            return None
+        taken: dict = {}
+        if len(todo) == 1:  # one layer: no pool to start
+            index, found, taken[todo[0].digest] = scan_layer(self.registry, self.image.ref.repository, todo[0], set(),
+                                                             self.cache, self.keep, sink)
+            index["files"].update(found)
+            self.cache.save_index(todo[0], self._checked(todo[0], index))
+        elif todo:
+            import multiprocessing  # only a cold pass pays for the process pool's imports
+            from concurrent.futures import ProcessPoolExecutor
 
-        jobs = [(self.registry.name, self.image.ref.repository, d.to_json(), self.keep, str(self.cache.root))
-                for d in todo]
-        with ProcessPoolExecutor(min(len(todo), WORKERS), mp_context=multiprocessing.get_context("fork")) \
-                as pool:
-            for desc, (downloads, index) in zip(todo, pool.map(index_into_cache, jobs)):
-                self.cache.downloads += downloads
-                self.cache.remember(desc, self._checked(desc, index))
+            todo.sort(key=lambda d: -d.size)
+            jobs = [(self.registry.name, self.image.ref.repository, d.to_json(), self.keep, str(self.cache.root), sink)
+                    for d in todo]
+            with ProcessPoolExecutor(min(len(todo), WORKERS), mp_context=multiprocessing.get_context("fork")) \
+                    as pool:
+                for desc, (downloads, index, took) in zip(todo, pool.map(index_into_cache, jobs)):
+                    self.cache.downloads += downloads
+                    self.cache.remember(desc, self._checked(desc, index))
+                    taken[desc.digest] = took
+        return [taken[d.digest] for d in self.image.layers] if sink is not None else None
+
+    def check_merge(self) -> None:
+        """Where a layer writes under a folder it does not give itself, that folder must be a folder
+        (or nothing) in the layers below: not a link, which containerd follows inside the root while
+        Docker's overlay2 puts a folder over it, and not a file, which containerd fails on and
+        overlay2 hides. Refused otherwise, naming the layer and the path. Once per image: the view
+        keeps the answer (the image's digest fixes its layers)."""
+        if self.view.get("merge_checked"):
+            return
+        indexes = [self._index(d, set()) for d in self.image.layers]
+        for n in range(1, len(indexes)):
+            upper = indexes[n]
+            pending = folders_above(upper["entries"], upper["whiteouts"], upper["opaque"]) - upper["entries"].keys()
+            for below in reversed(indexes[:n]):
+                if not pending:
+                    break
+                for path in sorted(pending & below["entries"].keys()):
+                    kind = below["entries"][path][0]
+                    if kind != "dir":
+                        layer = self.image.layers[n].digest
+                        raise IntegrityError(
+                            f"base {self.image.ref}: layer {n + 1} of {len(indexes)} ({layer}) writes under "
+                            f"/{untrusted.safe(path)}, which the layers below give as {kind}: the engines would not "
+                            f"unpack it alike (a write through a link, or into a file); refused")
+                    pending.discard(path)
+                pending -= _hidden(pending, below)
+        self.view["merge_checked"] = True
+        self.cache.save_view(self.image.manifest_digest, self.view)
 
     def _sorted_paths(self, desc: Descriptor, index: dict) -> list[str]:
         """The index's paths in order (once per index and process): a glob bisects to its prefix."""

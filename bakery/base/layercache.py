@@ -13,7 +13,8 @@ from ..files import atomic_write
 from ..oci.refs import Descriptor, Digest
 from ..project import cache_dir
 
-VIEW_SCHEMA = 1  # bump when how paths or globs are resolved changes: older views are then dropped
+VIEW_SCHEMA = 2  # bump when how paths or globs are resolved changes: older views are then dropped
+INDEX_SCHEMA = 2  # bump when what a layer's pass checks or records changes: older indexes are made again
 
 
 class LayerCache:
@@ -32,7 +33,8 @@ class LayerCache:
         """What a layer holds, if cached: the entry must name this layer and match its checksum
         (read from disk and checked once per process)."""
         if desc.digest not in self._indexes:
-            index = self._load_checked(self.root / "layers" / f"{desc.digest.hex}.json", {"layer": str(desc.digest)},
+            index = self._load_checked(self.root / "layers" / f"{desc.digest.hex}.json",
+                                       {"layer": str(desc.digest), "schema": INDEX_SCHEMA},
                                        f"layer index {desc.digest.hex[:12]}")
             if index is None or "diff_id" not in index:  # absent, dropped, or made before diff_ids were kept
                 return None
@@ -40,7 +42,8 @@ class LayerCache:
         return self._indexes[desc.digest]
 
     def save_index(self, desc: Descriptor, index: dict) -> None:
-        self._save_checked(self.root / "layers" / f"{desc.digest.hex}.json", {"layer": str(desc.digest)}, index)
+        self._save_checked(self.root / "layers" / f"{desc.digest.hex}.json",
+                           {"layer": str(desc.digest), "schema": INDEX_SCHEMA}, index)
         self.remember(desc, index)
 
     def remember(self, desc: Descriptor, index: dict) -> None:
@@ -70,7 +73,11 @@ class LayerCache:
         absent, or dropped with one warning when it does not match."""
         try:
             header, _, body = path.read_bytes().partition(b"\n")
-            if json.loads(header) != {**names, "sha256": hashlib.sha256(body).hexdigest()}:
+            said = json.loads(header)
+            if isinstance(said, dict) and said.get("schema") != names.get("schema") and \
+                    all(said.get(k) == v for k, v in names.items() if k != "schema"):
+                return None  # made by another version of bakery: made again, and replaced, without a word
+            if said != {**names, "sha256": hashlib.sha256(body).hexdigest()}:
                 raise ValueError("it does not match its checksum")
             return json.loads(body)
         except FileNotFoundError:
@@ -119,8 +126,10 @@ class LayerCache:
 
 def _view_shaped(view) -> bool:
     """{"paths": {path: None | [layer, kind, mode, size, link, sha256]}, "globs": {pattern: [path]},
-    "diff_ids": [the config's diff_ids, once every layer was checked against them] (optional)}"""
-    return isinstance(view, dict) and {"paths", "globs"} <= set(view) <= {"paths", "globs", "diff_ids"} and \
+    "diff_ids": [the config's diff_ids, once every layer was checked against them] (optional),
+    "merge_checked": true, once the layers were found to merge alike in every engine (optional)}"""
+    return isinstance(view, dict) and {"paths", "globs"} <= set(view) <= {"paths", "globs", "diff_ids", "merge_checked"} and \
+        view.get("merge_checked", True) is True and \
         isinstance(view["paths"], dict) and isinstance(view["globs"], dict) and \
         all(isinstance(d, str) for d in view.get("diff_ids", [])) and \
         all(e is None or (isinstance(e, list) and len(e) == 6) for e in view["paths"].values()) and \

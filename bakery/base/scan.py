@@ -7,6 +7,7 @@ import fnmatch
 import gzip
 import hashlib
 import io
+import itertools
 import queue
 import re
 import sys
@@ -14,7 +15,7 @@ import tarfile
 import threading
 import zlib
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from ..errors import InputError, IntegrityError
 from ..oci.refs import Descriptor
@@ -281,21 +282,30 @@ def decompressed(media_type: str, raw) -> io.IOBase:
     raise InputError(f"unsupported layer media type {media_type!r}")
 
 
-def scan_layer(registry: Registry, repo: str, desc: Descriptor, wanted: set[str],
-               cache: LayerCache, keep: tuple[str, ...] = ()) -> tuple[dict, dict[str, str]]:
-    """Stream one layer: list everything in it, keep the contents of `wanted` regular files
-    and of those matching a `keep` pattern (files known to be needed later, e.g. dist-info).
+class Scanned(NamedTuple):
+    """What one pass over a layer gave: its index, {path: sha256} of the files kept in the cache,
+    and {path: blob name} of those the sink took (a toolchain's files, base/extract.py)."""
+    index: dict
+    found: dict[str, str]
+    taken: dict[str, str]
 
-    Returns (index, {path: sha256}); nothing is recorded in the cache until the layer's digest
-    has been checked, so a corrupt download leaves no trace. Members are read by tarscan, as the
-    engine will unpack them; a layer it cannot read that way refuses the base.
+
+def scan_layer(registry: Registry, repo: str, desc: Descriptor, wanted: set[str],
+               cache: LayerCache, keep: tuple[str, ...] = (), sink=None) -> Scanned:
+    """Stream one layer: list everything in it, keep the contents of `wanted` regular files
+    and of those matching a `keep` pattern (files known to be needed later, e.g. dist-info), and
+    hand the regular files `sink` wants to it (base/extract.py's Sink).
+
+    Nothing is recorded in the cache until the layer's digest has been checked, so a corrupt
+    download leaves no trace. Members are read by tarscan, as the engine will unpack them; a layer
+    it cannot read that way, or that the engines would unpack differently (_Layer), refuses the base.
     """
     import zstandard  # a layer is streamed: what the warm path never needs
 
     cache.downloads += 1
-    entries, whiteouts, opaque, found = {}, [], [], {}
     decode = _decoder(desc.media_type)
-    keep = re.compile("|".join(f"(?:{fnmatch.translate(k)})" for k in keep)) if keep else None
+    layer = _Layer(wanted, re.compile("|".join(f"(?:{fnmatch.translate(k)})" for k in keep)) if keep else None,
+                   cache, sink)
     pipe = _LayerPipe(registry.stream_blob(repo, desc, label=f"layer {desc.digest.hex[:12]}"), decode)
     # While the tar reader runs Python, a stage coming back from zlib or hashlib waits for the GIL
     # up to the switch interval, for each piece: 5 ms would stall it longer than the work itself.
@@ -304,8 +314,13 @@ def scan_layer(registry: Registry, repo: str, desc: Descriptor, wanted: set[str]
     try:
         reader = TarReader(pipe.stream)
         for member in reader:
-            _take(member, reader.read_data, entries, whiteouts, opaque, found, wanted, keep, cache)
+            layer.take(member, reader)
         diff_id = pipe.finish()
+        layer.finish()
+    except Ambiguous as e:
+        pipe.abandon(e)
+        raise IntegrityError(f"layer {desc.digest} of {repo}: {e}: the engines would not unpack it alike, and no "
+                             f"image builder writes it; the base is refused") from None
     except (TarError, EOFError, OSError, zlib.error, zstandard.ZstdError, ValueError, UnicodeError) as e:
         pipe.abandon(e)  # a bad digest is the better diagnosis: raised from here when the fetch saw one
         raise IntegrityError(f"layer {desc.digest} of {repo} is not a readable {desc.media_type} "
@@ -316,23 +331,23 @@ def scan_layer(registry: Registry, repo: str, desc: Descriptor, wanted: set[str]
     finally:
         pipe.close()
         sys.setswitchinterval(interval)
-    index = {"entries": entries, "whiteouts": sorted(whiteouts), "opaque": sorted(opaque), "files": {},
-             "diff_id": diff_id}
-    return index, found
+    index = {"entries": layer.entries, "whiteouts": sorted(layer.whiteouts), "opaque": sorted(layer.opaque),
+             "files": {}, "diff_id": diff_id}
+    return Scanned(index, layer.found, layer.taken)
 
 
-def index_into_cache(job) -> tuple[int, dict]:
+def index_into_cache(job) -> tuple[int, dict, dict]:
     """In a worker process: stream one layer, record its index and kept files in the cache, and
-    hand the index back (unpickling it beats parsing the JSON again)."""
+    hand the index back (unpickling it beats parsing the JSON again), with what the sink took."""
     from ..oci.registry import Registry
 
-    registry, repo, desc, keep, root = job
+    registry, repo, desc, keep, root, sink = job
     desc = Descriptor.from_json(desc)
     cache = LayerCache(Path(root))
-    index, found = scan_layer(Registry(registry), repo, desc, set(), cache, keep)
+    index, found, taken = scan_layer(Registry(registry), repo, desc, set(), cache, keep, sink)
     index["files"].update(found)
     cache.save_index(desc, index)
-    return cache.downloads, index
+    return cache.downloads, index, taken
 
 
 KEPT_LIMIT = 256 << 20
@@ -341,20 +356,113 @@ KEPT_LIMIT = 256 << 20
 WORKERS = 8
 
 
-def _take(member, read_data, entries, whiteouts, opaque, found, wanted, keep, cache) -> None:
-    """Record one tar member: a whiteout, an opaque marker, or an entry (kept if wanted)."""
-    path = normalize(member.name)
-    parent, _, name = path.rpartition("/")
-    if name == OPAQUE:
-        opaque.append(parent)
-        return
-    if name.startswith(WHITEOUT):
-        whiteouts.append(f"{parent}/{name[len(WHITEOUT):]}" if parent else name[len(WHITEOUT):])
-        return
-    kind = _KIND.get(member.type, "other")
-    entries[path] = [kind, member.size, member.mode, normalize(member.linkname) if kind == "hardlink"
-                     else member.linkname]
-    if kind == "file" and (path in wanted or (keep is not None and keep.match(path))):
-        if member.size > KEPT_LIMIT:  # kept files are sources and METADATA: read whole, so capped
+class Ambiguous(Exception):
+    """A layer the engines would unpack differently from one another (or from what we read), or
+    that does what no image builder writes: a name twice, a write through a link, a whiteout of
+    what the layer itself adds, a hard link to what the layer does not hold."""
+
+
+def clean(name: str) -> str:
+    """A member's name as the engines clean it (Go's path.Clean, relative to the root): no leading
+    '/', no '.' or empty parts, '..' taken back lexically. '' is the root itself. A name that climbs
+    out of the root is one containerd keeps inside and Docker refuses: Ambiguous."""
+    if name and name[0] not in "./" and name[-1] != "/" and "//" not in name and "/." not in name:
+        return name  # already clean: most members
+    parts: list[str] = []
+    for part in name.split("/"):
+        if part == "..":
+            if not parts:
+                raise Ambiguous(f"{name!r} climbs out of the root")
+            parts.pop()
+        elif part and part != ".":
+            parts.append(part)
+    return "/".join(parts)
+
+
+class _Layer:
+    """One layer's members as they stream: its index, the files kept in the cache or taken by the
+    sink, and the checks that need this layer alone. After them, in an accepted layer no name is
+    given twice, nothing is written under what the layer makes a link or a file, nothing it whites
+    out is also given, and each hard link names a file the layer gave before it: then the order of
+    its members no longer matters, and every engine unpacks it alike (what lower layers hold is
+    checked across layers, by the filesystem)."""
+
+    def __init__(self, wanted: set[str], keep, cache: LayerCache, sink):
+        self.wanted, self.keep, self.cache, self.sink = wanted, keep, cache, sink
+        self.entries: dict[str, list] = {}
+        self.whiteouts: list[str] = []
+        self.opaque: list[str] = []
+        self.found: dict[str, str] = {}
+        self.taken: dict[str, str] = {}
+        self.named: set[str] = set()  # every path the layer names, entries and whiteouts alike
+
+    def _name(self, path: str, what: str) -> None:
+        if path in self.named:
+            raise Ambiguous(f"it names {path!r} twice (the second time as {what})")
+        self.named.add(path)
+
+    def take(self, member, reader) -> None:
+        """Record one member: a whiteout, an opaque marker, or an entry (kept or taken if wanted)."""
+        path = clean(member.name)
+        if not path:
+            return  # the root folder itself: its metadata, which no engine applies to the root
+        parent, _, name = path.rpartition("/")
+        if name.startswith(WHITEOUT):
+            if name == OPAQUE:
+                self._name(path, "an opaque marker")
+                self.opaque.append(parent)
+                return
+            if name.startswith(WHITEOUT + WHITEOUT):  # AUFS's own folders: each engine does its own thing
+                raise Ambiguous(f"it holds {path!r}, an AUFS metadata name")
+            gone = f"{parent}/{name[len(WHITEOUT):]}" if parent else name[len(WHITEOUT):]
+            self._name(gone, "a whiteout")
+            self.whiteouts.append(gone)
+            return
+        self._name(path, "an entry")
+        kind = _KIND.get(member.type, "other")
+        link = member.linkname
+        if kind == "hardlink":
+            link = clean(link)
+            target = self.entries.get(link)
+            if target is None or target[0] not in ("file", "hardlink"):
+                raise Ambiguous(f"{path!r} is a hard link to {link!r}, which is not a file this layer gave before it")
+        self.entries[path] = [kind, member.size, member.mode, link]
+        if kind != "file":
+            return
+        keep = path in self.wanted or (self.keep is not None and self.keep.match(path))
+        take = self.sink is not None and self.sink.wants(path)
+        if keep and member.size > KEPT_LIMIT:  # kept files are sources and METADATA: read whole, so capped
             raise TarError(f"{path} is {member.size} bytes, past the {KEPT_LIMIT} a file we read may be")
-        found[path] = cache.store(read_data(member))
+        if keep:
+            data = reader.read_data(member)
+            self.found[path] = self.cache.store(data)
+            if take:
+                self.taken[path] = self.sink.store(iter([data]), member.size, member.mode)
+        elif take:
+            self.taken[path] = self.sink.store(reader.data(member), member.size, member.mode)
+
+    def finish(self) -> None:
+        """The checks that need the whole layer: nothing under a file or link it gives, nothing
+        under or at what it whites out (the same name twice is refused as it comes)."""
+        below = folders_above(self.entries, self.whiteouts, self.opaque)
+        for path in sorted(below):
+            entry = self.entries.get(path)
+            if entry is not None and entry[0] != "dir":
+                under = "a link" if entry[0] in ("symlink", "hardlink") else "not a folder"
+                raise Ambiguous(f"it writes under {path!r}, which it gives as {entry[0]} ({under})")
+        for gone in self.whiteouts:
+            if gone in below:
+                raise Ambiguous(f"it whites out {gone!r} and gives what lies under it")
+
+
+def folders_above(entries, whiteouts, opaque) -> set[str]:
+    """Every folder that a layer's entries, whiteouts and opaque markers lie in (their proper
+    ancestors), whether the layer gives it as an entry or not."""
+    above: set[str] = set(opaque)
+    for path in itertools.chain(entries, whiteouts, opaque):
+        while True:
+            path = path.rpartition("/")[0]
+            if not path or path in above:
+                break
+            above.add(path)
+    return above

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import schema
-from ..errors import EnvironmentProblem, InputError, IntegrityError, RegistryError, malformed
+from ..errors import InputError, IntegrityError, RegistryError, malformed
 from ..oci.manifest import Manifest
 from ..oci.refs import Descriptor, Digest, Reference
 from ..oci.registry import INDEX_TYPES, MANIFEST_TYPES, Registry
@@ -113,19 +113,3 @@ def resolve(registry: Registry, ref: Reference, platform: str) -> Image:
 
 
 LAYER_LIMIT = 1000
-UNPACK_FACTOR = 4  # a pull holds the compressed layers and their unpacked trees at once (ROCm gzip ~1:3)
-
-
-def disk_check(image: Image, path: Path) -> tuple[int, int]:
-    """(bytes needed to pull and unpack the base into Docker, bytes free at path); raises
-    EnvironmentProblem with both numbers when it does not fit."""
-    import shutil
-
-    compressed = sum(d.size for d in image.layers)
-    needed, free = compressed * UNPACK_FACTOR, shutil.disk_usage(path).free
-    if free < needed:
-        raise EnvironmentProblem(
-            f"the base's {len(image.layers)} layers are {compressed / 2**30:.1f} GiB compressed: pulling them into "
-            f"Docker needs about {needed / 2**30:.1f} GiB at {path}, which has {free / 2**30:.1f} GiB free; free "
-            f"space or build where the disk is larger (the release workflow's self-hosted builder)")
-    return needed, free

@@ -374,6 +374,8 @@ def build(opts: Options, log=print) -> tuple[Reference, BuildRecord]:
     spec = image_mod.load_spec(Project(project).image_yaml)
     target = push_target(opts)
     opened = open_base(project, opts.base, log)
+    toolchain = opts.toolchain_for(opened.spec)
+    hip_mod.toolchain_identity(toolchain)  # pinned by digest, or refused before the proofs run
     registries = {opened.spec.source.registry: opened.registry}
     remote = (registries.get(target.registry) or registries.setdefault(target.registry, Registry(target.registry)),
               target.repository) if target else None
@@ -385,8 +387,8 @@ def build(opts: Options, log=print) -> tuple[Reference, BuildRecord]:
     overlay_files = tuple(FileEntry(a.overlay.target, a.result) for a in applied)
 
     recipe = hip_mod.served(hip_mod.load(project / "hip"), {a.overlay.id for a in applied}, log)
-    compiled = hip_mod.compile_recipe(recipe, opts.toolchain_for(opened.spec), cache_dir(create=True) / "hip", log, remote,
-                                      trust, opts.recompile, defer_push=True)
+    compiled = hip_mod.compile_recipe(recipe, toolchain, cache_dir(create=True) / "hip", log, remote, trust,
+                                      opts.recompile, defer_push=True)
     kernel_files = hip_mod.files(recipe, compiled.artifacts)
     tables = tuning_mod.load(Project(project).tuning)
     table_files = tuning_mod.files(tables)

@@ -75,10 +75,11 @@ def fixture(project: Path, registry: str | None, vllm: str, log) -> str:
     return str(fixture_mod.build(spec, registry or stack.up(), log=log))
 
 
-def toolchain(project: Path, log) -> str:
-    from ..dev import fixture as fixture_mod
+def toolchain(project: Path, registry: str | None, log) -> str:
+    from ..dev import fixture as fixture_mod, stack
 
-    return fixture_mod.toolchain(Project(project).hip / "toolchain", project / FIXTURE_SPEC, log=log)
+    return fixture_mod.toolchain(Project(project).hip / "toolchain", project / FIXTURE_SPEC, registry or stack.up(),
+                                 log=log)
 
 
 def demo(project: Path, log) -> str:
@@ -94,8 +95,8 @@ def demo(project: Path, log) -> str:
     # the fixture's digest is this machine's own: lock the overlays against it, beside the build
     demo_lock = Project(project).out / "demo-overlays.lock"
     lock_overlays(Options(project, str(base), lock=demo_lock), log=log)
-    # the fixture has no ROCm: compile hip/ in the stand-in toolchain
-    tools = toolchain(project, log)
+    # the fixture has no ROCm: compile hip/ over the stand-in toolchain's files
+    tools = toolchain(project, registry, log)
     ref, _ = run(Options(project, str(base), f"{registry}/demo/dsv4-flash-mi300x:latest", lock=demo_lock,
                          toolchain=tools), log=log)
     log(f"docker pull {ref}")
@@ -142,12 +143,14 @@ def compile(project: Path, toolchain: str | None, verify: bool, registry: str | 
 
 @dataclass(frozen=True)
 class Disk:
-    """`invoke disk`: either the signed kernels make pulling the base unnecessary (cached), or the
-    base needs `needed` bytes where `free` are."""
+    """`invoke disk`: either the signed kernels make compiling unnecessary (cached), or the
+    toolchain's files, taken out of its layers to compile over, need `needed` bytes (`how` says
+    how that is known) where `free` are."""
     cached: tuple[str, str] | None = None  # (REPO, TAG) of the signed kernel artifact
-    image: str = ""
+    toolchain: str = ""
     where: Path | None = None
     needed: int = 0
+    how: str = ""
     free: int = 0
 
 
@@ -155,7 +158,6 @@ def kernels_cached(project: Path, spec, unless_cached_in: str, key: str | None, 
                    log) -> tuple[str, str] | None:
     """(REPO, TAG) of a kernel artifact for this recipe that a release key signed, or None (said
     why in the log): a build that finds one never pulls the base to compile."""
-    from ..engine import docker_client
     from ..inputs import hip
     from ..oci.refs import Reference
     from ..oci.registry import Registry
@@ -164,7 +166,7 @@ def kernels_cached(project: Path, spec, unless_cached_in: str, key: str | None, 
     registry = Registry(where.registry)
     trust = kernel_trust(project, key, policy, registry)
     tools = os.environ.get("BAKERY_TOOLCHAIN") or str(spec.source)
-    tag = hip.artifact_tag(hip.load(Project(project).hip).key(hip.toolchain_identity(docker_client, tools)))
+    tag = hip.artifact_tag(hip.load(Project(project).hip).key(hip.toolchain_identity(tools)))
     try:
         _, _, digest = registry.get_manifest(Reference(where.registry, where.repository, tag))
         if trust is None:
@@ -179,9 +181,15 @@ def kernels_cached(project: Path, spec, unless_cached_in: str, key: str | None, 
     return None
 
 
-def disk(project: Path, base: str | None, path: str | None, unless_cached_in: str | None, key: str | None,
+def disk(project: Path, base: str | None, toolchain: str | None, unless_cached_in: str | None, key: str | None,
          policy: str | None, log) -> Disk:
-    from ..base import spec as base_mod
+    """Is there room to take the toolchain's files out of its layers (where BAKERY_CACHE is), unless
+    a signed kernel artifact makes the compile unnecessary? EnvironmentProblem (exit 6) if not."""
+    from ..base import extract, spec as base_mod
+    from ..base.filesystem import BaseFilesystem
+    from ..base.layercache import LayerCache
+    from ..inputs import hip
+    from ..oci.refs import Reference
     from ..oci.registry import Registry
 
     spec = base_mod.load_spec(Project(project).base_yaml, base)
@@ -189,7 +197,10 @@ def disk(project: Path, base: str | None, path: str | None, unless_cached_in: st
         cached = kernels_cached(project, spec, unless_cached_in, key, policy, log)
         if cached:
             return Disk(cached=cached)
-    image = base_mod.resolve(Registry(spec.source.registry), spec.source, spec.platform)
-    where = Path(path) if path else next(p for p in (Path("/var/lib/docker"), Path("/")) if p.exists())
-    needed, free = base_mod.disk_check(image, where)
-    return Disk(image=str(spec.image), where=where, needed=needed, free=free)
+    tools = toolchain or os.environ.get("BAKERY_TOOLCHAIN") or str(spec.source)
+    ref = Reference.parse_pinned(tools, "toolchain image")
+    registry = Registry(ref.registry)
+    fs = BaseFilesystem(registry, base_mod.resolve(registry, ref, "linux/amd64"), LayerCache())
+    where = cache_dir("toolchains")
+    needed, how = extract.space_needed(fs, hip.load(Project(project).hip).toolchain, where)
+    return Disk(toolchain=tools, where=where, needed=needed, how=how, free=extract.check_space(needed, where, how))

@@ -154,8 +154,10 @@ def compiled(c) -> tuple[list[str], str]:
 def disk(d) -> str:
     if d.cached:
         name, tag = d.cached
-        return f"ok: {name}:{tag[:20]}... holds the kernels, signed by a release key; the base will not be pulled"
-    return f"ok: {d.image} needs about {d.needed / 2**30:.1f} GiB at {d.where}; {d.free / 2**30:.1f} GiB free"
+        return (f"ok: {name}:{tag[:20]}... holds the kernels, signed by a release key; nothing will be compiled, "
+                f"no toolchain file taken out")
+    return (f"ok: the toolchain's files of {d.toolchain} take {d.needed / 2**30:.1f} GiB ({d.how}) at {d.where}; "
+            f"{d.free / 2**30:.1f} GiB free there")
 
 
 def rehearsed(r) -> str:

@@ -157,9 +157,12 @@ def build(spec_path: Path, registry: str, log=print) -> Reference:
     return Reference.parse(f"{target}@{digest}")
 
 
-def toolchain(dockerfile_dir: Path, spec_path: Path, log=print) -> str:
-    """Build the stand-in HIP toolchain image (Debian clang-19 + ROCm device libs + CPU torch)."""
-    import docker
+def toolchain(dockerfile_dir: Path, spec_path: Path, registry: str, log=print) -> str:
+    """The stand-in HIP toolchain image (Debian clang-19 + ROCm device libs + CPU torch) in
+    `registry`, pinned (REF@sha256:...), as the ROCm base is in production: a compile takes its
+    files from its layers. Built by Docker and pushed once; found in the registry after that."""
+    from ..errors import NotFound
+    from ..oci.registry import Registry
 
     spec = load_spec(spec_path)
     rootfs = rootfs_tar(spec, log)
@@ -174,11 +177,33 @@ def toolchain(dockerfile_dir: Path, spec_path: Path, log=print) -> str:
     torch_wheel = sorted(wheels.glob("torch-2.13.0*.whl"))[0]
     dockerfile = dockerfile_dir / "Dockerfile"
     key = hashlib.sha256(dockerfile.read_bytes() + rootfs.name.encode() + torch_wheel.name.encode()).hexdigest()[:16]
+    target = Reference.parse(f"{registry}/bakery/toolchain:{key}")
+    try:  # pushed before (the cold benches prune Docker's images; the registry keeps it)
+        return str(target.with_digest(Registry(registry).get_manifest(target)[2]))
+    except NotFound:
+        pass
     tag = f"bakery-toolchain:{key}"
+    _build_toolchain(tag, key, dockerfile, rootfs, wheels, log)
+    client = docker_client()
+    client.images.get(tag).tag(target.name, key)
+    log(f"docker push {target}")
+    digest = None
+    for line in client.images.push(target.name, tag=key, stream=True, decode=True):
+        if "error" in line:
+            raise EnvironmentProblem(f"docker push {target} failed: {line['error']}")
+        digest = (line.get("aux") or {}).get("Digest") or digest
+    if not digest:
+        raise EnvironmentProblem(f"docker push {target} reported no digest")
+    return f"{target.name}@{digest}"
+
+
+def _build_toolchain(tag: str, key: str, dockerfile: Path, rootfs: Path, wheels: Path, log) -> None:
+    import docker
+
     client = docker_client()
     try:
         client.images.get(tag)
-        return tag
+        return
     except docker.errors.ImageNotFound:
         pass
     context = cache_dir() / f"toolchain-{key}"
@@ -199,4 +224,3 @@ def toolchain(dockerfile_dir: Path, spec_path: Path, log=print) -> str:
         raise EnvironmentProblem(f"docker build of the toolchain failed: {e}\n" + "\n".join(tail)) from None
     finally:
         shutil.rmtree(context, ignore_errors=True)
-    return tag

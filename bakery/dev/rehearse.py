@@ -423,7 +423,7 @@ def stage_release(project: Path, work: Path, log) -> Stage:
     registry = stack.up()
     spec = project / "tests" / "fixture" / "fixture.yaml"
     base = fixture.build(spec, registry, log=log)
-    toolchain = fixture.toolchain(project / "hip" / "toolchain", spec, log=log)
+    toolchain = fixture.toolchain(project / "hip" / "toolchain", spec, registry, log=log)
     host, user, password = auth_registry(work)
     keys_dir = _keys(work, "rehearsal-" + password[:8])
     origin, repo = work / "origin.git", work / "repo"

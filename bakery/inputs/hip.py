@@ -11,22 +11,25 @@ import os
 import shlex
 import shutil
 import struct
+import subprocess
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import broker_client, schema
-from ..engine import docker_client
 from ..errors import EnvironmentProblem, InputError, IntegrityError
+from ..base.extract import Selection
 from ..files import atomic_dir
 from ..oci.layer import FileEntry
 from ..oci.refs import Reference
+from ..project import cache_dir
 
 # EF_AMDGPU_MACH values (LLVM's ELF.h) of the archs a recipe may name.
 ARCHS = {"gfx90a": 0x3F, "gfx940": 0x40, "gfx941": 0x4B, "gfx942": 0x4C, "gfx950": 0x4F}
 EM_AMDGPU = 224
 BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
-RECIPE_KEYS = {"arch": str, "extensions": list, "python": list}
+RECIPE_KEYS = {"arch": str, "extensions": list, "python": list, "toolchain": dict}
+TOOLCHAIN_KEYS = {"exclude": list}
 EXT_KEYS = {"name": str, "hip_sources": list, "cxx_sources": list, "headers": list, "hip_flags": list,
             "cxx_flags": list, "libs": list, "kernels": list, "dest": str, "serves": list}
 SERVES_KEYS = {"function": str, "operator": str, "overlay": str}
@@ -78,14 +81,17 @@ class Recipe:
     arch: str
     extensions: tuple[Extension, ...]
     python: tuple[PythonFile, ...]
+    toolchain: Selection = Selection()  # what the compile reads of the toolchain image
 
     def sources(self) -> list[Path]:
         names = sorted({s for e in self.extensions for s in e.sources} | {p.src for p in self.python})
         return [self.root / n for n in names]
 
     def key(self, toolchain_id: str) -> str:
-        """Same recipe, sources and toolchain: same outputs (so they can be cached, here and in a registry)."""
+        """Same recipe, sources, compile script, toolchain and the files taken of it: same outputs
+        (so they can be cached, here and in a registry)."""
         h = hashlib.sha256((self.root / "extensions.yaml").read_bytes() + toolchain_id.encode())
+        h.update(script(self).encode() + self.toolchain.key().encode())
         for src in self.sources():
             h.update(str(src.relative_to(self.root)).encode() + b"\0" + src.read_bytes())
         return h.hexdigest()
@@ -125,7 +131,14 @@ def load(root: Path) -> Recipe:
         python.append(PythonFile(py["src"], py["dest"]))
     for name in sorted({s for e in extensions for s in e.sources} | {p.src for p in python}):
         schema.file_inside(root, name, f"{path}: source")  # an absolute or ../ name would bake a host file
-    return Recipe(root, spec["arch"], tuple(extensions), tuple(python))
+    toolchain = spec.get("toolchain") or {}
+    schema.check_keys(toolchain, TOOLCHAIN_KEYS, f"{path}: toolchain", required=set())
+    exclude = _strings(toolchain.get("exclude") or [], f"{path}: toolchain.exclude")
+    for pattern in exclude:
+        if not pattern or pattern.startswith("/") or ".." in pattern.split("/") or pattern.endswith("/"):
+            raise InputError(f"{path}: toolchain.exclude {pattern!r} must name paths in the image as its layers do "
+                             f"(relative: usr/share/doc, opt/rocm*/lib/rocblas/library)")
+    return Recipe(root, spec["arch"], tuple(extensions), tuple(python), Selection(exclude))
 
 
 def script(recipe: Recipe) -> str:
@@ -301,112 +314,50 @@ def served(recipe: Recipe, baked: set[str], log=print) -> Recipe:
     return replace(recipe, extensions=tuple(extensions))
 
 
-def toolchain_identity(connect, image: str) -> str:
-    """The toolchain image by content: the digest it is pinned by (no Docker needed), else the ID
-    of the local image Docker has under that name (connect() gives the Docker client). In a
-    rebuild's sandbox, where no engine is reachable, the broker outside says."""
-    try:
-        pinned = Reference.parse(image).digest
-    except InputError:
-        pinned = None
-    if pinned is not None:
-        return str(pinned)
-    if os.environ.get(broker_client.SOCKET_ENV):
-        return str(broker_client.ask("GET", "/bakery/toolchain")["identity"])
-    found = _engine_image_id(image)  # the cheap way: one GET to the engine's socket, no SDK imported
-    if found is not None:
-        return found
-    import docker
-
-    client = connect()
-    try:
-        img = client.images.get(image)
-    except docker.errors.ImageNotFound:
-        try:
-            img = client.images.pull(image)
-        except docker.errors.APIError as e:
-            raise EnvironmentProblem(f"toolchain image {image} is not available: {e.explanation or e}") from None
-    return img.id
+def toolchain_identity(image: str) -> str:
+    """The toolchain image by content: the digest it is pinned by (a tag could move under a rebuild)."""
+    return str(Reference.parse_pinned(image, "toolchain image").digest)
 
 
-ENGINE_SOCKET = "/var/run/docker.sock"
-
-
-def _engine_image_id(image: str) -> str | None:
-    """The ID of the local image `image` names, from one GET /images/NAME/json on the engine's unix
-    socket (DOCKER_HOST's, else the default): what the Docker SDK would ask, without importing it
-    and pinging first. None when that cannot answer (an engine over TCP or SSH, no engine, no such
-    image, an odd answer): the caller then asks through the SDK, which pulls or says what is wrong."""
-    import http.client
-    import socket
-    import urllib.parse
-
-    host = os.environ.get("DOCKER_HOST") or f"unix://{ENGINE_SOCKET}"
-    if not host.startswith("unix://"):
-        return None
-
-    class Connection(http.client.HTTPConnection):
-        def connect(self):
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self.sock.settimeout(60)
-            self.sock.connect(host[len("unix://"):])
-
-    conn = Connection("localhost", timeout=60)
-    try:
-        conn.request("GET", f"/images/{urllib.parse.quote(image, safe='/:@')}/json")
-        resp = conn.getresponse()
-        body = resp.read(1 << 20)
-        if resp.status != 200:
-            return None
-        found = json.loads(body).get("Id")
-    except (OSError, http.client.HTTPException, ValueError, AttributeError):
-        return None
-    finally:
-        conn.close()
-    return found if isinstance(found, str) and found.startswith("sha256:") and len(found) == 71 else None
-
-
-COMPILE_TIMEOUT_S = 3600  # the extensions compile in minutes
 LOG_LIMIT = 1 << 20  # what of the compiler's output is read back
 
 
-def run_container(client, toolchain: str, root: Path, shell: str, out: Path,
-                  labels: dict | None = None, started=None) -> tuple[int, str]:
-    """Run `shell` in a container of `toolchain`: root at /src read-only, `out` at /out, no network;
-    (exit status, the tail of its log). Past COMPILE_TIMEOUT_S it is killed (status -1). started(c)
-    is called with the container as soon as it exists."""
-    import requests
+def toolchain_files(toolchain: str, selection, cache: Path, log=print):
+    """The toolchain image's files the recipe's selection takes, as a folder in this machine's cache
+    (base/extract.py): streamed once from its registry, never pulled into an engine."""
+    from ..base import extract, spec as base_mod
+    from ..base.filesystem import BaseFilesystem
+    from ..base.layercache import LayerCache
+    from ..oci.registry import Registry
 
-    # as the invoking user (its own 0700 /out stays writable without capabilities), no capabilities,
-    # no network: the base's compiler and python run here
-    container = client.containers.run(toolchain, [shell], entrypoint=["/bin/sh", "-c"], detach=True,
-                                      volumes={str(root): {"bind": "/src", "mode": "ro"},
-                                               str(out): {"bind": "/out", "mode": "rw"}},
-                                      user=f"{os.getuid()}:{os.getgid()}", environment={"HOME": "/tmp"},
-                                      network_disabled=True, cap_drop=["ALL"], security_opt=["no-new-privileges"],
-                                      pids_limit=4096, labels=labels or {})
-    if started is not None:  # the caller may refuse it now (it removes it)
-        started(container)
+    ref = Reference.parse_pinned(toolchain, "toolchain image")
+    registry = Registry(ref.registry)
+    image = base_mod.resolve(registry, ref, "linux/amd64")
+    return extract.toolchain_root(BaseFilesystem(registry, image, LayerCache()), selection, cache, log)
+
+
+def run_compile(files, src: Path, shell: str, out: Path, stop=None) -> tuple[int, str]:
+    """Run `shell` over the toolchain's own files (`files`, an extract.Root) in the sandbox: the
+    sources at /src read-only, `out` at /out, no network, uid 65534, the compile's limits;
+    (exit status, the tail of what it printed). Past the time limit: -1; stopped by `stop`: -9."""
+    from .. import sandbox
+
     try:
-        try:
-            status = container.wait(timeout=COMPILE_TIMEOUT_S)["StatusCode"]
-        except requests.exceptions.RequestException:  # the engine's wait timed out
-            container.kill()
-            status = -1
-        logs = container.logs(tail=2000)[-LOG_LIMIT:].decode(errors="replace").strip()
-    finally:
-        container.remove(force=True)
-    if status == -1:
-        logs += f"\n(stopped after {COMPILE_TIMEOUT_S} s)"
-    return status, logs
+        done = sandbox.run(["/bin/sh", "-c", shell], [], None, sandbox.COMPILE, env={**files.env, "HOME": "/tmp"},
+                           root=files.path, mounts=(sandbox.Mount("/src", src), sandbox.Mount("/out", out, True)),
+                           stop=stop)
+    except subprocess.TimeoutExpired:
+        return -1, f"(stopped after {sandbox.COMPILE.seconds:.0f} s)"
+    return done.returncode, (done.stdout + done.stderr)[-LOG_LIMIT:].strip()
 
 
-def run_toolchain(client, toolchain: str, root: Path, shell: str, out: Path) -> None:
-    """Compile: run_container here, or through the broker in a rebuild's sandbox; its failure in one line."""
+def run_toolchain(recipe: Recipe, toolchain: str, shell: str, out: Path, log=print) -> None:
+    """Compile: run_compile here, or through the broker in a rebuild's sandbox; its failure in one line."""
     if os.environ.get(broker_client.SOCKET_ENV):
         status, logs = broker_client.compile_outside(toolchain, shell, out)
     else:
-        status, logs = run_container(client(), toolchain, root, shell, out)
+        files = toolchain_files(toolchain, recipe.toolchain, cache_dir(create=True) / "toolchains", log)
+        status, logs = run_compile(files, recipe.root, shell, out)
     if status == NO_TOOLCHAIN:
         raise EnvironmentProblem(f"toolchain image {toolchain} has no HIP compiler ({logs.splitlines()[-1]}): "
                                  f"compile in the ROCm base, or build the stand-in with `invoke toolchain`")
@@ -450,10 +401,10 @@ def compile_recipe(recipe: Recipe, toolchain: str, cache: Path, log=print, remot
                    recompile: bool = False, defer_push: bool = False) -> Compiled:
     """The recipe's outputs for this toolchain: from this machine's cache, else from the artifact in
     `remote` ((Registry, repository), the build's target) when `trust(ref)` accepts its signature
-    (release keys; None: no key to check with, so compile), else compiled in a container of
-    `toolchain` (sources read-only, no network). The compiled outputs are pushed to the remote,
-    unsigned: `invoke attest` signs the artifact the build record names."""
-    image_id = toolchain_identity(docker_client, toolchain)
+    (release keys; None: no key to check with, so compile), else compiled over `toolchain`'s own
+    files in the sandbox (sources read-only, no network). The compiled outputs are pushed to the
+    remote, unsigned: `invoke attest` signs the artifact the build record names."""
+    image_id = toolchain_identity(toolchain)
     key = recipe.key(image_id)
     out = cache / key[:24]
     cache.mkdir(parents=True, exist_ok=True)
@@ -479,7 +430,7 @@ def compile_recipe(recipe: Recipe, toolchain: str, cache: Path, log=print, remot
             push = functools.partial(push_artifact, remote[0], remote[1], key, out)
         else:
             artifact = push_artifact(remote[0], remote[1], key, out)
-    return Compiled(_artifacts(recipe, out, image_id), key, origin, artifact, push)
+    return Compiled(_artifacts(recipe, out, str(Reference.parse_pinned(toolchain))), key, origin, artifact, push)
 
 
 OUTPUT_LIMIT = 1 << 30  # a compiled extension is tens of MiB
@@ -523,12 +474,14 @@ def take_outputs(folder: Path, expected: set[str]) -> dict[str, str]:
 def _compile(recipe: Recipe, toolchain: str, image_id: str, out: Path, log) -> None:
     with atomic_dir(out) as tmp:
         log(f"compiling hip/ for {recipe.arch} in {toolchain}")
-        run_toolchain(docker_client, toolchain, recipe.root, script(recipe), tmp)
+        run_toolchain(recipe, toolchain, script(recipe), tmp, log)
         outputs = take_outputs(tmp, expected_outputs(recipe))
         (tmp / "done.json").write_text(json.dumps({"toolchain_image": image_id, "sha256": outputs}))
 
 
-def _artifacts(recipe: Recipe, out: Path, image_id: str) -> list[Artifact]:
+def _artifacts(recipe: Recipe, out: Path, toolchain: str) -> list[Artifact]:
+    """The outputs in `out` as artifacts, each checked for its device code; `toolchain` is the
+    pinned reference they were compiled in (or compiled for, where the registry gave them)."""
     compiler = (out / "toolchain.txt").read_text().strip()
     artifacts = []
     for ext in recipe.extensions:
@@ -536,7 +489,7 @@ def _artifacts(recipe: Recipe, out: Path, image_id: str) -> list[Artifact]:
         objects = check_device_code(data, recipe.arch, list(ext.kernels))
         sources = tuple({"path": f"hip/{s}", "sha256": hashlib.sha256((recipe.root / s).read_bytes()).hexdigest()}
                         for s in ext.sources)
-        artifacts.append(Artifact(ext.name, ext.dest, data, recipe.arch, Toolchain(compiler, image_id),
+        artifacts.append(Artifact(ext.name, ext.dest, data, recipe.arch, Toolchain(compiler, toolchain),
                                   sources, (out / f"{ext.name}.schema").read_text(), tuple(objects), ext.serves))
     return artifacts
 
@@ -549,7 +502,7 @@ def verify_outputs(recipe: Recipe, toolchain: str, cache: Path, log=print, remot
     cached = cache / compiled.key[:24]
     fresh = cache / f".verify-{compiled.key[:24]}"
     shutil.rmtree(fresh, ignore_errors=True)
-    _compile(recipe, toolchain, toolchain_identity(docker_client, toolchain), fresh, log)
+    _compile(recipe, toolchain, toolchain_identity(toolchain), fresh, log)
     try:
         want = json.loads((cached / "done.json").read_text())["sha256"]
         got = json.loads((fresh / "done.json").read_text())["sha256"]

@@ -29,7 +29,7 @@ from ..files import canonical_json
 from ..inputs.proof_spec import ProofSpec
 from ..oci.layer import write_blob
 from ..project import cache_dir
-from . import sandbox
+from .. import sandbox
 
 FIXED, BROKEN, CANNOT = "FIXED", "BROKEN", "CANNOT-PROVE"
 DEVICES = ("cpu", "cuda")  # cpu: Triton's interpreter; cuda: kernels compiled for the GPU torch sees (CUDA or ROCm)

@@ -8,11 +8,10 @@ one Unix socket, served here by our code, bound into the sandbox:
   registry and repository only, by digest only; fetched with this machine's credentials, which
   never cross (the code inside checks every digest itself, as it does against a registry);
 - the compile: POST /bakery/compile {"toolchain", "shell"}: the shell runs as every build's
-  compile does (hip.run_container: no network, no capabilities, the sources read-only), in the
-  one toolchain this rebuild was given, over the revision's hip/ folder as we name it, never as the
-  request does; the outputs come back in the answer (regular files, capped), so we write nothing
-  into a folder the sandbox controls;
-- GET /bakery/toolchain: that toolchain's identity (an image ID needs the engine to tell).
+  compile does (hip.run_compile: over the toolchain's own files, in the sandbox, no network, the
+  sources read-only, the compile's limits), in the one toolchain this rebuild was given, over the
+  revision's hip/ folder as we name it, never as the request does; the outputs come back in the
+  answer (regular files, capped), so we write nothing into a folder the sandbox controls.
 
 Anything else is refused (403). The client side (broker_client.py, used by transport.py and hip.py) takes this path when the
 sandbox sets BAKERY_BROKER_SOCKET.
@@ -42,7 +41,6 @@ OUTPUT_FILES = 64
 LOG_LIMIT = 64 << 10
 COMPILES = 4  # a build compiles once; a few retries at most
 CONNECTIONS = 32  # at once: the build fetches a few layers concurrently
-LABEL = "org.dsv4-mi300x.bakery.rebuild"  # on each compile container: removed with the broker
 # the distribution spec's repository grammar
 _COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
 BLOB_PATH = re.compile(rf"/v2/(?P<repo>{_COMPONENT}(?:/{_COMPONENT})*)/(?P<kind>manifests|blobs)/"
@@ -61,9 +59,9 @@ class Grant:
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     grant: Grant
-    token: str  # labels this rebuild's compile containers
     compiles: int = 0
-    closed: bool = False  # the rebuild is over: no container may start, one that did is removed
+    closed: bool = False  # the rebuild is over: no compile may start
+    over: threading.Event  # set with closed: a compile still running is stopped
     compiling: threading.Lock
     slots: threading.BoundedSemaphore
 
@@ -104,8 +102,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             path = self.path.split("?", 1)[0]
             if method == "POST" and path == "/bakery/compile":
                 self._compile()
-            elif method == "GET" and path == "/bakery/toolchain":
-                self._answer(200, json.dumps({"identity": _identity(self.server.grant)}).encode())
             elif method in ("GET", "HEAD") and path == "/v2/":
                 self._answer(200, b"{}")
             elif method in ("GET", "HEAD") and (found := BLOB_PATH.fullmatch(path)) and self._granted(found):
@@ -163,22 +159,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if toolchain != grant.toolchain:
             return self._answer(403, f"this rebuild compiles in {grant.toolchain}, not {toolchain[:100]}".encode())
         from ..inputs import hip
-        from ..engine import docker_client
-
-        def started(container) -> None:  # a container made as the rebuild ended is removed at once
-            if self.server.closed:
-                container.remove(force=True)
-                raise EnvironmentProblem("the rebuild is over: no compile now")
+        from ..project import cache_dir
 
         with self.server.compiling:  # one at a time, COMPILES in all
             if self.server.closed or self.server.compiles >= COMPILES:
                 return self._answer(429, f"this rebuild has had its {COMPILES} compiles, or is over".encode())
             self.server.compiles += 1
+            # the revision's recipe says which of the toolchain's files a compile reads (a hostile one can only
+            # ask for more of them, within the disk the extraction keeps free); we take them out, outside
+            files = hip.toolchain_files(toolchain, hip.load(grant.hip).toolchain, cache_dir(create=True) / "toolchains",
+                                        log=lambda m: None)
             with tempfile.TemporaryDirectory(prefix="bakery-broker-") as out:
-                status, logs = hip.run_container(docker_client(), toolchain, grant.hip, shell, Path(out),
-                                                 labels={LABEL: self.server.token}, started=started)
-                files = _outputs(Path(out))
-        self._answer(200, json.dumps({"status": status, "logs": logs[-LOG_LIMIT:], "files": files}).encode())
+                status, logs = hip.run_compile(files, grant.hip, shell, Path(out), stop=self.server.over)
+                found = _outputs(Path(out))
+        self._answer(200, json.dumps({"status": status, "logs": logs[-LOG_LIMIT:], "files": found}).encode())
 
     def _answer(self, status: int, body: bytes) -> None:
         self.send_response(status)
@@ -188,18 +182,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(body)
 
 
-def _identity(grant: Grant) -> str:
-    from ..inputs import hip
-    from ..engine import docker_client
-
-    if grant.toolchain is None:
-        raise EnvironmentProblem("this rebuild was given no toolchain")
-    return hip.toolchain_identity(docker_client, grant.toolchain)
-
-
 def _outputs(folder: Path) -> dict[str, str]:
-    """{name: base64} of the regular files the container left (the container runs the base's
-    code: no link followed, a capped count and size)."""
+    """{name: base64} of the regular files the compile left (it runs the base's code: no link
+    followed, a capped count and size)."""
     os.chmod(folder, 0o700)
     found, total = {}, 0
     for entry in sorted(os.scandir(folder), key=lambda e: e.name)[:OUTPUT_FILES + 1]:
@@ -216,33 +201,22 @@ def _outputs(folder: Path) -> dict[str, str]:
 @contextmanager
 def serve(folder: Path, grant: Grant):
     """The broker on folder/broker.sock while the block runs (the folder is bound into the sandbox)."""
-    import uuid
-
     path = folder / "broker.sock"
     server = _Server(str(path), _Handler)
     if os.geteuid() == 0:  # the sandbox's code is the host's uid 65534 then: it alone may connect
-        from ..proofs.sandbox import UID
+        from ..sandbox import UID
 
         os.chown(path, UID, UID)
     os.chmod(path, 0o600)
-    server.grant, server.token = grant, uuid.uuid4().hex
+    server.grant, server.over = grant, threading.Event()
     server.compiling, server.slots = threading.Lock(), threading.BoundedSemaphore(CONNECTIONS)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
         yield path
     finally:
-        server.closed = True  # a compile still queued or being made removes its own container
+        server.closed = True  # a compile still queued starts no more, one running is stopped
+        server.over.set()
         server.shutdown()
         server.server_close()
         path.unlink(missing_ok=True)
-        if server.compiles:  # a compile the sandbox started and left must not outlive the rebuild
-            _remove_containers(server.token)
-
-
-def _remove_containers(token: str) -> None:
-    from ..engine import docker_client
-
-    client = docker_client()
-    for container in client.containers.list(all=True, filters={"label": f"{LABEL}={token}"}):
-        container.remove(force=True)

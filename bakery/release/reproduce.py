@@ -25,7 +25,7 @@ from .. import broker_client
 from ..inputs.hip import Toolchain
 from ..errors import EnvironmentProblem, IntegrityError, InputError, malformed
 from ..oci.refs import Descriptor, Digest, Reference
-from ..proofs import sandbox
+from .. import sandbox
 from ..trust import provenance
 from . import broker
 
@@ -41,7 +41,7 @@ class Plan:
     dirty: bool
     base: str
     epoch: int
-    toolchain: str | None  # the image the kernels were compiled in, by ID or digest
+    toolchain: str | None  # the image the kernels were compiled in: REF@sha256:DIGEST (or, recorded before, its digest)
 
 
 def plan(prov: dict) -> Plan:
@@ -58,14 +58,14 @@ def plan(prov: dict) -> Plan:
         raise IntegrityError(f"the provenance's revision {found.revision[:60]!r} is not a git commit id")
     if found.toolchain and not (re.fullmatch(r"sha256:[0-9a-f]{64}", found.toolchain) or "@sha256:" in found.toolchain):
         raise IntegrityError(f"the provenance's toolchain {found.toolchain[:80]!r} is not pinned by content "
-                             f"(an image ID or REF@sha256:...): give --toolchain to choose the compiler yourself")
+                             f"(REF@sha256:...): give --toolchain to choose the compiler yourself")
     return found
 
 
 def toolchain_ref(p: Plan) -> str | None:
-    """What a fresh machine can pull to compile in. A pinned toolchain is recorded by its digest
-    alone; when that is the base's digest (the release compiles in the ROCm base), the base's
-    reference names it. Otherwise the recorded value as it is (a local image ID, or REF@sha256)."""
+    """Where a fresh machine reads the toolchain's files from. Recorded as the pinned reference the
+    build read it from; a record of an earlier build may name its digest alone, which is the base's
+    when the release compiled in the ROCm base: then the base's reference names it."""
     if p.toolchain and "@" not in p.toolchain and p.base.endswith("@" + p.toolchain):
         return p.base
     return p.toolchain

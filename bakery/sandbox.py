@@ -15,6 +15,10 @@ On top: a seccomp filter that refuses (EPERM) the calls neither a proof nor a bu
 (ptrace, mount, keyctl, bpf, ... : REFUSED), and limits: address space per process, file size,
 open files, processes (a pids cgroup where this machine lets us make one, else RLIMIT_NPROC) and
 wall time. A limit hit is an error of the code inside, never a verdict.
+
+The compile of hip/ runs the toolchain's own userland instead of ours: `root` is a folder made from
+the toolchain image's layers (base/extract.py), shown read-only as `/`, with the sources and the
+output folder bound where the compile script looks (`mounts`); everything else is as above.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import EnvironmentProblem
+from .errors import EnvironmentProblem
 
 BWRAP = "bwrap"
 INPUTS = "/inputs"  # where the caller's input files appear, read-only
@@ -56,6 +60,16 @@ class Limits:
 
 PROOF = Limits(seconds=900, processes=2048)  # threads count as processes: torch starts one per core
 REBUILD = Limits(seconds=3 * 3600, memory=16 << 30, files=64 << 30, processes=8192)
+# hip/'s compile: clang and lld on a few kernels; an output is tens of MiB
+COMPILE = Limits(seconds=3600, memory=16 << 30, files=1 << 30, processes=4096)
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A folder of ours shown at `inside` (read-only unless writable): in a run over a root of its own."""
+    inside: str
+    outside: Path
+    writable: bool = False
 
 # x86-64 system calls neither a proof nor a build needs: refused with EPERM (the code gets an
 # error it can report; a kill would look like a crash). Names and numbers from the kernel's
@@ -173,26 +187,20 @@ def _check_bwrap(bwrap: str) -> None:
 
 def command(argv: list[str], readable: list[Path], inputs: Path | None, status_fd: int | None = None,
             env: dict | None = None, devices: list[str] = (), writable: list[Path] = (),
-            seccomp_fd: int | None = None) -> list[str]:
+            seccomp_fd: int | None = None, root: Path | None = None, mounts: tuple[Mount, ...] = ()) -> list[str]:
     """The bwrap command line that runs argv in the sandbox; `inputs` appears at /inputs; `env` adds
     to the sandbox's few variables; `devices` are device nodes (a GPU's) it may open; `writable`
-    folders appear at their own paths, writable."""
+    folders appear at their own paths, writable. With `root`, that folder is the whole userland
+    instead (read-only), `env` is the whole environment, and `mounts` are all that is bound into it."""
     _check_bwrap(BWRAP)
-    if os.geteuid() == 0:
-        # root: no user namespace (uid 65534 in one would be uid 0 to the host kernel); bwrap sets up
-        # as root, keeps only what setpriv needs to become the host's uid 65534, which drops it too
-        args = [BWRAP, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-                "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add",
-                "CAP_SETGID", "--clearenv"]
-        argv = ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", "--inh-caps=-all", "--"] + argv
-    else:
-        # an ordinary user: uid 65534 in a user namespace of its own, mapped to this user's uid
-        args = [BWRAP, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-                "--cap-drop", "ALL", "--uid", str(UID), "--gid", str(UID), "--clearenv"]
+    args = _namespaces(argv, root is not None)
+    argv = args.pop()
     if status_fd is not None:  # bwrap writes the code's exit code there once the sandbox stood and ran it
         args += ["--json-status-fd", str(status_fd)]
     if seccomp_fd is not None:  # installed last, just before argv runs: bwrap's own mounts are done
         args += ["--seccomp", str(seccomp_fd)]
+    if root is not None:
+        return args + _own_root(root, mounts, env or {}) + ["--"] + argv
     for name, value in {**ENV, INSIDE: "1", **(env or {})}.items():
         args += ["--setenv", name, value]
     # the empty, writable places first (a bind under /tmp, a project in a temporary folder, stays
@@ -224,6 +232,51 @@ def command(argv: list[str], readable: list[Path], inputs: Path | None, status_f
     # on the host) without any capability
     return args + ["--remount-ro", "/proc", "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", HOME,
                    "--"] + argv
+
+
+def _namespaces(argv: list[str], own_root: bool) -> list:
+    """bwrap's namespaces and identity, with argv (as it must then be run) as the last item."""
+    if os.geteuid() == 0 and not own_root:
+        # root: no user namespace (uid 65534 in one would be uid 0 to the host kernel); bwrap sets up
+        # as root, keeps only what setpriv needs to become the host's uid 65534, which drops it too
+        args = [BWRAP, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add",
+                "CAP_SETGID", "--clearenv"]
+        argv = ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", "--inh-caps=-all", "--"] + argv
+        return args + [argv]
+    # an ordinary user: uid 65534 in a user namespace of its own, mapped to this user's uid (root, over a
+    # root of its own, is that user by then: run() drops it first)
+    return [BWRAP, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+            "--cap-drop", "ALL", "--uid", str(UID), "--gid", str(UID), "--clearenv", argv]
+
+
+SETPRIV, UNSHARE = "/usr/bin/setpriv", "/usr/bin/unshare"
+# root's way into a root of its own: the folders bound (in a mount namespace of their own) where the
+# host's uid 65534 can reach them, then setpriv becomes it, and bwrap takes the ordinary user's path.
+# The toolchain's setpriv and libc are never run as root, and root's own folders (/root) stay closed.
+_BIND_THEN = 'set -e; while [ "$1" != -- ]; do mount --bind "$1" "$2"; shift 2; done; shift; exec "$@"'
+
+
+def _as_nobody(binds: list[tuple[Path, Path]]) -> list[str]:
+    pairs = [str(p) for pair in binds for p in pair]
+    return [UNSHARE, "--mount", "--propagation", "private", "--", "sh", "-c", _BIND_THEN, "sh", *pairs, "--",
+            SETPRIV, f"--reuid={UID}", f"--regid={UID}", "--clear-groups", "--inh-caps=-all", "--"]
+
+
+def _own_root(root: Path, mounts: tuple[Mount, ...], env: dict) -> list[str]:
+    """Binds for a run over a root of its own: the root itself, in-memory /tmp and /dev/shm, /proc,
+    a minimal /dev, the mounts; all read-only once set up but /tmp, /dev/shm and writable mounts.
+    The root is bound writable while bwrap sets up (it makes the mount points), then remounted
+    read-only; the folders it needs are made when the root is (base/extract.py), so nothing of it
+    changes."""
+    args = ["--bind", str(root), "/"]
+    for name, value in {INSIDE: "1", **env}.items():
+        args += ["--setenv", name, value]
+    args += ["--perms", "1777", "--size", str(TMP_BYTES), "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev",
+             "--perms", "1777", "--size", str(TMP_BYTES), "--tmpfs", "/dev/shm"]
+    for m in mounts:
+        args += ["--bind" if m.writable else "--ro-bind", str(m.outside), m.inside]
+    return args + ["--remount-ro", "/proc", "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp"]
 
 
 def _tail(f, limit: int = 1 << 20) -> str:
@@ -296,12 +349,13 @@ def _process_cap(limits: Limits):
                 time.sleep(0.1)
 
 
-def _hand_over(readable: list[Path], writable: list[Path], inputs: Path | None) -> None:
+def _hand_over(readable: list[Path], writable: list[Path], inputs: Path | None, ours: bool = True) -> None:
     """Run by root, the code is the host's uid 65534: what it reads must be readable by others (a
-    clear error now, not a proof failing on a Permission denied), what it writes its own."""
+    clear error now, not a proof failing on a Permission denied), what it writes its own. `ours`:
+    it is shown our Python (not in a root of its own)."""
     import stat
 
-    for path in _python_roots() + [p.resolve() for p in readable] + ([inputs] if inputs else []):
+    for path in (_python_roots() if ours else []) + [p.resolve() for p in readable] + ([inputs] if inputs else []):
         if not path.exists():
             continue  # bwrap says so, as the machine's problem
         mode = path.stat().st_mode
@@ -346,14 +400,26 @@ def _nested(argv: list[str], inputs: Path | None, env: dict | None) -> tuple[lis
 
 
 def run(argv: list[str], readable: list[Path], inputs: Path | None, limits: Limits | float,
-        env: dict | None = None, devices: list[str] = (), writable: list[Path] = ()) -> subprocess.CompletedProcess:
+        env: dict | None = None, devices: list[str] = (), writable: list[Path] = (), root: Path | None = None,
+        mounts: tuple[Mount, ...] = (), stop=None) -> subprocess.CompletedProcess:
     """argv in the sandbox (its paths as the sandbox sees them): its exit status and the tail of its
     stdout and stderr as text. A sandbox that does not stand up is this machine's problem, not a
     verdict on the code; bwrap says it stood up and ran the code (its exit code) on a status pipe the
-    code inside cannot write to. Past limits.seconds: subprocess.TimeoutExpired."""
+    code inside cannot write to. Past limits.seconds: subprocess.TimeoutExpired; once `stop` (a
+    threading.Event) is set, it is killed (exit -9). With `root` (and `mounts`), over a userland of
+    its own (command())."""
     if not isinstance(limits, Limits):
         limits = Limits(seconds=float(limits))
-    if _inside():
+    if root is not None:
+        if _inside():  # a rebuild's compile runs outside, through its broker
+            raise EnvironmentProblem("a run over a root of its own cannot be nested in the sandbox")
+        readable = [root] + [m.outside for m in mounts if not m.writable]
+        writable = [m.outside for m in mounts if m.writable]
+        if os.geteuid() == 0:
+            with _reachable(root, mounts) as (root, mounts, prefix):
+                _hand_over(readable, writable, None, ours=False)
+                return _run(argv, [], None, limits, env, (), [], root, mounts, prefix, stop)
+    elif _inside():
         argv, nested_env = _nested(argv, inputs, env)
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             code = subprocess.run(_prlimit(limits, False) + argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
@@ -361,6 +427,48 @@ def run(argv: list[str], readable: list[Path], inputs: Path | None, limits: Limi
             return subprocess.CompletedProcess(argv, code, _tail(out), _tail(err))
     if os.geteuid() == 0:
         _hand_over(readable, writable, inputs)
+    return _run(argv, readable, inputs, limits, env, devices, writable, root, mounts, [], stop)
+
+
+@contextmanager
+def _reachable(root: Path, mounts: tuple[Mount, ...]):
+    """As root: a fresh folder in /tmp that uid 65534 can walk, holding an empty mount point for the
+    root and each mount; yields them as bwrap will name them, and the command prefix that binds the
+    real folders there and becomes uid 65534."""
+    stage = Path(tempfile.mkdtemp(prefix="bakery-sandbox-", dir="/tmp"))
+    try:
+        os.chmod(stage, 0o755)
+        binds, shown = [(root, stage / "root")], []
+        for i, m in enumerate(mounts):
+            binds.append((m.outside, stage / f"mount-{i}"))
+            shown.append(Mount(m.inside, stage / f"mount-{i}", m.writable))
+        for _, point in binds:
+            point.mkdir(mode=0o755)
+            os.chmod(point, 0o755)
+        yield stage / "root", tuple(shown), _as_nobody(binds)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)  # empty mount points: the binds lived in their own namespace
+
+
+def _wait(proc: subprocess.Popen, seconds: float, stop) -> int:
+    """Its exit status; past `seconds`, or once `stop` (an Event) is set, it is killed (the chain up
+    to bwrap is one process, each part exec'ing the next, and bwrap takes the sandbox with it):
+    subprocess.TimeoutExpired, or -9."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            if (stop is not None and stop.is_set()) or time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                if stop is not None and stop.is_set():
+                    return -9
+                raise subprocess.TimeoutExpired(proc.args, seconds) from None
+
+
+def _run(argv, readable, inputs, limits: Limits, env, devices, writable, root, mounts, prefix,
+         stop=None) -> subprocess.CompletedProcess:
     program = seccomp_filter()
     status_read, status_write = os.pipe()
     filter_read, filter_write = os.pipe()
@@ -368,13 +476,14 @@ def run(argv: list[str], readable: list[Path], inputs: Path | None, limits: Limi
     os.close(filter_write)
     try:
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, _process_cap(limits) as (cap, nproc):
-            sandboxed = command(argv, readable, inputs, status_write, env, devices, writable, filter_read)
+            sandboxed = command(argv, readable, inputs, status_write, env, devices, writable, filter_read, root, mounts)
             try:
                 # bwrap itself stays inside as the namespace's pid 1, whose /proc/1/environ the code
                 # can read: it gets no variable of ours either
-                code = subprocess.run(cap + _prlimit(limits, nproc) + sandboxed, stdout=out, stderr=err,
-                                      stdin=subprocess.DEVNULL, timeout=limits.seconds, env={"PATH": ENV["PATH"]},
-                                      pass_fds=(status_write, filter_read)).returncode
+                proc = subprocess.Popen(cap + _prlimit(limits, nproc) + prefix + sandboxed, stdout=out, stderr=err,
+                                        stdin=subprocess.DEVNULL, env={"PATH": ENV["PATH"]},
+                                        pass_fds=(status_write, filter_read))
+                code = _wait(proc, limits.seconds, stop)
             finally:
                 os.close(status_write)
                 status_write = -1

@@ -1,0 +1,183 @@
+"""The toolchain's files, taken out of its image's layers (base/extract.py), are what Docker's own
+container of that image holds, for the stand-in toolchain and for crafted layers; the folder is made
+below open folders, never through a link; the disk it needs is said before and guarded while it is
+written; and the compile over it needs no engine.
+
+The reference is `docker export` of a container of the same image (Debian's Docker 20.10), read file
+by file."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from bakery.base import extract, spec as base_mod
+from bakery.base.filesystem import BaseFilesystem
+from bakery.base.layercache import LayerCache
+from bakery.errors import EnvironmentProblem, IntegrityError
+from bakery.inputs import hip
+from bakery.oci.refs import Reference
+from bakery.oci.registry import Registry
+
+from support import ROOT, docker_export, invoke, push_image, tree_of
+
+ENGINES_OWN = {"dev", "proc", "sys", ".dockerenv", "etc/hostname", "etc/hosts", "etc/resolv.conf", "etc/mtab"}
+
+
+def tar(*members) -> bytes:
+    """A layer: (name, kind, data or link target, mode) each; kind file, dir, symlink or hardlink."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for name, kind, what, mode in members:
+            info = tarfile.TarInfo(name)
+            info.mode = mode
+            if kind == "file":
+                info.size = len(what)
+                t.addfile(info, io.BytesIO(what))
+                continue
+            info.type = {"dir": tarfile.DIRTYPE, "symlink": tarfile.SYMTYPE, "hardlink": tarfile.LNKTYPE}[kind]
+            info.linkname = what if kind in ("symlink", "hardlink") else ""
+            t.addfile(info)
+    return out.getvalue()
+
+
+def root_of(ref, tmp_path, selection=extract.Selection()) -> extract.Root:
+    registry = Registry(ref.registry)
+    fs = BaseFilesystem(registry, base_mod.resolve(registry, ref, "linux/amd64"), LayerCache(tmp_path / "cache"))
+    return extract.toolchain_root(fs, selection, tmp_path / "toolchains", log=lambda m: None)
+
+
+def comparable(view: dict) -> dict:
+    """A tree without what only one side makes: the engine's own files (and the /etc it makes for
+    them in an image without one), our mount points."""
+    drop = ENGINES_OWN | set(extract.MOUNT_POINTS)
+    kept = {p: v for p, v in view.items() if p.split("/")[0] not in drop and p not in drop}
+    if "etc" in kept and not any(p.startswith("etc/") for p in kept):
+        del kept["etc"]
+    return kept
+
+
+def busybox_layer() -> bytes:
+    """A layer with a shell (the fixture rootfs's /bin/sh and what it loads): `docker create` needs
+    a command, and a container needs nothing more to be exported."""
+    return tar(("bin", "dir", b"", 0o755), ("bin/true", "file", b"#!/bin/sh\n", 0o755))
+
+
+# crafted layers an honest builder writes, each case something the merged view must get right
+CASES = {
+    "whiteout and replace": [
+        tar(("a", "dir", b"", 0o755), ("a/keep", "file", b"keep\n", 0o644), ("a/gone", "file", b"old\n", 0o644),
+            ("a/swap", "file", b"v1\n", 0o644)),
+        tar(("a/.wh.gone", "file", b"", 0o644), ("a/swap", "file", b"v2\n", 0o755))],
+    "opaque folder keeps what its own layer adds": [
+        tar(("d", "dir", b"", 0o755), ("d/old", "file", b"old\n", 0o644), ("d/sub", "dir", b"", 0o755),
+            ("d/sub/deep", "file", b"deep\n", 0o644)),
+        tar(("d", "dir", b"", 0o755), ("d/.wh..wh..opq", "file", b"", 0o644), ("d/new", "file", b"new\n", 0o644))],
+    "a folder replaced by a file, a file by a folder, a link by a folder": [
+        tar(("x", "dir", b"", 0o755), ("x/in", "file", b"in\n", 0o644), ("y", "file", b"y\n", 0o644),
+            ("z", "symlink", "x", 0o777)),
+        tar(("x", "file", b"now a file\n", 0o644), ("y", "dir", b"", 0o755), ("y/in", "file", b"in y\n", 0o644),
+            ("z", "dir", b"", 0o755), ("z/own", "file", b"own\n", 0o644))],
+    "hard links to the inode of the moment, links kept as links": [
+        tar(("h", "dir", b"", 0o755), ("h/f", "file", b"first\n", 0o755), ("h/g", "hardlink", "h/f", 0o755),
+            ("h/abs", "symlink", "/h/f", 0o777), ("h/rel", "symlink", "f", 0o777),
+            ("h/dangling", "symlink", "/nowhere", 0o777)),
+        tar(("h/f", "file", b"second\n", 0o644))],
+    "names as the engines clean them": [
+        tar(("./p", "dir", b"", 0o755), ("./p/one", "file", b"1\n", 0o644), ("/p/two", "file", b"2\n", 0o644),
+            ("p//three", "file", b"3\n", 0o644), ("p/./four", "file", b"4\n", 0o644),
+            ("p/q/../five", "file", b"5\n", 0o644))],
+    "implicit folders and odd modes made plain": [
+        tar(("deep/er/still/file", "file", b"f\n", 0o600), ("ro", "dir", b"", 0o500), ("ro/x", "file", b"x\n", 0o400))],
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_folder_is_what_dockers_container_holds(case, registry, tmp_path):
+    ref = push_image(registry, f"test/unpack-{hashlib.sha256(case.encode()).hexdigest()[:12]}",
+                     [busybox_layer(), *CASES[case]])
+    ours = tree_of(root_of(ref, tmp_path).path)
+    theirs = docker_export(ref)
+    # Docker keeps a file's mode; we keep only whether it may be run (the compile only reads and runs)
+    assert comparable(ours) == comparable(theirs)
+
+
+def test_the_stand_in_toolchain_is_what_its_container_holds(toolchain, tmp_path):
+    """The whole stand-in (clang, the device libraries, torch): every file, link and folder the
+    selection takes is in our folder with the bytes Docker's container has, and nothing else is."""
+    selection = hip.load(ROOT / "hip").toolchain
+    made = root_of(Reference.parse(toolchain), tmp_path, selection)
+    takes = selection.matcher()
+    theirs = {p: v for p, v in docker_export(toolchain).items() if takes(p)}
+    assert comparable(tree_of(made.path)) == comparable(theirs)
+    assert made.env["BAKERY_CXX"] == "clang++-19" and made.files > 10_000
+
+
+def test_an_image_of_a_link_out_writes_nothing_outside_the_folder(tmp_path):
+    """Were the layer checks ever to let a write through a link pass, the folder is still made below
+    open folders (O_NOFOLLOW): the link is refused as a folder, and nothing is written where it
+    points."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    index = {"entries": {"usr": ["symlink", 0, 0o777, str(outside)], "usr/evil": ["file", 4, 0o644, ""]},
+             "whiteouts": [], "opaque": []}
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    (blobs / "b.r").write_bytes(b"evil")
+    with pytest.raises(IntegrityError, match="a folder above it is not a folder"):
+        extract.apply_layers([index], [{"usr/evil": "b.r"}], extract.Selection(), tmp_path / "root", blobs)
+    assert list(outside.iterdir()) == []
+
+
+def test_exclusions_leave_out_what_they_match_and_all_under_it():
+    takes = extract.Selection(("opt/rocm*/lib/rocblas/library", "usr/share/doc")).matcher()
+    assert not takes("opt/rocm-7.0.2/lib/rocblas/library/TensileLibrary.dat")
+    assert not takes("opt/rocm/lib/rocblas/library") and not takes("usr/share/doc")
+    assert takes("opt/rocm/lib/rocblas/librarian") and takes("opt/rocm/lib/librocblas.so.4")
+    assert takes("usr/share/docs") and takes("usr/share/doc.txt")
+
+
+def test_the_disk_it_needs_is_said_then_guarded(registry, toolchain, tmp_path):
+    """Before any layer is read: an estimate from the compressed size. Once the layers are indexed:
+    exactly the selection's bytes. A disk too small: one error line (exit 6), and nothing half
+    made left in the cache."""
+    ref = Reference.parse(toolchain)
+    reg = Registry(registry)
+    cache = LayerCache(tmp_path / "cache")
+    fs = BaseFilesystem(reg, base_mod.resolve(reg, ref, "linux/amd64"), cache)
+    selection = hip.load(ROOT / "hip").toolchain
+    needed, how = extract.space_needed(fs, selection, tmp_path / "toolchains")
+    assert how.startswith("an estimate") and needed == extract.EXPANSION * sum(d.size for d in fs.image.layers)
+    fs.prefetch()
+    for desc in fs.image.layers:
+        fs._index(desc, set())
+    needed, how = extract.space_needed(fs, selection, tmp_path / "toolchains")
+    made = extract.toolchain_root(fs, selection, tmp_path / "toolchains", log=lambda m: None)
+    assert how.startswith("exact") and made.size <= needed < made.size * 1.05  # the same bytes twice: one inode
+    assert extract.space_needed(fs, selection, tmp_path / "toolchains") == (0, "already taken out")
+    # a filesystem of 1.5 GiB (1 GiB of it kept free): the 1.6 GiB stand-in does not fit
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1536m", "tmpfs", str(small)], check=True)
+    try:
+        with pytest.raises(EnvironmentProblem, match=r"the toolchain's files do not fit in .*GiB free"):
+            extract.toolchain_root(fs, selection, small / "toolchains", log=lambda m: None)
+        assert [p.name for p in (small / "toolchains").iterdir()] == []  # the partial folder is gone
+        result = invoke(ROOT, "disk", "--toolchain", toolchain, env={"BAKERY_CACHE": str(small)})
+        errors = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+        assert result.returncode == 6 and len(errors) == 1 and "GiB free" in errors[0], result.stderr
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+
+
+def test_a_compile_needs_no_engine(toolchain, tmp_path):
+    """Taking the files out and compiling over them: no Docker engine is asked anything."""
+    result = invoke(ROOT, "compile", "--toolchain", toolchain,
+                    env={"BAKERY_CACHE": str(tmp_path / "cache"), "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
+    assert result.returncode == 0, result.stderr
+    assert "toolchain's files:" in result.stderr and "kernels compiled" in result.stderr
