@@ -172,6 +172,55 @@ def keygen(c, out=".", role="release"):
     print(pub)
 
 
+@task(help=flags.KEYCHECK)
+@reports_errors
+def keycheck(c, role, public):
+    """Check that the role's secret key (its variable, as a signing job holds it) is the one PUBLIC names."""
+    from bakery.trust import keys
+
+    print(f"ok: the {role} key in {keys.ENV_OF_ROLE.get(role, '?')} is {keys.matches(role, Path(public))[:16]}, the key "
+          f"{public} names")
+
+
+@task(help=flags.CHECK_TAG)
+@reports_errors
+def check_tag(c, tag):
+    """Check that TAG is one promote can write (the registry's grammar): the build job refuses it before any approval."""
+    from bakery.oci.refs import check_tag as check
+
+    print(f"ok: {check(tag)} is a tag promote can write")
+
+
+@task(help=flags.PREFLIGHT)
+@reports_errors
+def preflight(c, repository=None, api=None):
+    """Before the first tag: one line for each thing a release still lacks, and what to do; exit 0 only when none."""
+    from bakery.cli import release as cmd
+    from bakery.release.github import NOT_READY
+
+    gaps = cmd.preflight(PROJECT, repository, api)
+    for gap in gaps:
+        print(f"missing: {gap}")
+    if gaps:
+        raise Exit(f"{len(gaps)} thing(s) a release needs are missing (above)", code=NOT_READY)
+    print("ready: nothing a release needs is missing")
+
+
+@task(help=flags.AWAIT_RUNNER)
+@reports_errors
+def await_runner(c, job, minutes="30"):
+    """In a release run: fail, and cancel the run, when no runner takes JOB within MINUTES of its being queued."""
+    from bakery.cli import release as cmd
+    from bakery.errors import BakeryError
+    from bakery.untrusted import safe
+
+    try:
+        cmd.await_runner(job, minutes, log=_log)
+    except BakeryError as e:  # an annotation on the run's page too, besides the error line
+        print(f"::error title=No runner took {safe(job, limit=60)}::{safe(e, limit=600)}")
+        raise
+
+
 @task(help=flags.ATTEST)
 @reports_errors
 def attest(c, image, record=None, key=None, layout=None):
@@ -284,20 +333,20 @@ def promote(c, image, tag, key=None, smoke_key=None, policy=None, rebuilder_key=
 
 @task(help=flags.DISK)
 @reports_errors
-def disk(c, base=None, path=None, unless_cached_in=None, key=None, policy=None):
-    """Check, before pulling, that the disk holds the base for compiling; print needed and free GiB."""
+def disk(c, base=None, toolchain=None, unless_cached_in=None, key=None, policy=None):
+    """Check that BAKERY_CACHE's disk holds the toolchain's files a compile needs; print needed and free GiB."""
     from bakery.cli import build as cmd, render
 
-    print(render.disk(cmd.disk(PROJECT, base, path, unless_cached_in, key, policy, log=_log)))
+    print(render.disk(cmd.disk(PROJECT, base, toolchain, unless_cached_in, key, policy, log=_log)))
 
 
-@task
+@task(help=flags.TOOLCHAIN)
 @reports_errors
-def toolchain(c):
-    """Build the stand-in HIP toolchain image (Debian clang-19, ROCm device libs, CPU torch); print its tag."""
+def toolchain(c, registry=None):
+    """Build the stand-in HIP toolchain image (Debian clang-19, ROCm device libs, CPU torch), push it; print REF@DIGEST."""
     from bakery.cli import build as cmd
 
-    print(cmd.toolchain(PROJECT, log=_log))
+    print(cmd.toolchain(PROJECT, registry, log=_log))
 
 
 @task(help=flags.COMPILE)

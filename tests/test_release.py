@@ -8,11 +8,12 @@ import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
 
-from support import ROOT
+from support import ROOT, invoke
 
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
 NIGHTLY = ROOT / ".github" / "workflows" / "nightly.yml"
@@ -71,8 +72,11 @@ def test_release_shape_least_privilege_and_gating():
     assert "--require-rebuilds 1" in job_commands(wf["jobs"]["smoke"])
     assert "--require-rebuilds 1" in job_commands(wf["jobs"]["promote"])
     assert "--smoke-run \"$GITHUB_REPOSITORY#$GITHUB_RUN_ID\"" in job_commands(wf["jobs"]["promote"])
-    for job in wf["jobs"].values():
-        assert set(job["permissions"]) <= {"contents", "packages"}
+    for name, job in wf["jobs"].items():
+        # only the MI300X runner's watch reads the run's jobs and may cancel it; it holds nothing else
+        assert set(job["permissions"]) <= ({"contents", "actions"} if name == "mi300x-runner" else {"contents", "packages"})
+    assert wf["jobs"]["mi300x-runner"]["permissions"] == {"actions": "write", "contents": "read"}
+    assert wf["jobs"]["mi300x-runner"]["needs"] == wf["jobs"]["smoke"]["needs"]
     text = WORKFLOW.read_text()
     assert "secrets.BAKERY_SIGNING_KEY" in text and "GITHUB_STEP_SUMMARY" in text
 
@@ -91,6 +95,7 @@ def test_each_job_holds_only_its_own_key():
     assert job_secrets(jobs["smoke"]) == {"BAKERY_SMOKE_SIGNING_KEY", "BAKERY_SMOKE_KEY_PASSWORD", "GITHUB_TOKEN"}
     assert job_secrets(jobs["attach-smoke"]) == {"GITHUB_TOKEN"}
     assert job_secrets(jobs["promote"]) == {"GITHUB_TOKEN"}
+    assert job_secrets(jobs["mi300x-runner"]) == {"GITHUB_TOKEN"}
     # the rebuild runs the revision's build code: no key, read-only packages; the rebuilder's key
     # signs in a job that runs no build (it hashes the rebuilt manifest itself)
     assert job_secrets(jobs["rebuild"]) == {"GITHUB_TOKEN"} and jobs["rebuild"]["permissions"]["packages"] == "read"
@@ -107,11 +112,21 @@ def test_each_job_holds_only_its_own_key():
 def test_the_build_trusts_no_cache_it_did_not_make():
     """A self-hosted builder keeps ~/.cache/bakery between jobs: a planted compile output or FIXED
     verdict there would be baked and signed. The release build starts from an empty cache."""
-    build = yaml.safe_load(WORKFLOW.read_text())["jobs"]["build"]
-    commands = job_commands(build)
-    assert 'rm -rf "$RUNNER_TEMP/bakery-cache"' in commands
-    assert 'echo "BAKERY_CACHE=$RUNNER_TEMP/bakery-cache" >> "$GITHUB_ENV"' in commands
+    wf = yaml.safe_load(WORKFLOW.read_text())
+    for job in ("build", "rebuild"):
+        commands = expanded(wf, job)
+        assert 'rm -rf "$cache" && echo "BAKERY_CACHE=$cache" >> "$GITHUB_ENV"' in commands
+        assert commands.index("BAKERY_CACHE=") < commands.index("invoke disk" if job == "build" else "invoke reproduce")
+    commands = expanded(wf, "build")
     assert commands.index("BAKERY_CACHE=") < commands.index("invoke disk") < commands.index("invoke build")
+
+
+def expanded(wf: dict, job: str) -> str:
+    """A job's commands with the workflow's shell snippets (eval "$NAME") written out."""
+    commands = job_commands(wf["jobs"][job])
+    for name, value in wf["env"].items():
+        commands = commands.replace(f'eval "${name}"', str(value))
+    return commands
 
 
 BASE_CODE = re.compile(r"invoke (build|prove|lock|rebase|bump|compile|smoke|fixture|toolchain|demo|test|reproduce)\b"
@@ -130,7 +145,7 @@ def test_the_signing_job_runs_no_base_code_from_a_fresh_hash_locked_venv():
     sign_job = wf["jobs"]["sign"]
     commands = job_commands(sign_job).replace("$PIP_INSTALL_SIGN", wf["env"]["PIP_INSTALL_SIGN"])
     assert not BASE_CODE.search(commands), commands
-    assert re.findall(r"\.venv/bin/invoke (\w+)", commands) == ["attest"]
+    assert re.findall(r"\.venv/bin/invoke ([\w-]+)", commands) == ["keycheck", "attest"]
     assert "python3 -m venv --clear .venv" in commands and "--require-hashes" in commands
     assert "-r requirements/sign.txt" in commands and "release.txt" not in commands
     sign_lock = (ROOT / "requirements" / "sign.txt").read_text()
@@ -176,7 +191,7 @@ def test_actions_are_pinned_by_commit_and_packages_by_hash():
 
 
 def test_workflow_runs_the_tasks_the_readme_documents():
-    used = set(re.findall(r"invoke (\w+)", WORKFLOW.read_text() + NIGHTLY.read_text()))
+    used = set(re.findall(r"invoke ([\w-]+)", WORKFLOW.read_text() + NIGHTLY.read_text()))
     assert used >= {"build", "attest", "verify", "smoke", "attach", "promote", "track", "bump"}
     readme = (ROOT / "README.md").read_text()
     for task in used:
@@ -406,3 +421,120 @@ def test_the_smoke_stand_in_script_imports_what_exists():
         for alias in node.names:
             assert hasattr(module, alias.name) or importlib.util.find_spec(f"{node.module}.{alias.name}"), \
                 f"{node.module} has no {alias.name}"
+
+
+# -- what a hosted runner and a real tag need of the workflow (issue: the first release on GitHub) ----
+
+def test_every_pinned_action_runs_on_node_24():
+    """GitHub runs node20 actions on Node 24 now and will stop; each pin declares node24 itself."""
+    vendored = json.loads((ROOT / ".github" / "rehearsal" / "actions" / "VENDORED.json").read_text())["actions"]
+    pinned = set(re.findall(r"uses: (actions/[\w-]+)@([0-9a-f]{40})", WORKFLOW.read_text() + NIGHTLY.read_text()))
+    for repository, commit in pinned:
+        entry = next(e for e in vendored.values() if e["repository"] == repository)
+        assert entry["commit"] == commit
+        action = yaml.safe_load((ROOT / ".github" / "rehearsal" / "actions" / repository.split("/")[1] /
+                                 "action.yml").read_text())
+        assert action["runs"]["using"] == "node24", (repository, action["runs"]["using"])
+
+
+def run_step(script: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    """A step's script as GitHub runs it (bash --noprofile --norc -eo pipefail)."""
+    path = cwd / "step.sh"
+    path.write_text(script)
+    return subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(path)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def step(job: str, name: str) -> dict:
+    steps = yaml.safe_load(WORKFLOW.read_text())["jobs"][job]["steps"]
+    return next(s for s in steps if s.get("name") == name)
+
+
+@pytest.mark.parametrize("exit_code, writes, job_fails", [(0, True, False), (5, True, False), (5, False, True),
+                                                         (6, False, True), (3, False, True), (2, False, True)])
+def test_a_rebuild_that_could_not_finish_is_not_a_mismatch(exit_code, writes, job_fails, tmp_path):
+    """The committed rebuild step, with `invoke reproduce` standing in (it is tested on its own): a
+    rebuild that finished (0, or 5 with an outcome: other bytes) goes on to be signed; one that did
+    not (a full disk, a registry that failed, an integrity error before any outcome) fails the job,
+    instead of being called a mismatch."""
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    fake = tmp_path / ".venv" / "bin" / "invoke"
+    fake.write_text(f"#!/bin/sh\n{'echo {} > rebuild-outcome.json' if writes else ''}\nexit {exit_code}\n")
+    fake.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "RUNNER_TEMP": str(tmp_path), "IMAGE": "r/i@sha256:" + "0" * 64,
+           "RELEASE_PUB": "pem"}
+    done = run_step(step("rebuild", "Rebuild from the signed provenance")["run"], tmp_path, env)
+    assert (done.returncode != 0) == job_fails, done.stdout + done.stderr
+    if job_fails:
+        assert done.returncode == exit_code and "the rebuild could not finish" in done.stdout
+    if exit_code == 5 and writes:
+        assert "the rebuild gave other bytes" in done.stdout
+
+
+def test_a_tag_promote_would_refuse_is_refused_by_the_build_job(tmp_path):
+    """v1.0.0+b1 is a fine git tag and no registry tag: the build job refuses it (before the release
+    environment's reviewers are asked), and promote, which would have written it last, refuses it too,
+    before it verifies anything."""
+    build = yaml.safe_load(WORKFLOW.read_text())["jobs"]["build"]
+    names = [s.get("name", s.get("uses", "")) for s in build["steps"]]
+    check = names.index("The tag is one promote can write (refused now, before any approval)")
+    assert check < names.index("Build and push")
+    assert 'invoke check-tag "$GITHUB_REF_NAME"' in build["steps"][check]["run"]
+    refused = invoke(ROOT, "check-tag", "v1.0.0+b1")
+    assert refused.returncode == 2 and refused.stderr.count("error:") == 1 and "'v1.0.0+b1'" in refused.stderr
+    assert invoke(ROOT, "check-tag", "v1.0.0-rc.1").returncode == 0
+    early = invoke(ROOT, "promote", "127.0.0.1:1/r/i@sha256:" + "0" * 64, "--tag", "v1.0.0+b1")
+    assert early.returncode == 2 and "--tag 'v1.0.0+b1'" in early.stderr, early.stderr  # no registry was asked
+
+
+def test_each_signing_job_checks_its_key_against_its_variable_first(tmp_path):
+    jobs = yaml.safe_load(WORKFLOW.read_text())["jobs"]
+    for job, role, signs in (("sign", "release", "invoke attest "), ("attest-rebuild", "rebuilder", "invoke attest-rebuild"),
+                             ("smoke", "smoke", "invoke smoke")):
+        commands = job_commands(jobs[job])
+        assert f"invoke keycheck --role {role}" in commands and \
+            commands.index(f"invoke keycheck --role {role}") < commands.index(signs), job
+    os.environ["BAKERY_KEY_PASSWORD"] = "pw"
+    try:
+        from bakery.trust import keys
+
+        keys.generate(tmp_path / "a", "release")
+        keys.generate(tmp_path / "b", "release")
+    finally:
+        del os.environ["BAKERY_KEY_PASSWORD"]
+    held = {"BAKERY_SIGNING_KEY": (tmp_path / "a" / "release.key").read_text(), "BAKERY_KEY_PASSWORD": "pw"}
+    ok = invoke(ROOT, "keycheck", "--role", "release", "--public", str(tmp_path / "a" / "release.pub"), env=held)
+    assert ok.returncode == 0 and ok.stdout.startswith("ok: the release key in BAKERY_SIGNING_KEY is"), ok.stderr
+    other = invoke(ROOT, "keycheck", "--role", "release", "--public", str(tmp_path / "b" / "release.pub"), env=held)
+    assert other.returncode == 5 and other.stderr.count("error:") == 1 and "signatures would not verify" in other.stderr
+    (tmp_path / "empty.pub").write_text("\n")  # the variable unset: printf writes an empty line
+    empty = invoke(ROOT, "keycheck", "--role", "release", "--public", str(tmp_path / "empty.pub"), env=held)
+    assert empty.returncode == 2 and "is empty or not a PEM public key" in empty.stderr
+
+
+# what actions/runner-images' Ubuntu 24.04 README lists as installed there, and where (sizes are
+# theirs, not measured here): the Android SDK, .NET, Haskell's ghcup, CodeQL's bundle, Swift
+UBUNTU_2404_BULK = ["/usr/local/lib/android", "/usr/share/dotnet", "/usr/local/.ghcup",
+                    "/opt/hostedtoolcache/CodeQL", "/usr/share/swift"]
+
+
+def test_the_hosted_clean_up_removes_what_ubuntu_24_04_holds(tmp_path):
+    """The committed FREE_DISK snippet, run as root in a mount namespace whose /usr and /opt are
+    overlays holding 24.04's big folders (a `sudo` that just runs the command, as a hosted runner's
+    passwordless one does): each is gone after, and nothing else of /usr was touched."""
+    wf = yaml.safe_load(WORKFLOW.read_text())
+    script = wf["env"]["FREE_DISK"]
+    for job in ("build", "rebuild"):
+        assert 'eval "$FREE_DISK"' in job_commands(wf["jobs"][job])
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "sudo").write_text('#!/bin/sh\nexec "$@"\n')
+    (shim / "sudo").chmod(0o755)
+    made = " && ".join(f"mkdir -p {p} && touch {p}/payload" for p in UBUNTU_2404_BULK)
+    checks = " && ".join(f"test ! -e {p}" for p in UBUNTU_2404_BULK)
+    inner = (f"set -e; for d in usr opt; do mkdir -p {tmp_path}/$d/u {tmp_path}/$d/w; "
+             f"mount -t overlay overlay -o lowerdir=/$d,upperdir={tmp_path}/$d/u,workdir={tmp_path}/$d/w /$d; done; "
+             f"{made}; export PATH={shim}:$PATH; {script}; {checks}; test -x /usr/bin/env && echo cleaned")
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", inner],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "cleaned" in done.stdout, done.stdout + done.stderr

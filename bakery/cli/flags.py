@@ -6,7 +6,8 @@ BUILD = {"base": "base image REF@sha256:DIGEST, overriding image/base.yaml",
          "layout": "also write an OCI image layout directory (air-gapped hand-off)",
          "out": "directory for blobs and build-record.json (default: out/)",
          "lock": "overlays lock to verify against (default: overlays/overlays.lock)",
-         "toolchain": "image to compile hip/ in (default: BAKERY_TOOLCHAIN, else the base itself)",
+         "toolchain": "image REF@sha256:DIGEST whose files hip/ compiles over (default: BAKERY_TOOLCHAIN, else the "
+                      "base itself)",
          "key": "a release public key PEM: a kernel artifact or proof verdict in the push target is used only "
                 "if release keys (this and the policy's) signed it",
          "policy": "policy naming the release keys (default: provenance/policy.yaml)",
@@ -17,6 +18,8 @@ MIRROR = {"to": "destination REGISTRY/REPO[:TAG]",
           "base": "source REF@sha256:DIGEST (default: image/base.yaml)",
           "image": "copy this signed image of ours (REF@sha256:DIGEST) with its .sig and .att instead of the base",
           "layout": "with --image: write into this OCI layout directory instead of a registry"}
+
+TOOLCHAIN = {"registry": "registry host:port to push the stand-in toolchain to (default: the local stack's)"}
 
 FIXTURE = {"registry": "registry host:port to push the fixture to (default: the local stack's)",
            "vllm": "vLLM release to build it from: 0.26.0 (default) or 0.27.0, the nightly's two neighbours"}
@@ -53,6 +56,19 @@ BUMP = {"ledger": "the ledger (default: image/nightlies.yaml)",
 
 KEYGEN = {"out": "directory for ROLE.key (encrypted) and ROLE.pub (default: .)",
           "role": "release (signs the image, its SBOM and provenance; default) or smoke (signs the MI300X result)"}
+
+KEYCHECK = {"role": "release, rebuilder or smoke: whose secret key (BAKERY_SIGNING_KEY, BAKERY_REBUILDER_SIGNING_KEY, "
+                    "BAKERY_SMOKE_SIGNING_KEY, with BAKERY_KEY_PASSWORD) to check",
+            "public": "the PEM public key it must match (what the role's repository variable holds)"}
+
+CHECK_TAG = {"tag": "the release tag (GITHUB_REF_NAME)"}
+
+PREFLIGHT = {"repository": "the GitHub repository OWNER/NAME (default: the origin remote's)",
+             "api": "GitHub's REST API (default: GITHUB_API_URL, else https://api.github.com); the token is GITHUB_TOKEN "
+                    "or GH_TOKEN, one that may read the repository's settings"}
+
+AWAIT_RUNNER = {"job": "the job's name as the run shows it (its `name:`)",
+                "minutes": "how long it may stay queued for a runner (default 30)"}
 
 ATTEST = {"image": "the image REGISTRY/REPO@sha256:DIGEST to sign",
           "record": "its build record (default: out/build-record.json)",
@@ -138,13 +154,13 @@ PROMOTE = {"image": "the smoke-tested REGISTRY/REPO@sha256:DIGEST",
                         "own, so a result of an earlier run put back is refused)"}
 
 DISK = {"base": "base image REF@sha256:DIGEST (default: image/base.yaml)",
-        "path": "where Docker keeps images (default: /var/lib/docker, else /)",
+        "toolchain": "toolchain image REF@sha256:DIGEST (default: BAKERY_TOOLCHAIN, else the base)",
         "unless_cached_in": "REGISTRY/REPO: if it holds this recipe's kernel artifact, signed by a release key, "
-                            "nothing will be pulled",
+                            "nothing will be compiled",
         "key": "a release public key PEM (beside the policy's) to check that artifact's signature with",
         "policy": "policy naming the release keys (default: provenance/policy.yaml)"}
 
-COMPILE = {"toolchain": "image to compile in (default: BAKERY_TOOLCHAIN, else the pinned base)",
+COMPILE = {"toolchain": "image REF@sha256:DIGEST to compile over (default: BAKERY_TOOLCHAIN, else the pinned base)",
            "verify": "compile again here, ignoring every cache, and prove the cached outputs byte-identical",
            "registry": "REGISTRY/REPO holding the kernel artifact (kernels-<key>): fetch it (if a release key "
                        "signed it), or push it there",

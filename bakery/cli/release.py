@@ -93,9 +93,10 @@ def promote(project: Path, image: str, tag: str, key=None, smoke_key=None, polic
             require_rebuilds=0, smoke_run=None) -> str:
     """Tag the digest, only once it verifies with a passing smoke attestation: REPO:TAG -> DIGEST."""
     from ..oci import store
-    from ..oci.refs import Reference
+    from ..oci.refs import Reference, check_tag
     from ..trust import verify as verify_mod
 
+    check_tag(tag, "--tag")  # before verify: a tag the registry would refuse fails now, not after every check
     ref = Reference.parse_pinned(image, "image")
     where = store.RegistryStore(ref)
     rules = load_policy(project, policy, role_keys(key, smoke_key, rebuilder_key or []))
@@ -175,3 +176,39 @@ def attest_rebuild(project: Path, image: str, outcome: str, release_key=None, po
     signer = sign.Signer(keys.load_private(Path(key) if key else None, keys.REBUILDER_KEY_ENV))
     attest_mod.attach(where, ref, {provenance.REBUILD_PREDICATE: rep.statement(ref, plan, digest, diffs)}, signer)
     return ref, digest
+
+
+def preflight(project: Path, repository: str | None, api: str | None) -> list:
+    """Every gap between what a release needs and this checkout and its GitHub repository (REPO as
+    owner/name; default: the origin remote's), as release.github.Gap lines; [] when it is ready."""
+    from ..release import github
+
+    return github.preflight(project, repository or origin_repository(project), github.GitHub(api=api))
+
+
+def origin_repository(project: Path) -> str:
+    """owner/name of the checkout's origin on GitHub."""
+    import re
+    import subprocess
+
+    url = subprocess.run(["git", "-C", str(project), "remote", "get-url", "origin"], capture_output=True,
+                         text=True).stdout.strip()
+    found = re.fullmatch(r"(?:https://github\.com/|git@github\.com:)([\w.-]+/[\w.-]+?)(?:\.git)?/?", url)
+    if not found:
+        raise InputError(f"the origin remote ({url or 'none'}) is not a GitHub repository: give --repository OWNER/NAME")
+    return found.group(1)
+
+
+def await_runner(job: str, minutes: float, log) -> str:
+    """In a release run: wait until the job named `job` has started on a runner (see
+    release.github.await_runner); this run and repository from the runner's environment."""
+    import os
+
+    from ..release import github
+
+    run_id, repository = os.environ.get("GITHUB_RUN_ID"), os.environ.get("GITHUB_REPOSITORY")
+    if not run_id or not repository:
+        raise InputError("await-runner watches a job of the workflow run it is part of: GITHUB_RUN_ID and "
+                         "GITHUB_REPOSITORY are not set (it runs in a workflow)")
+    poll = float(os.environ.get("BAKERY_POLL_SECONDS", "30"))
+    return github.await_runner(github.GitHub(), repository, run_id, job, float(minutes), log=log, poll=poll)

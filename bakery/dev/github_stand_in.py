@@ -1,10 +1,13 @@
-"""A stand-in for the GitHub API, for rehearsals only: the nightly workflow's `gh` calls (pull requests,
-labels, issues) cannot reach GitHub from here. It serves HTTPS on 127.0.0.1 with a certificate of its
-own (its CA goes to the runner as SSL_CERT_FILE, `gh` is pointed at it with GH_HOST), answers the few
-REST and GraphQL requests `gh` makes for `pr view/create/edit`, `label create` and `issue
+"""A stand-in for the GitHub API, for rehearsals and tests only: the nightly workflow's `gh` calls (pull
+requests, labels, issues), the release's watch on its MI300X job and `invoke preflight` cannot reach
+GitHub from here. It serves HTTPS on 127.0.0.1 with a certificate of its own (its CA goes to the
+runner as SSL_CERT_FILE, `gh` is pointed at it with GH_HOST, our client with GITHUB_API_URL), answers
+the few REST and GraphQL requests `gh` makes for `pr view/create/edit`, `label create` and `issue
 list/create/edit` with the smallest bodies `gh` accepts, keeps the pull requests and issues it was
-asked to open, and records every request for the test to read. It is not GitHub: it checks no
-permission but the token, and knows nothing else.
+asked to open, serves a repository's settings (`Repo`: variables, secrets, environments, rulesets,
+runners, a package) in the shapes of GitHub's REST documentation, answers a run's jobs with what a
+caller says they are (the rehearsal: what act's log shows), and records every request for the test
+to read. It is not GitHub: it checks no permission but the token, and knows nothing else.
 """
 
 from __future__ import annotations
@@ -29,6 +32,39 @@ class Request:
 
 
 @dataclass
+class Environment:
+    """An environment's settings: reviewers (logins), whether they may approve their own run, the tag
+    patterns its deployments are limited to (none: any ref), its secrets' names and variables."""
+    reviewers: list[str] = field(default_factory=lambda: ["maintainer"])
+    prevent_self_review: bool = True
+    tags: list[str] = field(default_factory=lambda: ["v*"])
+    secrets: list[str] = field(default_factory=list)
+    variables: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Repo:
+    """What the stand-in's repository holds in its settings."""
+    variables: dict[str, str] = field(default_factory=dict)
+    secrets: list[str] = field(default_factory=list)
+    environments: dict[str, Environment] = field(default_factory=dict)
+    tag_rulesets: list[str] = field(default_factory=list)  # patterns protected by an active tag ruleset
+    runners: list[list[str]] = field(default_factory=list)  # each online runner's labels
+    package: tuple[str, str] | None = None  # (name, the repository it is linked to)
+
+
+def ready_repo(settings, public_keys: dict[str, str], owner: str, name: str) -> Repo:
+    """A repository set up as .github/release-settings.yaml asks (release/settings.Settings), the
+    public keys' PEMs by role: what preflight must find nothing missing in."""
+    return Repo(variables={var: public_keys[role] for var, role in settings.variables.items()},
+                environments={e.name: Environment(tags=[settings.tags], secrets=list(e.secrets),
+                                                  variables={v: "/data/hf/snapshot" for v in e.variables})
+                              for e in settings.environments.values()},
+                tag_rulesets=[settings.tags], runners=[list(settings.mi300x_labels)],
+                package=(settings.package, f"{owner}/{name}"))
+
+
+@dataclass
 class State:
     owner: str
     name: str
@@ -37,6 +73,70 @@ class State:
     pulls: list[dict] = field(default_factory=list)
     issues: list[dict] = field(default_factory=list)
     labels: dict[str, dict] = field(default_factory=dict)
+    repo: Repo = field(default_factory=Repo)
+    run_jobs: object = None  # () -> [{"name", "status"}] of the run being watched
+    cancelled: list[str] = field(default_factory=list)  # run ids a caller asked to cancel
+
+
+def rest(state: State, method: str, path: str) -> tuple[int, object]:
+    """(status, body) of the settings and run endpoints, in the shapes of GitHub's REST API."""
+    repo, base = state.repo, f"/api/v3/repos/{state.owner}/{state.name}"
+    if not path.startswith(base) and not path.startswith("/api/v3/orgs/") and not path.startswith("/api/v3/users/"):
+        return 404, None
+    rest_of = path[len(base):] if path.startswith(base) else path
+    if method == "GET" and (m := re.fullmatch(r"/actions/variables/(\w+)", rest_of)):
+        value = repo.variables.get(m.group(1))
+        return (200, {"name": m.group(1), "value": value}) if value is not None else (404, None)
+    if method == "GET" and rest_of == "/actions/secrets":
+        return 200, {"total_count": len(repo.secrets), "secrets": [{"name": n} for n in repo.secrets]}
+    if method == "GET" and (m := re.fullmatch(r"/environments/([\w.-]+)(/[\w-]+)?", rest_of)):
+        env = repo.environments.get(m.group(1))
+        if env is None:
+            return 404, None
+        if m.group(2) == "/secrets":
+            return 200, {"total_count": len(env.secrets), "secrets": [{"name": n} for n in env.secrets]}
+        if m.group(2) == "/variables":
+            return 200, {"total_count": len(env.variables),
+                         "variables": [{"name": k, "value": v} for k, v in env.variables.items()]}
+        if m.group(2) == "/deployment-branch-policies":
+            return 200, {"total_count": len(env.tags),
+                         "branch_policies": [{"id": i, "name": t, "type": "tag"} for i, t in enumerate(env.tags)]}
+        if m.group(2):
+            return 404, None
+        rules = [{"id": 1, "type": "required_reviewers", "prevent_self_review": env.prevent_self_review,
+                  "reviewers": [{"type": "User", "reviewer": {"login": r}} for r in env.reviewers]}] \
+            if env.reviewers else []
+        policy = {"protected_branches": False, "custom_branch_policies": True} if env.tags else None
+        return 200, {"name": m.group(1), "protection_rules": rules, "deployment_branch_policy": policy}
+    if method == "GET" and rest_of == "/rulesets":
+        return 200, [{"id": i + 1, "name": f"tags {p}", "target": "tag", "enforcement": "active"}
+                     for i, p in enumerate(repo.tag_rulesets)]
+    if method == "GET" and (m := re.fullmatch(r"/rulesets/(\d+)", rest_of)):
+        i = int(m.group(1)) - 1
+        if not 0 <= i < len(repo.tag_rulesets):
+            return 404, None
+        return 200, {"id": i + 1, "target": "tag", "enforcement": "active",
+                     "conditions": {"ref_name": {"include": [f"refs/tags/{repo.tag_rulesets[i]}"], "exclude": []}},
+                     "rules": [{"type": t} for t in ("creation", "update", "deletion")]}
+    if method == "GET" and rest_of == "/actions/runners":
+        return 200, {"total_count": len(repo.runners), "runners": [
+            {"id": i + 1, "name": f"runner-{i + 1}", "status": "online",
+             "labels": [{"name": label} for label in labels]} for i, labels in enumerate(repo.runners)]}
+    if method == "GET" and re.fullmatch(r"/api/v3/orgs/[\w.-]+/actions/runners", rest_of):
+        return 403, {"message": "Must have admin rights to the organization"}
+    if method == "GET" and (m := re.fullmatch(r"/api/v3/(?:orgs|users)/([\w.-]+)/packages/container/([\w.-]+)",
+                                              rest_of)):
+        if repo.package is None or repo.package[0] != m.group(2) or m.group(1) != state.owner:
+            return 404, None
+        return 200, {"name": repo.package[0], "package_type": "container",
+                     "repository": {"full_name": repo.package[1]} if repo.package[1] else None}
+    if method == "GET" and (m := re.fullmatch(r"/actions/runs/(\d+)/jobs", rest_of)):
+        jobs = state.run_jobs() if state.run_jobs else []
+        return 200, {"total_count": len(jobs), "jobs": jobs}
+    if method == "POST" and (m := re.fullmatch(r"/actions/runs/(\d+)/cancel", rest_of)):
+        state.cancelled.append(m.group(1))
+        return 202, {}
+    return 404, None
 
 
 def certificate(folder: Path) -> tuple[Path, Path, Path]:
@@ -179,6 +279,9 @@ def _handler(state: State):
                 return self._answer(201 if self.command == "POST" else 200, state.labels[name])
             if path in ("/api/v3/", "/api/v3/user", "/api/v3"):
                 return self._answer(200, {"login": "rehearsal"})
+            status, answer = rest(state, self.command, path)
+            if status != 404:
+                return self._answer(status, answer)
             return self._answer(404, {"message": "Not Found (the GitHub stand-in does not serve this)"})
 
         do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _serve
@@ -192,11 +295,13 @@ class GitHubStandIn:
     def __init__(self, folder: Path, owner: str, name: str, token: str, port: int = 443):
         self.ca, cert, key = certificate(folder)
         self.state = State(owner, name, token)
+        self.api = f"https://127.0.0.1:{port}/api/v3"  # what GITHUB_API_URL names for our client
         self.server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self.state))
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert, key)
         self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         self.host = f"127.0.0.1:{self.server.server_address[1]}"
+        self.api = f"https://{self.host}/api/v3"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def __enter__(self) -> "GitHubStandIn":

@@ -67,6 +67,15 @@ class Descriptor:
         return out
 
 
+def check_tag(tag: str, what: str = "tag") -> str:
+    """A tag as registries take it (the distribution spec's grammar: [A-Za-z0-9_][A-Za-z0-9_.-]{0,127});
+    InputError otherwise. `v1.0.0+b1` is no tag: semver's build metadata has a '+'."""
+    if not _TAG_RE.match(tag):
+        raise InputError(f"{what} {tag!r} is not one a registry takes (letters, digits, '_', '.' and '-', at most "
+                         f"128, not starting with '.' or '-'): refused")
+    return tag
+
+
 @dataclass(frozen=True)
 class Reference:
     """registry/repository[:tag][@digest], with Docker Hub's short names made explicit."""

@@ -95,3 +95,27 @@ def keyid(key: ec.EllipticCurvePublicKey) -> str:
     """sha256 of the DER SubjectPublicKeyInfo: names the key in DSSE signatures."""
     der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     return hashlib.sha256(der).hexdigest()
+
+
+ENV_OF_ROLE = {"release": KEY_ENV, "smoke": SMOKE_KEY_ENV, "rebuilder": REBUILDER_KEY_ENV}
+
+
+def matches(role: str, public: Path) -> str:
+    """The keyid of the role's secret key (from its variable, as a signing job holds it), once its
+    public half is the key in `public`; IntegrityError naming both otherwise. A job checks this
+    before it signs: a wrong pair is one line there, not a verify failure after the release."""
+    from ..errors import IntegrityError
+
+    if role not in ENV_OF_ROLE:
+        raise InputError(f"--role {role!r}: one of {', '.join(ROLES)}")
+    try:
+        published = load_public(public)
+    except InputError:
+        raise InputError(f"{public} (the {role} public key) is empty or not a PEM public key: set the variable to "
+                         f"the {role}.pub `invoke keygen --role {role}` wrote") from None
+    held = load_private(None, ENV_OF_ROLE[role]).public_key()
+    if keyid(held) != keyid(published):
+        raise IntegrityError(f"the {role} key in {ENV_OF_ROLE[role]} is {keyid(held)[:16]}, but the public key given "
+                             f"is {keyid(published)[:16]}: signatures would not verify; give the variable the "
+                             f"{role}.pub of this very key (or the secret the key of that .pub)")
+    return keyid(held)

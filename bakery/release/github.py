@@ -1,0 +1,271 @@
+"""GitHub's REST API, for two questions no workflow file can answer: is this repository set up for a
+release (`invoke preflight`, before the first tag), and has an MI300X runner taken the smoke job
+(`invoke await-runner`, in the release itself)?
+
+Nothing here holds a key or runs code of a base. The API is GITHUB_API_URL (GitHub's own by
+default; the tests point it at bakery/dev/github_stand_in.py, the only GitHub there is here), the
+token GITHUB_TOKEN (or GH_TOKEN). What a repository says is data: quoted inert where it is shown.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import untrusted
+from ..errors import AuthError, EnvironmentProblem, InputError, RegistryError
+from .settings import Settings
+
+API = "https://api.github.com"
+NOT_READY = 12  # preflight's exit code: something a release needs is missing
+
+
+class GitHub:
+    """GET and POST against GITHUB_API_URL with a token; JSON answers, a 404 as None."""
+
+    def __init__(self, token: str | None = None, api: str | None = None, timeout: float = 30):
+        import requests
+
+        self.api = (api or os.environ.get("GITHUB_API_URL") or API).rstrip("/")
+        self.token = token or os.environ.get("GITHUB_TOKEN") or os.environ.get("GH_TOKEN")
+        if not self.token:
+            raise InputError("no GitHub token: set GITHUB_TOKEN (or GH_TOKEN) to a token that may read the repository's "
+                             "settings (a fine-grained token with Administration, Environments, Secrets and Variables: "
+                             "read)")
+        self.session, self.timeout = requests.Session(), timeout
+        self.session.headers.update({"Authorization": f"Bearer {self.token}", "Accept": "application/vnd.github+json",
+                                     "X-GitHub-Api-Version": "2022-11-28", "User-Agent": "bakery"})
+
+    def _call(self, method: str, path: str, **kwargs):
+        import requests
+
+        try:
+            resp = self.session.request(method, self.api + path, timeout=self.timeout, **kwargs)
+        except requests.RequestException as e:
+            raise RegistryError(f"GitHub's API at {self.api} did not answer {method} {path}: {type(e).__name__}") \
+                from None
+        if resp.status_code in (401, 403):
+            raise AuthError(f"GitHub refused {method} {path} ({resp.status_code}): the token may not read it")
+        return resp
+
+    def get(self, path: str):
+        resp = self._call("GET", path)
+        if resp.status_code == 404:
+            return None
+        if resp.status_code != 200:
+            raise RegistryError(f"GitHub answered GET {path} with {resp.status_code}")
+        try:
+            return resp.json()
+        except ValueError:
+            raise RegistryError(f"GitHub's answer to GET {path} is not JSON") from None
+
+    def post(self, path: str, body: dict | None = None) -> int:
+        return self._call("POST", path, json=body or {}).status_code
+
+
+# -- the release's watch on the MI300X runner ---------------------------------------------------------
+
+STARTED = ("in_progress", "completed")
+FOR_REVIEW = ("waiting",)  # an environment's reviewers have not approved it yet: no runner is asked for
+
+
+def await_runner(gh: GitHub, repository: str, run_id: str, job: str, minutes: float, log=print,
+                 poll: float = 30, review_minutes: float = 60, clock=time.monotonic, sleep=time.sleep) -> str:
+    """Wait until the job named `job` of this run has started on a runner: its status, once it has.
+    Queued (approved, waiting for a runner) past `minutes`: the run is cancelled and
+    EnvironmentProblem says why. Still awaiting its environment's reviewers after `review_minutes`:
+    not watched further (no runner is asked for until then)."""
+    path = f"/repos/{repository}/actions/runs/{run_id}/jobs?per_page=100"
+    queued_since = None
+    started = clock()
+    while True:
+        found = gh.get(path)
+        jobs = (found or {}).get("jobs") or []
+        status = next((str(j.get("status")) for j in jobs if isinstance(j, dict) and j.get("name") == job), None)
+        if status in STARTED:
+            log(f"{job}: {status}: a runner took it")
+            return status
+        now = clock()
+        if status in FOR_REVIEW or status is None:  # awaiting review, or not yet made (its needs still running)
+            queued_since = None
+            if now - started > review_minutes * 60:
+                log(f"{job}: still {status or 'not queued'} after {review_minutes:.0f} minutes: not watched further")
+                return status or "not queued"
+        else:
+            queued_since = now if queued_since is None else queued_since
+            if now - queued_since > minutes * 60:
+                gh.post(f"/repos/{repository}/actions/runs/{run_id}/cancel")
+                raise EnvironmentProblem(
+                    f"no runner took {job!r} within {minutes:g} minutes of its being queued: no online runner has its "
+                    f"labels (self-hosted, linux, x64, mi300x) for this repository; the run is cancelled. Register the "
+                    f"MI300X runner (README, release path: an ephemeral runner in a group limited to this repository's "
+                    f"release.yml on v* tags), then run the workflow again")
+        sleep(poll)
+
+
+# -- preflight ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Gap:
+    """Something a release still lacks, and what to do about it."""
+    what: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.what}: {self.fix}"
+
+
+def repository_gaps(project: Path, settings: Settings) -> list[Gap]:
+    """What the checkout itself lacks: a lock made for the pin, a mirror for the base."""
+    from ..base import spec as base_mod
+    from ..inputs import overlays as overlays_mod
+    from ..project import Project
+
+    gaps = []
+    proj = Project(project)
+    spec = base_mod.load_spec(proj.base_yaml)
+    lock = overlays_mod.read_lock(proj.lock)
+    from ..oci.refs import Reference
+
+    try:
+        locked = Reference.parse(lock.base).digest
+    except InputError:
+        locked = None
+    if locked != spec.image.digest:
+        gaps.append(Gap(f"overlays/overlays.lock was made for {untrusted.safe(lock.base, limit=120)}, not the pinned "
+                        f"base {spec.image} (a fixture's lock, until the real base is locked)",
+                        f"run `invoke rebase --base {spec.image}` on a machine that can pull it, review, commit"))
+    if spec.mirror is None:
+        gaps.append(Gap("image/base.yaml names no mirror (upstream keeps only its last 14 nightly tags)",
+                        "run `invoke mirror --to ghcr.io/ORG/vllm-openai-rocm` and set mirror: in image/base.yaml"))
+    return gaps
+
+
+def github_gaps(gh: GitHub, repository: str, settings: Settings) -> list[Gap]:
+    """What GitHub's settings for the repository lack, against .github/release-settings.yaml."""
+    gaps = []
+    base = f"/repos/{repository}"
+    repo_secrets = {s.get("name") for s in ((gh.get(f"{base}/actions/secrets?per_page=100") or {}).get("secrets") or [])}
+    for name, role in sorted(settings.variables.items()):
+        found = gh.get(f"{base}/actions/variables/{name}")
+        value = (found or {}).get("value") if isinstance(found, dict) else None
+        if not value:
+            gaps.append(Gap(f"repository variable {name} is missing or empty",
+                            f"set it to {role}.pub (`invoke keygen --role {role}`) in Settings -> Secrets and "
+                            f"variables -> Actions -> Variables (a repository variable: jobs without an environment "
+                            f"verify with it)"))
+        elif not _public_key(value):
+            gaps.append(Gap(f"repository variable {name} is not a PEM public key (ECDSA P-256)",
+                            f"set it to the whole {role}.pub, BEGIN and END lines included"))
+    for env in settings.environments.values():
+        path = f"{base}/environments/{env.name}"
+        found = gh.get(path)
+        if found is None:
+            gaps.append(Gap(f"environment {env.name} does not exist",
+                            f"create it (Settings -> Environments) with its secrets {', '.join(env.secrets)}, "
+                            f"required reviewers, and deployments limited to tags {settings.tags}"))
+            continue
+        rules = found.get("protection_rules") or []
+        reviewers = [r for r in rules if isinstance(r, dict) and r.get("type") == "required_reviewers"]
+        if not reviewers or not any(r.get("reviewers") for r in reviewers):
+            gaps.append(Gap(f"environment {env.name} has no required reviewers",
+                            "add one or more (Settings -> Environments -> Required reviewers)"))
+        elif not any(r.get("prevent_self_review") for r in reviewers):
+            gaps.append(Gap(f"environment {env.name} lets whoever started the run approve it",
+                            "tick 'Prevent self-review' under its required reviewers"))
+        policy = found.get("deployment_branch_policy") or {}
+        policies = (gh.get(f"{path}/deployment-branch-policies?per_page=100") or {}).get("branch_policies") or [] \
+            if policy.get("custom_branch_policies") else []
+        if not any(p.get("type") == "tag" and p.get("name") == settings.tags for p in policies):
+            gaps.append(Gap(f"environment {env.name} is not limited to tags {settings.tags}",
+                            f"set its deployment branches and tags to 'Selected', with a tag rule {settings.tags} "
+                            f"(and no branch rule)"))
+        held = {s.get("name") for s in ((gh.get(f"{path}/secrets?per_page=100") or {}).get("secrets") or [])}
+        for secret in env.secrets:
+            if secret not in held:
+                gaps.append(Gap(f"environment {env.name} lacks its secret {secret}",
+                                f"add it there (not as a repository secret)"))
+        vars_held = {v.get("name") for v in ((gh.get(f"{path}/variables?per_page=100") or {}).get("variables") or [])}
+        for variable in env.variables:
+            if variable not in vars_held:
+                gaps.append(Gap(f"environment {env.name} lacks its variable {variable}", "add it there"))
+        for secret in env.secrets:
+            if secret in repo_secrets:
+                gaps.append(Gap(f"{secret} is also a repository secret, which any workflow on any branch can read",
+                                f"delete the repository secret; keep it in environment {env.name} only"))
+    gaps += _ruleset_gaps(gh, base, settings)
+    gaps += _runner_gaps(gh, repository, settings)
+    gaps += _package_gaps(gh, repository, settings)
+    return gaps
+
+
+def _public_key(pem: str) -> bool:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    try:
+        key = serialization.load_pem_public_key(pem.strip().encode() + b"\n")
+    except ValueError:
+        return False
+    return isinstance(key, ec.EllipticCurvePublicKey) and key.curve.name == "secp256r1"
+
+
+def _ruleset_gaps(gh: GitHub, base: str, settings: Settings) -> list[Gap]:
+    wanted = f"refs/tags/{settings.tags}"
+    for summary in gh.get(f"{base}/rulesets?includes_parents=true&per_page=100") or []:
+        if not isinstance(summary, dict) or summary.get("target") != "tag":
+            continue
+        ruleset = gh.get(f"{base}/rulesets/{summary.get('id')}") or {}
+        names = ((ruleset.get("conditions") or {}).get("ref_name") or {}).get("include") or []
+        kinds = {r.get("type") for r in ruleset.get("rules") or [] if isinstance(r, dict)}
+        if ruleset.get("enforcement") == "active" and (wanted in names or "~ALL" in names) and \
+                {"creation", "update", "deletion"} <= kinds:
+            return []
+    return [Gap(f"no active tag ruleset protects {settings.tags}",
+                f"add one (Settings -> Rules -> Rulesets -> New tag ruleset) targeting {settings.tags}, restricting "
+                f"creations, updates and deletions, with only maintainers allowed to bypass")]
+
+
+def _runner_gaps(gh: GitHub, repository: str, settings: Settings) -> list[Gap]:
+    wanted = set(settings.mi300x_labels)
+    owner = repository.split("/")[0]
+    for path in (f"/repos/{repository}/actions/runners?per_page=100", f"/orgs/{owner}/actions/runners?per_page=100"):
+        try:
+            found = gh.get(path) or {}
+        except AuthError:
+            continue  # an organization's runners need the organization's admin: the repository's were asked
+        for runner in found.get("runners") or []:
+            labels = {l.get("name") for l in runner.get("labels") or [] if isinstance(l, dict)}
+            if runner.get("status") == "online" and wanted <= labels:
+                return []
+    return [Gap(f"no online runner has the labels {', '.join(settings.mi300x_labels)}",
+                "register the MI300X host as an ephemeral self-hosted runner with those labels, in a runner group "
+                "limited to this repository and to .github/workflows/release.yml on v* tags (README, release path)")]
+
+
+def _package_gaps(gh: GitHub, repository: str, settings: Settings) -> list[Gap]:
+    owner = repository.split("/")[0]
+    for scope in ("orgs", "users"):
+        try:
+            found = gh.get(f"/{scope}/{owner}/packages/container/{settings.package}")
+        except AuthError:
+            found = None
+        if found:
+            linked = ((found.get("repository") or {}).get("full_name") or "")
+            if linked.lower() != repository.lower():
+                return [Gap(f"the GHCR package {settings.package} is linked to "
+                            f"{untrusted.safe(linked, limit=80) or 'no repository'}, not {repository}",
+                            f"connect it to {repository} (the package's settings -> Manage Actions access), or the "
+                            f"release's GITHUB_TOKEN cannot push it")]
+            return []
+    return []  # not made yet: the first release's push makes it, linked to this repository
+
+
+def preflight(project: Path, repository: str, gh: GitHub) -> list[Gap]:
+    """Every gap between this checkout and GitHub's settings and what a release needs, in order."""
+    from .settings import check_workflows
+
+    settings = check_workflows(project)
+    return repository_gaps(project, settings) + github_gaps(gh, repository, settings)

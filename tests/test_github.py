@@ -1,0 +1,216 @@
+"""What the release asks of GitHub's API: `invoke preflight` (is this repository set up for a release?)
+and `invoke await-runner` (has an MI300X runner taken the smoke job?).
+
+There is no GitHub here: both talk to bakery/dev/github_stand_in.py over HTTPS, which serves a
+repository's settings in the shapes GitHub's REST documentation gives them, and a run's jobs as the
+test says they are. What is checked is our side: which settings count as a gap, each gap one line
+saying what to do, the exit codes, the run cancelled when no runner comes."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bakery.dev import github_stand_in as stand_in
+from bakery.errors import AuthError, EnvironmentProblem
+from bakery.release import github, settings as settings_mod
+from bakery.trust import keys
+
+from support import ROOT, copy_project, invoke
+
+OWNER, NAME, TOKEN = "dsv4-mi300x", "bakery", "t0ken"
+SETTINGS = settings_mod.load(ROOT / settings_mod.SETTINGS)
+
+
+@pytest.fixture(scope="module")
+def public_keys(tmp_path_factory) -> dict[str, str]:
+    where = tmp_path_factory.mktemp("keys")
+    os.environ["BAKERY_KEY_PASSWORD"] = "pw"
+    try:
+        return {role: keys.generate(where, role)[1].read_text() for role in keys.ROLES}
+    finally:
+        del os.environ["BAKERY_KEY_PASSWORD"]
+
+
+@pytest.fixture
+def gh(tmp_path, public_keys, monkeypatch):
+    server = stand_in.GitHubStandIn(tmp_path / "tls", OWNER, NAME, TOKEN, port=0)
+    server.state.repo = stand_in.ready_repo(SETTINGS, public_keys, OWNER, NAME)
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(server.ca))
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def ready_project(tmp_path_factory) -> Path:
+    """A checkout as it is before its first tag once the pin is locked and mirrored."""
+    project = copy_project(tmp_path_factory.mktemp("ready") / "project")
+    base = yaml.safe_load((project / "image" / "base.yaml").read_text())
+    base["mirror"] = "ghcr.io/dsv4-mi300x/vllm-openai-rocm"
+    (project / "image" / "base.yaml").write_text(yaml.safe_dump(base))
+    lock = project / "overlays" / "overlays.lock"
+    doc = yaml.safe_load(lock.read_text())  # JSON is YAML
+    doc["base"] = base["image"]
+    import json
+
+    lock.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    return project
+
+
+def gaps(project: Path, server) -> list[str]:
+    return [str(g) for g in github.preflight(project, f"{OWNER}/{NAME}", github.GitHub(TOKEN, server.api))]
+
+
+def test_a_repository_set_up_as_the_settings_say_has_no_gap(ready_project, gh):
+    assert gaps(ready_project, gh) == []
+    result = invoke(ready_project, "preflight", "--repository", f"{OWNER}/{NAME}", "--api", gh.api,
+                    env={"GITHUB_TOKEN": TOKEN})
+    assert result.returncode == 0 and result.stdout.strip() == "ready: nothing a release needs is missing", result
+
+
+def test_the_committed_checkout_still_lacks_its_lock_and_mirror(gh):
+    """As today: the lock was made for the fixture, and base.yaml names no mirror."""
+    found = gaps(ROOT, gh)
+    assert len(found) == 2, found
+    assert "overlays.lock was made for" in found[0] and "invoke rebase --base" in found[0]
+    assert "names no mirror" in found[1] and "invoke mirror --to" in found[1]
+
+
+def _env(repo, name="release"):
+    return repo.environments[name]
+
+
+# each: how a repository falls short, and words its one line must carry
+SHORTFALLS = {
+    "a public key missing": (lambda r: r.variables.pop("BAKERY_SMOKE_PUBLIC_KEY"),
+                             "repository variable BAKERY_SMOKE_PUBLIC_KEY is missing or empty"),
+    "a public key that is no key": (lambda r: r.variables.update(BAKERY_RELEASE_PUBLIC_KEY="release.pub"),
+                                    "BAKERY_RELEASE_PUBLIC_KEY is not a PEM public key"),
+    "an environment missing": (lambda r: r.environments.pop("rebuilder"), "environment rebuilder does not exist"),
+    "no reviewers": (lambda r: setattr(_env(r), "reviewers", []), "environment release has no required reviewers"),
+    "self-review allowed": (lambda r: setattr(_env(r, "smoke"), "prevent_self_review", False),
+                            "environment smoke lets whoever started the run approve it"),
+    "any ref may deploy": (lambda r: setattr(_env(r), "tags", []), "environment release is not limited to tags v*"),
+    "another tag pattern": (lambda r: setattr(_env(r), "tags", ["release-*"]),
+                            "environment release is not limited to tags v*"),
+    "a secret missing": (lambda r: _env(r).secrets.remove("BAKERY_KEY_PASSWORD"),
+                         "environment release lacks its secret BAKERY_KEY_PASSWORD"),
+    "a variable missing": (lambda r: _env(r, "smoke").variables.clear(),
+                           "environment smoke lacks its variable MODEL_SNAPSHOT"),
+    "a key also a repository secret": (lambda r: r.secrets.append("BAKERY_SIGNING_KEY"),
+                                       "BAKERY_SIGNING_KEY is also a repository secret"),
+    "no tag ruleset": (lambda r: r.tag_rulesets.clear(), "no active tag ruleset protects v*"),
+    "no MI300X runner": (lambda r: r.runners.clear(), "no online runner has the labels self-hosted, linux, x64, mi300x"),
+    "a runner without the label": (lambda r: r.runners.__setitem__(0, ["self-hosted", "linux", "x64"]),
+                                   "no online runner has the labels"),
+    "the package linked elsewhere": (lambda r: setattr(r, "package", (SETTINGS.package, "someone/else")),
+                                     "is linked to someone/else, not dsv4-mi300x/bakery"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SHORTFALLS))
+def test_each_gap_is_one_line_saying_what_to_do(case, ready_project, gh):
+    make, words = SHORTFALLS[case]
+    make(gh.state.repo)
+    found = gaps(ready_project, gh)
+    assert len(found) == 1 and words in found[0], found
+    what, _, fix = found[0].partition(": ")
+    assert fix, found[0]  # what to do, after the gap itself
+
+
+def test_gaps_exit_with_their_code_and_a_bad_token_is_one_line(ready_project, gh):
+    gh.state.repo.runners.clear()
+    gh.state.repo.tag_rulesets.clear()
+    result = invoke(ready_project, "preflight", "--repository", f"{OWNER}/{NAME}", "--api", gh.api,
+                    env={"GITHUB_TOKEN": TOKEN})
+    assert result.returncode == github.NOT_READY
+    assert [l for l in result.stdout.splitlines() if l.startswith("missing: ")] == \
+        [f"missing: {g}" for g in gaps(ready_project, gh)] and len(result.stdout.splitlines()) == 2
+    denied = invoke(ready_project, "preflight", "--repository", f"{OWNER}/{NAME}", "--api", gh.api,
+                    env={"GITHUB_TOKEN": "wrong"})
+    assert denied.returncode == AuthError.exit_code and denied.stderr.count("error:") == 1, denied.stderr
+
+
+def test_a_workflow_naming_a_secret_outside_its_scope_stops_preflight(ready_project, gh, tmp_path):
+    project = tmp_path / "project"
+    shutil.copytree(ready_project, project)
+    settings = project / settings_mod.SETTINGS
+    doc = yaml.safe_load(settings.read_text())
+    doc["environments"]["release"]["variables"] = list(doc["repository"]["variables"])
+    doc["repository"]["variables"] = {}
+    settings.write_text(yaml.safe_dump(doc))
+    result = invoke(project, "preflight", "--repository", f"{OWNER}/{NAME}", "--api", gh.api,
+                    env={"GITHUB_TOKEN": TOKEN})
+    assert result.returncode == 2 and "job build (no environment) reads vars.BAKERY_RELEASE_PUBLIC_KEY" in result.stderr
+
+
+# -- the MI300X runner's watch ----------------------------------------------------------------------
+
+def watch(gh, statuses: list, minutes: float = 0.002):
+    """await_runner against the stand-in, the smoke job's status taken from `statuses` one poll at a
+    time (the last one repeats)."""
+    seen = []
+
+    def jobs():
+        status = statuses[min(len(seen), len(statuses) - 1)]
+        seen.append(status)
+        return [] if status is None else [{"name": "smoke on MI300X", "status": status},
+                                          {"name": "promote", "status": "queued"}]
+
+    gh.state.run_jobs = jobs
+    return github.await_runner(github.GitHub(TOKEN, gh.api), f"{OWNER}/{NAME}", "77", "smoke on MI300X", minutes,
+                               log=lambda m: None, poll=0.01, review_minutes=0.01)
+
+
+def test_a_job_a_runner_takes_is_let_be(gh):
+    assert watch(gh, [None, "waiting", "queued", "in_progress"]) == "in_progress"
+    assert gh.state.cancelled == []
+
+
+def test_a_job_no_runner_takes_cancels_the_run_in_time(gh):
+    with pytest.raises(EnvironmentProblem, match=r"no runner took 'smoke on MI300X' within 0.002 minutes .* the run is "
+                                                 r"cancelled. Register the MI300X runner"):
+        watch(gh, ["queued"])
+    assert gh.state.cancelled == ["77"]
+
+
+def test_waiting_for_reviewers_is_not_waiting_for_a_runner(gh):
+    """A job its environment's reviewers have not approved asks for no runner yet: never cancelled for that."""
+    assert watch(gh, ["waiting"], minutes=0.0001) == "waiting"
+    assert gh.state.cancelled == []
+
+
+def test_the_task_fails_with_an_annotation(gh, tmp_path):
+    gh.state.run_jobs = lambda: [{"name": "smoke on MI300X", "status": "queued"}]
+    result = invoke(ROOT, "await-runner", "--job", "smoke on MI300X", "--minutes", "0.005",
+                    env={"GITHUB_TOKEN": TOKEN, "GITHUB_API_URL": gh.api, "GITHUB_RUN_ID": "91",
+                         "GITHUB_REPOSITORY": f"{OWNER}/{NAME}", "BAKERY_POLL_SECONDS": "0.05"})
+    assert result.returncode == EnvironmentProblem.exit_code, result.stderr
+    assert result.stdout.startswith("::error title=No runner took smoke on MI300X::no runner took")
+    assert result.stderr.count("error:") == 1 and gh.state.cancelled == ["91"]
+
+
+def test_public_keys_in_an_environment_would_reach_four_jobs_empty():
+    """Where the public keys live, enforced: kept beside their secrets, build, rebuild, attach-smoke
+    and promote (no environment) would read them empty; the committed settings pass."""
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "release.yml").read_text())
+    assert settings_mod.unscoped(workflow, SETTINGS, "release.yml") == []
+    moved = dataclasses.replace(SETTINGS, variables={}, environments={
+        **SETTINGS.environments,
+        "release": dataclasses.replace(SETTINGS.environments["release"], variables=tuple(SETTINGS.variables))})
+    problems = settings_mod.unscoped(workflow, moved, "release.yml")
+    jobs = {p.split("job ")[1].split(" ")[0] for p in problems}
+    assert {"build", "rebuild", "attach-smoke", "promote"} <= jobs
+    assert "sign" not in jobs  # in the release environment itself, it would see them
+
+
+def test_a_secret_read_by_an_expression_cannot_be_checked():
+    workflow = {"jobs": {"x": {"steps": [{"run": "echo ${{ secrets[format('{0}', 'K')] }}"}]},
+                         "y": {"steps": [{"run": "echo ${{ toJSON(vars) }}"}]}}}
+    problems = settings_mod.unscoped(workflow, SETTINGS, "w.yml")
+    assert len(problems) == 2 and all("by an expression the check cannot follow" in p for p in problems)
