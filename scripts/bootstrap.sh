@@ -5,8 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# sudo: the rehearsal's hosted-runner model gives its user passwordless sudo, as GitHub does
 # golang-go: the tests read layers with Go's archive/tar (what the engines unpack with) as the reference
-packages=(docker.io docker-registry skopeo debootstrap bubblewrap caddy apache2-utils python3-venv git ca-certificates gh golang-go)
+packages=(docker.io docker-registry skopeo debootstrap bubblewrap caddy apache2-utils python3-venv git ca-certificates gh golang-go sudo)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -32,19 +32,22 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import EnvironmentProblem, InputError, IntegrityError
+from ..release import settings
+from .github_stand_in import GitHubStandIn
 
 ACTIONS = Path(".github") / "rehearsal" / "actions"
 REPOSITORY = "dsv4-mi300x/bakery"  # what the policy's allowed_sources names
 IMAGE_NAME = "vllm-dsv4-flash-mi300x"
 REGISTRY_PORT = 5010
 TAG = "v0.0.0-rehearsal"
-RELEASE_JOBS = ("build", "sign", "rebuild", "attest-rebuild", "smoke", "attach-smoke", "promote")
+RELEASE_JOBS = ("build", "sign", "rebuild", "attest-rebuild", "mi300x-runner", "smoke", "attach-smoke", "promote")
 # each drill: the job that must stop the release, and what it plants
 DRILLS = {
     "broken-proof": ("build", "the fence overlay's fix neutered and its lock entry edited to match"),
@@ -53,6 +56,7 @@ DRILLS = {
     "dirty-checkout": ("build", "the checkout changed after checkout (a post-checkout hook of the runner's git)"),
     "rebuild-mismatch": ("attest-rebuild", "a file changed in the rebuilder's clone (a post-checkout hook)"),
     "smoke-failed": ("smoke", "the MI300X stand-in signs a FAILED result"),
+    "no-mi300x-runner": ("mi300x-runner", "no runner has the mi300x label (smoke stays queued) and MI300X_WAIT_MINUTES is 1"),
 }
 # the step of the smoke job that needs an MI300X; `smoke="stand-in"` replaces it and nothing else
 SMOKE_STEP = "Smoke and sign the result (smoke key)"
@@ -63,6 +67,22 @@ class Job:
     name: str
     result: str = "not run"  # success, failure, skipped, not run
     seconds: float = 0.0
+    started: float = 0.0  # the time of its first line in act's log
+    usage: object = None  # runner.Usage: its disks' peaks, its processes' users
+    budget: float | None = None  # its timeout-minutes, in seconds
+
+    def over_budget(self) -> list[str]:
+        """Where this job went past what a hosted runner gives it."""
+        from . import runner
+
+        found = []
+        if self.budget is not None and self.seconds > self.budget:
+            found.append(f"{self.name}: {self.seconds:.0f} s, past its timeout of {self.budget:.0f} s")
+        for disk, limit in (("/", runner.ROOT_DISK), ("/mnt", runner.MNT_DISK)):
+            used = (self.usage.peak.get(disk, 0) if self.usage else 0)
+            if used > limit:
+                found.append(f"{self.name}: {used / runner.GB:.1f} GB on {disk}, past its {limit / runner.GB:.0f} GB")
+        return found
 
 
 @dataclass
@@ -75,9 +95,22 @@ class Outcome:
     extra: dict = field(default_factory=dict)
 
     def table(self) -> str:
-        rows = [f"{'job':<16} {'result':<9} {'seconds':>7}"]
-        rows += [f"{j.name:<16} {j.result:<9} {j.seconds:>7.1f}" for j in self.jobs.values()]
+        """Each job: its result, the users it ran as, its peak on the runner's two disks and its
+        seconds, each against what a hosted ubuntu-24.04 runner gives it."""
+        from . import runner
+
+        rows = [f"{'job':<16} {'result':<9} {'ran as':<27} {'/ GB (of 14)':>12} {'/mnt GB (of 66)':>15} "
+                f"{'seconds (of limit)':>18}"]
+        for j in self.jobs.values():
+            used = j.usage.peak if j.usage else {}
+            limit = f"{j.budget:.0f}" if j.budget else "-"
+            rows.append(f"{j.name:<16} {j.result:<9} {runner.who(j.usage.users if j.usage else set()):<27} "
+                        f"{used.get('/', 0) / runner.GB:>12.2f} {used.get('/mnt', 0) / runner.GB:>15.2f} "
+                        f"{f'{j.seconds:.1f} ({limit})':>18}")
         return "\n".join(rows)
+
+    def over_budget(self) -> list[str]:
+        return [line for j in self.jobs.values() for line in j.over_budget()]
 
     def result(self, job: str) -> str:
         return self.jobs[job].result
@@ -120,7 +153,7 @@ def job_table(lines, names) -> dict[str, Job]:
         if entry.get("jobResult"):
             jobs[name].result = entry["jobResult"]
     for name, (start, end) in seen.items():
-        jobs[name].seconds = end - start
+        jobs[name].seconds, jobs[name].started = end - start, start
         if jobs[name].result == "not run":
             jobs[name].result = "skipped"  # act logged it but never finished it: its `if` was false
     return jobs
@@ -286,8 +319,12 @@ def act_env(home: Path, wheels: Path) -> dict[str, str]:
 def preflight(port: int | None = None) -> None:
     """What a rehearsal needs of this machine, checked before minutes of setup."""
     act_binary()
-    if not shutil.which("bwrap"):  # the jobs run on this host: they would apt-get install it here
-        raise EnvironmentProblem("bubblewrap (bwrap) is not installed: scripts/bootstrap.sh installs it")
+    if os.geteuid() != 0:
+        raise EnvironmentProblem("a rehearsal runs its jobs as the hosted runner's user, in a namespace it sets up as "
+                                 "root (loop disks, overlays, a user): run it as root, as CI does")
+    if not shutil.which("sudo"):  # the runner's jobs use it, as on GitHub
+        raise EnvironmentProblem("sudo is not installed: the hosted runner's model needs it (scripts/bootstrap.sh "
+                                 "installs it)")
     if port is not None:
         with socket.socket() as s:
             # as the stand-in will bind it: a previous run's connections in TIME_WAIT do not count
@@ -301,30 +338,50 @@ def preflight(port: int | None = None) -> None:
 
 def run_act(repo: Path, workflow: Path, event: str, payload: dict, work: Path, home: Path,
             wheels: Path, variables: dict, secrets_: dict, platforms: list[str], names, log,
-            timeout: float = 3600, env: dict | None = None) -> tuple[dict[str, Job], Path]:
-    """act in `repo` (the clone: its workflows, its vendored actions), its JSON log, the job table."""
+            timeout: float = 3600, env: dict | None = None, github=None) -> tuple[dict[str, Job], Path]:
+    """act in `repo` (the clone: its workflows, its vendored actions) on the hosted runner's model
+    (runner.py), as its user; its JSON log and the job table, with each job's disks and users.
+    `home` holds the runner's git config; `github`, a GitHub stand-in, answers the API and learns
+    the run's jobs from act's log as it grows."""
+    from . import runner
+
     (work / "event.json").write_text(json.dumps(payload))
     (work / "vars.env").write_text(dotenv(variables))
     with os.fdopen(os.open(work / "secrets.env", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
         f.write(dotenv(secrets_))
     cache = tool_cache(work)
+    run_id = str(int(time.time()))
+    extra = {"GITHUB_RUN_ID": run_id, "RUNNER_TOOL_CACHE": str(cache), "AGENT_TOOLSDIRECTORY": str(cache)}
+    if github is not None:  # our client reads GITHUB_API_URL (act passes an --env of that name on as the API)
+        extra.update(GITHUB_API_URL=github.api, REQUESTS_CA_BUNDLE=str(github.ca), BAKERY_POLL_SECONDS="5")
     argv = [act_binary(), event, "-W", str(workflow), "-e", str(work / "event.json"),
             "--var-file", str(work / "vars.env"), "--secret-file", str(work / "secrets.env"),
             "--actor", "rehearsal", "--json", "--action-offline-mode", "--no-skip-checkout",
             "--artifact-server-path", str(work / "artifacts"), "--artifact-server-addr", "127.0.0.1",
             "--artifact-server-port", str(free_port()),
-            "--no-cache-server", "--concurrent-jobs", "1",  # one job at a time: this machine's runner
-            "--action-cache-path", str(work / "act-cache"),
-            "--env", f"RUNNER_TOOL_CACHE={cache}", "--env", f"AGENT_TOOLSDIRECTORY={cache}",
-            "--env", f"GITHUB_RUN_ID={int(time.time())}",
+            # one job at a time (this machine's one runner), but two where a stage has two: the smoke
+            # job and the hosted job watching that a runner took it run side by side, as on GitHub
+            "--no-cache-server", "--concurrent-jobs", "2",
+            "--action-cache-path", f"/home/{runner.USER}/.cache/act",
+            *[a for k, v in extra.items() for a in ("--env", f"{k}={v}")],
             *[a for p in platforms for a in ("-P", f"{p}=-self-hosted")], *vendored_actions(repo)]
+    (work / "artifacts").mkdir(exist_ok=True)
+    machine = work / "runner"
+    runner.prepare(machine, work.parent, (home / ".gitconfig").read_text())
+    runner.hand_over([work / "artifacts", work / "secrets.env", *[p for p in (work / "origin.git",) if p.exists()]])
     logfile = work / f"act-{workflow.stem}.jsonl"
-    log(f"act {event} {workflow.name} (log: {logfile})")
+    log(f"act {event} {workflow.name} as {runner.USER} on a hosted runner's model (log: {logfile})")
+    if github is not None:
+        github.state.run_jobs = lambda: run_jobs(logfile, workflow)
     with logfile.open("w") as out:
         # a session of its own: on a timeout or an interrupt, act and every step it started on this
         # host end with it, not only act
-        act = subprocess.Popen(argv, cwd=repo, env={**act_env(home, wheels), **(env or {})}, stdout=out,
+        act = subprocess.Popen(runner.command(machine, work.parent, repo, argv), cwd=repo,
+                               env={**act_env(Path(f"/home/{runner.USER}"), wheels), **(env or {})}, stdout=out,
                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        sampler = runner.Sampler(act.pid)
+        watching = threading.Thread(target=sampler.run, daemon=True)
+        watching.start()
         try:
             act.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -334,10 +391,50 @@ def run_act(repo: Path, workflow: Path, event: str, payload: dict, work: Path, h
             _end(act)
             raise
         finally:
-            # act's copies of the checkout, each with its job's 2 GiB venv: nothing reads them once
-            # act has ended, and a suite of rehearsals would leave a dozen behind
-            shutil.rmtree(work / "act-cache", ignore_errors=True)
-    return job_table(logfile.read_text().splitlines(), names), logfile
+            sampler.stop.set()
+            watching.join()
+            # the runner's disks held the jobs' checkouts and venvs: gone with the namespace, but
+            # their images still take what the jobs wrote
+            for image in ("root.img", "mnt.img"):
+                (machine / image).unlink(missing_ok=True)
+    jobs = job_table(logfile.read_text().splitlines(), names)
+    budgets = timeouts(workflow)
+    for job in jobs.values():
+        if job.result != "not run":
+            job.usage = sampler.usage(job.started, job.started + job.seconds)
+            job.budget = budgets.get(job.name)
+    return jobs, logfile
+
+
+def run_jobs(logfile: Path, workflow: Path) -> list[dict]:
+    """The run's jobs as GitHub's API would list them, from what act's log shows so far: a job that
+    logged nothing yet is queued, one with a result completed, the rest in progress."""
+    import yaml
+
+    names = {job_id: job.get("name", job_id) for job_id, job in (yaml.safe_load(workflow.read_text())["jobs"]).items()}
+    seen: dict[str, str] = {}
+    try:
+        lines = logfile.read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        job = entry.get("jobID")
+        if job in names and "Skipping unsupported platform" not in str(entry.get("msg", "")):
+            # a job no runner can take is only queued on GitHub: act says it skips it
+            seen[job] = "completed" if entry.get("jobResult") else seen.get(job, "in_progress")
+    return [{"name": names[j], "status": seen.get(j, "queued")} for j in names]
+
+
+def timeouts(workflow: Path) -> dict[str, float]:
+    """Each job's time budget, in seconds: its timeout-minutes (GitHub's default, 360, where none)."""
+    import yaml
+
+    jobs = yaml.safe_load(workflow.read_text())["jobs"]
+    return {job_id: float(job.get("timeout-minutes", 360)) * 60 for job_id, job in jobs.items()}
 
 
 def _end(process: subprocess.Popen) -> None:
@@ -526,12 +623,20 @@ def release(project: Path, work: Path, log, smoke: str = "none", drill: str | No
         stood.write_text(with_smoke_stand_in(workflow.read_text(), STAND_IN.format(result=result)))
         workflow = stood
     variables, secrets_ = release_inputs(stage)
+    if drill == "no-mi300x-runner":
+        variables["MI300X_WAIT_MINUTES"] = "1"
+    # act gives every job every secret and variable; GitHub gives each job its scope's: held equal by
+    # refusing any workflow whose jobs name one outside their scope, and any value GitHub would not hold
+    settings.given(settings.check_workflows(stage.repo, [workflow]), variables, secrets_)
     sha = git("rev-parse", "HEAD", cwd=stage.repo)
     payload = {"ref": f"refs/tags/{TAG}", "after": sha, "repository": {"full_name": REPOSITORY}}
-    jobs, logfile = run_act(stage.repo, workflow, "push", payload, work, home,
-                            wheelhouse(stage.repo, work.parent, log), variables, secrets_,
-                            ["ubuntu-24.04", "mi300x"], RELEASE_JOBS, log)
-    outcome = Outcome("release", jobs, logfile, work, extra={"stage": stage, "sha": sha})
+    owner, name = REPOSITORY.split("/")
+    platforms = ["ubuntu-24.04"] + ([] if drill == "no-mi300x-runner" else ["mi300x"])
+    with GitHubStandIn(work / "github-tls", owner, name, secrets_["GITHUB_TOKEN"], port=0) as github:
+        jobs, logfile = run_act(stage.repo, workflow, "push", payload, work, home,
+                                wheelhouse(stage.repo, work.parent, log), variables, secrets_, platforms,
+                                RELEASE_JOBS, log, github=github)
+    outcome = Outcome("release", jobs, logfile, work, extra={"stage": stage, "sha": sha, "github": github.state})
     outcome.image = _candidate(stage, sha)
     return outcome
 

@@ -153,18 +153,29 @@ def unscoped(workflow: dict, settings: Settings, name: str) -> list[str]:
     return problems
 
 
-def check_workflows(project: Path, names=("release.yml", "nightly.yml")) -> Settings:
-    """The settings, once every job of each workflow names only what its scope holds (InputError
-    naming the first that does not)."""
+def check_workflows(project: Path, paths=None) -> Settings:
+    """The settings, once every job of each workflow (default: release.yml and nightly.yml) names
+    only what its scope holds (InputError naming the first that does not)."""
     import yaml
 
     settings = load(project / SETTINGS)
     problems = []
-    for workflow in names:
-        path = project / ".github" / "workflows" / workflow
-        doc = yaml.safe_load(path.read_text())
-        problems += unscoped(doc, settings, workflow)
+    for path in paths or [project / ".github" / "workflows" / n for n in ("release.yml", "nightly.yml")]:
+        problems += unscoped(yaml.safe_load(Path(path).read_text()), settings, Path(path).name)
     if problems:
         raise InputError(f"{problems[0]} ({len(problems)} such problem(s); .github/release-settings.yaml says "
                          f"where each secret and variable lives)")
     return settings
+
+
+def given(settings: Settings, variables: dict, secrets: dict) -> None:
+    """What a rehearsal gives act: every name one that GitHub would hold somewhere (act gives every
+    job all of them; the workflows' scopes were checked first, so no job reads one it would not get)."""
+    known_vars = set(settings.variables) | set(settings.optional_variables) | \
+        {v for e in settings.environments.values() for v in e.variables}
+    known_secrets = set(ALWAYS) | {s for e in settings.environments.values() for s in e.secrets}
+    for kind, names, known in (("variable", variables, known_vars), ("secret", secrets, known_secrets)):
+        unknown = sorted(set(names) - known)
+        if unknown:
+            raise InputError(f"the rehearsal gives the {kind} {unknown[0]}, which .github/release-settings.yaml does "
+                             f"not place anywhere: on GitHub no job would see it")
