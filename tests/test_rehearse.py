@@ -86,29 +86,42 @@ def assert_stopped_at(outcome: rehearse.Outcome, job: str) -> None:
     assert tag_digest(outcome, rehearse.TAG) is None  # nothing promoted
 
 
-# -- no MI300X here: the smoke job fails closed ------------------------------------------------------
+# -- no MI300X here: no runner takes the smoke job, and the run is cancelled ------------------------
 
 @pytest.fixture(scope="module")
 def no_mi300x(rehearsals):
     return run(rehearsals, "no-mi300x")
 
 
-def test_without_an_mi300x_the_release_stops_at_smoke_and_nothing_is_promoted(no_mi300x):
+def test_without_an_mi300x_runner_the_release_is_cancelled_and_nothing_is_promoted(no_mi300x):
+    """GitHub would keep the smoke job queued for 24 hours; mi300x-runner says so after
+    MI300X_WAIT_MINUTES and cancels the run (the GitHub stand-in is asked to)."""
     assert [no_mi300x.result(j) for j in ("build", "sign", "rebuild", "attest-rebuild")] == ["success"] * 4, \
         no_mi300x.table()
-    assert_stopped_at(no_mi300x, "smoke")
-    smoke = job_log(no_mi300x, "smoke")
-    assert "verified " + no_mi300x.image in smoke  # verify-before-run ran and passed, one rebuild required
-    assert "error: no MI300X here: /dev/kfd does not exist" in smoke
+    assert_stopped_at(no_mi300x, "mi300x-runner")
+    watch = job_log(no_mi300x, "mi300x-runner")
+    assert "no runner took 'smoke on MI300X' within 1 minutes of its being queued" in watch
+    assert "::error title=No runner took smoke on MI300X::" in watch
+    assert no_mi300x.extra["github"].cancelled == [no_mi300x.extra["run_id"]]
+    assert no_mi300x.result("smoke") != "success"
     # the build job's output is the candidate it pushed; no release tag was written for it
     assert f"::set-output:: image={no_mi300x.image}" in job_log(no_mi300x, "build")
 
 
-def test_the_build_was_clean_and_the_rebuild_matched(no_mi300x):
-    """The build ran from the tag's checkout, nothing written into it (a key file there made every
-    release build dirty); the independent rebuild from the provenance gave the same digest."""
-    assert "ok   built from a clean checkout" in job_log(no_mi300x, "smoke")
+def test_the_rebuild_matched_and_every_job_ran_as_the_runner_within_its_budget(no_mi300x):
+    """The independent rebuild from the provenance gave the same digest; each job ran as the hosted
+    runner's user (root only through sudo), installed bubblewrap itself (the runner has none, and
+    its apt lists need an update), wrote the toolchain's files on /mnt, and kept within a hosted
+    runner's disks and its timeout."""
     assert f"reproduced {no_mi300x.image}" in job_log(no_mi300x, "rebuild")
+    for name in ("build", "rebuild"):
+        job = no_mi300x.jobs[name]
+        assert rehearse.runner.UID in job.usage.users and job.usage.peak["/mnt"] > 1 << 30, no_mi300x.table()
+        assert "Unpacking bubblewrap" in job_log(no_mi300x, name) or name == "rebuild"
+        assert "cache: /mnt/bakery/cache" in job_log(no_mi300x, name)
+    assert all(0 not in j.usage.users for n, j in no_mi300x.jobs.items() if n in ("sign", "attest-rebuild")), \
+        no_mi300x.table()
+    assert no_mi300x.over_budget() == [], no_mi300x.table()
 
 
 # -- past the MI300X, with the stand-in: attach, attest the rebuild, promote ----------------------------
@@ -116,6 +129,13 @@ def test_the_build_was_clean_and_the_rebuild_matched(no_mi300x):
 @pytest.fixture(scope="module")
 def promoted(rehearsals):
     return run(rehearsals, "stand-in", smoke="stand-in")
+
+
+def test_the_smoke_job_verified_the_candidate_before_running_it(promoted):
+    """Signed, and rebuilt to the same bytes by the rebuilder (one required), before the MI300X step."""
+    smoke = job_log(promoted, "smoke")
+    assert "verified " + promoted.image in smoke and "ok   built from a clean checkout" in smoke
+    assert "ok: the smoke key in BAKERY_SMOKE_SIGNING_KEY is" in smoke
 
 
 def test_the_stand_in_changes_one_step_of_the_smoke_job_and_nothing_else(promoted):

@@ -30,8 +30,9 @@ def rehearse(project: Path, workflow="release", drill=None, smoke_stand_in=False
         name = drill or ("stand-in" if smoke_stand_in else "no-mi300x")
         outcome = rehearse_mod.release(project, where / name, log,
                                        smoke="stand-in" if smoke_stand_in else "none", drill=drill)
-        # no MI300X here: without the stand-in the release must stop at smoke
-        surprises = outcome.surprises(rehearse_mod.DRILLS[drill][0] if drill else None if smoke_stand_in else "smoke")
+        # no MI300X runner here: without the stand-in the release must stop where that is found out
+        surprises = outcome.surprises(rehearse_mod.DRILLS[drill][0] if drill else None if smoke_stand_in
+                                      else "mi300x-runner")
     elif workflow == "nightly":
         if drill not in (None, "needs-porting"):
             raise InputError(f"--drill {drill}: the nightly workflow's is needs-porting")

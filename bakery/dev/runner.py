@@ -103,9 +103,15 @@ class Sampler:
         within = [s for s in self.samples if start - 0.5 <= s[0] <= end + 0.5]
         if not within:
             return Usage()
-        first = within[0][1]
-        peak = {d: max(s[1].get(d, 0) for s in within) - first.get(d, 0) for d in DISKS}
-        return Usage({d: max(p, 0) for d, p in peak.items()}, set().union(*(s[2] for s in within)))
+        peak = {}
+        for disk in DISKS:  # the most it grew above its lowest point before: a job first emptying what the
+            low, grew = None, 0  # one before it left (its cache) starts from there, as a fresh runner would
+            for _, used, _ in within:
+                if disk in used:
+                    low = used[disk] if low is None else min(low, used[disk])
+                    grew = max(grew, used[disk] - low)
+            peak[disk] = grew
+        return Usage(peak, set().union(*(s[2] for s in within)))
 
 
 def _users_below(pid: int) -> set[int]:
@@ -174,12 +180,24 @@ def hand_over(paths: list[Path]) -> None:
     """What the runner's processes write into (act's artifact store, a bare origin it pushes to, a
     secrets file it reads): theirs."""
     for path in paths:
+        os.lchown(path, UID, UID)
         for folder, dirs, files in os.walk(path):
             for name in [*dirs, *files, "."]:
                 os.lchown(os.path.join(folder, name), UID, UID)
 
 
 def who(uids: set[int]) -> str:
-    """The users a job's processes ran as, in words."""
-    names = {UID: f"{USER} ({UID})", 0: "root (sudo)"}
-    return ", ".join(names.get(u, str(u)) for u in sorted(uids, key=lambda u: (u != UID, u))) or "-"
+    """The users a job's processes ran as, in words: the runner, root where it used sudo, and the
+    system users root's tools drop to (apt's _apt, man-db's man)."""
+    import pwd
+
+    def name(uid: int) -> str:
+        if uid == UID:
+            return f"{USER} ({UID})"
+        if uid == 0:
+            return "root (sudo)"
+        try:
+            return pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return str(uid)
+    return ", ".join(name(u) for u in sorted(uids, key=lambda u: (u != UID, u != 0, u))) or "-"
