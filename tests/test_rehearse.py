@@ -160,10 +160,17 @@ def test_with_the_stand_in_every_job_passes_and_the_tag_names_the_candidate(prom
 
 
 def cosign(outcome, *args) -> subprocess.CompletedProcess:
-    home = outcome.work / "home"  # holds the runner's docker login for the rehearsal registry
+    """cosign, logged in to the rehearsal registry (a Docker config of its own, as ops would have)."""
+    import base64
+
+    host, user, password = outcome.extra["stage"].registry
+    config = outcome.work / "cosign-docker"
+    config.mkdir(exist_ok=True)
+    (config / "config.json").write_text(json.dumps(
+        {"auths": {host: {"auth": base64.b64encode(f"{user}:{password}".encode()).decode()}}}))
     return subprocess.run([str(COSIGN), *args, "--insecure-ignore-tlog=true", "--allow-http-registry"],
                           capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "HOME": str(home), "DOCKER_CONFIG": str(home / ".docker")})
+                          env={**os.environ, "DOCKER_CONFIG": str(config)})
 
 
 def test_the_promoted_tag_passes_cosign_with_each_roles_key(promoted):

@@ -407,6 +407,8 @@ class _Layer:
         if not path:
             return  # the root folder itself: its metadata, which no engine applies to the root
         parent, _, name = path.rpartition("/")
+        if WHITEOUT + WHITEOUT in parent and any(p.startswith(WHITEOUT + WHITEOUT) for p in parent.split("/")):
+            raise Ambiguous(f"it holds {path!r}, under an AUFS metadata folder")
         if name.startswith(WHITEOUT):
             if name == OPAQUE:
                 self._name(path, "an opaque marker")

@@ -281,7 +281,8 @@ def auth_registry(work: Path) -> tuple[str, str, str]:
 
 
 def git(*args: str, cwd: Path, env: dict | None = None) -> str:
-    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
+    """git in a repository of the rehearsal's own (the runner's user owns some once act has run)."""
+    done = subprocess.run(["git", "-c", "safe.directory=*", *args], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, **(env or {})})
     if done.returncode != 0:
         raise EnvironmentProblem(f"git {' '.join(args[:2])}: {(done.stderr.strip().splitlines() or ['failed'])[-1]}")
@@ -520,7 +521,7 @@ class Stage:
     repo: Path
     origin: Path
     base: object
-    toolchain: str
+    toolchain: str | None  # None: the base is its own toolchain
     registry: tuple[str, str, str]
     keys: Path
     image_repo: str
@@ -554,7 +555,7 @@ def _environ(**values):
                 os.environ[k] = v
 
 
-def _fixture_lock(project: Path, base, toolchain: str, work: Path, log) -> bytes:
+def _fixture_lock(project: Path, base, work: Path, log) -> bytes:
     """overlays.lock for this machine's fixture base, computed with proofs by `invoke lock`, kept by
     the base's digest and the overlays' bytes."""
     inputs = hashlib.sha256(str(base).encode())
@@ -565,29 +566,33 @@ def _fixture_lock(project: Path, base, toolchain: str, work: Path, log) -> bytes
         log(f"locking the overlays against the fixture base {base} (proofs run)")
         done = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(project), "lock", "--base",
                                str(base), "--lock", str(lock)], capture_output=True, text=True,
-                              env={**os.environ, "BAKERY_TOOLCHAIN": toolchain})
+                              env={k: v for k, v in os.environ.items() if k != "BAKERY_TOOLCHAIN"})
         if done.returncode != 0:
             raise EnvironmentProblem(f"invoke lock on the fixture base: {done.stderr.strip().splitlines()[-1:]}")
     return lock.read_bytes()
 
 
-def stage_release(project: Path, work: Path, log) -> Stage:
+def stage_release(project: Path, work: Path, log, base=None) -> Stage:
     """Stack, fixture base and toolchain, keys, a bare origin, and a clone of HEAD with the
-    rehearsal commit (the fixture pinned, the local repository allowed) tagged TAG."""
+    rehearsal commit (the fixture pinned, the local repository allowed) tagged TAG. With `base` (a
+    pinned Reference of a base that is its own toolchain, as the ROCm nightly is), that base instead,
+    and no BAKERY_TOOLCHAIN: the jobs compile over the base's own files."""
     import yaml
 
     from . import fixture, stack
 
     registry = stack.up()
     spec = project / "tests" / "fixture" / "fixture.yaml"
-    base = fixture.build(spec, registry, log=log)
-    toolchain = fixture.toolchain(project / "hip" / "toolchain", spec, registry, log=log)
+    toolchain = None
+    if base is None:
+        base = fixture.build(spec, registry, log=log)
+        toolchain = fixture.toolchain(project / "hip" / "toolchain", spec, registry, log=log)
     host, user, password = auth_registry(work)
     keys_dir = _keys(work, "rehearsal-" + password[:8])
     origin, repo = work / "origin.git", work / "repo"
     git("init", "-q", "--bare", str(origin), cwd=work)
     git("clone", "-q", "--no-hardlinks", str(project), str(repo), cwd=work)
-    lock = _fixture_lock(repo, base, toolchain, work.parent, log)  # HEAD's overlays, as the clone has them
+    lock = _fixture_lock(repo, base, work.parent, log)  # HEAD's overlays, as the clone has them
     git("remote", "set-url", "origin", f"https://github.com/{REPOSITORY}.git", cwd=repo)
     # a repository of its own: another rehearsal's kernel artifact, signed by its keys, is not this one's
     image_repo = f"{host}/rehearsal-{work.name}-{secrets.token_hex(3)}/{IMAGE_NAME}"
@@ -617,7 +622,8 @@ def _private(keys: Path, role: str) -> str:
 def release_inputs(stage: Stage) -> tuple[dict, dict]:
     host, user, password = stage.registry
     password_keys = "rehearsal-" + password[:8]
-    variables = {"IMAGE_REPO": stage.image_repo, "REGISTRY_HOST": host, "BAKERY_TOOLCHAIN": stage.toolchain,
+    variables = {"IMAGE_REPO": stage.image_repo, "REGISTRY_HOST": host, **({"BAKERY_TOOLCHAIN": stage.toolchain}
+                                                                            if stage.toolchain else {}),
                  "BAKERY_RELEASE_PUBLIC_KEY": _public(stage.keys, "release"),
                  "BAKERY_SMOKE_PUBLIC_KEY": _public(stage.keys, "smoke"),
                  "BAKERY_REBUILDER_PUBLIC_KEY": _public(stage.keys, "rebuilder"),
@@ -656,14 +662,15 @@ sys.exit(0 if passed else 7)
 PY"""
 
 
-def release(project: Path, work: Path, log, smoke: str = "none", drill: str | None = None) -> Outcome:
+def release(project: Path, work: Path, log, smoke: str = "none", drill: str | None = None, base=None) -> Outcome:
     """One rehearsal of release.yml as a push of TAG. smoke: "none" (no MI300X runner: the run is
-    cancelled), or "stand-in" (the smoke job's MI300X step replaced, see the module's docstring)."""
+    cancelled), or "stand-in" (the smoke job's MI300X step replaced, see the module's docstring).
+    base: a base that is its own toolchain instead of the fixture (bench/bench_release.py's)."""
     if drill is not None and drill not in DRILLS:
         raise InputError(f"--drill {drill}: known drills: {', '.join(sorted(DRILLS))}")
     preflight()
     work = fresh(work)
-    stage = stage_release(project, work, log)
+    stage = stage_release(project, work, log, base)
     if drill == "broken-proof":
         _neuter_fence(stage)
     git("push", "-q", str(stage.origin), "HEAD:refs/heads/main", cwd=stage.repo)
@@ -770,7 +777,7 @@ def _push_unsigned_kernels(project: Path, stage: Stage, log) -> None:
     host, user, password = stage.registry
     recipe = hip.load(stage.repo / "hip")
     cache = stage.work / "kernels-cache"
-    compiled = hip.compile_recipe(recipe, stage.toolchain, cache, log=log)
+    compiled = hip.compile_recipe(recipe, stage.toolchain or str(stage.base), cache, log=log)
     repo = stage.image_repo.split("/", 1)[1]
     with _environ(BAKERY_REGISTRY_USER=user, BAKERY_REGISTRY_PASSWORD=password, BAKERY_REGISTRY_HOSTS=host):
         hip.push_artifact(Registry(host), repo, compiled.key, cache / compiled.key[:24])

@@ -1,0 +1,110 @@
+"""What one layer may hold, as a layer's pass reads it (base/scan.py): nothing the engines would unpack
+differently, nothing no image builder writes. Each refused case here is one where Docker 20.10's
+overlay2 applier and containerd 1.6's diverge or fail (their sources, pkg/archive and
+archive/tar.go, say how each treats it), so we refuse it with one line naming the layer and the
+entry; the accepted ones are what Docker's and BuildKit's diffs write. Pure: a layer in memory,
+served to the real scanner."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+
+from bakery.base.layercache import LayerCache
+from bakery.base.scan import clean, scan_layer
+from bakery.errors import IntegrityError
+from bakery.oci.refs import Descriptor
+
+
+def layer(*members) -> bytes:
+    """(name, kind, data or link) each: file, dir, symlink, hardlink."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for name, kind, what in members:
+            info = tarfile.TarInfo(name)
+            if kind == "file":
+                info.size = len(what)
+                t.addfile(info, io.BytesIO(what))
+                continue
+            info.type = {"dir": tarfile.DIRTYPE, "symlink": tarfile.SYMTYPE, "hardlink": tarfile.LNKTYPE}[kind]
+            info.linkname = what if kind != "dir" else ""
+            t.addfile(info)
+    return out.getvalue()
+
+
+class Served:
+    def __init__(self, blob: bytes):
+        self.blob = blob
+
+    def stream_blob(self, repo, desc, label=None):
+        from bakery.oci.registry import check_digest
+
+        yield self.blob
+        check_digest(desc, desc.digest.hex, len(self.blob), "test")
+
+
+def scan(raw: bytes, tmp_path):
+    desc = Descriptor.of("application/vnd.oci.image.layer.v1.tar", raw)
+    return scan_layer(Served(raw), "test/r", desc, set(), LayerCache(tmp_path / "cache")), desc
+
+
+REFUSED = {
+    "a name twice": ([("a", "file", b"1"), ("a", "file", b"2")], "names 'a' twice"),
+    "a name twice, spelled two ways": ([("a/b", "file", b"1"), ("/a//b", "file", b"2")], "names 'a/b' twice"),
+    "a folder the layer then makes a file": ([("d", "dir", ""), ("d/x", "file", b"x"), ("d", "file", b"f")],
+                                             "names 'd' twice"),
+    "a write through a link the layer made": ([("l", "symlink", "/etc"), ("l/passwd", "file", b"x")],
+                                              "writes under 'l', which it gives as symlink"),
+    "a write under a file the layer made": ([("f", "file", b"x"), ("f/y", "file", b"y")],
+                                            "writes under 'f', which it gives as file"),
+    "a file before the link over its folder": ([("l/x", "file", b"x"), ("l", "symlink", "/etc")],
+                                               "writes under 'l', which it gives as symlink"),
+    "a whiteout of what the layer gives": ([(".wh.a", "file", b""), ("a", "file", b"new")], "names 'a' twice"),
+    "a whiteout of a folder it fills": ([("d/.wh.x", "file", b""), ("d/x/y", "file", b"y")],
+                                        "whites out 'd/x' and gives what lies under it"),
+    "an opaque marker in what it gives as a file": ([("d", "file", b"f"), ("d/.wh..wh..opq", "file", b"")],
+                                                    "writes under 'd'"),
+    "a hard link to what the layer does not hold": ([("h", "hardlink", "usr/bin/python3")],
+                                                    "is a hard link to 'usr/bin/python3', which is not a file"),
+    "a hard link to a name given after it": ([("h", "hardlink", "f"), ("f", "file", b"x")],
+                                             "is a hard link to 'f', which is not a file this layer gave before"),
+    "a hard link whose target is then replaced": ([("f", "file", b"1"), ("h", "hardlink", "f"), ("f", "file", b"2")],
+                                                  "names 'f' twice"),
+    "a hard link to a folder": ([("d", "dir", ""), ("h", "hardlink", "d")], "is a hard link to 'd'"),
+    "an AUFS name": ([(".wh..wh.aufs", "file", b"")], "an AUFS metadata name"),
+    "under an AUFS folder": ([(".wh..wh.plnk/1", "file", b"")], "under an AUFS metadata folder"),
+    "a name out of the root": ([("../../etc/passwd", "file", b"x")], "climbs out of the root"),
+    "a hard link out of the root": ([("h", "hardlink", "../x")], "climbs out of the root"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_what_the_engines_would_unpack_apart_is_refused_naming_layer_and_entry(case, tmp_path):
+    members, said = REFUSED[case]
+    with pytest.raises(IntegrityError) as refused:
+        scan(layer(*members), tmp_path)
+    message = str(refused.value)
+    assert said in message and "the engines would not unpack it alike" in message, message
+    assert Descriptor.of("x", layer(*members)).digest.hex in message and "\n" not in message
+
+
+def test_what_image_builders_write_is_read_as_one_state(tmp_path):
+    """Docker's and BuildKit's diffs: './' names, parents after their children, an opaque folder with
+    what the layer puts back, a whiteout of a lower file, hard links to files given before."""
+    (index, found, _), _ = scan(layer(("./", "dir", ""), ("./usr/lib/x", "file", b"x"), ("./usr", "dir", ""),
+                                      ("./usr/lib", "dir", ""), ("etc", "dir", ""), ("etc/.wh..wh..opq", "file", b""),
+                                      ("etc/hosts", "file", b"h"), ("var/.wh.old", "file", b""),
+                                      ("bin/a", "file", b"a"), ("bin/b", "hardlink", "bin/a"),
+                                      ("bin/c", "hardlink", "./bin/b"), ("opt/l", "symlink", "/nowhere")), tmp_path)
+    assert set(index["entries"]) == {"usr", "usr/lib", "usr/lib/x", "etc", "etc/hosts", "bin/a", "bin/b", "bin/c",
+                                     "opt/l"}
+    assert index["opaque"] == ["etc"] and index["whiteouts"] == ["var/old"]
+    assert index["entries"]["bin/c"][3] == "bin/b"
+
+
+@pytest.mark.parametrize("name, cleaned", [("a", "a"), ("./a/", "a"), ("/a//b/./c", "a/b/c"), ("a/b/../c", "a/c"),
+                                           ("./", ""), ("a/..", "")])
+def test_names_are_cleaned_as_go_cleans_them(name, cleaned):
+    assert clean(name) == cleaned
