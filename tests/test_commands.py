@@ -102,7 +102,8 @@ def test_a_deploy_plan_pins_both_images_and_renders_the_proxy_first(tmp_path):
 
 def test_the_disk_line_names_a_signed_artifact_by_a_short_tag():
     assert render.disk(SimpleNamespace(cached=("reg/kernels", "kernels-" + "c" * 64))) == \
-        "ok: reg/kernels:kernels-cccccccccccc... holds the kernels, signed by a release key; the base will not be pulled"
-    assert render.disk(SimpleNamespace(cached=None, image="b@sha256:1", needed=3 << 30, free=10 << 30,
-                                       where=Path("/var/lib/docker"))) == \
-        "ok: b@sha256:1 needs about 3.0 GiB at /var/lib/docker; 10.0 GiB free"
+        "ok: reg/kernels:kernels-cccccccccccc... holds the kernels, signed by a release key; nothing will be " \
+        "compiled, no toolchain file taken out"
+    assert render.disk(SimpleNamespace(cached=None, toolchain="b@sha256:1", needed=3 << 30, how="exact", free=10 << 30,
+                                       where=Path("/mnt/bakery/cache/toolchains"))) == \
+        "ok: the toolchain's files of b@sha256:1 take 3.0 GiB (exact) at /mnt/bakery/cache/toolchains; 10.0 GiB free there"

@@ -395,14 +395,16 @@ def test_invoke_rehearse_says_when_a_run_did_not_stop_where_it_must():
                for j, r in zip(rehearse.RELEASE_JOBS, results)]
         return rehearse.Outcome("release", rehearse.job_table(log, rehearse.RELEASE_JOBS), None, None)
 
-    stopped_at_smoke = outcome("success", "success", "success", "success", "failure")
+    stopped_at_smoke = outcome("success", "success", "success", "success", "success", "failure")
     assert stopped_at_smoke.surprises("smoke") == []
     assert stopped_at_smoke.surprises(None) == ["smoke: failure, expected success",
                                                 "attach-smoke: not run, expected success",
                                                 "promote: not run, expected success"]
+    no_runner = outcome("success", "success", "success", "success", "failure")
+    assert no_runner.surprises("mi300x-runner") == []
     assert outcome("success", "success").surprises("build") == ["build: success, expected failure",
                                                                "sign: success, expected it not to run"]
-    assert outcome(*["success"] * 7).surprises(None) == []
+    assert outcome(*["success"] * 8).surprises(None) == []
 
 
 def test_the_smoke_stand_in_script_imports_what_exists():

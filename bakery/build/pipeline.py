@@ -184,8 +184,12 @@ def overlay_inputs(project: Path, base: OpenBase) -> tuple[list, list, list]:
     overlays = base.overlays if base.overlays is not None else overlays_mod.load(Project(project).overlays_yaml)
     targets = [o.target for o in overlays if o.baked]
     applied = overlays_mod.apply_all(overlays, base.fs.read(targets))
-    caches = sorted({str(PurePosixPath(t).parent / "__pycache__").lstrip("/") + "/*.pyc" for t in targets})
-    present = [p for pattern in caches for p in base.fs.glob(pattern)]
+    present = [p for pattern in overlays_mod.shadow_patterns(targets) for p in base.fs.glob(pattern)]
+    for folder, found in base.fs.read(overlays_mod.package_shadows(targets)).items():
+        if found is not None and found.kind in ("dir", "symlink"):
+            raise IntegrityError(f"the base holds /{untrusted.safe(folder)} ({found.kind}) beside the overlaid "
+                                 f"/{untrusted.safe(folder)}.py: Python would import that package, and the overlay "
+                                 f"would never run; the base is refused")
     return overlays, applied, overlays_mod.stale_bytecode(targets, present)
 
 
@@ -274,6 +278,18 @@ def python_distributions(fs: BaseFilesystem) -> list[Distribution]:
                 fields[field.lower()] = value
             dists.append(Distribution(fields["name"], fields["version"], "/" + path, f.sha256))
     return dists
+
+
+def folders_are_folders(base: OpenBase, paths: list[str]) -> None:
+    """Each folder our layers write into is a folder in the base, or absent: where the base has a link
+    (or a file) above a path we write, Docker's overlay2 would make a folder over it in our layer,
+    hiding all the link led to, while containerd would write where it points. Refused instead."""
+    above = sorted({str(a).lstrip("/") for p in paths for a in PurePosixPath(p).parents if str(a) != "/"})
+    for folder, found in base.fs.read(above).items():
+        if found is not None and found.kind != "dir":
+            raise IntegrityError(f"the base gives /{untrusted.safe(folder)} as {found.kind}, and this build writes "
+                                 f"into it: the engines would unpack our layer differently over it; the base is "
+                                 f"refused")
 
 
 def check_attestable(rec: BuildRecord, subject: Reference) -> None:
@@ -395,6 +411,8 @@ def build(opts: Options, log=print) -> tuple[Reference, BuildRecord]:
     spec = dataclasses.replace(spec, env=spec.env + tuple(tuning_mod.env(tables).items()))
 
     manifest_entry = image_mod.in_image_manifest(kernel_files + table_files + overlay_files + spec.files)
+    folders_are_folders(opened, [f.path for f in kernel_files + table_files + overlay_files + spec.files +
+                                 (manifest_entry,)] + list(stale))
     blobs = opts.out_dir / "blobs"
     layers = write_layers([
         (kernel_files, "kernels for " + recipe.arch + ": " + ", ".join(a.name for a in compiled.artifacts), ()),
@@ -419,7 +437,9 @@ def build(opts: Options, log=print) -> tuple[Reference, BuildRecord]:
         base=base_record(opened, dists),
         files=tuple(FileRecord(f.path, f.sha256, len(f.data), oct(f.mode), i)
                     for i, l in enumerate(layers) for f in l.files),
-        deleted=tuple(Deleted(d, i, "stale bytecode of an overlaid module") for i, l in enumerate(layers)
+        deleted=tuple(Deleted(d, i, "an extension module Python would import instead of an overlaid module"
+                              if d.endswith(".so") else "stale bytecode of an overlaid module")
+                      for i, l in enumerate(layers)
                       for d in l.deletions),
         overlays=overlay_records(project, overlays, applied, proofs),
         verdicts=verdict_list,

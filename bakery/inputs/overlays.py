@@ -8,6 +8,7 @@ overlay, the target, both hashes and the next command to run.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import hashlib
 import json
 import re
@@ -390,17 +391,41 @@ def check_stock(folder: Path, lock: Lock, lock_path: Path) -> None:
 
 # -- bytecode -------------------------------------------------------------------------------------
 
+def shadow_patterns(targets: list[str]) -> list[str]:
+    """For each overlaid module, what Python's import system would take before (or instead of) its
+    .py, as glob patterns over the base: its cached bytecode of any tag (__pycache__/NAME.*.pyc, used
+    while its recorded source size and mtime still match, a same-size edit), and an extension module
+    of any ABI tag beside it (NAME.so, NAME.*.so: extensions come before source in each folder)."""
+    out = []
+    for target in targets:
+        p = PurePosixPath(target)
+        if p.suffix == ".py":
+            folder = str(p.parent).lstrip("/")
+            out += [f"{folder}/__pycache__/{glob.escape(p.stem)}.*.pyc", f"{folder}/{glob.escape(p.stem)}.so",
+                    f"{folder}/{glob.escape(p.stem)}.*.so"]
+    return sorted(set(out))
+
+
 def stale_bytecode(targets: list[str], present: list[str]) -> list[str]:
-    """The base's __pycache__ entries for overlaid modules: a .pyc whose recorded source size and
-    mtime still match (a same-size edit) would run instead of the overlay, so they are deleted."""
+    """What of `present` (paths the shadow_patterns matched) would run instead of an overlaid module:
+    deleted (whited out) in the overlays' layer, so the overlay is what Python imports."""
     out = []
     for target in targets:
         p = PurePosixPath(target)
         if p.suffix != ".py":
             continue
-        prefix = f"{str(p.parent).lstrip('/')}/__pycache__/{p.stem}."
-        out += [f"/{q}" for q in present if q.startswith(prefix) and q.endswith(".pyc")]
+        folder = str(p.parent).lstrip("/")
+        cached, ext = f"{folder}/__pycache__/{p.stem}.", f"{folder}/{p.stem}."
+        out += [f"/{q}" for q in present if (q.startswith(cached) and q.endswith(".pyc")) or
+                (q.startswith(ext) and q.endswith(".so") and "/" not in q[len(folder) + 1:])]
     return sorted(out)
+
+
+def package_shadows(targets: list[str]) -> list[str]:
+    """For each overlaid module NAME.py (not a package's __init__), the folder NAME beside it: a
+    package of the same name is what Python imports, and the overlaid file would never run."""
+    return sorted({str(PurePosixPath(t).with_suffix("")).lstrip("/") for t in targets
+                   if t.endswith(".py") and PurePosixPath(t).stem != "__init__"})
 
 
 # -- rebase: ways to carry an overlay onto new bytes ---------------------------------------------
