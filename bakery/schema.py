@@ -11,10 +11,23 @@ import yaml
 from .errors import InputError
 
 
+YAML_LIMIT = 4 << 20  # a checked-in YAML file is kilobytes
+
+
 def load_yaml(path: Path, schema: dict, required: set | None = None) -> dict:
-    """Load a YAML mapping and check it against {key: type}; every key is required unless listed."""
+    """Load a YAML mapping and check it against {key: type}; every key is required unless listed.
+    Read as a regular file of at most YAML_LIMIT bytes, never through a link at its name (a
+    rebuilt revision's recipe is read outside its sandbox: a link to /dev/zero, a FIFO)."""
+    import os
+    import stat
+
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode) or info.st_size > YAML_LIMIT:
+                raise InputError(f"{path}: not a regular file of at most {YAML_LIMIT} bytes")
+            text = f.read(YAML_LIMIT + 1).decode("utf-8")
     except FileNotFoundError:
         raise InputError(f"{path}: file not found") from None
     except (OSError, UnicodeDecodeError) as e:

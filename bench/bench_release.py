@@ -102,7 +102,10 @@ def main() -> None:
         print(f"docker pull of the base (the compile's way before): {seconds:.1f} s, {added / 1e9:.2f} GB added "
               f"under Docker's data root; the build job's peak on /mnt: {build.usage.peak['/mnt'] / 1e9:.2f} GB "
               f"({added / max(build.usage.peak['/mnt'], 1):.2f}x less)")
-    finally:
+    except BaseException:
+        print(f"kept for a look: {work}", file=sys.stderr)
+        raise
+    else:
         shutil.rmtree(work, ignore_errors=True)
 
 

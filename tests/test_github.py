@@ -103,11 +103,20 @@ SHORTFALLS = {
     "a variable missing": (lambda r: _env(r, "smoke").variables.clear(),
                            "environment smoke lacks its variable MODEL_SNAPSHOT"),
     "a key also a repository secret": (lambda r: r.secrets.append("BAKERY_SIGNING_KEY"),
-                                       "BAKERY_SIGNING_KEY is also a repository secret"),
+                                       "BAKERY_SIGNING_KEY is also a repository (or organization) secret"),
+    "a key also an organization secret": (lambda r: r.org_secrets.append("BAKERY_SMOKE_SIGNING_KEY"),
+                                          "BAKERY_SMOKE_SIGNING_KEY is also a repository (or organization) secret"),
     "no tag ruleset": (lambda r: r.tag_rulesets.clear(), "no active tag ruleset protects v*"),
     "no MI300X runner": (lambda r: r.runners.clear(), "no online runner has the labels self-hosted, linux, x64, mi300x"),
     "a runner without the label": (lambda r: r.runners.__setitem__(0, ["self-hosted", "linux", "x64"]),
                                    "no online runner has the labels"),
+    "the runner registered to the repository": (lambda r: (r.repo_runners.append(r.runners.pop()),
+                                                           setattr(r, "group", None)),
+                                                "registered to the repository itself, where any workflow can reach it"),
+    "a runner group open to any workflow": (lambda r: r.group.update(workflows=[]),
+                                            "is open to more than dsv4-mi300x/bakery's release.yml"),
+    "a runner group open to another repository": (lambda r: r.group["repositories"].append("dsv4-mi300x/other"),
+                                                  "is open to more than"),
     "the package linked elsewhere": (lambda r: setattr(r, "package", (SETTINGS.package, "someone/else")),
                                      "is linked to someone/else, not dsv4-mi300x/bakery"),
 }
@@ -214,3 +223,18 @@ def test_a_secret_read_by_an_expression_cannot_be_checked():
                          "y": {"steps": [{"run": "echo ${{ toJSON(vars) }}"}]}}}
     problems = settings_mod.unscoped(workflow, SETTINGS, "w.yml")
     assert len(problems) == 2 and all("by an expression the check cannot follow" in p for p in problems)
+
+
+@pytest.mark.parametrize("text", ["${{ format('}}{0}', secrets.BAKERY_SIGNING_KEY) }}", "${{ SECRETS.bakery_signing_key }}",
+                                  "${{ Secrets . BAKERY_SIGNING_KEY }}"])
+def test_a_secret_is_found_however_it_is_spelled(text):
+    """GitHub reads context and property names without regard to case, and a `}}` in a string does
+    not end an expression."""
+    workflow = {"jobs": {"build": {"steps": [{"run": "x", "env": {"K": text}}]}}}
+    problems = settings_mod.unscoped(workflow, SETTINGS, "w.yml")
+    assert len(problems) == 1 and "reads secrets.BAKERY_SIGNING_KEY" in problems[0], problems
+
+
+def test_a_string_that_merely_says_secrets_is_not_a_reference():
+    workflow = {"jobs": {"build": {"steps": [{"run": "x", "env": {"K": "${{ format('secrets.{0}', 'X') }}"}}]}}}
+    assert settings_mod.unscoped(workflow, SETTINGS, "w.yml") == []

@@ -101,10 +101,29 @@ def test_what_image_builders_write_is_read_as_one_state(tmp_path):
     assert set(index["entries"]) == {"usr", "usr/lib", "usr/lib/x", "etc", "etc/hosts", "bin/a", "bin/b", "bin/c",
                                      "opt/l"}
     assert index["opaque"] == ["etc"] and index["whiteouts"] == ["var/old"]
-    assert index["entries"]["bin/c"][3] == "bin/b"
+    assert index["entries"]["bin/c"][3] == "bin/a"  # a link to a link: the same inode, named by its file
 
 
 @pytest.mark.parametrize("name, cleaned", [("a", "a"), ("./a/", "a"), ("/a//b/./c", "a/b/c"), ("a/b/../c", "a/c"),
                                            ("./", ""), ("a/..", "")])
 def test_names_are_cleaned_as_go_cleans_them(name, cleaned):
     assert clean(name) == cleaned
+
+
+@pytest.mark.parametrize("members, said", [
+    ([(".wh...", "file", b"")], "a whiteout of no name"),
+    ([("a/.wh..", "file", b"")], "a whiteout of no name"),
+    ([("a/" * 300 + "x", "file", b"")], "past what a Linux path may be"),
+    ([("n" * 300, "file", b"")], "past what a Linux path may be"),
+])
+def test_names_no_engine_unpacks_are_refused_before_any_work(members, said, tmp_path):
+    """A whiteout of '..' would remove the folder above the one being made; a name of thousands of
+    parts would cost its square in the checks that follow."""
+    with pytest.raises(IntegrityError, match=said):
+        scan(layer(*members), tmp_path)
+
+
+def test_a_chain_of_hard_links_names_the_file_itself(tmp_path):
+    (index, _, _), _ = scan(layer(("f", "file", b"x"), ("a", "hardlink", "f"), ("b", "hardlink", "a"),
+                                  ("c", "hardlink", "b")), tmp_path)
+    assert [index["entries"][n][3] for n in "abc"] == ["f", "f", "f"]

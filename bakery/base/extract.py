@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import EnvironmentProblem, IntegrityError
-from ..files import atomic_dir
 from .filesystem import BaseFilesystem
 
 MOUNT_POINTS = ("tmp", "proc", "dev", "src", "out")  # where the sandbox binds: plain empty folders
@@ -101,13 +100,24 @@ class Root:
     size: int
 
 
+ENV_LIMIT = 256 << 10  # an image's Env is a few variables
+
+
 def image_env(config: dict) -> dict:
-    """The Env of an image config as the engine starts a container with it (PATH defaulted)."""
+    """The Env of an image config as the engine starts a container with it (PATH defaulted); one
+    that no process could be given (an odd name, a NUL, past ENV_LIMIT) refuses the image."""
     env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-    for item in (config.get("config") or {}).get("Env") or []:
-        if isinstance(item, str) and "=" in item:
-            name, _, value = item.partition("=")
-            env[name] = value
+    given = config.get("config") if isinstance(config, dict) else None
+    items = given.get("Env") if isinstance(given, dict) else None
+    if not isinstance(items, list) or sum(len(str(i)) for i in items) > ENV_LIMIT:
+        if items in (None, []):
+            return env
+        raise IntegrityError(f"the toolchain image's Env is not a list of at most {ENV_LIMIT} bytes: refused")
+    for item in items:
+        name, sep, value = str(item).partition("=")
+        if not isinstance(item, str) or not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or "\0" in value:
+            raise IntegrityError(f"the toolchain image's Env holds {str(item)[:60]!r}, not NAME=VALUE: refused")
+        env[name] = value
     return env
 
 
@@ -119,10 +129,12 @@ def toolchain_root(fs: BaseFilesystem, selection: Selection, cache: Path, log=pr
     if made is not None:
         return Root(dest / "root", image_env(fs.image.config), made["files"], made["size"])
     cache.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(dest, ignore_errors=True)  # made by another version of bakery, or not whole: made again
     size = sum(d.size for d in fs.image.layers)
     log(f"taking the toolchain's files out of {fs.image.ref} ({len(fs.image.layers)} layers, "
         f"{size / 2**30:.2f} GiB compressed) into {dest}")
-    with atomic_dir(dest) as tmp:
+    tmp = Path(tempfile.mkdtemp(dir=cache, prefix=f".{dest.name}.partial-"))
+    try:
         blobs = tmp / "blobs"
         blobs.mkdir()
         taken = fs.prefetch(Sink(selection, blobs))
@@ -134,6 +146,13 @@ def toolchain_root(fs: BaseFilesystem, selection: Selection, cache: Path, log=pr
         (tmp / "toolchain.json").write_text(json.dumps({"schema": SCHEMA, "image": str(fs.image.manifest_digest),
                                                         "exclude": list(selection.exclude), "files": files,
                                                         "size": total}))
+        try:
+            os.rename(tmp, dest)  # whole, or not there: a folder in its place was made whole by another command
+        except OSError:
+            if _made(dest) is None:
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     log(f"toolchain's files: {files} files, {total / 2**30:.2f} GiB")
     return Root(dest / "root", image_env(fs.image.config), files, total)
 
@@ -277,6 +296,31 @@ class _Tree:
             return None
 
 
+def _room(root: Path) -> None:
+    """Folders and links take blocks and inodes too: RESERVE of the disk, and inodes, stay free."""
+    st = os.statvfs(root)
+    if st.f_bavail * st.f_frsize < RESERVE or (st.f_files and st.f_favail < 10_000):
+        raise EnvironmentProblem(f"the toolchain's files do not fit in {root.parent}: "
+                                 f"{st.f_bavail * st.f_frsize / 2**30:.1f} GiB and {st.f_favail} inodes free; free "
+                                 f"space, or set BAKERY_CACHE to a larger disk")
+
+
+def _place(blob: Path, at: int, name: str) -> None:
+    """The blob at name: a hard link to it, or a copy where the blob has as many links as its
+    filesystem allows (the same bytes in tens of thousands of files)."""
+    import errno
+
+    try:
+        os.link(blob, name, dst_dir_fd=at)
+    except OSError as e:
+        if e.errno != errno.EMLINK:
+            raise
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, blob.stat().st_mode & 0o777,
+                     dir_fd=at)
+        with open(blob, "rb") as src, os.fdopen(fd, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+
+
 def _remove(at: int, name: str) -> None:
     try:
         mode = os.stat(name, dir_fd=at, follow_symlinks=False).st_mode
@@ -309,10 +353,12 @@ def apply_layers(indexes: list[dict], taken: list[dict], selection: Selection, r
                 if takes(gone):
                     tree.remove(gone)
             links = []
-            for path in sorted(index["entries"]):
+            for made, path in enumerate(sorted(index["entries"])):
                 kind, _size, mode, link = index["entries"][path]
                 if not takes(path):
                     continue
+                if made % 4096 == 0:
+                    _room(root)
                 at, name = tree.parent(path)
                 if kind == "dir":
                     if tree.kind(path) != stat.S_IFDIR:
@@ -322,19 +368,17 @@ def apply_layers(indexes: list[dict], taken: list[dict], selection: Selection, r
                     continue
                 _remove(at, name)
                 if kind == "file":
-                    os.link(blobs / took[path], name, dst_dir_fd=at)
+                    _place(blobs / took[path], at, name)
                 elif kind == "symlink":
                     os.symlink(link, name, dir_fd=at)
                 elif kind == "hardlink":
                     links.append(path)
                 # devices and FIFOs are not made: a compile reads none, and an ordinary user cannot
-            for path in links:  # the inode of a file this same layer gave (scan.py refuses any other)
-                target = path
-                while index["entries"][target][0] == "hardlink":
-                    target = index["entries"][target][3]
+            for path in links:  # the inode of a file this same layer gave (scan.py names the file itself)
+                target = index["entries"][path][3]
                 if target in took:  # a link to a file the selection leaves out is left out too
                     at, name = tree.parent(path)
-                    os.link(blobs / took[target], name, dst_dir_fd=at)
+                    _place(blobs / took[target], at, name)
         for point in MOUNT_POINTS:
             if tree.kind(point) != stat.S_IFDIR:
                 tree.remove(point)

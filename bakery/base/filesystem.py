@@ -155,6 +155,9 @@ class BaseFilesystem:
         for n in range(1, len(indexes)):
             upper = indexes[n]
             pending = folders_above(upper["entries"], upper["whiteouts"], upper["opaque"]) - upper["entries"].keys()
+            # what it whites out or empties is found through the folders above it, even where the layer gives
+            # them itself (an engine may apply the whiteout before the folder that replaces a link)
+            pending |= folders_above({}, upper["whiteouts"], upper["opaque"])
             for below in reversed(indexes[:n]):
                 if not pending:
                     break
@@ -167,7 +170,8 @@ class BaseFilesystem:
                             f"/{untrusted.safe(path)}, which the layers below give as {kind}: the engines would not "
                             f"unpack it alike (a write through a link, or into a file); refused")
                     pending.discard(path)
-                pending -= _hidden(pending, below)
+                if below["whiteouts"] or below["opaque"]:  # most layers have none: nothing to look up
+                    pending -= _hidden(pending, below)
         self.view["merge_checked"] = True
         self.cache.save_view(self.image.manifest_digest, self.view)
 

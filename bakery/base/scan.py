@@ -351,6 +351,9 @@ def index_into_cache(job) -> tuple[int, dict, dict]:
 
 
 KEPT_LIMIT = 256 << 20
+# what a path may be: Linux's PATH_MAX and NAME_MAX (an engine fails past them), and a depth no image
+# has (each folder is a level of the walks that make and remove a toolchain's files)
+NAME_BYTES, COMPONENT_BYTES, DEPTH = 4096, 255, 256
 # layers streamed at once: all of a base (up to this), since which layer costs most is not known
 # before it is read (a small blob of many small files costs more than a big one of few)
 WORKERS = 8
@@ -406,6 +409,12 @@ class _Layer:
         path = clean(member.name)
         if not path:
             return  # the root folder itself: its metadata, which no engine applies to the root
+        if len(path) > COMPONENT_BYTES and (len(path.encode("utf-8", "surrogateescape")) > NAME_BYTES or
+                                           path.count("/") >= DEPTH or
+                                           max(len(c.encode("utf-8", "surrogateescape")) for c in path.split("/"))
+                                           > COMPONENT_BYTES):
+            raise Ambiguous(f"it names {path[:80]!r}... ({len(path)} characters), past what a Linux path may be "
+                            f"({NAME_BYTES} bytes, {COMPONENT_BYTES} a name, {DEPTH} folders deep)")
         parent, _, name = path.rpartition("/")
         if WHITEOUT + WHITEOUT in parent and any(p.startswith(WHITEOUT + WHITEOUT) for p in parent.split("/")):
             raise Ambiguous(f"it holds {path!r}, under an AUFS metadata folder")
@@ -416,6 +425,8 @@ class _Layer:
                 return
             if name.startswith(WHITEOUT + WHITEOUT):  # AUFS's own folders: each engine does its own thing
                 raise Ambiguous(f"it holds {path!r}, an AUFS metadata name")
+            if name[len(WHITEOUT):] in ("", ".", ".."):  # a whiteout of the folder it is in, or of the one above
+                raise Ambiguous(f"it holds {path!r}, a whiteout of no name")
             gone = f"{parent}/{name[len(WHITEOUT):]}" if parent else name[len(WHITEOUT):]
             self._name(gone, "a whiteout")
             self.whiteouts.append(gone)
@@ -428,6 +439,8 @@ class _Layer:
             target = self.entries.get(link)
             if target is None or target[0] not in ("file", "hardlink"):
                 raise Ambiguous(f"{path!r} is a hard link to {link!r}, which is not a file this layer gave before it")
+            if target[0] == "hardlink":  # the same inode: named by the file itself, so no chain is walked later
+                link = target[3]
         self.entries[path] = [kind, member.size, member.mode, link]
         if kind != "file":
             return

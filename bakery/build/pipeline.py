@@ -186,7 +186,10 @@ def overlay_inputs(project: Path, base: OpenBase) -> tuple[list, list, list]:
     applied = overlays_mod.apply_all(overlays, base.fs.read(targets))
     present = [p for pattern in overlays_mod.shadow_patterns(targets) for p in base.fs.glob(pattern)]
     for folder, found in base.fs.read(overlays_mod.package_shadows(targets)).items():
-        if found is not None and found.kind in ("dir", "symlink"):
+        # a package (a folder with an __init__, or a link, which might lead to one) comes before NAME.py;
+        # a folder without one is a namespace portion, which does not
+        if found is not None and (found.kind == "symlink" or
+                                  (found.kind == "dir" and base.fs.glob(glob.escape(folder) + "/__init__.*"))):
             raise IntegrityError(f"the base holds /{untrusted.safe(folder)} ({found.kind}) beside the overlaid "
                                  f"/{untrusted.safe(folder)}.py: Python would import that package, and the overlay "
                                  f"would never run; the base is refused")
@@ -411,8 +414,11 @@ def build(opts: Options, log=print) -> tuple[Reference, BuildRecord]:
     spec = dataclasses.replace(spec, env=spec.env + tuple(tuning_mod.env(tables).items()))
 
     manifest_entry = image_mod.in_image_manifest(kernel_files + table_files + overlay_files + spec.files)
+    # and the __pycache__ beside each overlay, where Python looks for its bytecode (a link there would hide
+    # the stale bytecode from our globs, which read the folder itself)
+    caches = [str(PurePosixPath(f.path).parent / "__pycache__" / "-") for f in overlay_files]
     folders_are_folders(opened, [f.path for f in kernel_files + table_files + overlay_files + spec.files +
-                                 (manifest_entry,)] + list(stale))
+                                 (manifest_entry,)] + list(stale) + caches)
     blobs = opts.out_dir / "blobs"
     layers = write_layers([
         (kernel_files, "kernels for " + recipe.arch + ": " + ", ".join(a.name for a in compiled.artifacts), ()),

@@ -48,8 +48,11 @@ class Repo:
     variables: dict[str, str] = field(default_factory=dict)
     secrets: list[str] = field(default_factory=list)
     environments: dict[str, Environment] = field(default_factory=dict)
+    org_secrets: list[str] = field(default_factory=list)  # the organization's, given to this repository
     tag_rulesets: list[str] = field(default_factory=list)  # patterns protected by an active tag ruleset
-    runners: list[list[str]] = field(default_factory=list)  # each online runner's labels
+    runners: list[list[str]] = field(default_factory=list)  # each online runner's labels, in `group`
+    group: dict | None = None  # the organization runner group: name, visibility, repositories, workflows
+    repo_runners: list[list[str]] = field(default_factory=list)  # online runners of the repository itself
     package: tuple[str, str] | None = None  # (name, the repository it is linked to)
 
 
@@ -61,6 +64,8 @@ def ready_repo(settings, public_keys: dict[str, str], owner: str, name: str) -> 
                                                   variables={v: "/data/hf/snapshot" for v in e.variables})
                               for e in settings.environments.values()},
                 tag_rulesets=[settings.tags], runners=[list(settings.mi300x_labels)],
+                group={"name": "mi300x", "visibility": "selected", "repositories": [f"{owner}/{name}"],
+                       "workflows": [f"{owner}/{name}/.github/workflows/release.yml@refs/tags/{settings.tags}"]},
                 package=(settings.package, f"{owner}/{name}"))
 
 
@@ -118,12 +123,27 @@ def rest(state: State, method: str, path: str) -> tuple[int, object]:
         return 200, {"id": i + 1, "target": "tag", "enforcement": "active",
                      "conditions": {"ref_name": {"include": [f"refs/tags/{repo.tag_rulesets[i]}"], "exclude": []}},
                      "rules": [{"type": t} for t in ("creation", "update", "deletion")]}
-    if method == "GET" and rest_of == "/actions/runners":
-        return 200, {"total_count": len(repo.runners), "runners": [
+    def runners(labels_of):
+        return {"total_count": len(labels_of), "runners": [
             {"id": i + 1, "name": f"runner-{i + 1}", "status": "online",
-             "labels": [{"name": label} for label in labels]} for i, labels in enumerate(repo.runners)]}
-    if method == "GET" and re.fullmatch(r"/api/v3/orgs/[\w.-]+/actions/runners", rest_of):
-        return 403, {"message": "Must have admin rights to the organization"}
+             "labels": [{"name": label} for label in labels]} for i, labels in enumerate(labels_of)]}
+
+    if method == "GET" and rest_of == "/actions/runners":
+        return 200, runners(repo.repo_runners)
+    if method == "GET" and rest_of == "/actions/organization-secrets":
+        return 200, {"total_count": len(repo.org_secrets), "secrets": [{"name": n} for n in repo.org_secrets]}
+    org = f"/api/v3/orgs/{state.owner}/actions/runner-groups"
+    if method == "GET" and rest_of == org:
+        g = repo.group
+        groups = [] if g is None else [{"id": 7, "name": g["name"], "visibility": g["visibility"],
+                                        "restricted_to_workflows": bool(g["workflows"]),
+                                        "selected_workflows": g["workflows"]}]
+        return 200, {"total_count": len(groups), "runner_groups": groups}
+    if method == "GET" and rest_of == f"{org}/7/runners" and repo.group is not None:
+        return 200, runners(repo.runners)
+    if method == "GET" and rest_of == f"{org}/7/repositories" and repo.group is not None:
+        return 200, {"total_count": len(repo.group["repositories"]),
+                     "repositories": [{"full_name": r} for r in repo.group["repositories"]]}
     if method == "GET" and (m := re.fullmatch(r"/api/v3/(?:orgs|users)/([\w.-]+)/packages/container/([\w.-]+)",
                                               rest_of)):
         if repo.package is None or repo.package[0] != m.group(2) or m.group(1) != state.owner:

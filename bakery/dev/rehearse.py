@@ -369,7 +369,7 @@ def run_act(repo: Path, workflow: Path, event: str, payload: dict, work: Path, h
             *[a for p in platforms for a in ("-P", f"{p}=-self-hosted")], *vendored_actions(repo)]
     (work / "artifacts").mkdir(exist_ok=True)
     machine = work / "runner"
-    runner.prepare(machine, work.parent, (home / ".gitconfig").read_text())
+    opened = runner.prepare(machine, work.parent, (home / ".gitconfig").read_text())
     runner.hand_over([work / "artifacts", work / "secrets.env", *[p for p in (work / "origin.git",) if p.exists()]])
     logfile = work / f"act-{workflow.stem}.jsonl"
     log(f"act {event} {workflow.name} as {runner.USER} on a hosted runner's model (log: {logfile})")
@@ -400,6 +400,7 @@ def run_act(repo: Path, workflow: Path, event: str, payload: dict, work: Path, h
             # their images still take what the jobs wrote
             for image in ("root.img", "mnt.img"):
                 (machine / image).unlink(missing_ok=True)
+            runner.restore(opened)
     jobs = job_table(logfile.read_text().splitlines(), names)
     budgets = timeouts(workflow)
     for job in jobs.values():
@@ -563,12 +564,12 @@ def _fixture_lock(project: Path, base, work: Path, log) -> bytes:
         inputs.update(path.relative_to(project).as_posix().encode() + b"\0" + path.read_bytes())
     lock = work / f"fixture-overlays-{inputs.hexdigest()[:16]}.lock"
     if not lock.exists():
-        log(f"locking the overlays against the fixture base {base} (proofs run)")
+        log(f"locking the overlays against the base {base} (proofs run)")
         done = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(project), "lock", "--base",
                                str(base), "--lock", str(lock)], capture_output=True, text=True,
                               env={k: v for k, v in os.environ.items() if k != "BAKERY_TOOLCHAIN"})
         if done.returncode != 0:
-            raise EnvironmentProblem(f"invoke lock on the fixture base: {done.stderr.strip().splitlines()[-1:]}")
+            raise EnvironmentProblem(f"invoke lock on the base: {done.stderr.strip().splitlines()[-1:]}")
     return lock.read_bytes()
 
 

@@ -137,9 +137,10 @@ def _users_below(pid: int) -> set[int]:
     return found
 
 
-def prepare(folder: Path, keep: Path, gitconfig: str) -> None:
+def prepare(folder: Path, keep: Path, gitconfig: str) -> list[tuple[Path, int]]:
     """The runner's two disks (sparse images, made here) and what the namespace binds back: the
-    rehearsal's folder `keep` walkable by the runner, its git config beside it."""
+    rehearsal's folder `keep` walkable by the runner, its git config beside it. Returns the folders
+    whose modes were opened for that, with their modes before, for restore()."""
     if os.geteuid() != 0:
         raise EnvironmentProblem("a rehearsal runs its jobs as the hosted runner's user, in a namespace it sets up as "
                                  "root (loop disks, overlays, a user): run it as root, as CI does")
@@ -158,10 +159,24 @@ def prepare(folder: Path, keep: Path, gitconfig: str) -> None:
         if done.returncode:
             raise EnvironmentProblem(f"mkfs.ext4 {image}: {done.stderr.strip()[-200:]}")
     (keep / ".runner-gitconfig").write_text(gitconfig)
+    opened = []
     for path in [keep, *keep.parents]:  # the runner walks to it, as it does on GitHub to its workspace
         if path == Path("/"):
             break
-        os.chmod(path, os.stat(path).st_mode | 0o055)
+        mode = os.stat(path).st_mode & 0o7777
+        if mode & 0o055 != 0o055:
+            opened.append((path, mode))
+            os.chmod(path, mode | 0o055)
+    return opened
+
+
+def restore(opened: list[tuple[Path, int]]) -> None:
+    """The folders prepare() opened, closed again as they were (a /root stays 0700)."""
+    for path, mode in opened:
+        try:
+            os.chmod(path, mode)
+        except OSError:
+            pass
 
 
 def command(folder: Path, keep: Path, cwd: Path, argv: list[str]) -> list[str]:

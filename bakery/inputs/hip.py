@@ -134,6 +134,8 @@ def load(root: Path) -> Recipe:
     toolchain = spec.get("toolchain") or {}
     schema.check_keys(toolchain, TOOLCHAIN_KEYS, f"{path}: toolchain", required=set())
     exclude = _strings(toolchain.get("exclude") or [], f"{path}: toolchain.exclude")
+    if len(exclude) > 256 or any(len(p) > 256 for p in exclude):  # each is tried on every path of an image
+        raise InputError(f"{path}: toolchain.exclude is at most 256 patterns of at most 256 characters")
     for pattern in exclude:
         if not pattern or pattern.startswith("/") or ".." in pattern.split("/") or pattern.endswith("/"):
             raise InputError(f"{path}: toolchain.exclude {pattern!r} must name paths in the image as its layers do "
@@ -440,10 +442,11 @@ def expected_outputs(recipe: Recipe) -> set[str]:
     return {"toolchain.txt"} | {f"{e.name}{suffix}" for e in recipe.extensions for suffix in (".so", ".schema")}
 
 
-def take_outputs(folder: Path, expected: set[str]) -> dict[str, str]:
-    """{name: sha256} of what the toolchain container left in /out. The container runs the base's
-    code, so what it leaves is read as hostile: exactly the expected names, each a regular file
-    (a symbolic link would make us read, hash and push a file of the host's), opened without
+def take_outputs(folder: Path, expected: set[str], into: Path) -> dict[str, str]:
+    """{name: sha256} of what the compile left in /out, copied into `into` (ours: as root, /out was
+    the sandbox uid's, which another process of that uid could change later). The compile runs the
+    base's code, so what it leaves is read as hostile: exactly the expected names, each a regular
+    file (a symbolic link would make us read, hash and push a file of the host's), opened without
     following links."""
     import os
     import stat
@@ -463,10 +466,11 @@ def take_outputs(folder: Path, expected: set[str]) -> dict[str, str]:
                                  f"symbolic link, FIFO, device, folder or a giant): refused, nothing of it read "
                                  f"(the toolchain image is hostile)")
         fd = os.open(folder / name, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as f:
+        with os.fdopen(fd, "rb") as f, open(into / name, "wb") as copy:
             h = hashlib.sha256()
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
+                copy.write(chunk)
             outputs[name] = h.hexdigest()
     return outputs
 
@@ -474,8 +478,11 @@ def take_outputs(folder: Path, expected: set[str]) -> dict[str, str]:
 def _compile(recipe: Recipe, toolchain: str, image_id: str, out: Path, log) -> None:
     with atomic_dir(out) as tmp:
         log(f"compiling hip/ for {recipe.arch} in {toolchain}")
-        run_toolchain(recipe, toolchain, script(recipe), tmp, log)
-        outputs = take_outputs(tmp, expected_outputs(recipe))
+        scratch = tmp / ".out"
+        scratch.mkdir()
+        run_toolchain(recipe, toolchain, script(recipe), scratch, log)
+        outputs = take_outputs(scratch, expected_outputs(recipe), tmp)
+        shutil.rmtree(scratch)
         (tmp / "done.json").write_text(json.dumps({"toolchain_image": image_id, "sha256": outputs}))
 
 

@@ -416,8 +416,8 @@ def stale_bytecode(targets: list[str], present: list[str]) -> list[str]:
             continue
         folder = str(p.parent).lstrip("/")
         cached, ext = f"{folder}/__pycache__/{p.stem}.", f"{folder}/{p.stem}."
-        out += [f"/{q}" for q in present if (q.startswith(cached) and q.endswith(".pyc")) or
-                (q.startswith(ext) and q.endswith(".so") and "/" not in q[len(folder) + 1:])]
+        out += [f"/{q}" for q in present if (q.startswith(cached) and q.endswith(".pyc") and "/" not in q[len(cached):])
+                or (q.startswith(ext) and q.endswith(".so") and "/" not in q[len(ext):])]
     return sorted(out)
 
 

@@ -98,6 +98,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._route("POST")
 
     def _route(self, method: str) -> None:
+        self._begun = False
         try:
             path = self.path.split("?", 1)[0]
             if method == "POST" and path == "/bakery/compile":
@@ -110,6 +111,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._answer(403, f"not granted to a rebuild: {method} {path[:200]}".encode())
         except BakeryError as e:
             self._answer(502, str(e).encode())
+        except Exception as e:  # a bug of ours, or the machine (a full disk): one answer, not a dropped connection
+            if getattr(self, "_begun", False):  # an answer under way takes nothing more (it would read as its bytes)
+                self.close_connection = True
+            else:
+                self._answer(502, f"the broker failed: {type(e).__name__}: {str(e)[:300]}".encode())
 
     def _granted(self, found: re.Match) -> bool:
         from ..oci.transport import api_host
@@ -127,6 +133,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         resp = registry.transport.request(method, path, scopes=pull(repo), ok=(200, 404), stream=True,
                                           headers={"Accept": ACCEPT, "Accept-Encoding": "identity"})
         with resp:
+            self._begun = True
             self.send_response(resp.status_code)
             # the bytes as the registry sent them, with what frames them: encoded or not, the code
             # inside decodes and checks them as it would from the registry

@@ -82,7 +82,7 @@ def await_runner(gh: GitHub, repository: str, run_id: str, job: str, minutes: fl
     started = clock()
     while True:
         found = gh.get(path)
-        jobs = (found or {}).get("jobs") or []
+        jobs = found.get("jobs") if isinstance(found, dict) and isinstance(found.get("jobs"), list) else []
         status = next((str(j.get("status")) for j in jobs if isinstance(j, dict) and j.get("name") == job), None)
         if status in STARTED:
             log(f"{job}: {status}: a runner took it")
@@ -148,6 +148,8 @@ def github_gaps(gh: GitHub, repository: str, settings: Settings) -> list[Gap]:
     gaps = []
     base = f"/repos/{repository}"
     repo_secrets = {s.get("name") for s in ((gh.get(f"{base}/actions/secrets?per_page=100") or {}).get("secrets") or [])}
+    repo_secrets |= {s.get("name") for s in ((gh.get(f"{base}/actions/organization-secrets?per_page=100") or {})
+                                             .get("secrets") or [])}
     for name, role in sorted(settings.variables.items()):
         found = gh.get(f"{base}/actions/variables/{name}")
         value = (found or {}).get("value") if isinstance(found, dict) else None
@@ -193,8 +195,9 @@ def github_gaps(gh: GitHub, repository: str, settings: Settings) -> list[Gap]:
                 gaps.append(Gap(f"environment {env.name} lacks its variable {variable}", "add it there"))
         for secret in env.secrets:
             if secret in repo_secrets:
-                gaps.append(Gap(f"{secret} is also a repository secret, which any workflow on any branch can read",
-                                f"delete the repository secret; keep it in environment {env.name} only"))
+                gaps.append(Gap(f"{secret} is also a repository (or organization) secret, which any workflow on "
+                                f"any branch can read",
+                                f"delete that secret; keep it in environment {env.name} only"))
     gaps += _ruleset_gaps(gh, base, settings)
     gaps += _runner_gaps(gh, repository, settings)
     gaps += _package_gaps(gh, repository, settings)
@@ -229,20 +232,39 @@ def _ruleset_gaps(gh: GitHub, base: str, settings: Settings) -> list[Gap]:
 
 
 def _runner_gaps(gh: GitHub, repository: str, settings: Settings) -> list[Gap]:
-    wanted = set(settings.mi300x_labels)
-    owner = repository.split("/")[0]
-    for path in (f"/repos/{repository}/actions/runners?per_page=100", f"/orgs/{owner}/actions/runners?per_page=100"):
-        try:
-            found = gh.get(path) or {}
-        except AuthError:
-            continue  # an organization's runners need the organization's admin: the repository's were asked
-        for runner in found.get("runners") or []:
-            labels = {l.get("name") for l in runner.get("labels") or [] if isinstance(l, dict)}
-            if runner.get("status") == "online" and wanted <= labels:
-                return []
-    return [Gap(f"no online runner has the labels {', '.join(settings.mi300x_labels)}",
-                "register the MI300X host as an ephemeral self-hosted runner with those labels, in a runner group "
-                "limited to this repository and to .github/workflows/release.yml on v* tags (README, release path)")]
+    """An online runner with the MI300X labels, in an organization runner group that only this
+    repository may use, and only its release.yml on v* tags: a runner of the repository itself (or
+    of a group open to more) can be reached by any workflow anyone with push rights writes."""
+    wanted, owner = set(settings.mi300x_labels), repository.split("/")[0]
+    allowed = f"{repository}/.github/workflows/release.yml@refs/tags/{settings.tags}"
+    fix = (f"register the MI300X host as an ephemeral runner with those labels in an organization runner group "
+           f"limited to {repository} and to the workflow {allowed} (README, release path)")
+
+    def online(runners) -> bool:
+        return any(isinstance(r, dict) and r.get("status") == "online" and
+                   wanted <= {l.get("name") for l in r.get("labels") or [] if isinstance(l, dict)} for r in runners)
+
+    try:
+        groups = (gh.get(f"/orgs/{owner}/actions/runner-groups?per_page=100") or {}).get("runner_groups") or []
+    except AuthError:
+        groups = None  # not an organization the token may read: the repository's own runners are all there are
+    for group in groups or []:
+        if not isinstance(group, dict):
+            continue
+        runners = (gh.get(f"/orgs/{owner}/actions/runner-groups/{group.get('id')}/runners?per_page=100") or {})
+        if not online(runners.get("runners") or []):
+            continue
+        repos = (gh.get(f"/orgs/{owner}/actions/runner-groups/{group.get('id')}/repositories?per_page=100") or {})
+        names = {r.get("full_name") for r in repos.get("repositories") or [] if isinstance(r, dict)}
+        if group.get("visibility") == "selected" and names == {repository} and \
+                group.get("restricted_to_workflows") and group.get("selected_workflows") == [allowed]:
+            return []
+        return [Gap(f"the runner group {untrusted.safe(group.get('name'), limit=60)!r} with the MI300X runner is open "
+                    f"to more than {repository}'s release.yml on {settings.tags} tags", fix)]
+    own = (gh.get(f"/repos/{repository}/actions/runners?per_page=100") or {}).get("runners") or []
+    if online(own):
+        return [Gap("the MI300X runner is registered to the repository itself, where any workflow can reach it", fix)]
+    return [Gap(f"no online runner has the labels {', '.join(settings.mi300x_labels)}", fix)]
 
 
 def _package_gaps(gh: GitHub, repository: str, settings: Settings) -> list[Gap]:

@@ -95,9 +95,24 @@ def _names(value: list, where: str) -> tuple[str, ...]:
 
 # -- what a workflow's jobs name -----------------------------------------------------------------------
 
-EXPRESSION = re.compile(r"\$\{\{(.*?)\}\}", re.S)
-NAMED = re.compile(r"\b(secrets|vars)\s*\.\s*([A-Za-z_][A-Za-z0-9_]*)")
-CONTEXT = re.compile(r"(?<![\w.-])(secrets|vars)\b")
+NAMED = re.compile(r"\b(secrets|vars)\s*\.\s*([A-Za-z_][A-Za-z0-9_]*)", re.I)
+CONTEXT = re.compile(r"(?<![\w.-])(secrets|vars)\b", re.I)
+STRING = re.compile(r"'(?:[^']|'')*'")  # an expression's string literal ('' is a quote inside it)
+
+
+def _braced(text: str):
+    """What each `${{ ... }}` of a string holds, a `}}` inside a quoted string not ending it."""
+    at = 0
+    while (start := text.find("${{", at)) >= 0:
+        i, quoted = start + 3, False
+        while i < len(text):
+            if text[i] == "'":
+                quoted = not quoted  # '' inside a string reads as leaving and entering it again: the same
+            elif not quoted and text.startswith("}}", i):
+                break
+            i += 1
+        yield text[start + 3:i]
+        at = i + 2
 
 
 def _expressions(node, key: str | None = None):
@@ -109,7 +124,7 @@ def _expressions(node, key: str | None = None):
         for v in node:
             yield from _expressions(v)
     elif isinstance(node, str):
-        found = EXPRESSION.findall(node)
+        found = list(_braced(node))
         if key == "if" and not found:
             found = [node]
         yield from found
@@ -117,12 +132,14 @@ def _expressions(node, key: str | None = None):
 
 def references(node) -> tuple[set[tuple[str, str]], list[str]]:
     """({(secrets|vars, NAME)} a node names, [expressions that reach the contexts another way:
-    secrets[...], toJSON(vars), ...], which no check can bound)."""
+    secrets[...], toJSON(vars), ...], which no check can bound). Context and property names are
+    matched as GitHub matches them, without regard to case; string literals are not code."""
     named, dynamic = set(), []
     for expression in _expressions(node):
-        found = NAMED.findall(expression)
+        code = STRING.sub("''", expression)
+        found = [(kind.lower(), name.upper()) for kind, name in NAMED.findall(code)]
         named.update(found)
-        if len(CONTEXT.findall(expression)) > len(found):
+        if len(CONTEXT.findall(code)) > len(found):
             dynamic.append(expression.strip())
     return named, dynamic
 
@@ -146,7 +163,7 @@ def unscoped(workflow: dict, settings: Settings, name: str) -> list[str]:
             problems.append(f"{name}: job {job_id} reads its secrets or variables by an expression the check cannot "
                             f"follow: ${{{{ {expression[:80]} }}}}")
         for kind, ref in sorted(named):
-            if ref not in (secrets if kind == "secrets" else variables):
+            if ref not in {n.upper() for n in (secrets if kind == "secrets" else variables)}:
                 has = f"environment {environment}" if environment else "no environment"
                 problems.append(f"{name}: job {job_id} ({has}) reads {kind}.{ref}, which lives in "
                                 f"{settings.where(kind, ref)}: on GitHub it would be empty there")
