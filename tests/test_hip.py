@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -107,6 +108,19 @@ def test_recipe_errors(tmp_path):
     (root / "src" / "link.hip").symlink_to(secret)  # or out through a link
     recipe.write_text(original.replace("src/kernels.hip", "src/link.hip"))
     with pytest.raises(InputError, match="a link out of it"):
+        hip.load(root)
+    recipe.write_text(original.replace("    - usr/share/doc\n", "".join(f"    - x{i}\n" for i in range(300))))
+    with pytest.raises(InputError, match="at most 256 patterns"):
+        hip.load(root)
+    # a rebuilt revision's recipe is read by the broker, outside the sandbox: never through a link, nor a
+    # FIFO or a device (a link to /dev/zero would fill memory)
+    recipe.unlink()
+    recipe.symlink_to("/dev/zero")
+    with pytest.raises(InputError, match="cannot read"):
+        hip.load(root)
+    recipe.unlink()
+    os.mkfifo(recipe)
+    with pytest.raises(InputError, match="not a regular file"):
         hip.load(root)
 
 

@@ -181,3 +181,30 @@ def test_a_compile_needs_no_engine(toolchain, tmp_path):
                     env={"BAKERY_CACHE": str(tmp_path / "cache"), "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
     assert result.returncode == 0, result.stderr
     assert "toolchain's files:" in result.stderr and "kernels compiled" in result.stderr
+
+
+@pytest.mark.parametrize("case, layers, said", [
+    ("a write through a link a lower layer made", [tar(("a", "symlink", "b", 0o777), ("b", "dir", b"", 0o755)),
+                                                   tar(("a/x", "file", b"x", 0o644))], "writes under /a"),
+    ("a write into a lower file", [tar(("f", "file", b"f", 0o644)), tar(("f/x", "file", b"x", 0o644))],
+     "writes under /f"),
+    ("a whiteout under a link the layer replaces", [tar(("a", "symlink", "b", 0o777), ("b", "dir", b"", 0o755),
+                                                        ("b/x", "file", b"x", 0o644)),
+                                                    tar(("a", "dir", b"", 0o755), ("a/.wh.x", "file", b"", 0o644))],
+     "writes under /a"),
+])
+def test_what_lower_layers_make_ambiguous_is_refused_naming_the_layer(case, layers, said, registry, tmp_path):
+    """containerd follows a lower layer's link inside the root; Docker's overlay2 puts a folder over
+    it (or fails on a file): refused, the layer and the path named, nothing made."""
+    ref = push_image(registry, f"test/ambiguous-{hashlib.sha256(case.encode()).hexdigest()[:12]}", layers)
+    with pytest.raises(IntegrityError, match=rf"layer 2 of 2 \(sha256:[0-9a-f]{{64}}\) {said}"):
+        root_of(ref, tmp_path)
+    assert [p.name for p in (tmp_path / "toolchains").iterdir()] == []
+
+
+def test_an_image_env_no_process_could_be_given_is_refused():
+    assert extract.image_env({"config": {"Env": ["A=1", "PATH=/x"]}}) == {"A": "1", "PATH": "/x"}
+    assert extract.image_env({}) == {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+    for env in (["=x"], ["A"], ["A=\0"], "A=1", ["A=" + "x" * extract.ENV_LIMIT]):
+        with pytest.raises(IntegrityError, match="Env"):
+            extract.image_env({"config": {"Env": env}})
