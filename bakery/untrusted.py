@@ -37,6 +37,9 @@ _WWW = re.compile(r"(?i)\b(www)(\.)")
 WORD_JOINER = "\u2060"  # invisible, and no link, mention or reference matches across it
 
 
+_COMMAND = re.compile(r"(^|\n)([ \t]*):(?=:)")  # a line's first colon of a leading ::
+
+
 def _escape(char: str) -> str:
     code = ord(char)
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
@@ -57,6 +60,8 @@ def safe(text, sink: str = "terminal", limit: int = 300, lines: bool = False) ->
     if len(text) > limit:
         text = text[:limit] + f"... ({len(text) - limit} more characters)"
     text = "".join(_escape(c) if _unsafe(c) and not (lines and c == "\n") else c for c in text)
+    # a line that starts with :: is a command to GitHub's runner (::add-mask::, ::error::), wherever it is printed
+    text = _COMMAND.sub(lambda m: m.group(1) + m.group(2) + "\\x3a", text)
     if sink == "markdown":
         text = _MARKDOWN.sub(r"\\\1", text)
         text = _REFERENCE.sub(_break, text)

@@ -354,3 +354,20 @@ def test_a_blob_the_registry_cuts_short_reaches_the_rebuild_as_cut_short_not_as_
                 inside.fetch_blob("relay/cut", desc)
             assert time.monotonic() - started < 30
             assert inside.fetch_blob("relay/cut", desc) == data  # the fault was once: a retry gets it whole
+
+
+def test_a_redirect_is_followed_only_over_https_to_a_public_address():
+    """A hostile registry's Location: plain http, a cloud's metadata service, a LAN address or
+    loopback are refused (loopback and plain http only where the registry itself is on loopback)."""
+    from bakery.oci.transport import origin, redirect_refused
+
+    public = origin("https://ghcr.io/v2/")
+    local = origin("http://127.0.0.1:5000/v2/")
+    assert redirect_refused(public, "https://ghcr.io/v2/x/blobs/sha256:1") is None  # its own origin
+    assert redirect_refused(public, "https://8.8.8.8/blob") is None
+    for where in ("http://8.8.8.8/blob", "https://169.254.169.254/latest/meta-data/", "https://10.0.0.5/x",
+                  "https://192.168.1.1/x", "https://127.0.0.1:5000/x", "https://[::1]/x", "https://[fe80::1]/x",
+                  "https://[::ffff:169.254.169.254]/x", "https://localhost/x", "https://0.0.0.0/x"):
+        assert redirect_refused(public, where), where
+    assert redirect_refused(local, "http://127.0.0.1:5001/blob") is None  # a test registry behind a proxy
+    assert redirect_refused(local, "https://169.254.169.254/") and redirect_refused(local, "http://10.0.0.5/")

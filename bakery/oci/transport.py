@@ -121,6 +121,39 @@ def origin(url: str) -> tuple[str, str, int | None]:
         return "", "", -1
 
 
+def redirect_refused(registry: tuple[str, str, int | None], url: str) -> str | None:
+    """Why a redirect from the registry at `registry` (its origin) to `url` is not followed, or
+    None: it stays at the registry's own origin, or goes over https to a public address; plain http,
+    a link-local or private address, or loopback are followed only for a registry that is itself on
+    loopback (a hostile registry would otherwise send a rebuild's reads, or ours, to a cloud's
+    metadata service or a LAN service). A name is judged by every address it resolves to."""
+    import socket
+
+    target = origin(url)
+    if target == registry:
+        return None
+    scheme, host, port = target
+    local = is_loopback(registry[1])
+    if scheme != "https" and not (local and scheme == "http" and is_loopback(host)):
+        return f"{scheme}://{host[:80]} (only https leaves the registry's origin)"
+    try:
+        addresses = {ipaddress.ip_address(host.strip("[]"))}
+    except ValueError:
+        try:
+            addresses = {ipaddress.ip_address(a[4][0].split("%")[0]) for a in
+                         socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+        except (OSError, UnicodeError):
+            return f"{host[:80]}, which does not resolve"
+    for address in addresses:
+        mapped = getattr(address, "ipv4_mapped", None) or address
+        if mapped.is_loopback and local:
+            continue
+        if mapped.is_loopback or mapped.is_link_local or mapped.is_private or mapped.is_unspecified or \
+                mapped.is_multicast or mapped.is_reserved:
+            return f"{host[:80]} ({mapped}: loopback, link-local or private)"
+    return None
+
+
 def read_bounded(resp: Response, limit: int, what: str, error: type) -> bytes:
     """The whole body, or `error` as soon as it is known to exceed `limit` (from Content-Length, or
     while reading a body of unannounced length): a hostile server cannot make us read gigabytes."""
@@ -237,6 +270,9 @@ class Transport:
             except ValueError:
                 raise RegistryError(f"{method} {url}: {self.registry} redirected to an unreadable Location "
                                     f"{resp.headers['Location'][:100]!r}") from None
+            refused = redirect_refused(self.origin, url)
+            if refused:
+                raise RegistryError(f"{method}: {self.registry} redirected to {refused}: not followed")
             if resp.status_code == 303 or (resp.status_code in (301, 302) and method == "POST"):
                 method, body = "GET", None
         raise RegistryError(f"{method} {url}: more than {MAX_REDIRECTS} redirects from {self.registry}")
