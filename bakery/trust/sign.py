@@ -60,6 +60,9 @@ def envelope(signer: Signer, payload: bytes, payload_type: str = IN_TOTO) -> byt
                            "signatures": [{"keyid": signer.keyid, "sig": base64.b64encode(signature).decode()}]})
 
 
+SIGNATURES_LIMIT = 16
+
+
 def read_envelope(data: bytes, what: str) -> tuple[str, bytes, list]:
     """(payloadType, payload, signatures) of a DSSE envelope, none of it verified yet."""
     try:
@@ -71,6 +74,9 @@ def read_envelope(data: bytes, what: str) -> tuple[str, bytes, list]:
             raise TypeError("malformed fields")
     except (ValueError, KeyError, TypeError, AttributeError):
         raise IntegrityError(f"{what}: not a DSSE envelope") from None
+    if len(sigs) > SIGNATURES_LIMIT:  # each is tried (about a millisecond): thousands would cost hours of verify
+        raise IntegrityError(f"{what}: the envelope holds {len(sigs)} signatures, past the {SIGNATURES_LIMIT} one "
+                             f"may hold (cosign writes one): refused")
     return payload_type, payload, sigs
 
 
