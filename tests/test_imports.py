@@ -27,12 +27,14 @@ FOLDER, NAME = WORKER.rsplit("/", 1)[0], "gpu_worker"
 # run in the image: which file a FileFinder over the folder takes for the module, and whether the code
 # it runs is the source's (an extension module or a cached bytecode would be something else)
 JUDGE = f"""
-import importlib.machinery as m, marshal, sys
-finder = m.FileFinder("/{FOLDER}", *m._bootstrap_external._get_supported_file_loaders())
+import importlib._bootstrap_external as b, importlib.machinery as m
+finder = m.FileFinder("/{FOLDER}", *b._get_supported_file_loaders())
 spec = finder.find_spec("{NAME}")
 source = open("/{WORKER}", "rb").read()
 ran = spec.loader.get_code("{NAME}") if hasattr(spec.loader, "get_code") else None
-same = ran is not None and marshal.dumps(ran) == marshal.dumps(compile(source, spec.origin, "exec", dont_inherit=True))
+# code objects compare by their bytecode, constants and names, nested code included (marshal's bytes
+# would not do: they depend on reference counts)
+same = ran is not None and ran == compile(source, spec.origin, "exec", dont_inherit=True)
 print(spec.origin, type(spec.loader).__name__, same)
 """
 

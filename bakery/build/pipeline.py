@@ -187,10 +187,11 @@ def overlay_inputs(project: Path, base: OpenBase) -> tuple[list, list, list]:
     present = [p for pattern in overlays_mod.shadow_patterns(targets) for p in base.fs.glob(pattern)]
     for folder, found in base.fs.read(overlays_mod.package_shadows(targets)).items():
         # a package (a folder with an __init__, or a link, which might lead to one) comes before NAME.py;
-        # a folder without one is a namespace portion, which does not
-        if found is not None and (found.kind == "symlink" or
-                                  (found.kind == "dir" and base.fs.glob(glob.escape(folder) + "/__init__.*"))):
-            raise IntegrityError(f"the base holds /{untrusted.safe(folder)} ({found.kind}) beside the overlaid "
+        # a folder without one is a namespace portion, which does not. A layer may give the __init__
+        # without an entry for its folder (the engines make it): the __init__ alone decides
+        kind = found.kind if found is not None else "dir"
+        if kind == "symlink" or base.fs.glob(glob.escape(folder) + "/__init__.*"):
+            raise IntegrityError(f"the base holds /{untrusted.safe(folder)} ({kind}) beside the overlaid "
                                  f"/{untrusted.safe(folder)}.py: Python would import that package, and the overlay "
                                  f"would never run; the base is refused")
     return overlays, applied, overlays_mod.stale_bytecode(targets, present)

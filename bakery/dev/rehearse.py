@@ -370,6 +370,10 @@ def run_act(repo: Path, workflow: Path, event: str, payload: dict, work: Path, h
     (work / "artifacts").mkdir(exist_ok=True)
     machine = work / "runner"
     opened = runner.prepare(machine, work.parent, (home / ".gitconfig").read_text())
+    # the runner's /tmp is its own disk's: a project checked out under /tmp (as CI's is) would hide
+    # its venv's act from the namespace, so act runs from a copy inside the folder bound back
+    shutil.copy2(argv[0], machine / "act")
+    argv[0] = str(machine / "act")
     runner.hand_over([work / "artifacts", work / "secrets.env", *[p for p in (work / "origin.git",) if p.exists()]])
     logfile = work / f"act-{workflow.stem}.jsonl"
     log(f"act {event} {workflow.name} as {runner.USER} on a hosted runner's model (log: {logfile})")
