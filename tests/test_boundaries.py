@@ -57,6 +57,24 @@ def test_bad_metadata_is_one_line_and_nothing_is_pushed(name, metadata, said, pr
     assert not (project / "out" / "build-record.json").exists()
 
 
+def test_a_dist_info_folder_with_a_terminal_escape_in_its_name_is_refused(project, registry, fixture_base,
+                                                                          fixture_lock, tmp_path):
+    """Its METADATA is well formed; only the folder's name is hostile, and the record and SBOM would
+    carry that path as the distribution's metadata."""
+    bad = docker_base(registry, "metadata-path", fixture_base,
+                      [f"d={DIST}/$(printf 'e\\033]0;owned\\007vil-1.0.dist-info') && mkdir -p \"$d\" && "
+                       f"printf 'Metadata-Version: 2.1\\nName: evil\\nVersion: 1.0\\n' > \"$d/METADATA\""], tmp_path)
+    lock = json.loads(fixture_lock)
+    lock["base"] = str(bad)
+    (project / "overlays" / "overlays.lock").write_text(json.dumps(lock))
+    repo = f"boundaries/metadata-path-{uuid.uuid4().hex[:12]}"
+    done = invoke(project, "build", "--base", str(bad), "--push", f"{registry}/{repo}:candidate")
+    line = one_clear_line(done)
+    assert "e\\x1b]0;owned\\x07vil-1.0.dist-info/METADATA is no dist-info folder" in line and "refused" in line, line
+    assert "\x1b" not in done.stderr and "\x07" not in done.stderr
+    assert tags(registry, repo) == []
+
+
 def test_the_same_base_without_the_odd_distribution_builds_and_pushes(project, registry, fixture_base, fixture_lock,
                                                                       tmp_path):
     """The control: a well-formed extra distribution is named in the record, and the tag is there."""
@@ -299,3 +317,17 @@ def test_a_base_manifest_with_too_many_layers_is_refused_before_any_is_read(regi
     digest = reg.put_manifest(repo, "many-layers", json.dumps(manifest).encode(), honest.manifest_media_type)
     with pytest.raises(IntegrityError, match="lists 1001 layers, past the 1000"):
         base_mod.resolve(reg, Reference(registry, repo, None, digest), "linux/amd64")
+
+
+def test_rebase_s_table_shows_a_base_s_file_names_inert():
+    """`invoke rebase` names where a moved target's namesakes lie in the new base: the base chose
+    those names."""
+    from types import SimpleNamespace
+
+    from bakery.cli import render
+
+    row = SimpleNamespace(overlay=SimpleNamespace(id="cpu-kv-transfer-fence", baked=True), status="target moved",
+                          detail="a file of its name is at /x/\x1b[2Kgpu_worker.py\n::error::forged")
+    table = render.rebased(SimpleNamespace(rows=[row]))
+    assert "\x1b" not in table and "\\x1b[2Kgpu_worker.py\\x0a::error::forged" in table
+    assert len(table.splitlines()) == 2  # the header and the row: no line of the base's

@@ -445,3 +445,23 @@ def test_a_token_no_header_can_carry_is_refused_in_one_line(token):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_warning_about_a_plain_token_service_shows_its_realm_inert(monkeypatch, capsys):
+    """The registry names the realm in its WWW-Authenticate; the warning that credentials are withheld
+    from it quotes it. No request is sent: the transport's send fails at once."""
+    from bakery.oci import transport
+    from bakery.oci.http import ConnectionFailed
+
+    monkeypatch.setenv("BAKERY_INSECURE_REGISTRIES", "registry.internal:5000")
+    t = transport.Transport("registry.internal:5000", Credentials("bob", "hunter2"))
+
+    def refuse(*args, **kwargs):
+        raise ConnectionFailed("not sent")
+
+    monkeypatch.setattr(t, "_send_once", refuse)
+    monkeypatch.setattr(transport.time, "sleep", lambda s: None)
+    with pytest.raises(Exception):
+        t._fetch_token({"realm": "http://registry.internal:5000/t\x1b]0;owned\x07\n::error::forged"}, ())
+    err = capsys.readouterr().err
+    assert "credentials withheld" in err and "\x1b" not in err and "\\x1b]0;owned\\x07\\x0a::error::forged" in err

@@ -234,6 +234,18 @@ def test_a_tag_that_is_no_nightly_of_ours_is_skipped_not_fatal(pinned_project, n
     assert again.returncode == 0 and "(unchanged)" in again.stdout, again.stderr
 
 
+def test_an_upstream_platform_reaches_the_log_inert(pinned_project, nightlies):
+    """An image whose config names an architecture with a terminal escape and a line that GitHub's
+    runner would take as a command: the line that skips it shows both escaped."""
+    n = nightlies
+    put_tag(n["registry"], n["upstream"].with_digest(n["b"]), n["upstream"].with_tag("nightly-odd"),
+            architecture="arm64\x1b]0;owned\x07\n::add-mask::secret")
+    done = run_track(pinned_project, n, "--no-bump")
+    assert done.returncode == 0, done.stderr
+    assert "nightly-odd: not kept (an image for linux/arm64\\x1b]0;owned\\x07\\x0a::add-mask::secret" in done.stderr
+    assert "\x1b" not in done.stderr and not any(l.lstrip().startswith("::") for l in done.stderr.splitlines())
+
+
 def test_bump_never_retires_an_overlay_on_the_base_s_own_word(pinned_project, nightlies, fixture_base, tmp_path):
     """The next nightly's own code proves the Gumbel fix: a person may retire the overlay with
     `invoke rebase`, but an unattended bump must not (a base's code runs inside its own proof and

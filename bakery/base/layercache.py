@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from .. import untrusted
 from ..errors import EnvironmentProblem
 from ..files import atomic_write
 from ..oci.refs import Descriptor, Digest
@@ -120,7 +121,7 @@ class LayerCache:
 
     @staticmethod
     def _drop(path: Path, what: str) -> None:
-        print(f"warning: dropped a corrupt cache entry, {what}; fetching it again", file=sys.stderr)
+        print(f"warning: dropped a corrupt cache entry, {untrusted.safe(what)}; fetching it again", file=sys.stderr)
         path.unlink(missing_ok=True)
 
 

@@ -256,6 +256,9 @@ def verdict_records(verdicts: list, remote) -> tuple[tuple[Verdict, ...], list]:
 
 
 DIST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,198}[A-Za-z0-9])?")  # PEP 508's, capped
+# where DIST_INFO's * may lead: a plain name per folder (a vendored dist-info lies deeper, setuptools/_vendor/)
+DIST_INFO_PATH = re.compile(r"usr/local/lib/python3\.[0-9]{1,3}/dist-packages/(?:[A-Za-z0-9_][A-Za-z0-9._+-]{0,250}/){0,16}"
+                            r"[A-Za-z0-9][A-Za-z0-9._+-]{0,250}\.dist-info/METADATA")
 DIST_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+!_-]{0,127}")  # PEP 440's characters and legacy ones
 METADATA_LIMIT = 4 << 20  # a METADATA file is kilobytes: its headers are all we parse
 
@@ -267,6 +270,10 @@ def python_distributions(fs: BaseFilesystem) -> list[Distribution]:
     found = fs.read(fs.glob(DIST_INFO))
     dists = []
     for path, f in sorted(found.items()):
+        if not DIST_INFO_PATH.fullmatch(path):  # the glob's * takes any character, and the path is signed
+            raise IntegrityError(f"the base's /{untrusted.safe(path)} is no dist-info folder's METADATA an installer "
+                                 f"writes (folders named with letters, digits and ._+-): the base is refused (its SBOM "
+                                 f"would name that path)")
         if f and f.data:
             if len(f.data) > METADATA_LIMIT:
                 raise IntegrityError(f"the base's /{untrusted.safe(path)} is {len(f.data)} bytes, past "

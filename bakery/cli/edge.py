@@ -14,6 +14,14 @@ from pathlib import Path
 from invoke import Exit
 
 
+def say(message: str) -> None:
+    """A task's log line, on stderr. Log lines quote what a registry, a base or an upstream chose
+    (a file name, a platform, an error's text): each is shown inert here, where they all pass."""
+    from ..untrusted import safe
+
+    print(safe(message, limit=1_000_000, lines=True), file=sys.stderr, flush=True)
+
+
 def reports_errors_for(project: Path):
     """The decorator for the tasks of the checkout at project."""
 
@@ -53,7 +61,9 @@ def reports_errors_for(project: Path):
                 if os.environ.get("BAKERY_DEBUG"):  # BAKERY_DEBUG=1 shows the traceback
                     raise
                 where = traceback.extract_tb(e.__traceback__)[-1]
-                raise Exit(f"error: internal error {type(e).__name__}: {str(e)[:300]} (at {Path(where.filename).name}:"
+                from ..untrusted import safe
+
+                raise Exit(f"error: internal error {type(e).__name__}: {safe(e)} (at {Path(where.filename).name}:"
                            f"{where.lineno}); please report it with the command you ran, or rerun with BAKERY_DEBUG=1",
                            code=1) from None
             finally:

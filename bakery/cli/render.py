@@ -31,14 +31,14 @@ def proven(p) -> str:
         seconds = r.stock.seconds + (r.overlaid.seconds if r.overlaid else 0)
         detail = r.overlay.proof.hardware if script is None else (r.overlaid.reason if r.overlaid else r.stock.reason)
         out.append(f"{r.overlay.id:<{width}}  {r.stock.verdict:<13} {over:<13} {check:<{checks}} {seconds:>7.1f}  "
-                   f"{detail}")
+                   f"{safe(detail)}")
     return lines(out)
 
 
 def rebased(r) -> str:
     width = max(len(row.overlay.id) for row in r.rows)
     out = [f"{'overlay':<{width}}  {'status':<34} {'required':<8}  detail"]
-    out += [f"{row.overlay.id:<{width}}  {row.status:<34} {'yes' if row.overlay.baked else 'no':<8}  {row.detail}"
+    out += [f"{row.overlay.id:<{width}}  {row.status:<34} {'yes' if row.overlay.baked else 'no':<8}  {safe(row.detail)}"
             for row in r.rows]
     return lines(out)
 

@@ -14,6 +14,7 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import untrusted
 from ..errors import AuthError, InputError, IntegrityError, NotFound, RegistryError, TransientError
 from .http import ConnectionFailed, Connections, Response
 
@@ -323,7 +324,7 @@ class Transport:
         auth = (self.credentials.username, self.credentials.password) \
             if self.credentials and realm_may_receive_credentials(params["realm"]) else None
         if self.credentials and auth is None:
-            print(f"warning: {self.registry}'s token service {params['realm']} is not https: asking it "
+            print(f"warning: {self.registry}'s token service {untrusted.safe(params['realm'])} is not https: asking it "
                   f"anonymously, credentials withheld", file=sys.stderr)
         for attempt in range(ATTEMPTS):
             try:  # no redirects: a token service that moves elsewhere would take the credentials along

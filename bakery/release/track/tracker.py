@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from ... import untrusted
 from ...base import spec as base_mod
 from ...errors import InputError, IntegrityError, NotFound, RegistryError
 from ...oci.refs import Digest, Reference
@@ -48,7 +49,7 @@ def resolve_tags(registry: Registry, upstream: Reference, pattern: str, platform
             if not isinstance(created, str) or parse_time(created, "its config's created") > now + FUTURE:
                 raise InputError(f"its config's created {str(created)[:40]!r} is missing or in the future")
         except InputError as e:
-            log(f"  {tag}: not kept ({e})")
+            log(f"  {tag}: not kept ({untrusted.safe(e)})")  # the registry chose its platform and text
             continue
         seen.append(Seen(tag, image))
     return tags, seen
