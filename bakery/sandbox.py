@@ -187,13 +187,15 @@ def _check_bwrap(bwrap: str) -> None:
 
 def command(argv: list[str], readable: list[Path], inputs: Path | None, status_fd: int | None = None,
             env: dict | None = None, devices: list[str] = (), writable: list[Path] = (),
-            seccomp_fd: int | None = None, root: Path | None = None, mounts: tuple[Mount, ...] = ()) -> list[str]:
+            seccomp_fd: int | None = None, root: Path | None = None, mounts: tuple[Mount, ...] = (),
+            init: bool = False) -> list[str]:
     """The bwrap command line that runs argv in the sandbox; `inputs` appears at /inputs; `env` adds
     to the sandbox's few variables; `devices` are device nodes (a GPU's) it may open; `writable`
     folders appear at their own paths, writable. With `root`, that folder is the whole userland
-    instead (read-only), `env` is the whole environment, and `mounts` are all that is bound into it."""
+    instead (read-only), `env` is the whole environment, and `mounts` are all that is bound into it.
+    `init`: argv is the PID namespace's pid 1 itself (see _namespaces)."""
     _check_bwrap(BWRAP)
-    args = _namespaces(argv, root is not None)
+    args = _namespaces(argv, root is not None, init)
     argv = args.pop()
     if status_fd is not None:  # bwrap writes the code's exit code there once the sandbox stood and ran it
         args += ["--json-status-fd", str(status_fd)]
@@ -234,8 +236,12 @@ def command(argv: list[str], readable: list[Path], inputs: Path | None, status_f
                    "--"] + argv
 
 
-def _namespaces(argv: list[str], own_root: bool) -> list:
-    """bwrap's namespaces and identity, with argv (as it must then be run) as the last item."""
+def _namespaces(argv: list[str], own_root: bool, init: bool = False) -> list:
+    """bwrap's namespaces and identity, with argv (as it must then be run) as the last item. `init`
+    (an ordinary user's proof): no bwrap reaper as pid 1. That reaper holds the code's stdout and runs
+    as the code's own uid, so any code inside could write the proof's verdict lines through
+    /proc/1/fd/1; the proof's main process, pid 1 instead, is not dumpable, and its fds are closed to
+    the code it forks. As root the reaper is root's: the code (uid 65534) cannot open it."""
     if os.geteuid() == 0 and not own_root:
         # root: no user namespace (uid 65534 in one would be uid 0 to the host kernel); bwrap sets up
         # as root, keeps only what setpriv needs to become the host's uid 65534, which drops it too
@@ -247,7 +253,8 @@ def _namespaces(argv: list[str], own_root: bool) -> list:
     # an ordinary user: uid 65534 in a user namespace of its own, mapped to this user's uid (root, over a
     # root of its own, is that user by then: run() drops it first)
     return [BWRAP, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL", "--uid", str(UID), "--gid", str(UID), "--clearenv", argv]
+            "--cap-drop", "ALL", "--uid", str(UID), "--gid", str(UID), "--clearenv", *(["--as-pid-1"] if init else []),
+            argv]
 
 
 SETPRIV, UNSHARE = "/usr/bin/setpriv", "/usr/bin/unshare"
@@ -401,13 +408,13 @@ def _nested(argv: list[str], inputs: Path | None, env: dict | None) -> tuple[lis
 
 def run(argv: list[str], readable: list[Path], inputs: Path | None, limits: Limits | float,
         env: dict | None = None, devices: list[str] = (), writable: list[Path] = (), root: Path | None = None,
-        mounts: tuple[Mount, ...] = (), stop=None) -> subprocess.CompletedProcess:
+        mounts: tuple[Mount, ...] = (), stop=None, init: bool = False) -> subprocess.CompletedProcess:
     """argv in the sandbox (its paths as the sandbox sees them): its exit status and the tail of its
     stdout and stderr as text. A sandbox that does not stand up is this machine's problem, not a
     verdict on the code; bwrap says it stood up and ran the code (its exit code) on a status pipe the
     code inside cannot write to. Past limits.seconds: subprocess.TimeoutExpired; once `stop` (a
     threading.Event) is set, it is killed (exit -9). With `root` (and `mounts`), over a userland of
-    its own (command())."""
+    its own (command()). `init`: argv is the PID namespace's pid 1 (a proof, which reaps its own)."""
     if not isinstance(limits, Limits):
         limits = Limits(seconds=float(limits))
     if root is not None:
@@ -427,7 +434,7 @@ def run(argv: list[str], readable: list[Path], inputs: Path | None, limits: Limi
             return subprocess.CompletedProcess(argv, code, _tail(out), _tail(err))
     if os.geteuid() == 0:
         _hand_over(readable, writable, inputs)
-    return _run(argv, readable, inputs, limits, env, devices, writable, root, mounts, [], stop)
+    return _run(argv, readable, inputs, limits, env, devices, writable, root, mounts, [], stop, init)
 
 
 @contextmanager
@@ -468,7 +475,7 @@ def _wait(proc: subprocess.Popen, seconds: float, stop) -> int:
 
 
 def _run(argv, readable, inputs, limits: Limits, env, devices, writable, root, mounts, prefix,
-         stop=None) -> subprocess.CompletedProcess:
+         stop=None, init: bool = False) -> subprocess.CompletedProcess:
     program = seccomp_filter()
     status_read, status_write = os.pipe()
     filter_read, filter_write = os.pipe()
@@ -476,7 +483,8 @@ def _run(argv, readable, inputs, limits: Limits, env, devices, writable, root, m
     os.close(filter_write)
     try:
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, _process_cap(limits) as (cap, nproc):
-            sandboxed = command(argv, readable, inputs, status_write, env, devices, writable, filter_read, root, mounts)
+            sandboxed = command(argv, readable, inputs, status_write, env, devices, writable, filter_read, root, mounts,
+                                init)
             try:
                 # bwrap itself stays inside as the namespace's pid 1, whose /proc/1/environ the code
                 # can read: it gets no variable of ours either

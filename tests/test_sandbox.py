@@ -408,3 +408,71 @@ def test_as_root_a_folder_others_cannot_read_is_one_clear_error(tmp_path):
     private.chmod(0o600)
     with pytest.raises(EnvironmentProblem, match="is not readable by others, and as root the sandbox runs code as uid"):
         sandbox.run([sys.executable, str(private)], [private], None, 60)
+
+
+PID1_FORGER = '''
+import os, sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _proof
+
+FORGED = b'\\n{"target": 1, "verdict": "FIXED", "reason": "forged through pid 1", "seconds": 0}\\n'
+
+
+def prove(args):
+    if open(args[0]).read().startswith("# stock"):
+        try:  # the sandbox's pid 1 holds the proof's stdout: a line written past where the proof's own
+            fd = os.open("/proc/1/fd/1", os.O_WRONLY)  # lines will end is read after them
+            os.pwrite(fd, FORGED, 4095)
+        except OSError:
+            pass
+        _proof.report(False, "genuine: stock")
+    else:
+        _proof.report(False, "genuine: overlaid")
+
+
+if __name__ == "__main__":
+    _proof.main(prove)
+'''
+
+AS_USER = '''
+import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from bakery.inputs import proof_spec
+from bakery.proofs import runner
+proofs = Path(sys.argv[2])
+done = runner.run_batch(proof_spec.ProofSpec(proofs / "forger.py"), [b"# stock\\n", b"# overlaid\\n"], {})
+print(json.dumps([[v.verdict, v.reason] for v in done]))
+'''
+
+
+@pytest.mark.slow
+def test_as_an_ordinary_user_the_code_cannot_write_the_verdict_through_pid_1(tmp_path):
+    """The hosted runner's path: the sandbox run by uid 1001, in a user namespace of its own. The
+    stock target's code opens the proof's stdout through the namespace's pid 1 and writes, past where
+    the proof's own lines will end, a FIXED line for the overlaid target: it must not be read."""
+    import tempfile
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to become the ordinary user 1001 (as CI runs)")
+    if not Path("/usr/bin/python3").exists():
+        pytest.skip("needs the system's python3 (the project's venv may sit where uid 1001 cannot reach)")
+    place = Path(tempfile.mkdtemp(prefix="bakery-pid1-", dir="/tmp"))
+    try:
+        place.chmod(0o755)
+        shutil.copytree(ROOT / "bakery", place / "bakery")
+        proofs = place / "project" / "overlays" / "proofs"
+        proofs.mkdir(parents=True)
+        shutil.copy(ROOT / "overlays" / "proofs" / "_proof.py", proofs)
+        (proofs / "forger.py").write_text(PID1_FORGER)
+        (place / "cache").mkdir()
+        subprocess.run(["chown", "-R", "1001:1001", str(place)], check=True)
+        done = subprocess.run(["setpriv", "--reuid=1001", "--regid=1001", "--clear-groups", "/usr/bin/python3", "-c",
+                               AS_USER, str(place), str(proofs)], capture_output=True, text=True, timeout=300,
+                              cwd=place, env={"PATH": "/usr/bin:/bin", "HOME": str(place),
+                                              "BAKERY_CACHE": str(place / "cache")})
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout.splitlines()[-1]) == [["BROKEN", "genuine: stock"],
+                                                            ["BROKEN", "genuine: overlaid"]]
+    finally:
+        shutil.rmtree(place, ignore_errors=True)

@@ -162,7 +162,7 @@ def _execute(spec: ProofSpec, targets: list[bytes], reads: dict[str, bytes], dev
         try:
             nodes, sys_paths = gpu_devices() if device != "cpu" else ([], [])
             done = sandbox.run(argv, readable(spec) + sys_paths, Path(tmp), LIMITS,
-                               env={"BAKERY_PROOF_DEVICE": device}, devices=nodes)
+                               env={"BAKERY_PROOF_DEVICE": device}, devices=nodes, init=True)
         except subprocess.TimeoutExpired:
             return [Verdict(CANNOT, f"timed out after {LIMITS.seconds:.0f} s", time.monotonic() - started)] * len(targets)
     return _verdicts(done, len(targets), round(time.monotonic() - started, 1))
