@@ -486,8 +486,8 @@ def _run(argv, readable, inputs, limits: Limits, env, devices, writable, root, m
             sandboxed = command(argv, readable, inputs, status_write, env, devices, writable, filter_read, root, mounts,
                                 init)
             try:
-                # bwrap itself stays inside as the namespace's pid 1, whose /proc/1/environ the code
-                # can read: it gets no variable of ours either
+                # bwrap itself stays inside as the namespace's pid 1 (but for a proof), whose
+                # /proc/1/environ the code can read: it gets no variable of ours either
                 proc = subprocess.Popen(cap + _prlimit(limits, nproc) + prefix + sandboxed, stdout=out, stderr=err,
                                         stdin=subprocess.DEVNULL, env={"PATH": ENV["PATH"]},
                                         pass_fds=(status_write, filter_read))

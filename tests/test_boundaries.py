@@ -36,6 +36,13 @@ def tags(registry: str, repository: str) -> list[str]:
     return [] if resp.status_code == 404 else (resp.json().get("tags") or [])
 
 
+def lock_to(project: Path, fixture_lock: str, base: Reference) -> None:
+    """The fixture's lock re-pointed at a changed base (its overlaid files are untouched)."""
+    lock = json.loads(fixture_lock)
+    lock["base"] = str(base)
+    (project / "overlays" / "overlays.lock").write_text(json.dumps(lock))
+
+
 @pytest.mark.parametrize("name, metadata, said", [
     ("no-name", r"Metadata-Version: 2.1\nVersion: 1.0\n", "has Name: none"),
     ("non-ascii", r"Metadata-Version: 2.1\nName: \303\251vil\nVersion: 1.0\n", "has Name: "),
@@ -47,9 +54,7 @@ def test_bad_metadata_is_one_line_and_nothing_is_pushed(name, metadata, said, pr
     bad = docker_base(registry, f"metadata-{name}", fixture_base,
                       [f"mkdir -p {DIST}/evil-1.0.dist-info && printf '{metadata}' > {DIST}/evil-1.0.dist-info/METADATA"],
                       tmp_path)
-    lock = json.loads(fixture_lock)
-    lock["base"] = str(bad)
-    (project / "overlays" / "overlays.lock").write_text(json.dumps(lock))
+    lock_to(project, fixture_lock, bad)
     repo = f"boundaries/metadata-{name}-{uuid.uuid4().hex[:12]}"
     line = one_clear_line(invoke(project, "build", "--base", str(bad), "--push", f"{registry}/{repo}:candidate"))
     assert f"evil-1.0.dist-info/METADATA {said}" in line and "refused" in line, line
@@ -64,9 +69,7 @@ def test_a_dist_info_folder_with_a_terminal_escape_in_its_name_is_refused(projec
     bad = docker_base(registry, "metadata-path", fixture_base,
                       [f"d={DIST}/$(printf 'e\\033]0;owned\\007vil-1.0.dist-info') && mkdir -p \"$d\" && "
                        f"printf 'Metadata-Version: 2.1\\nName: evil\\nVersion: 1.0\\n' > \"$d/METADATA\""], tmp_path)
-    lock = json.loads(fixture_lock)
-    lock["base"] = str(bad)
-    (project / "overlays" / "overlays.lock").write_text(json.dumps(lock))
+    lock_to(project, fixture_lock, bad)
     repo = f"boundaries/metadata-path-{uuid.uuid4().hex[:12]}"
     done = invoke(project, "build", "--base", str(bad), "--push", f"{registry}/{repo}:candidate")
     line = one_clear_line(done)
@@ -81,9 +84,7 @@ def test_the_same_base_without_the_odd_distribution_builds_and_pushes(project, r
     good = docker_base(registry, "metadata-good", fixture_base,
                        [f"mkdir -p {DIST}/fine-1.0.dist-info && printf 'Metadata-Version: 2.1\\nName: fine\\n"
                         f"Version: 1.0\\n' > {DIST}/fine-1.0.dist-info/METADATA"], tmp_path)
-    lock = json.loads(fixture_lock)
-    lock["base"] = str(good)
-    (project / "overlays" / "overlays.lock").write_text(json.dumps(lock))
+    lock_to(project, fixture_lock, good)
     done = invoke(project, "build", "--base", str(good), "--push", f"{registry}/boundaries/metadata-good:candidate")
     assert done.returncode == 0, done.stderr
     assert "candidate" in tags(registry, "boundaries/metadata-good")
