@@ -92,40 +92,116 @@ def push_image(registry: str, repo: str, layers: list[bytes], config: dict | Non
 def docker_export(ref) -> dict[str, tuple]:
     """What Docker's container of `ref` holds, as `docker export` writes it: {path: (kind, sha256 or
     link target, executable)} for folders, regular files and links (hard links as the files they
-    are: an export writes each name's bytes or a link to an earlier name)."""
-    import hashlib
-    import tarfile
-
+    are), without what the engine makes in every container."""
     docker("pull", "-q", str(ref))
     made = docker("create", str(ref), "/bin/true").stdout.strip()
     try:
         proc = subprocess.Popen(["docker", "export", made], stdout=subprocess.PIPE)
-        found, data_of = {}, {}
-        with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
-            for m in tar:
-                path = m.name.strip("/")
-                if path.startswith("./"):
-                    path = path[2:]
-                if not path or path.split("/")[0] in ("dev", "proc", "sys", "etc/hostname"):
-                    continue
-                if m.isdir():
-                    found[path] = ("dir", None, True)
-                elif m.issym():
-                    found[path] = ("symlink", m.linkname, False)
-                elif m.isfile():
-                    digest = hashlib.sha256(tar.extractfile(m).read()).hexdigest()
-                    data_of[path] = digest
-                    found[path] = ("file", digest, bool(m.mode & 0o111))
-                elif m.islnk():
-                    target = m.linkname.strip("/")
-                    found[path] = ("file", data_of.get(target), found.get(target, (0, 0, False))[2])
+        found = tar_view(proc.stdout)
         proc.wait()
     finally:
         docker("rm", made)
-    # the engine's own: /etc/hostname, hosts and resolv.conf are mount points it makes in every container
+    # the engine's own: mount points it makes in every container
     for own in ("etc/hostname", "etc/hosts", "etc/resolv.conf", ".dockerenv"):
         found.pop(own, None)
+    return {p: v for p, v in found.items() if p.split("/")[0] not in ("dev", "proc", "sys")}
+
+
+CONTAINERD_SOCKETS = ("/run/containerd/containerd.sock", "/run/docker/containerd/containerd.sock")
+
+
+def containerd_view(ref) -> dict[str, tuple]:
+    """What containerd's own unpack of `ref` holds: `ctr` pulls it into a namespace of its own
+    (the system's containerd, else the one dockerd starts) with containerd's applier and overlayfs
+    snapshotter, then mounts the image's root read-only, the view a container of it starts from."""
+    import tempfile
+
+    socket = next((s for s in CONTAINERD_SOCKETS if Path(s).is_socket()), None)
+    assert socket, f"no containerd socket at {' or '.join(CONTAINERD_SOCKETS)}"
+    ctr = ["ctr", "--address", socket, "--namespace", "bakery-test"]
+    subprocess.run([*ctr, "images", "pull", "--plain-http", "--platform", "linux/amd64", str(ref)],
+                   check=True, capture_output=True, timeout=600)
+    target = Path(tempfile.mkdtemp(prefix="bakery-ctr-"))
+    subprocess.run([*ctr, "images", "mount", "--plain-http", str(ref), str(target)],
+                   check=True, capture_output=True, timeout=600)
+    try:
+        return tree_of(target)
+    finally:
+        subprocess.run([*ctr, "images", "unmount", "--rm", str(target)], check=True, capture_output=True, timeout=120)
+        target.rmdir()
+
+
+def tar_view(stream) -> dict[str, tuple]:
+    """A root filesystem written as a tar stream, in the view tree_of gives (hard links as the files
+    they are: a tar writes each name's bytes once, then links to that earlier name)."""
+    import hashlib
+    import tarfile
+
+    found, data_of = {}, {}
+    with tarfile.open(fileobj=stream, mode="r|") as tar:
+        for m in tar:
+            path = m.name.strip("/")
+            if path.startswith("./"):
+                path = path[2:]
+            if not path or path == ".":
+                continue
+            if m.isdir():
+                found[path] = ("dir", None, True)
+            elif m.issym():
+                found[path] = ("symlink", m.linkname, False)
+            elif m.isfile():
+                digest = hashlib.sha256(tar.extractfile(m).read()).hexdigest()
+                data_of[path] = digest
+                found[path] = ("file", digest, bool(m.mode & 0o111))
+            elif m.islnk():
+                target = m.linkname.strip("/").removeprefix("./")
+                found[path] = ("file", data_of.get(target), found.get(target, (0, 0, False))[2])
     return found
+
+
+# the podman node: a debootstrapped Debian 13 minbase with podman 5, imported into Docker (Debian
+# 12's podman is built without sigstore verification); podman runs in it on the vfs driver
+NODE_SPEC = {"suite": "trixie", "debian_mirror": "http://deb.debian.org/debian",
+             "include": ["podman", "ca-certificates", "fuse-overlayfs", "uidmap", "iptables"]}
+PODMAN = "podman --storage-driver vfs --cgroup-manager cgroupfs --events-backend file"
+NODE_FLAGS = ("--network", "host", "--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN", "--security-opt",
+              "seccomp=unconfined", "--security-opt", "apparmor=unconfined", "-e", "PODMAN_IGNORE_CGROUPSV1_WARNING=1")
+
+
+def podman_node() -> str:
+    """The node's image tag in Docker, imported from its (cached) rootfs tar when not there yet."""
+    from bakery.dev import fixture as fixture_mod
+
+    tar = fixture_mod.rootfs_tar(NODE_SPEC, log=lambda m: None)
+    tag = f"bakery-test-node:{tar.stem.rsplit('-', 1)[-1]}"
+    if docker("image", "inspect", tag, check=False).returncode != 0:
+        docker("import", str(tar), tag)
+    return tag
+
+
+def podman_views(registry: str, refs: dict, where: Path) -> dict[str, dict[str, tuple] | None]:
+    """What podman (containers/storage) unpacks of each ref, {name: view, or None where podman
+    refuses the image}: one node pulls them all from the plain-HTTP registry and writes each
+    image's root, as its storage holds it, as a tar."""
+    conf = where / "registries.conf"
+    conf.write_text(f'[[registry]]\nlocation = "{registry}"\ninsecure = true\n')
+    out = where / "roots"
+    out.mkdir()
+    names = dict(enumerate(refs))
+    script = "".join(
+        f"{PODMAN} pull -q {refs[name]} >/dev/null 2>&1 && m=$({PODMAN} image mount {refs[name]}) && "
+        f"tar -C \"$m\" --numeric-owner -cf /roots/{n}.part . && mv /roots/{n}.part /roots/{n}.tar; "
+        for n, name in names.items())
+    docker("run", "--rm", *NODE_FLAGS, "-v", f"{conf}:/etc/containers/registries.conf.d/50-test.conf:ro",
+           "-v", f"{out}:/roots", podman_node(), "sh", "-c", script + "true")
+    views = {}
+    for n, name in names.items():
+        if not (out / f"{n}.tar").exists():
+            views[name] = None
+            continue
+        with open(out / f"{n}.tar", "rb") as stream:
+            views[name] = tar_view(stream)
+    return views
 
 
 def tree_of(root: Path) -> dict[str, tuple]:
@@ -138,7 +214,10 @@ def tree_of(root: Path) -> dict[str, tuple]:
         for name in dirs + names:
             full = Path(folder) / name
             path = full.relative_to(root).as_posix()
-            info = full.lstat()
+            try:
+                info = full.lstat()
+            except FileNotFoundError:  # an overlay mount lists a whiteout in a folder only its upper has
+                continue
             if stat.S_ISDIR(info.st_mode):
                 found[path] = ("dir", None, True)
             elif stat.S_ISLNK(info.st_mode):

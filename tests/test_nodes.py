@@ -16,23 +16,14 @@ from pathlib import Path
 import pytest
 import requests
 
-from bakery.dev import fixture as fixture_mod
-
-from support import ROOT, docker, invoke, last_line
+from support import NODE_FLAGS, PODMAN, ROOT, invoke, last_line, podman_node
 from test_attest import PASSWORD
 
-NODE_SPEC = {"suite": "trixie", "debian_mirror": "http://deb.debian.org/debian",
-             "include": ["podman", "ca-certificates", "fuse-overlayfs", "uidmap", "iptables"]}
-PODMAN = "podman --storage-driver vfs --cgroup-manager cgroupfs --events-backend file"
 
 
 @pytest.fixture(scope="module")
 def node_image() -> str:
-    tar = fixture_mod.rootfs_tar(NODE_SPEC, log=lambda m: None)
-    tag = f"bakery-test-node:{tar.stem.rsplit('-', 1)[-1]}"
-    if docker("image", "inspect", tag, check=False).returncode != 0:
-        docker("import", str(tar), tag)
-    return tag
+    return podman_node()
 
 
 @pytest.fixture(scope="module")
@@ -121,9 +112,7 @@ def pulls(registry, fixture_base, fixture_lock, keys, node_image, tmp_path_facto
                f"--entrypoint /usr/local/bin/bakery-selfcheck {signed} 2>&1; echo \"=== rc $?\"")
     mounts = [f"{etc / name}:/etc/containers/{name}:ro" for name in
               ("policy.json", "registries.d/bakery.yaml", "bakery-keys", "registries.conf.d/50-test-registry.conf")]
-    run = subprocess.run(["docker", "run", "--rm", "--network", "host", "--cap-add", "SYS_ADMIN", "--cap-add",
-                          "NET_ADMIN", "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
-                          "-e", "PODMAN_IGNORE_CGROUPSV1_WARNING=1", *[a for m in mounts for a in ("-v", m)],
+    run = subprocess.run(["docker", "run", "--rm", *NODE_FLAGS, *[a for m in mounts for a in ("-v", m)],
                           node_image, "sh", "-c", script], capture_output=True, text=True, timeout=900)
     results, name, lines = {}, None, []
     for line in run.stdout.splitlines():

@@ -206,16 +206,11 @@ def test_the_promoted_tag_passes_invoke_verify_with_smoke_and_one_rebuild(promot
 
 
 def test_the_promoted_digest_passes_the_node_policy_on_podman(promoted, tmp_path):
-    from test_nodes import NODE_SPEC, PODMAN  # noqa: F401  (the Debian 13 podman node the tests use)
-    from bakery.dev import fixture as fixture_mod
-    from support import docker
+    from support import NODE_FLAGS, PODMAN, podman_node
 
     stage = promoted.extra["stage"]
     host, user, password = stage.registry
-    tar = fixture_mod.rootfs_tar(NODE_SPEC, log=lambda m: None)
-    node = f"bakery-test-node:{tar.stem.rsplit('-', 1)[-1]}"
-    if docker("image", "inspect", node, check=False).returncode != 0:
-        docker("import", str(tar), node)
+    node = podman_node()
     etc = tmp_path / "containers"
     written = invoke(stage.repo, "policy", "--containers", str(etc), "--key", str(stage.keys / "release.pub"))
     assert written.returncode == 0, written.stderr
@@ -229,9 +224,7 @@ def test_the_promoted_digest_passes_the_node_policy_on_podman(promoted, tmp_path
     script = (f"{PODMAN} pull -q --creds {user}:{password} {ours} >/dev/null 2>&1; echo \"ours $?\"; "
               f"{PODMAN} run --rm -q --network host --cgroups disabled --entrypoint /usr/local/bin/bakery-selfcheck "
               f"{ours} >/dev/null 2>&1; echo \"run $?\"")
-    done = subprocess.run(["docker", "run", "--rm", "--network", "host", "--cap-add", "SYS_ADMIN", "--cap-add",
-                           "NET_ADMIN", "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
-                           "-e", "PODMAN_IGNORE_CGROUPSV1_WARNING=1", *[a for m in mounts for a in ("-v", m)],
+    done = subprocess.run(["docker", "run", "--rm", *NODE_FLAGS, *[a for m in mounts for a in ("-v", m)],
                            node, "sh", "-c", script], capture_output=True, text=True, timeout=900)
     assert "ours 0" in done.stdout and "run 0" in done.stdout, done.stdout + done.stderr
     assert other  # the node's refusals of other digests are tests/test_nodes.py's

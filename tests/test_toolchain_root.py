@@ -1,5 +1,6 @@
 """The toolchain's files, taken out of its image's layers (base/extract.py), are what Docker's own
-container of that image holds, for the stand-in toolchain and for crafted layers; the folder is made
+container of that image holds, for the stand-in toolchain (crafted layers against three engines are
+tests/test_engines.py's); the folder is made
 below open folders, never through a link; the disk it needs is said before and guarded while it is
 written; and the compile over it needs no engine.
 
@@ -66,45 +67,6 @@ def busybox_layer() -> bytes:
     """A layer with a shell (the fixture rootfs's /bin/sh and what it loads): `docker create` needs
     a command, and a container needs nothing more to be exported."""
     return tar(("bin", "dir", b"", 0o755), ("bin/true", "file", b"#!/bin/sh\n", 0o755))
-
-
-# crafted layers an honest builder writes, each case something the merged view must get right
-CASES = {
-    "whiteout and replace": [
-        tar(("a", "dir", b"", 0o755), ("a/keep", "file", b"keep\n", 0o644), ("a/gone", "file", b"old\n", 0o644),
-            ("a/swap", "file", b"v1\n", 0o644)),
-        tar(("a/.wh.gone", "file", b"", 0o644), ("a/swap", "file", b"v2\n", 0o755))],
-    "opaque folder keeps what its own layer adds": [
-        tar(("d", "dir", b"", 0o755), ("d/old", "file", b"old\n", 0o644), ("d/sub", "dir", b"", 0o755),
-            ("d/sub/deep", "file", b"deep\n", 0o644)),
-        tar(("d", "dir", b"", 0o755), ("d/.wh..wh..opq", "file", b"", 0o644), ("d/new", "file", b"new\n", 0o644))],
-    "a folder replaced by a file, a file by a folder, a link by a folder": [
-        tar(("x", "dir", b"", 0o755), ("x/in", "file", b"in\n", 0o644), ("y", "file", b"y\n", 0o644),
-            ("z", "symlink", "x", 0o777)),
-        tar(("x", "file", b"now a file\n", 0o644), ("y", "dir", b"", 0o755), ("y/in", "file", b"in y\n", 0o644),
-            ("z", "dir", b"", 0o755), ("z/own", "file", b"own\n", 0o644))],
-    "hard links to the inode of the moment, links kept as links": [
-        tar(("h", "dir", b"", 0o755), ("h/f", "file", b"first\n", 0o755), ("h/g", "hardlink", "h/f", 0o755),
-            ("h/abs", "symlink", "/h/f", 0o777), ("h/rel", "symlink", "f", 0o777),
-            ("h/dangling", "symlink", "/nowhere", 0o777)),
-        tar(("h/f", "file", b"second\n", 0o644))],
-    "names as the engines clean them": [
-        tar(("./p", "dir", b"", 0o755), ("./p/one", "file", b"1\n", 0o644), ("/p/two", "file", b"2\n", 0o644),
-            ("p//three", "file", b"3\n", 0o644), ("p/./four", "file", b"4\n", 0o644),
-            ("p/q/../five", "file", b"5\n", 0o644))],
-    "implicit folders and odd modes made plain": [
-        tar(("deep/er/still/file", "file", b"f\n", 0o600), ("ro", "dir", b"", 0o500), ("ro/x", "file", b"x\n", 0o400))],
-}
-
-
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_the_folder_is_what_dockers_container_holds(case, registry, tmp_path):
-    ref = push_image(registry, f"test/unpack-{hashlib.sha256(case.encode()).hexdigest()[:12]}",
-                     [busybox_layer(), *CASES[case]])
-    ours = tree_of(root_of(ref, tmp_path).path)
-    theirs = docker_export(ref)
-    # Docker keeps a file's mode; we keep only whether it may be run (the compile only reads and runs)
-    assert comparable(ours) == comparable(theirs)
 
 
 def test_the_stand_in_toolchain_is_what_its_container_holds(toolchain, tmp_path):

@@ -343,15 +343,21 @@ def apply_layers(indexes: list[dict], taken: list[dict], selection: Selection, r
     tree = _Tree(root)
     try:
         for index, took in zip(indexes, taken):
-            for folder in index["opaque"]:  # what lies below it in the layers under this one
-                found = tree.parent(folder + "/-", make=False) \
-                    if takes(folder) and tree.kind(folder) == stat.S_IFDIR else None
-                if found is not None:
-                    for name in os.listdir(found[0]):
-                        _remove(found[0], name)
+            # the engines make the folders a whiteout or an opaque marker lies in, given or not
+            for folder in index["opaque"]:  # emptied of what lies below it in the layers under this one
+                if not takes(folder):
+                    continue
+                at, name = tree.parent(folder)
+                if tree.kind(folder) != stat.S_IFDIR:
+                    _remove(at, name)
+                    os.mkdir(name, 0o755, dir_fd=at)
+                    os.chmod(name, 0o755, dir_fd=at)
+                inside = tree.parent(folder + "/-")[0]
+                for name in os.listdir(inside):
+                    _remove(inside, name)
             for gone in index["whiteouts"]:
                 if takes(gone):
-                    tree.remove(gone)
+                    _remove(*tree.parent(gone))
             links = []
             for made, path in enumerate(sorted(index["entries"])):
                 kind, _size, mode, link = index["entries"][path]

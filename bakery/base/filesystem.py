@@ -69,6 +69,7 @@ class BaseFilesystem:
         self.keep = keep  # patterns worth keeping on a layer's first pass
         self._view: dict | None = None
         self._sorted: dict = {}
+        self._made: dict = {}
         self._diff_ids = {}  # layer digest -> the diff_id the config lists for it
         for desc, diff_id in zip(image.layers, self.diff_ids):
             if self._diff_ids.setdefault(desc.digest, diff_id) != diff_id:
@@ -183,14 +184,29 @@ class BaseFilesystem:
         return known[1]
 
     def _locate(self, path: str) -> tuple[Descriptor, list] | None:
-        """Top-down: the first layer that holds `path` or hides it decides."""
+        """Top-down: the first layer that holds `path` or hides it decides. A layer that gives names,
+        whiteouts or an opaque marker under `path` without `path` itself makes it a folder, as every
+        engine does (a layer below that gives the folder itself says what it is)."""
+        implied = None
         for desc in reversed(self.image.layers):
             index = self._index(desc, set())
             if path in index["entries"]:
-                return desc, index["entries"][path]
+                entry = index["entries"][path]
+                return (desc, entry) if implied is None or entry[0] == "dir" else implied
             if _hidden_by(index, path):
-                return None
-        return None
+                return implied
+            if implied is None and path in self._folders(desc, index):
+                implied = desc, ["dir", 0, 0o755, ""]
+        return implied
+
+    def _folders(self, desc: Descriptor, index: dict) -> set[str]:
+        """Every folder the layer makes, given or not: those its entries, whiteouts and opaque
+        markers lie in (once per index and process)."""
+        known = self._made.get(desc.digest)
+        if known is None or known[0] is not index:
+            known = self._made[desc.digest] = (index, folders_above(index["entries"], index["whiteouts"],
+                                                                    index["opaque"]))
+        return known[1]
 
     @property
     def view(self) -> dict:

@@ -319,8 +319,8 @@ def scan_layer(registry: Registry, repo: str, desc: Descriptor, wanted: set[str]
         layer.finish()
     except Ambiguous as e:
         pipe.abandon(e)
-        raise IntegrityError(f"layer {desc.digest} of {repo}: {e}: the engines would not unpack it alike, and no "
-                             f"image builder writes it; the base is refused") from None
+        raise IntegrityError(f"layer {desc.digest} of {repo}: {e}: no image builder writes it, and the engines "
+                             f"may unpack it apart or fail on it; the base is refused") from None
     except (TarError, EOFError, OSError, zlib.error, zstandard.ZstdError, ValueError, UnicodeError) as e:
         pipe.abandon(e)  # a bad digest is the better diagnosis: raised from here when the fetch saw one
         raise IntegrityError(f"layer {desc.digest} of {repo} is not a readable {desc.media_type} "

@@ -1,0 +1,245 @@
+"""The merged view against three real engines: what bakery reads of a base is what Docker 20.10
+(overlay2), containerd 1.6 (its applier and overlayfs snapshotter, via `ctr`) and podman 5
+(containers/storage, vfs driver) unpack, or bakery refuses the base.
+
+A corpus of crafted layers, written from the engines' rules (tar names cleaned as Go cleans them,
+whiteouts and opaque folders, an entry replacing what was there, hard links to the inode of their
+moment), is pushed to the local registry as real images. Each engine pulls each image; its root
+filesystem (Docker's `docker export`, containerd's read-only mount of the image, podman's image
+mount) is the reference. Bakery's side is both of its readers: the folder base/extract.py makes
+(the compile's root) and BaseFilesystem.read(), which the overlays, the proofs and the SBOM read.
+The cases the engines would unpack apart are in test_layer_rules.py (pure) and, through the
+registry, at the end of this file."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import subprocess
+import tarfile
+
+import pytest
+
+from bakery.base import spec as base_mod
+from bakery.base.filesystem import BaseFilesystem
+from bakery.base.layercache import LayerCache
+from bakery.errors import IntegrityError
+from bakery.oci.registry import Registry
+
+from support import containerd_view, docker_export, podman_views, push_image, tree_of
+from test_layer_rules import REFUSED, layer
+from test_toolchain_root import busybox_layer, comparable, root_of, tar
+
+ENGINES = ("docker", "containerd", "podman")
+
+
+def gnu_tar(*members) -> bytes:
+    """A layer in GNU tar's format (long names as ././@LongLink entries), as older builders wrote."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as t:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            t.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+LONG = "l" * 60 + "/" + "o" * 70 + "/" + "n" * 90  # over ustar's 100 and 155 bytes
+
+# what honest image builders write, each case something the merged view must get right
+CASES = {
+    "whiteout and replace": [
+        tar(("a", "dir", b"", 0o755), ("a/keep", "file", b"keep\n", 0o644), ("a/gone", "file", b"old\n", 0o644),
+            ("a/swap", "file", b"v1\n", 0o644)),
+        tar(("a/.wh.gone", "file", b"", 0o644), ("a/swap", "file", b"v2\n", 0o755))],
+    "opaque folder keeps what its own layer adds": [
+        tar(("d", "dir", b"", 0o755), ("d/old", "file", b"old\n", 0o644), ("d/sub", "dir", b"", 0o755),
+            ("d/sub/deep", "file", b"deep\n", 0o644)),
+        tar(("d", "dir", b"", 0o755), ("d/.wh..wh..opq", "file", b"", 0o644), ("d/new", "file", b"new\n", 0o644))],
+    "a folder replaced by a file, a file by a folder, a link by a folder": [
+        tar(("x", "dir", b"", 0o755), ("x/in", "file", b"in\n", 0o644), ("y", "file", b"y\n", 0o644),
+            ("z", "symlink", "x", 0o777)),
+        tar(("x", "file", b"now a file\n", 0o644), ("y", "dir", b"", 0o755), ("y/in", "file", b"in y\n", 0o644),
+            ("z", "dir", b"", 0o755), ("z/own", "file", b"own\n", 0o644))],
+    "a folder and a file replaced by links": [
+        tar(("x", "dir", b"", 0o755), ("x/in", "file", b"in\n", 0o644), ("y", "file", b"y\n", 0o644),
+            ("t", "dir", b"", 0o755)),
+        tar(("x", "symlink", "t", 0o777), ("y", "symlink", "/nowhere", 0o777))],
+    "hard links to the inode of the moment, links kept as links": [
+        tar(("h", "dir", b"", 0o755), ("h/f", "file", b"first\n", 0o755), ("h/g", "hardlink", "h/f", 0o755),
+            ("h/abs", "symlink", "/h/f", 0o777), ("h/rel", "symlink", "f", 0o777),
+            ("h/dangling", "symlink", "/nowhere", 0o777)),
+        tar(("h/f", "file", b"second\n", 0o644))],
+    "a hard link outlives the name it was made from": [
+        tar(("m", "dir", b"", 0o755), ("m/METADATA", "file", b"Version: 0.26.0\n", 0o644),
+            ("m/again", "hardlink", "m/METADATA", 0o644), ("m/third", "hardlink", "m/again", 0o644)),
+        tar(("m/.wh.METADATA", "file", b"", 0o644)),
+        tar(("m/METADATA", "file", b"Version: 9.9.9\n", 0o644))],
+    "a folder whited out whole, then given again": [
+        tar(("w", "dir", b"", 0o755), ("w/a", "file", b"a\n", 0o644), ("w/b", "dir", b"", 0o755),
+            ("w/b/c", "file", b"c\n", 0o644), ("v", "dir", b"", 0o755), ("v/x", "file", b"x\n", 0o644)),
+        tar((".wh.w", "file", b"", 0o644), ("v/.wh.x", "file", b"", 0o644)),
+        tar(("w", "dir", b"", 0o755), ("w/new", "file", b"new\n", 0o644))],
+    "opaque folders and whiteouts over three layers": [
+        tar(("o", "dir", b"", 0o755), ("o/p", "dir", b"", 0o755), ("o/p/q", "file", b"q\n", 0o644),
+            ("o/keep", "file", b"k\n", 0o644), ("o/link", "symlink", "keep", 0o777)),
+        tar(("o/p", "dir", b"", 0o755), ("o/p/.wh..wh..opq", "file", b"", 0o644), ("o/p/r", "file", b"r\n", 0o644),
+            ("o/.wh.link", "file", b"", 0o644)),
+        tar(("o/.wh.keep", "file", b"", 0o644), ("o/p/s", "file", b"s\n", 0o644), ("o/link", "file", b"f\n", 0o644))],
+    "whiteouts and opaque markers under folders no layer gives": [
+        tar(("a", "file", b"a\n", 0o644)),
+        tar(("gone/.wh.x", "file", b"", 0o644), ("empty/.wh..wh..opq", "file", b"", 0o644),
+            ("deeper/still/.wh.y", "file", b"", 0o644))],
+    "names as the engines clean them": [
+        tar(("./p", "dir", b"", 0o755), ("./p/one", "file", b"1\n", 0o644), ("/p/two", "file", b"2\n", 0o644),
+            ("p//three", "file", b"3\n", 0o644), ("p/./four", "file", b"4\n", 0o644),
+            ("p/q/../five", "file", b"5\n", 0o644))],
+    "long and non-ASCII names, PAX and GNU": [
+        tar((LONG, "file", b"pax\n", 0o644), ("ünï/cödé.py", "file", b"u\n", 0o644)),
+        gnu_tar((LONG + "2", b"gnu\n"), ("g/" + "x" * 120, b"gx\n"))],
+    "implicit folders and odd modes made plain": [
+        tar(("deep/er/still/file", "file", b"f\n", 0o600), ("ro", "dir", b"", 0o500), ("ro/x", "file", b"x\n", 0o400))],
+}
+
+
+@pytest.fixture(scope="module")
+def pushed(registry) -> dict:
+    """Each case as an image in the local registry (with a /bin/true, which `docker create` needs)."""
+    return {case: push_image(registry, f"test/engines-{hashlib.sha256(case.encode()).hexdigest()[:12]}",
+                             [busybox_layer(), *layers]) for case, layers in CASES.items()}
+
+
+@pytest.fixture(scope="module")
+def views(registry, pushed, tmp_path_factory) -> dict:
+    """{(case, engine): the engine's root filesystem}; podman's node pulls every case in one run."""
+    found = {}
+    for case, ref in pushed.items():
+        found[case, "docker"] = docker_export(ref)
+        found[case, "containerd"] = containerd_view(ref)
+    for case, view in podman_views(registry, pushed, tmp_path_factory.mktemp("podman")).items():
+        assert view is not None, f"podman refused {case!r}"
+        found[case, "podman"] = view
+    return found
+
+
+def filesystem(ref, tmp_path) -> BaseFilesystem:
+    registry = Registry(ref.registry)
+    return BaseFilesystem(registry, base_mod.resolve(registry, ref, "linux/amd64"), LayerCache(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_extracted_folder_is_what_the_engine_unpacks(case, engine, pushed, views, tmp_path):
+    ours = tree_of(root_of(pushed[case], tmp_path).path)
+    # an engine keeps a file's mode; we keep only whether it may be run (the compile only reads and runs)
+    assert comparable(ours) == comparable(views[case, engine])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_path_read_is_what_the_engine_holds(case, engine, pushed, views, tmp_path):
+    """Every path the engine holds, and every name any layer gives, read as the build reads it: a
+    file with the engine's bytes (a hard link's are its inode's), a link with its target, a folder
+    as a folder, and what the engine does not hold as absent; a glob finds each file and link."""
+    theirs = comparable(views[case, engine])
+    fs = filesystem(pushed[case], tmp_path)
+    fs.check_merge()
+    named = {p for d in fs.image.layers for p in fs._index(d, set())["entries"]}
+    read = fs.read(set(theirs) | named)
+    ours = {}
+    for path, f in comparable(read).items():
+        if f is None:
+            continue
+        if f.kind in ("file", "hardlink"):
+            ours[path] = ("file", f.sha256)
+        else:
+            ours[path] = (f.kind, f.linkname if f.kind == "symlink" else None)
+    assert ours == {p: (kind, what) for p, (kind, what, _) in theirs.items()}
+    # a glob (the SBOM's dist-info, an __init__ beside an overlay, stale bytecode) finds what the engine holds
+    globbed = set(comparable(dict.fromkeys(fs.glob("*"))))
+    assert {p for p, (kind, _, _) in theirs.items() if kind != "dir"} <= globbed <= set(theirs)
+
+
+def outcome(read, ref):
+    """An engine's view of `ref` without what is the same in every case, or that it refused it."""
+    try:
+        view = read(ref)
+    except subprocess.CalledProcessError:
+        return "refused"
+    return "refused" if view is None else {p: v for p, v in comparable(view).items() if p not in ("bin", "bin/true")}
+
+
+# what bakery refuses across layers (base/filesystem.py's check_merge), as the engines unpack it:
+# Docker and containerd put a folder over a lower link or file, podman's vfs writes through the link
+# and fails on the file; a hard link to a lower layer's file fails in Docker and containerd, not podman
+ACROSS = {
+    "a write through a link a lower layer gives": (
+        [tar(("t", "dir", b"", 0o755), ("l", "symlink", "t", 0o777)), tar(("l/x", "file", b"x\n", 0o644))],
+        "writes under /l, which the layers below give as symlink"),
+    "a write through an absolute link a lower layer gives": (
+        [tar(("t", "dir", b"", 0o755), ("l", "symlink", "/t", 0o777)), tar(("l/x", "file", b"x\n", 0o644))],
+        "writes under /l, which the layers below give as symlink"),
+    "a write into a file a lower layer gives": (
+        [tar(("f", "file", b"f\n", 0o644)), tar(("f/y", "file", b"y\n", 0o644))],
+        "writes under /f, which the layers below give as file"),
+    "a whiteout through a link a lower layer gives": (
+        [tar(("t", "dir", b"", 0o755), ("t/x", "file", b"x\n", 0o644), ("l", "symlink", "t", 0o777)),
+         tar(("l/.wh.x", "file", b"", 0o644))],
+        "writes under /l, which the layers below give as symlink"),
+    "a hard link to a file a lower layer gives": (
+        [tar(("f", "file", b"f\n", 0o644)), tar(("h", "hardlink", "f", 0o644))],
+        "is a hard link to 'f', which is not a file this layer gave before"),
+}
+# why each is refused, as the three engines were seen to unpack it: they disagree (one refuses what
+# another unpacks, or they unpack it differently), every one of them fails on it, or they read it
+# alike but no image builder writes it (bakery refuses rather than guess which of them a node runs)
+APART, ALL_FAIL, NO_BUILDER = "the engines disagree", "every engine fails", "no image builder writes it"
+GROUND = {
+    "a name twice": APART, "a folder the layer then makes a file": APART,
+    "a write through a link the layer made": APART, "a whiteout of a folder it fills": APART,
+    "an opaque marker in what it gives as a file": APART, "a hard link whose target is then replaced": APART,
+    "under an AUFS folder": APART,
+    "a write under a file the layer made": ALL_FAIL, "a hard link to what the layer does not hold": ALL_FAIL,
+    "a hard link to a name given after it": ALL_FAIL, "a hard link to a folder": ALL_FAIL,
+    "a hard link out of the root": ALL_FAIL,
+    "a name twice, spelled two ways": NO_BUILDER, "a file before the link over its folder": NO_BUILDER,
+    "a whiteout of what the layer gives": NO_BUILDER, "an AUFS name": NO_BUILDER,
+    "a name out of the root": NO_BUILDER,
+} | {case: APART for case in ACROSS}
+
+
+@pytest.fixture(scope="module")
+def refused(registry, tmp_path_factory) -> dict:
+    """{case: (its image, {engine: what the engine made of it})} for every refused case."""
+    cases = {name: ([layer(*members)], said) for name, (members, said) in REFUSED.items()} | ACROSS
+    refs = {case: push_image(registry, f"test/refused-{hashlib.sha256(case.encode()).hexdigest()[:12]}",
+                             [busybox_layer(), *layers]) for case, (layers, _) in cases.items()}
+    podman = podman_views(registry, refs, tmp_path_factory.mktemp("podman"))
+    return {case: (ref, cases[case][1], {"docker": outcome(docker_export, ref),
+                                         "containerd": outcome(containerd_view, ref),
+                                         "podman": outcome(podman.get, case)}) for case, ref in refs.items()}
+
+
+@pytest.mark.parametrize("case", sorted(GROUND))
+def test_a_base_the_engines_would_unpack_apart_is_refused(case, refused, tmp_path):
+    """Pulled from the registry as a build reads a base: refused, naming the layer and the entry;
+    and the engines do with it what its ground says."""
+    ref, said, engines = refused[case]
+    fs = filesystem(ref, tmp_path)
+    with pytest.raises(IntegrityError) as error:
+        fs.check_layers()
+        fs.check_merge()
+    message = str(error.value)
+    assert said in message and message.endswith("refused"), message
+    assert fs.image.layers[-1].digest.hex in message and "\n" not in message, message
+    seen = list(engines.values())
+    if GROUND[case] == APART:
+        assert any(view != seen[0] for view in seen), engines
+    elif GROUND[case] == ALL_FAIL:
+        assert seen == ["refused"] * 3, engines
+    else:
+        assert "refused" not in seen and all(view == seen[0] for view in seen), engines
+
+
+def test_every_refused_case_has_its_ground():
+    assert set(GROUND) == set(REFUSED) | set(ACROSS)
