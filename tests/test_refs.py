@@ -42,3 +42,13 @@ def test_descriptor_round_trip():
     d = Descriptor.of("application/octet-stream", b"hello", {"k": "v"})
     assert Descriptor.from_json(d.to_json()) == d
     assert d.to_json()["digest"] == "sha256:2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"
+
+
+@pytest.mark.parametrize("tag", ["v1\n", "nightly\n", "v1.0.0+b1", ".hidden", "x" * 129])
+def test_a_tag_is_checked_whole(tag):
+    """A trailing newline is no part of a tag a registry takes (nor of a log line's one line)."""
+    from bakery.oci.refs import check_tag
+
+    with pytest.raises(InputError):
+        check_tag(tag)
+    assert check_tag("nightly-2026.12.01_x") == "nightly-2026.12.01_x"

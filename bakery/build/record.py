@@ -43,7 +43,7 @@ def source_repository(project: Path, git) -> str:
         url = git(project, "remote", "get-url", "origin")
     except Exception:
         return f"file://{project}"
-    ssh = re.match(r"^(?:ssh://)?git@([^:/]+)[:/](.+)$", url)
+    ssh = re.fullmatch(r"(?:ssh://)?git@([^:/]+)[:/](.+)", url)
     if ssh:
         url = f"https://{ssh.group(1)}/{ssh.group(2)}"
     elif "://" not in url:  # a clone of a local path: name it as a URI all the same

@@ -10,8 +10,9 @@ from ..errors import InputError
 
 DOCKER_HUB = "docker.io"
 _HEX = {"sha256": 64, "sha512": 128}
-_REPO_RE = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
-_TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+# whole names only (fullmatch): `$` would also match before a trailing newline
+_REPO_RE = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*")
+_TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
 
 @dataclass(frozen=True, order=True)
@@ -70,7 +71,7 @@ class Descriptor:
 def check_tag(tag: str, what: str = "tag") -> str:
     """A tag as registries take it (the distribution spec's grammar: [A-Za-z0-9_][A-Za-z0-9_.-]{0,127});
     InputError otherwise. `v1.0.0+b1` is no tag: semver's build metadata has a '+'."""
-    if not _TAG_RE.match(tag):
+    if not _TAG_RE.fullmatch(tag):
         raise InputError(f"{what} {tag!r} is not one a registry takes (letters, digits, '_', '.' and '-', at most "
                          f"128, not starting with '.' or '-'): refused")
     return tag
@@ -98,7 +99,7 @@ class Reference:
         last = rest.rsplit("/", 1)[-1]
         if ":" in last:
             rest, _, tag = rest.rpartition(":")
-            if not _TAG_RE.match(tag):
+            if not _TAG_RE.fullmatch(tag):
                 raise InputError(f"bad tag {tag!r} in {text!r}")
         first, slash, remainder = rest.partition("/")
         if slash and ("." in first or ":" in first or first == "localhost"):
@@ -107,7 +108,7 @@ class Reference:
             registry, repository = DOCKER_HUB, rest
             if "/" not in repository:
                 repository = f"library/{repository}"
-        if not _REPO_RE.match(repository):
+        if not _REPO_RE.fullmatch(repository):
             raise InputError(f"bad repository name {repository!r} in {text!r} (lowercase letters, digits, . _ - /)")
         return cls(registry, repository, tag, digest)
 
