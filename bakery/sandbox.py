@@ -13,8 +13,8 @@ files, not /work or /root.
 
 On top: a seccomp filter that refuses (EPERM) the calls neither a proof nor a build makes
 (ptrace, mount, keyctl, bpf, ... : REFUSED), and limits: address space per process, file size,
-open files, processes (a pids cgroup where this machine lets us make one, else RLIMIT_NPROC) and
-wall time. A limit hit is an error of the code inside, never a verdict.
+open files, processes (as root a pids cgroup below the caller's own where this machine lets us make
+one, else RLIMIT_NPROC on the code's uid) and wall time. A limit hit is an error of the code inside, never a verdict.
 
 The compile of hip/ runs the toolchain's own userland instead of ours: `root` is a folder made from
 the toolchain image's layers (base/extract.py), shown read-only as `/`, with the sources and the
@@ -296,13 +296,19 @@ def _tail(f, limit: int = 1 << 20) -> str:
 def _prlimit(limits: Limits, count_processes: bool) -> list[str]:
     """prlimit, not a preexec_fn: this runs in threads, where those may deadlock."""
     args = ["prlimit", f"--fsize={limits.files}", f"--as={limits.memory}", f"--nofile={limits.open_files}"]
-    return args + ([f"--nproc={_tasks_of_this_user() + limits.processes}"] if count_processes else []) + ["--"]
+    return args + ([f"--nproc={_tasks_of(_code_uid()) + limits.processes}"] if count_processes else []) + ["--"]
 
 
-def _tasks_of_this_user() -> int:
-    """RLIMIT_NPROC counts every task (thread) of the user, not just the sandbox's: what it already
-    runs is added to the sandbox's allowance."""
-    uid, count = os.getuid(), 0
+def _code_uid() -> int:
+    """The host uid the sandboxed code runs as: root hands it to uid 65534, an ordinary user's
+    namespace maps it to that user."""
+    return UID if os.geteuid() == 0 else os.getuid()
+
+
+def _tasks_of(uid: int) -> int:
+    """RLIMIT_NPROC counts every task (thread) of the code's uid on the host, not just the sandbox's:
+    what that uid already runs is added to the sandbox's allowance."""
+    count = 0
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
@@ -314,31 +320,45 @@ def _tasks_of_this_user() -> int:
     return count
 
 
-def _pids_root() -> Path | None:
-    """Where this machine lets us make a pids cgroup: cgroup v1's pids hierarchy, or v2's unified
-    tree with the pids controller on; None where neither is writable (a container's read-only
-    /sys/fs/cgroup)."""
-    v1, v2 = Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")
-    if (v1 / "tasks").exists():
-        return v1 if os.access(v1, os.W_OK) else None
+def _own_pids_group() -> Path | None:
+    """The folder of the pids cgroup this process is in, where a group made below it counts against
+    every limit above (cgroup v1's pids hierarchy, or v2's tree where this group hands the pids
+    controller down, which v2 allows only at its root); None where there is none we may write."""
     try:
-        on = "pids" in (v2 / "cgroup.subtree_control").read_text().split()
+        groups = Path("/proc/self/cgroup").read_text().splitlines()
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
     except OSError:
         return None
-    return v2 if on and os.access(v2, os.W_OK) else None
+    v1 = [g.split(":", 2)[2] for g in groups if "pids" in g.split(":", 2)[1].split(",")]
+    v2 = [g.split(":", 2)[2] for g in groups if g.startswith("0::")]
+    for fields in (m.split() for m in mounts):
+        root, point, rest = fields[3], fields[4], fields[fields.index("-") + 1:]
+        if v1 and rest[0] == "cgroup" and "pids" in rest[2].split(","):
+            path, unified = v1[0], False
+        elif not v1 and v2 and rest[0] == "cgroup2":
+            path, unified = v2[0], True
+        else:
+            continue
+        if path != root and not path.startswith(root.rstrip("/") + "/"):
+            return None  # our group lies outside what this mount shows
+        folder = Path(point) / path[len(root):].lstrip("/")
+        try:
+            if unified and "pids" not in (folder / "cgroup.subtree_control").read_text().split():
+                return None
+        except OSError:
+            return None
+        return folder if folder.is_dir() and os.access(folder, os.W_OK) else None
+    return None
 
 
 @contextmanager
 def _process_cap(limits: Limits):
-    """A command prefix that caps the processes of what it runs: a fresh pids cgroup as root
-    (RLIMIT_NPROC counts nothing for root's uid), else RLIMIT_NPROC (which, for an ordinary user,
-    counts that user's processes in the sandbox's user namespace). Yields (prefix, count by rlimit)."""
-    root = _pids_root() if os.geteuid() == 0 else None
+    """A command prefix that caps the processes of what it runs: as root, a fresh pids cgroup below
+    the caller's own (made at the hierarchy's root it would escape the caller's limits), else
+    RLIMIT_NPROC over the tasks the code's host uid already runs (root's code is uid 65534, which
+    RLIMIT_NPROC counts; an ordinary user's is that user). Yields (prefix, count by rlimit)."""
+    root = _own_pids_group() if os.geteuid() == 0 else None
     if root is None:
-        if os.geteuid() == 0:
-            raise EnvironmentProblem("no pids cgroup can be made here (/sys/fs/cgroup is not writable), and as root "
-                                     "RLIMIT_NPROC limits nothing: the sandbox cannot cap its processes; run as an "
-                                     "ordinary user, or give this root a writable cgroup tree")
         yield [], True
         return
     group = root / f"bakery-sandbox-{os.urandom(6).hex()}"

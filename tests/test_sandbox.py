@@ -302,6 +302,46 @@ def test_each_limit_stops_hostile_code_with_an_error(name, code, limits, expect)
     assert done.returncode != 0 and expect in done.stderr, (name, done.stderr[-500:])
 
 
+FORKS = ("import os, time\nfor _ in range(120):\n    if os.fork() == 0:\n        time.sleep(2)\n"
+         "        os._exit(0)\n")
+ROOMY = sandbox.Limits(seconds=60, processes=4096)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or sandbox._own_pids_group() is None, reason="as root, with a pids cgroup")
+def test_as_root_the_sandbox_counts_against_its_callers_own_task_limit(tmp_path):
+    """A caller held to 40 tasks (a CI job's cgroup, say) cannot run code that starts 120 through
+    the sandbox: its pids group is made below the caller's, not at the hierarchy's root."""
+    held = sandbox._own_pids_group() / f"bakery-test-{os.urandom(4).hex()}"
+    held.mkdir()
+    try:
+        (held / "pids.max").write_text("40")
+        script = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from bakery import sandbox; "
+                  f"done = sandbox.run([sys.executable, '-c', {FORKS!r}], [], None, "
+                  f"sandbox.Limits(seconds=60, processes=4096)); print(done.returncode); print(done.stderr[-400:])")
+        inside = subprocess.run(["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(held), sys.executable,
+                                 "-c", script], capture_output=True, text=True, timeout=120)
+        assert inside.stdout.split()[0] != "0" and "Resource temporarily unavailable" in inside.stdout, inside
+    finally:
+        for _ in range(50):
+            try:
+                held.rmdir()
+                break
+            except OSError:
+                import time
+                time.sleep(0.1)
+    assert sandbox.run([sys.executable, "-c", FORKS], [], None, ROOMY).returncode == 0  # the control, unheld
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as root")
+def test_as_root_without_a_pids_cgroup_the_code_uids_tasks_are_capped(monkeypatch):
+    """A root whose cgroup tree is read-only (a container's) still caps the code's processes: the
+    code is uid 65534, whose tasks RLIMIT_NPROC counts."""
+    monkeypatch.setattr(sandbox, "_own_pids_group", lambda: None)
+    assert sandbox.run([sys.executable, "-c", FORKS], [], None, ROOMY).returncode == 0  # the control
+    done = sandbox.run([sys.executable, "-c", FORKS], [], None, sandbox.Limits(seconds=60, processes=32))
+    assert done.returncode != 0 and "Resource temporarily unavailable" in done.stderr, done.stderr[-500:]
+
+
 @pytest.mark.slow
 def test_a_proof_past_its_limits_is_never_a_verdict(tmp_path, monkeypatch):
     """A proof that forks without end gets CANNOT-PROVE (the error), not the FIXED it prints first."""
