@@ -243,3 +243,30 @@ def test_a_base_the_engines_would_unpack_apart_is_refused(case, refused, tmp_pat
 
 def test_every_refused_case_has_its_ground():
     assert set(GROUND) == set(REFUSED) | set(ACROSS)
+
+
+def test_an_image_whose_layers_name_too_much_together_is_refused(registry, tmp_path, monkeypatch):
+    """Each layer within its own limit, a thousand of them are not: the image's entries together
+    are capped too (a small limit here; bench/bench_bounds.py measures the real one)."""
+    import bakery.base.filesystem as filesystem_mod
+
+    layers = [tar(*[(f"d{n}/f{i}", "file", b"", 0o644) for i in range(4)]) for n in range(3)]
+    ref = push_image(registry, "test/engines-many", [busybox_layer(), *layers])
+    monkeypatch.setattr(filesystem_mod, "IMAGE_ENTRIES_LIMIT", 10)
+    with pytest.raises(IntegrityError, match="more than 10 entries together"):
+        filesystem(ref, tmp_path).check_layers()
+    monkeypatch.setattr(filesystem_mod, "IMAGE_ENTRIES_LIMIT", 40)
+    filesystem(ref, tmp_path).check_layers()  # the control
+
+
+def test_a_build_refuses_a_base_whose_layers_would_merge_apart(registry, tmp_path):
+    """Every command that opens a base checks how its layers merge, not only the toolchain's
+    extraction: `invoke lock` on a base with a write through a lower layer's link stops there."""
+    from support import ROOT, invoke
+
+    layers, said = ACROSS["a write through a link a lower layer gives"]
+    ref = push_image(registry, "test/engines-merge-apart", [busybox_layer(), *layers])
+    lock = tmp_path / "overlays.lock"
+    done = invoke(ROOT, "lock", "--base", str(ref), "--lock", str(lock), env={"BAKERY_CACHE": str(tmp_path / "c")})
+    assert done.returncode == 5 and said in done.stderr, done.stderr
+    assert not lock.exists()

@@ -127,3 +127,21 @@ def test_a_chain_of_hard_links_names_the_file_itself(tmp_path):
     (index, _, _), _ = scan(layer(("f", "file", b"x"), ("a", "hardlink", "f"), ("b", "hardlink", "a"),
                                   ("c", "hardlink", "b")), tmp_path)
     assert [index["entries"][n][3] for n in "abc"] == ["f", "f", "f"]
+
+
+@pytest.mark.parametrize("limit, value, members", [
+    ("ENTRIES_LIMIT", 3, [("a", "file", b""), ("b", "file", b""), (".wh.c", "file", b""), ("d", "dir", "")]),
+    ("NAMES_LIMIT", 100, [("n" * 60, "file", b""), ("l", "symlink", "t" * 60)]),
+])
+def test_a_layer_past_what_an_index_may_hold_is_refused(limit, value, members, tmp_path, monkeypatch):
+    """Tens of millions of tiny entries compress to almost nothing and would exhaust memory: a layer
+    is refused past its entry count or its names' size (small limits here; bench/bench_bounds.py
+    measures the real ones)."""
+    import bakery.base.scan as scan_mod
+
+    monkeypatch.setattr(scan_mod, limit, value)
+    with pytest.raises(IntegrityError, match="past what one layer's index may hold") as refused:
+        scan(layer(*members), tmp_path)
+    assert "\n" not in str(refused.value)
+    monkeypatch.setattr(scan_mod, limit, value * 2)
+    scan(layer(*members), tmp_path)  # the control: within the limit it is read

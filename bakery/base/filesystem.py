@@ -22,6 +22,9 @@ from .layercache import LayerCache
 from .scan import WORKERS, folders_above, index_into_cache, normalize, scan_layer
 from .spec import Image
 
+# a ROCm base names a few hundred thousand entries in all; each costs a few hundred bytes in memory
+IMAGE_ENTRIES_LIMIT = 4_000_000
+
 
 @dataclass(frozen=True)
 class BaseFile:
@@ -70,6 +73,8 @@ class BaseFilesystem:
         self._view: dict | None = None
         self._sorted: dict = {}
         self._made: dict = {}
+        self._counted: set = set()  # layers whose entries are in _entries
+        self._entries = 0
         self._diff_ids = {}  # layer digest -> the diff_id the config lists for it
         for desc, diff_id in zip(image.layers, self.diff_ids):
             if self._diff_ids.setdefault(desc.digest, diff_id) != diff_id:
@@ -81,12 +86,19 @@ class BaseFilesystem:
         return [str(d) for d in (self.image.config.get("rootfs") or {}).get("diff_ids") or []]
 
     def _checked(self, desc: Descriptor, index: dict) -> dict:
-        """An index whose decompressed layer is the one the config names (its diff_id)."""
+        """An index whose decompressed layer is the one the config names (its diff_id), and which
+        keeps the image's indexes together within IMAGE_ENTRIES_LIMIT."""
         if index["diff_id"] != self._diff_ids[desc.digest]:
             n = self.image.layers.index(desc)
             raise IntegrityError(f"base {self.image.ref}: layer {n + 1} of {len(self.image.layers)} ({desc.digest}) "
                                  f"decompresses to {index['diff_id']}, but the image config lists diff_id "
                                  f"{self._diff_ids[desc.digest]}; the base is corrupt or hostile: refused")
+        if desc.digest not in self._counted:  # a layer's entries are fixed by its digest: counted once
+            self._counted.add(desc.digest)
+            self._entries += len(index["entries"]) + len(index["whiteouts"]) + len(index["opaque"])
+        if self._entries > IMAGE_ENTRIES_LIMIT:
+            raise IntegrityError(f"base {self.image.ref}: its layers name more than {IMAGE_ENTRIES_LIMIT:,} entries "
+                                 f"together, past what bakery holds in memory for one image; refused")
         return index
 
     def _index(self, desc: Descriptor, wanted: set[str]) -> dict:

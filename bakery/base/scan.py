@@ -321,6 +321,9 @@ def scan_layer(registry: Registry, repo: str, desc: Descriptor, wanted: set[str]
         pipe.abandon(e)
         raise IntegrityError(f"layer {desc.digest} of {repo}: {e}: no image builder writes it, and the engines "
                              f"may unpack it apart or fail on it; the base is refused") from None
+    except TooLarge as e:
+        pipe.abandon(e)
+        raise IntegrityError(f"layer {desc.digest} of {repo}: {e}; the base is refused") from None
     except (TarError, EOFError, OSError, zlib.error, zstandard.ZstdError, ValueError, UnicodeError) as e:
         pipe.abandon(e)  # a bad digest is the better diagnosis: raised from here when the fetch saw one
         raise IntegrityError(f"layer {desc.digest} of {repo} is not a readable {desc.media_type} "
@@ -357,6 +360,16 @@ NAME_BYTES, COMPONENT_BYTES, DEPTH = 4096, 255, 256
 # layers streamed at once: all of a base (up to this), since which layer costs most is not known
 # before it is read (a small blob of many small files costs more than a big one of few)
 WORKERS = 8
+
+
+# what one layer's index may hold: a ROCm base's largest layer names a few hundred thousand entries;
+# a hostile one of tens of millions (their tar headers compress to almost nothing) would exhaust memory
+ENTRIES_LIMIT = 2_000_000  # entries, whiteouts and opaque markers of one layer
+NAMES_LIMIT = 256 << 20  # characters of their names and link targets (a long name may be 1 MiB)
+
+
+class TooLarge(Exception):
+    """A layer past what one index may hold."""
 
 
 class Ambiguous(Exception):
@@ -398,6 +411,7 @@ class _Layer:
         self.found: dict[str, str] = {}
         self.taken: dict[str, str] = {}
         self.named: set[str] = set()  # every path the layer names, entries and whiteouts alike
+        self.characters = 0  # of the names and link targets it gives
 
     def _name(self, path: str, what: str) -> None:
         if path in self.named:
@@ -409,6 +423,10 @@ class _Layer:
         path = clean(member.name)
         if not path:
             return  # the root folder itself: its metadata, which no engine applies to the root
+        self.characters += len(path) + len(member.linkname)
+        if len(self.named) >= ENTRIES_LIMIT or self.characters > NAMES_LIMIT:
+            raise TooLarge(f"it names more than {ENTRIES_LIMIT:,} entries or {NAMES_LIMIT >> 20} MiB of names, "
+                           f"past what one layer's index may hold")
         if len(path) > COMPONENT_BYTES and (len(path.encode("utf-8", "surrogateescape")) > NAME_BYTES or
                                            path.count("/") >= DEPTH or
                                            max(len(c.encode("utf-8", "surrogateescape")) for c in path.split("/"))

@@ -167,6 +167,7 @@ def open_base(project: Path, override: str | None, log=print, mirror: str | None
     fs = BaseFilesystem(registry, image, LayerCache(), keep=needed_files(project, registered))
     fs.prefetch()
     fs.check_layers()
+    fs.check_merge()  # what we read of it is what every engine unpacks, or the base is refused
     return OpenBase(spec, registry, image, fs, registered)
 
 

@@ -209,7 +209,7 @@ def _files(store, desc: Descriptor) -> dict[str, str]:
     sha256, else its kind and target; its mode too when not 0644/0755. Read by tarscan, streamed,
     as the engine would unpack it (either side may be hostile: the original's registry, the
     rebuilt revision)."""
-    from ..base.scan import decompressed
+    from ..base.scan import ENTRIES_LIMIT, NAMES_LIMIT, decompressed  # a layer compared is no larger than one indexed
     from ..oci.tarscan import HAS_DATA, TarError, TarReader
 
     files, names = {}, 0
@@ -228,15 +228,12 @@ def _files(store, desc: Descriptor) -> dict[str, str]:
                 what += f" (mode {member.mode:o})"
             files[member.name] = what
             names += len(member.name) + len(what)
-            if len(files) > FILES_LIMIT or names > NAMES_LIMIT:
-                raise TarError(f"more than {FILES_LIMIT} entries or {NAMES_LIMIT} characters of names")
+            if len(files) > ENTRIES_LIMIT or names > NAMES_LIMIT:
+                raise TarError(f"more than {ENTRIES_LIMIT} entries or {NAMES_LIMIT} characters of names")
     except TarError as e:
         raise IntegrityError(f"layer {desc.digest} cannot be compared ({e}): refused") from None
     return files
 
-
-FILES_LIMIT = 2_000_000  # entries in one layer compared (a ROCm base layer holds hundreds of thousands)
-NAMES_LIMIT = 256 << 20  # characters of their names and what they are (a long name may be 1 MiB)
 
 
 class _Chunks(io.RawIOBase):
