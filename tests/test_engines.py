@@ -270,3 +270,18 @@ def test_a_build_refuses_a_base_whose_layers_would_merge_apart(registry, tmp_pat
     done = invoke(ROOT, "lock", "--base", str(ref), "--lock", str(lock), env={"BAKERY_CACHE": str(tmp_path / "c")})
     assert done.returncode == 5 and said in done.stderr, done.stderr
     assert not lock.exists()
+
+
+def test_what_a_layer_hides_is_what_a_path_by_whiteout_walk_finds():
+    """The merge's lookup by prefix (bisected, each whiteout once) against the plain definition: a
+    path is hidden when it is whited out or lies under a whiteout or an opaque folder."""
+    import random
+
+    from bakery.base.filesystem import _hidden
+
+    rng = random.Random(7)
+    paths = {"/".join(rng.choice("abc") for _ in range(rng.randint(1, 4))) for _ in range(400)} | {"a", "ab", "a-b"}
+    index = {"whiteouts": sorted(rng.sample(sorted(paths - {"ab", "a-b"}), 25)) + ["a"], "opaque": ["b/c", "zz"]}
+    expected = {p for p in paths if any(p == w or p.startswith(w + "/") for w in index["whiteouts"]) or
+                any(p.startswith(d + "/") for d in index["opaque"])}
+    assert _hidden(paths, index) == expected and "ab" not in expected and "a-b" not in expected

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import bisect
 import fnmatch
-import itertools
 import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from .. import untrusted
 from ..errors import IntegrityError
@@ -40,6 +39,15 @@ class BaseFile:
     data: bytes | None = None
 
 
+def starting_with(ordered: list[str], prefix: str) -> Iterator[str]:
+    """The items of a sorted list that start with `prefix`: bisected to, then read while they match
+    (islice would step through every item before them, which paths times whiteouts made hours)."""
+    at = bisect.bisect_left(ordered, prefix)
+    while at < len(ordered) and ordered[at].startswith(prefix):
+        yield ordered[at]
+        at += 1
+
+
 def _hidden(paths: set[str], index: dict) -> set[str]:
     """Those of `paths` that a layer hides from the layers below it: whited out, or under a whiteout
     or an opaque folder (each whiteout looked up by prefix, not each path against each whiteout)."""
@@ -48,8 +56,7 @@ def _hidden(paths: set[str], index: dict) -> set[str]:
     for gone, itself in [(w, True) for w in index["whiteouts"]] + [(d, False) for d in index["opaque"]]:
         if itself and gone in paths:
             found.add(gone)
-        start = bisect.bisect_left(ordered, gone + "/")
-        found.update(itertools.takewhile(lambda p: p.startswith(gone + "/"), itertools.islice(ordered, start, None)))
+        found.update(starting_with(ordered, gone + "/"))
     return found
 
 
@@ -303,8 +310,7 @@ class BaseFilesystem:
         for desc in reversed(self.image.layers):
             index = self._index(desc, set())
             paths = self._sorted_paths(desc, index)
-            for path in itertools.takewhile(lambda p: p.startswith(prefix),
-                                            itertools.islice(paths, bisect.bisect_left(paths, prefix), None)):
+            for path in starting_with(paths, prefix):
                 if path not in present and matches(path) and \
                         not any(_hidden_by(h, path) or path in h["whiteouts"] for h in hidden_indexes):
                     present[path] = True
