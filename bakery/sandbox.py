@@ -11,10 +11,12 @@ venv, the folders the caller names, and the inputs; writable only where the call
 else of the host exists inside: not ~/.docker, not the Docker socket, not the project's other
 files, not /work or /root.
 
-On top: a seccomp filter that refuses (EPERM) the calls neither a proof nor a build makes
-(ptrace, mount, keyctl, bpf, ... : REFUSED), and limits: address space per process, file size,
-open files, processes (as root a pids cgroup below the caller's own where this machine lets us make
-one, else RLIMIT_NPROC on the code's uid) and wall time. A limit hit is an error of the code inside, never a verdict.
+On top: a seccomp filter that allows only the calls proofs, the compile and a rebuild make (ALLOWED,
+measured from their runs) and refuses the rest: EPERM for those that reach past the caller (ptrace,
+mount, keyctl, bpf, ... : REFUSED), ENOSYS otherwise; and limits: address space per process, file
+size, open files, processes (as root a pids cgroup below the caller's own where this machine lets us
+make one, else RLIMIT_NPROC on the code's uid) and wall time. A limit hit is an error of the code
+inside, never a verdict.
 
 The compile of hip/ runs the toolchain's own userland instead of ours: `root` is a folder made from
 the toolchain image's layers (base/extract.py), shown read-only as `/`, with the sources and the
@@ -71,9 +73,66 @@ class Mount:
     outside: Path
     writable: bool = False
 
-# x86-64 system calls neither a proof nor a build needs: refused with EPERM (the code gets an
-# error it can report; a kill would look like a crash). Names and numbers from the kernel's
+# The seccomp filter is an allow list. x86-64 system calls named and numbered as in the kernel's
 # arch/x86/entry/syscalls/syscall_64.tbl.
+# What the sandboxed code of honest proofs, hip/'s compile and a rebuild called, measured from
+# their runs (bench/syscalls.py over tests/test_overlay_proofs.py, test_hip.py, test_verdicts.py
+# and test_reproduce.py's rebuild, 2026-12-03; the GPU proofs on an H200 made none outside
+# ALLOWED), but those whose arguments are checked apart (clone, clone3, socket, socketpair).
+MEASURED = {
+    "read": 0, "write": 1, "open": 2, "close": 3, "fstat": 5, "poll": 7, "lseek": 8, "mmap": 9, "mprotect": 10,
+    "munmap": 11, "brk": 12, "rt_sigaction": 13, "rt_sigprocmask": 14, "rt_sigreturn": 15, "ioctl": 16,
+    "pread64": 17, "access": 21, "mremap": 25, "dup2": 33, "getpid": 39, "sendfile": 40, "connect": 42,
+    "sendto": 44, "recvfrom": 45, "vfork": 58, "execve": 59, "wait4": 61, "uname": 63, "fcntl": 72,
+    "fsync": 74, "getcwd": 79, "chdir": 80, "rename": 82, "mkdir": 83, "rmdir": 84, "link": 86, "unlink": 87,
+    "readlink": 89, "chmod": 90, "sysinfo": 99, "getuid": 102, "getgid": 104, "geteuid": 107, "getegid": 108,
+    "getppid": 110, "setgroups": 116, "setresuid": 117, "getresuid": 118, "setresgid": 119, "getresgid": 120,
+    "capget": 125, "capset": 126, "fstatfs": 138, "prctl": 157, "arch_prctl": 158, "gettid": 186, "futex": 202,
+    "sched_setaffinity": 203, "sched_getaffinity": 204, "getdents64": 217, "set_tid_address": 218,
+    "clock_nanosleep": 230, "exit_group": 231, "mbind": 237, "openat": 257, "newfstatat": 262, "unlinkat": 263,
+    "set_robust_list": 273, "epoll_create1": 291, "pipe2": 293, "prlimit64": 302, "getrandom": 318,
+    "rseq": 334,
+}
+# The same operations as another libc, Python or toolchain makes them (statx for stat, the *at
+# forms, ppoll for poll, ...), and calls that act on the caller alone (signals, timers, its own
+# memory policy, its sockets): allowed though not seen in these runs.
+KIN = {
+    "stat": 4, "lstat": 6, "pwrite64": 18, "readv": 19, "writev": 20, "pipe": 22, "select": 23,
+    "sched_yield": 24, "msync": 26, "mincore": 27, "madvise": 28, "dup": 32, "pause": 34, "nanosleep": 35,
+    "getitimer": 36, "alarm": 37, "setitimer": 38, "accept": 43, "sendmsg": 46, "recvmsg": 47, "shutdown": 48,
+    "bind": 49, "listen": 50, "getsockname": 51, "getpeername": 52, "setsockopt": 54, "getsockopt": 55,
+    "fork": 57, "exit": 60, "kill": 62, "flock": 73, "fdatasync": 75, "truncate": 76, "ftruncate": 77,
+    "getdents": 78, "fchdir": 81, "creat": 85, "symlink": 88, "fchmod": 91, "chown": 92, "fchown": 93,
+    "lchown": 94, "umask": 95, "gettimeofday": 96, "getrlimit": 97, "getrusage": 98, "times": 100,
+    "setuid": 105, "setgid": 106, "setpgid": 109, "getpgrp": 111, "setsid": 112, "setreuid": 113,
+    "setregid": 114, "getgroups": 115, "getpgid": 121, "getsid": 124, "rt_sigpending": 127,
+    "rt_sigtimedwait": 128, "rt_sigqueueinfo": 129, "rt_sigsuspend": 130, "sigaltstack": 131, "utime": 132,
+    "mknod": 133, "statfs": 137, "getpriority": 140, "setpriority": 141, "sched_setparam": 142,
+    "sched_getparam": 143, "sched_setscheduler": 144, "sched_getscheduler": 145, "sched_get_priority_max": 146,
+    "sched_get_priority_min": 147, "mlock": 149, "munlock": 150, "setrlimit": 160, "readahead": 187,
+    "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190, "getxattr": 191, "lgetxattr": 192, "fgetxattr": 193,
+    "listxattr": 194, "llistxattr": 195, "flistxattr": 196, "removexattr": 197, "lremovexattr": 198,
+    "fremovexattr": 199, "tkill": 200, "time": 201, "epoll_create": 213, "restart_syscall": 219,
+    "fadvise64": 221, "timer_create": 222, "timer_settime": 223, "timer_gettime": 224, "timer_getoverrun": 225,
+    "timer_delete": 226, "clock_gettime": 228, "clock_getres": 229, "epoll_wait": 232, "epoll_ctl": 233,
+    "tgkill": 234, "utimes": 235, "set_mempolicy": 238, "get_mempolicy": 239, "waitid": 247, "mkdirat": 258,
+    "mknodat": 259, "fchownat": 260, "futimesat": 261, "renameat": 264, "linkat": 265, "symlinkat": 266,
+    "readlinkat": 267, "fchmodat": 268, "faccessat": 269, "pselect6": 270, "ppoll": 271,
+    "get_robust_list": 274, "splice": 275, "tee": 276, "sync_file_range": 277, "utimensat": 280,
+    "epoll_pwait": 281, "signalfd": 282, "timerfd_create": 283, "eventfd": 284, "fallocate": 285,
+    "timerfd_settime": 286, "timerfd_gettime": 287, "accept4": 288, "signalfd4": 289, "eventfd2": 290,
+    "dup3": 292, "preadv": 295, "pwritev": 296, "rt_tgsigqueueinfo": 297, "recvmmsg": 299, "sendmmsg": 307,
+    "getcpu": 309, "renameat2": 316, "memfd_create": 319, "execveat": 322, "membarrier": 324, "mlock2": 325,
+    "copy_file_range": 326, "preadv2": 327, "pwritev2": 328, "statx": 332, "pidfd_send_signal": 424,
+    "pidfd_open": 434, "close_range": 436, "openat2": 437, "faccessat2": 439, "epoll_pwait2": 441,
+    "futex_waitv": 449,
+}
+ALLOWED = {**MEASURED, **KIN}
+# Calls no proof, compile or rebuild needs and that reach past the caller (its namespaces, the
+# kernel's state, other processes' memory): EPERM, which the code can report. Anything else that
+# is not ALLOWED gets ENOSYS, as from a kernel without the call (programs fall back from it):
+# modify_ldt, uselib, personality, move_pages, migrate_pages, process_madvise, legacy AIO, ...
+
 REFUSED = {
     "ptrace": 101, "syslog": 103, "vhangup": 153, "pivot_root": 155, "adjtimex": 159, "chroot": 161,
     "acct": 163, "settimeofday": 164, "mount": 165, "umount2": 166, "swapon": 167, "swapoff": 168,
@@ -105,28 +164,43 @@ EPERM = 1
 
 def seccomp_filter() -> bytes:
     """The classic-BPF program bwrap installs (--seccomp): a call of another architecture kills
-    the process, an x32 call or a REFUSED one gets EPERM, a socket outside FAMILIES EAFNOSUPPORT,
-    everything else is allowed."""
+    the process, an x32 call or a REFUSED one gets EPERM, clone with a namespace flag EPERM and
+    clone3 ENOSYS, a socket outside FAMILIES EAFNOSUPPORT, an ALLOWED call passes, and anything
+    else gets ENOSYS."""
     if os.uname().machine not in ("x86_64", "AMD64"):
         raise EnvironmentProblem(f"the sandbox's seccomp filter is written for x86-64 (the MI300X hosts); this "
                                  f"machine is {os.uname().machine}")
-    ld_w_abs, jeq_k, jge_k, jset_k, and_k, ret_k = 0x20, 0x15, 0x35, 0x45, 0x54, 0x06
+    ld_w_abs, jeq_k, jge_k, jgt_k, jset_k, and_k, ret_k = 0x20, 0x15, 0x35, 0x25, 0x45, 0x54, 0x06
     allow, errno, kill, no_family = 0x7FFF0000, 0x00050000 | EPERM, 0x80000000, 0x00050000 | EAFNOSUPPORT
     # (code, k, label taken, label not taken): labels resolve to relative jumps below
     prog = [(ld_w_abs, 4), (jeq_k, AUDIT_ARCH_X86_64, None, "kill"),  # seccomp_data.arch
             (ld_w_abs, 0), (jge_k, X32_BIT, "eperm", None)]  # seccomp_data.nr
     prog += [(jeq_k, nr, "eperm", None) for nr in sorted(REFUSED.values())]
-    prog += [(jeq_k, CLONE3, "enosys", None), (jeq_k, CLONE, None, "sockets"), (ld_w_abs, 16),
-             (jset_k, CLONE_NAMESPACES, "eperm", "allow"), "sockets", (ld_w_abs, 0)]
+    prog += [(jeq_k, CLONE3, "enosys", None), (jeq_k, CLONE, "clone", None), (jeq_k, SOCKET, "family", None),
+             (jeq_k, SOCKETPAIR, "family", None)]
+    # the allowed numbers as runs of consecutive ones: below a run's first, refused; up to its last, allowed
+    for first, last in _runs(sorted(ALLOWED.values())):
+        prog += [(jge_k, first, None, "enosys"), (jgt_k, last, None, "allow")]
+    prog += ["enosys", (ret_k, 0x00050000 | ENOSYS)]
+    prog += ["clone", (ld_w_abs, 16), (jset_k, CLONE_NAMESPACES, "eperm", "allow")]
     # socket() and socketpair(): the family (args[0], at offset 16) must be allowed; AF_INET's
     # SOCK_PACKET type (args[1] at 24, its low bits) is a packet socket under another name
-    prog += [(jeq_k, SOCKET, "family", None), (jeq_k, SOCKETPAIR, "family", "allow"),
-             "family", (ld_w_abs, 16), (jeq_k, FAMILIES["AF_INET"], "inet", None)]
+    prog += ["family", (ld_w_abs, 16), (jeq_k, FAMILIES["AF_INET"], "inet", None)]
     prog += [(jeq_k, f, "allow", None) for name, f in sorted(FAMILIES.items()) if name != "AF_INET"]
     prog += [(ret_k, no_family), "inet", (ld_w_abs, 24), (and_k, 0xF), (jeq_k, SOCK_PACKET, "no-family", "allow"),
-             "allow", (ret_k, allow), "eperm", (ret_k, errno), "kill", (ret_k, kill), "no-family", (ret_k, no_family),
-             "enosys", (ret_k, 0x00050000 | ENOSYS)]
+             "allow", (ret_k, allow), "eperm", (ret_k, errno), "kill", (ret_k, kill), "no-family", (ret_k, no_family)]
     return _assemble(prog)
+
+
+def _runs(numbers: list[int]) -> list[tuple[int, int]]:
+    """Sorted numbers as (first, last) of each run of consecutive ones."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and runs[-1][1] == n - 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return [(a, b) for a, b in runs]
 
 
 def _assemble(prog: list) -> bytes:
@@ -169,6 +243,11 @@ def _system_binds() -> list[str]:
         if (Path("/etc") / name).exists():
             args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
     return args
+
+
+def _bwrap() -> str:
+    """bubblewrap by its full path, found on the caller's PATH: it is started with a PATH of ours."""
+    return shutil.which(BWRAP) or BWRAP
 
 
 @functools.lru_cache(maxsize=4)
@@ -245,14 +324,14 @@ def _namespaces(argv: list[str], own_root: bool, init: bool = False) -> list:
     if os.geteuid() == 0 and not own_root:
         # root: no user namespace (uid 65534 in one would be uid 0 to the host kernel); bwrap sets up
         # as root, keeps only what setpriv needs to become the host's uid 65534, which drops it too
-        args = [BWRAP, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+        args = [_bwrap(), "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                 "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add",
                 "CAP_SETGID", "--clearenv"]
         argv = ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", "--inh-caps=-all", "--"] + argv
         return args + [argv]
     # an ordinary user: uid 65534 in a user namespace of its own, mapped to this user's uid (root, over a
     # root of its own, is that user by then: run() drops it first)
-    return [BWRAP, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+    return [_bwrap(), "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
             "--cap-drop", "ALL", "--uid", str(UID), "--gid", str(UID), "--clearenv", *(["--as-pid-1"] if init else []),
             argv]
 

@@ -261,7 +261,8 @@ CALLS = [("ptrace", 101, (0, 0, 0, 0)), ("mount", 165, (0, 0, 0, 0, 0)), ("keyct
 
 
 def test_the_filter_numbers_are_the_kernels():
-    """REFUSED names each call by the number the kernel's own header gives it (linux-libc-dev)."""
+    """REFUSED and ALLOWED name each call by the number the kernel's own header gives it
+    (linux-libc-dev)."""
     import re
 
     header = Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h")
@@ -270,6 +271,8 @@ def test_the_filter_numbers_are_the_kernels():
     kernel = {name: int(nr) for name, nr in re.findall(r"#define __NR_(\w+) (\d+)", header.read_text())}
     known = {name: nr for name, nr in sandbox.REFUSED.items() if name in kernel}  # an older header lacks the newest
     assert {name: kernel[name] for name in known} == known and len(known) >= len(sandbox.REFUSED) - 3
+    assert {name: kernel[name] for name in sandbox.ALLOWED} == sandbox.ALLOWED
+    assert all(kernel[name] == nr for name, nr, _ in UNLISTED)
     assert all(kernel[name] == nr for name, nr, _ in CALLS)
     assert (kernel["socket"], kernel["socketpair"]) == (sandbox.SOCKET, sandbox.SOCKETPAIR)
 
@@ -283,6 +286,28 @@ def test_the_filter_refuses_what_no_proof_or_build_needs():
     inside = json.loads(sandbox.run([sys.executable, "-c", code], [], None, 60).stdout)
     assert {n for n, said in inside.items() if said == "EPERM"} == {n for n, _, _ in CALLS} - {"getpid"}, inside
     assert inside["getpid"].startswith("2 ") or inside["getpid"].split()[0].isdigit(), inside
+
+
+# calls the filter passed while it was a deny list, none of which a proof, compile or rebuild makes;
+# each harmless where it is allowed (a query, a call of nothing, or a refusal of its arguments)
+UNLISTED = [("modify_ldt", 154, (0, 0, 0)), ("uselib", 134, (0,)), ("personality", 135, (0xFFFFFFFF,)),
+            ("move_pages", 279, (0, 0, 0, 0, 0, 0)), ("migrate_pages", 256, (0, 0, 0, 0)),
+            ("process_madvise", 440, (-1, 0, 0, 0, 0)), ("io_setup", 206, (0, 0)), ("io_destroy", 207, (0,)),
+            ("io_getevents", 208, (0, 0, 0, 0, 0)), ("io_submit", 209, (0, 0, 0)), ("io_cancel", 210, (0, 0, 0)),
+            ("io_pgetevents", 333, (0, 0, 0, 0, 0, 0)), ("getpid", 39, ())]
+ANSWERS = PROBE_CALLS.replace('"EPERM" if got == -1 and ctypes.get_errno() == errno.EPERM', '"ENOSYS" if got == -1 and ctypes.get_errno() == errno.ENOSYS')
+
+
+def test_what_the_allow_list_leaves_out_is_as_if_the_kernel_had_no_such_call():
+    """Outside, each call reaches the kernel (which may refuse its arguments, or lack it: those are
+    not counted); inside, each but getpid is ENOSYS, whatever the kernel has."""
+    code = ANSWERS % (UNLISTED,)
+    plain = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout)
+    inside = json.loads(sandbox.run([sys.executable, "-c", code], [], None, 60).stdout)
+    assert {n for n, said in inside.items() if said == "ENOSYS"} == {n for n, _, _ in UNLISTED} - {"getpid"}, inside
+    reached = {n for n, said in plain.items() if said != "ENOSYS"}
+    assert reached >= {"personality", "modify_ldt", "io_setup", "getpid"}, plain  # the control
+    assert inside["getpid"].split()[0].isdigit(), inside
 
 
 @pytest.mark.parametrize("name, code, limits, expect", [
@@ -516,3 +541,14 @@ def test_as_an_ordinary_user_the_code_cannot_write_the_verdict_through_pid_1(tmp
                                                             ["BROKEN", "genuine: overlaid"]]
     finally:
         shutil.rmtree(place, ignore_errors=True)
+
+
+def test_a_bubblewrap_found_only_on_the_callers_path_runs(tmp_path, monkeypatch):
+    """bwrap carried beside the code (the GPU machine's, tests/gpu) is on the caller's PATH only: it
+    is started by its full path, not looked up again on the sandbox's own PATH."""
+    carried = tmp_path / "bin"
+    carried.mkdir()
+    shutil.copy(shutil.which("bwrap"), carried / "bwrap-carried")
+    monkeypatch.setenv("PATH", f"{carried}:{os.environ['PATH']}")
+    monkeypatch.setattr(sandbox, "BWRAP", "bwrap-carried")
+    assert sandbox.run([sys.executable, "-c", "print('ran')"], [], None, 60).stdout.strip() == "ran"
