@@ -74,7 +74,7 @@ def read_envelope(data: bytes, what: str) -> tuple[str, bytes, list]:
             raise TypeError("malformed fields")
     except (ValueError, KeyError, TypeError, AttributeError):
         raise IntegrityError(f"{what}: not a DSSE envelope") from None
-    if len(sigs) > SIGNATURES_LIMIT:  # each is tried (about a millisecond): thousands would cost hours of verify
+    if len(sigs) > SIGNATURES_LIMIT:  # each is tried (0.05 ms each): 34,000 in each of 256 envelopes, minutes of verify
         raise IntegrityError(f"{what}: the envelope holds {len(sigs)} signatures, past the {SIGNATURES_LIMIT} one "
                              f"may hold (cosign writes one): refused")
     return payload_type, payload, sigs
