@@ -602,6 +602,8 @@ def _run(argv, readable, inputs, limits: Limits, env, devices, writable, root, m
         for fd in (status_read, filter_read, status_write):
             if fd >= 0:
                 os.close(fd)
+    if code == -9 and stop is not None and stop.is_set():  # stopped by us: bwrap had no time to say how it went
+        return subprocess.CompletedProcess(argv, code, stdout, stderr)
     if b'"exit-code"' not in status:  # bwrap writes it only once the sandbox stood and the code ran
         said = (stderr.strip().splitlines() or ["?"])[0]
         raise EnvironmentProblem(f"the sandbox cannot start here ({said}): "

@@ -447,3 +447,26 @@ def test_a_recorded_toolchain_reads_back_as_the_image_a_rebuild_pulls():
     text = "clang version 19 (odd; image build); image sha256:" + "d" * 64
     assert hip.Toolchain.parse(text) == hip.Toolchain("clang version 19 (odd; image build)", "sha256:" + "d" * 64)
     assert str(hip.Toolchain.parse(text)) == text
+
+
+def test_a_compile_that_fills_the_hosts_disk_under_out_is_stopped(toolchain, tmp_path, monkeypatch):
+    """/out is the one host folder the compile (the toolchain's own code) writes: each file is
+    capped, and all of them together too, watched while it runs (a small cap here; 2 GiB in use),
+    so what it can write is the cap plus a quarter second's writing."""
+    from bakery.project import cache_dir
+
+    files = hip.toolchain_files(toolchain, hip.load(ROOT / "hip").toolchain, cache_dir(create=True) / "toolchains",
+                                log=lambda m: None)
+    monkeypatch.setattr(hip, "OUT_LIMIT", 8 << 20)
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o777)  # the compile's uid writes here, as run_toolchain's folders allow
+    # a MiB each 20 ms: the watch (every 0.25 s) stops it a few MiB past the cap, not at the 400 MiB
+    fill = "i=0; while [ $i -lt 400 ]; do head -c 1048576 /dev/zero > /out/f$i; sleep 0.02; i=$((i+1)); done"
+    status, said = hip.run_compile(files, ROOT / "hip", fill, out)
+    assert status == -9 and "under /out" in said, (status, said)
+    assert sum(f.stat().st_size for f in out.iterdir()) < 64 << 20
+    (tmp_path / "ok").mkdir(mode=0o777)
+    (tmp_path / "ok").chmod(0o777)
+    status, said = hip.run_compile(files, ROOT / "hip", "head -c 1048576 /dev/zero > /out/one", tmp_path / "ok")
+    assert status == 0, said  # the control: within the cap

@@ -338,19 +338,61 @@ def toolchain_files(toolchain: str, selection, cache: Path, log=print):
     return extract.toolchain_root(BaseFilesystem(registry, image, LayerCache()), selection, cache, log)
 
 
+OUT_LIMIT = 2 << 30  # what a compile may write under /out (its outputs are tens of MiB; each file is capped at 1 GiB)
+OUT_ENTRIES = 10_000  # names under /out, counted as the watch walks them
+
+
 def run_compile(files, src: Path, shell: str, out: Path, stop=None) -> tuple[int, str]:
     """Run `shell` over the toolchain's own files (`files`, an extract.Root) in the sandbox: the
     sources at /src read-only, `out` at /out, no network, uid 65534, the compile's limits;
-    (exit status, the tail of what it printed). Past the time limit: -1; stopped by `stop`: -9."""
+    (exit status, the tail of what it printed). Past the time limit: -1; stopped by `stop`: -9;
+    stopped for writing past OUT_LIMIT (or OUT_ENTRIES) to the host's disk under /out: -9 too,
+    and it says so."""
+    import threading
+
     from .. import sandbox
 
+    stopping, finished, over = threading.Event(), threading.Event(), []
+
+    def watch() -> None:  # /out is the one host folder it writes: the host's disk, polled
+        while not finished.wait(0.25):
+            if stop is not None and stop.is_set():
+                stopping.set()
+            elif _written(out) > OUT_LIMIT:
+                over.append(True)
+                stopping.set()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     try:
         done = sandbox.run(["/bin/sh", "-c", shell], [], None, sandbox.COMPILE, env={**files.env, "HOME": "/tmp"},
                            root=files.path, mounts=(sandbox.Mount("/src", src), sandbox.Mount("/out", out, True)),
-                           stop=stop)
+                           stop=stopping)
     except subprocess.TimeoutExpired:
         return -1, f"(stopped after {sandbox.COMPILE.seconds:.0f} s)"
+    finally:
+        finished.set()
+        watcher.join()
+    if over:
+        return -9, (f"(stopped: it wrote more than {OUT_LIMIT >> 30} GiB, or {OUT_ENTRIES:,} names, under /out, "
+                    f"the host's disk)")
     return done.returncode, (done.stdout + done.stderr)[-LOG_LIMIT:].strip()
+
+
+def _written(folder: Path) -> int:
+    """Bytes of disk the files under `folder` take (links not followed); past OUT_ENTRIES names, more
+    than OUT_LIMIT whatever they hold."""
+    total, seen = 0, 0
+    for here, dirs, names in os.walk(folder):
+        for name in dirs + names:
+            seen += 1
+            if seen > OUT_ENTRIES:
+                return OUT_LIMIT + 1
+            try:
+                total += os.lstat(os.path.join(here, name)).st_blocks * 512
+            except OSError:
+                continue  # gone since it was listed
+    return total
 
 
 def run_toolchain(recipe: Recipe, toolchain: str, shell: str, out: Path, log=print) -> None:
