@@ -186,6 +186,10 @@ ACROSS = {
         [tar(("t", "dir", b"", 0o755), ("t/x", "file", b"x\n", 0o644), ("l", "symlink", "t", 0o777)),
          tar(("l/.wh.x", "file", b"", 0o644))],
         "writes under /l, which the layers below give as symlink"),
+    "a file before its folder, over a link a lower layer gives": (
+        [tar(("t", "dir", b"", 0o755), ("l", "symlink", "t", 0o777)),
+         tar(("l/x", "file", b"x\n", 0o644), ("l", "dir", b"", 0o755))],
+        "writes under /l, which the layers below give as symlink"),
     "a hard link to a file a lower layer gives": (
         [tar(("f", "file", b"f\n", 0o644)), tar(("h", "hardlink", "f", 0o644))],
         "is a hard link to 'f', which is not a file this layer gave before"),
@@ -273,15 +277,22 @@ def test_a_build_refuses_a_base_whose_layers_would_merge_apart(registry, tmp_pat
 
 
 def test_what_a_layer_hides_is_what_a_path_by_whiteout_walk_finds():
-    """The merge's lookup by prefix (bisected, each whiteout once) against the plain definition: a
-    path is hidden when it is whited out or lies under a whiteout or an opaque folder."""
+    """The merge check's view of the layers below (one pass, each whiteout removing its subtree)
+    against the plain definition: a lower path is gone when it is whited out or lies under a
+    whiteout or an opaque folder, and a folder a whiteout lies in is a folder."""
     import random
 
-    from bakery.base.filesystem import _hidden
+    from bakery.base.filesystem import _Merged
 
     rng = random.Random(7)
     paths = {"/".join(rng.choice("abc") for _ in range(rng.randint(1, 4))) for _ in range(400)} | {"a", "ab", "a-b"}
-    index = {"whiteouts": sorted(rng.sample(sorted(paths - {"ab", "a-b"}), 25)) + ["a"], "opaque": ["b/c", "zz"]}
-    expected = {p for p in paths if any(p == w or p.startswith(w + "/") for w in index["whiteouts"]) or
-                any(p.startswith(d + "/") for d in index["opaque"])}
-    assert _hidden(paths, index) == expected and "ab" not in expected and "a-b" not in expected
+    paths = {p for p in paths if not any(q.startswith(p + "/") for q in paths)} | {"a"}  # files, and "a" as one
+    index = {"whiteouts": sorted(rng.sample(sorted(paths - {"ab", "a-b"}), 25)) + ["a"], "opaque": ["b/c", "zz"],
+             "entries": {}}
+    expected = {p for p in paths if not (any(p == w or p.startswith(w + "/") for w in index["whiteouts"]) or
+                                         any(p.startswith(d + "/") for d in index["opaque"]))}
+    merged = _Merged()
+    merged.apply({"whiteouts": [], "opaque": [], "entries": {p: ["file", 0, 0o644, ""] for p in sorted(paths)}})
+    merged.apply(index)
+    assert {p for p in paths if merged.kind(p) is not None} == expected and {"ab", "a-b"} <= expected
+    assert merged.kind("zz") == "dir" and merged.kind("b/c") == "dir"

@@ -48,18 +48,6 @@ def starting_with(ordered: list[str], prefix: str) -> Iterator[str]:
         at += 1
 
 
-def _hidden(paths: set[str], index: dict) -> set[str]:
-    """Those of `paths` that a layer hides from the layers below it: whited out, or under a whiteout
-    or an opaque folder (each whiteout looked up by prefix, not each path against each whiteout)."""
-    ordered = sorted(paths)
-    found = set()
-    for gone, itself in [(w, True) for w in index["whiteouts"]] + [(d, False) for d in index["opaque"]]:
-        if itself and gone in paths:
-            found.add(gone)
-        found.update(starting_with(ordered, gone + "/"))
-    return found
-
-
 def _hidden_by(index: dict, path: str) -> bool:
     """Does this layer delete `path`, or hide the directory it lives in?"""
     if path in index["whiteouts"]:
@@ -67,6 +55,54 @@ def _hidden_by(index: dict, path: str) -> bool:
     parents = [str(p) for p in PurePosixPath(path).parents if str(p) != "."]
     return any(p in index["whiteouts"] or p in index["opaque"] or
                (p in index["entries"] and index["entries"][p][0] != "dir") for p in parents)
+
+
+class _Merged:
+    """What layers applied bottom up hold, path by path (a kind each, and each folder's names), so
+    that whiteouts and replacements remove a subtree at the cost of what it holds."""
+
+    def __init__(self):
+        self.kinds: dict[str, str] = {}
+        self.names: dict[str, set[str]] = {}  # folder -> the paths directly in it
+
+    def kind(self, path: str) -> str | None:
+        return self.kinds.get(path)
+
+    def _remove(self, path: str, itself: bool = True) -> None:
+        stack = list(self.names.pop(path, ()))
+        if itself:
+            self.kinds.pop(path, None)
+            self.names.get(path.rpartition("/")[0], set()).discard(path)
+        while stack:
+            gone = stack.pop()
+            self.kinds.pop(gone, None)
+            stack.extend(self.names.pop(gone, ()))
+
+    def _put(self, path: str, kind: str) -> None:
+        self.kinds[path] = kind
+        child, parent = path, path.rpartition("/")[0]
+        while True:  # the folders above it, as the engines make them
+            self.names.setdefault(parent, set()).add(child)
+            if not parent or self.kinds.get(parent) == "dir":
+                break
+            self.kinds[parent] = "dir"
+            child, parent = parent, parent.rpartition("/")[0]
+
+    def apply(self, index: dict) -> None:
+        """A layer as an engine applies it: its opaque folders emptied, its whiteouts removed, then
+        each entry replacing what was there (a folder merging with a folder)."""
+        for folder in index["opaque"]:
+            self._remove(folder, itself=False)
+            self._put(folder, "dir")
+        for gone in index["whiteouts"]:
+            self._remove(gone)
+            parent = gone.rpartition("/")[0]
+            if parent:
+                self._put(parent, "dir")
+        for path, (kind, *_rest) in index["entries"].items():
+            if kind != "dir" or self.kinds.get(path) not in (None, "dir"):
+                self._remove(path)
+            self._put(path, kind if kind != "hardlink" else "file")
 
 
 class BaseFilesystem:
@@ -100,9 +136,10 @@ class BaseFilesystem:
             raise IntegrityError(f"base {self.image.ref}: layer {n + 1} of {len(self.image.layers)} ({desc.digest}) "
                                  f"decompresses to {index['diff_id']}, but the image config lists diff_id "
                                  f"{self._diff_ids[desc.digest]}; the base is corrupt or hostile: refused")
-        if desc.digest not in self._counted:  # a layer's entries are fixed by its digest: counted once
+        if desc.digest not in self._counted:  # a layer's entries are fixed by its digest: counted once a place it is at
             self._counted.add(desc.digest)
-            self._entries += len(index["entries"]) + len(index["whiteouts"]) + len(index["opaque"])
+            places = sum(1 for d in self.image.layers if d.digest == desc.digest)
+            self._entries += places * (len(index["entries"]) + len(index["whiteouts"]) + len(index["opaque"]))
         if self._entries > IMAGE_ENTRIES_LIMIT:
             raise IntegrityError(f"base {self.image.ref}: its layers name more than {IMAGE_ENTRIES_LIMIT:,} entries "
                                  f"together, past what bakery holds in memory for one image; refused")
@@ -139,7 +176,8 @@ class BaseFilesystem:
         each worker leaves its index and kept files in the cache. With `keep` naming every file the
         caller will read, each layer is streamed once. With `sink` (base/extract.py), every layer is
         streamed, and what it took from each is returned, in the layers' order."""
-        todo = [d for d in self.image.layers if sink is not None or not self.cache.has_index(d)]
+        todo = list({d.digest: d for d in self.image.layers  # a layer listed twice is streamed once
+                     if sink is not None or not self.cache.has_index(d)}.values())
         if len(todo) < 2 and sink is None:
             return None
         taken: dict = {}
@@ -172,26 +210,22 @@ class BaseFilesystem:
         if self.view.get("merge_checked"):
             return
         indexes = [self._index(d, set()) for d in self.image.layers]
-        for n in range(1, len(indexes)):
-            upper = indexes[n]
+        merged = _Merged()  # the layers below the one checked, as they stand together: one pass, bottom up
+        for n, upper in enumerate(indexes):
             pending = folders_above(upper["entries"], upper["whiteouts"], upper["opaque"]) - upper["entries"].keys()
             # what it whites out or empties is found through the folders above it, even where the layer gives
             # them itself (an engine may apply the whiteout before the folder that replaces a link)
             pending |= folders_above({}, upper["whiteouts"], upper["opaque"])
-            for below in reversed(indexes[:n]):
-                if not pending:
-                    break
-                for path in sorted(pending & below["entries"].keys()):
-                    kind = below["entries"][path][0]
-                    if kind != "dir":
-                        layer = self.image.layers[n].digest
-                        raise IntegrityError(
-                            f"base {self.image.ref}: layer {n + 1} of {len(indexes)} ({layer}) writes under "
-                            f"/{untrusted.safe(path)}, which the layers below give as {kind}: the engines would not "
-                            f"unpack it alike (a write through a link, or into a file); refused")
-                    pending.discard(path)
-                if below["whiteouts"] or below["opaque"]:  # most layers have none: nothing to look up
-                    pending -= _hidden(pending, below)
+            # and a folder it gives only after names under it: those were written through what was below
+            pending |= set(upper.get("late", ()))
+            for path in sorted(pending):
+                kind = merged.kind(path)
+                if kind not in (None, "dir"):
+                    raise IntegrityError(
+                        f"base {self.image.ref}: layer {n + 1} of {len(indexes)} ({self.image.layers[n].digest}) "
+                        f"writes under /{untrusted.safe(path)}, which the layers below give as {kind}: the engines "
+                        f"would not unpack it alike (a write through a link, or into a file); refused")
+            merged.apply(upper)
         self.view["merge_checked"] = True
         self.cache.save_view(self.image.manifest_digest, self.view)
 

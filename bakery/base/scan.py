@@ -335,6 +335,7 @@ def scan_layer(registry: Registry, repo: str, desc: Descriptor, wanted: set[str]
         pipe.close()
         sys.setswitchinterval(interval)
     index = {"entries": layer.entries, "whiteouts": sorted(layer.whiteouts), "opaque": sorted(layer.opaque),
+             "late": sorted(layer.late),
              "files": {}, "diff_id": diff_id}
     return Scanned(index, layer.found, layer.taken)
 
@@ -412,6 +413,8 @@ class _Layer:
         self.taken: dict[str, str] = {}
         self.named: set[str] = set()  # every path the layer names, entries and whiteouts alike
         self.characters = 0  # of the names and link targets it gives
+        self.above: set[str] = set()  # the folders every name so far lies in
+        self.late: list[str] = []  # folders it gives after a name under them
 
     def _name(self, path: str, what: str) -> None:
         if path in self.named:
@@ -434,6 +437,14 @@ class _Layer:
             raise Ambiguous(f"it names {path[:80]!r}... ({len(path)} characters), past what a Linux path may be "
                             f"({NAME_BYTES} bytes, {COMPONENT_BYTES} a name, {DEPTH} folders deep)")
         parent, _, name = path.rpartition("/")
+        if member.type == tarfile.DIRTYPE and path in self.above:
+            # an engine that applies in order writes what came before through whatever the folder
+            # replaces (a lower layer's link, say): check_merge looks below it as if it were not given
+            self.late.append(path)
+        folder = parent
+        while folder and folder not in self.above:
+            self.above.add(folder)
+            folder = folder.rpartition("/")[0]
         if WHITEOUT + WHITEOUT in parent and any(p.startswith(WHITEOUT + WHITEOUT) for p in parent.split("/")):
             raise Ambiguous(f"it holds {path!r}, under an AUFS metadata folder")
         if name.startswith(WHITEOUT):
