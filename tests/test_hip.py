@@ -470,3 +470,19 @@ def test_a_compile_that_fills_the_hosts_disk_under_out_is_stopped(toolchain, tmp
     (tmp_path / "ok").chmod(0o777)
     status, said = hip.run_compile(files, ROOT / "hip", "head -c 1048576 /dev/zero > /out/one", tmp_path / "ok")
     assert status == 0, said  # the control: within the cap
+
+
+def test_a_compile_whose_out_the_watch_cannot_read_whole_is_stopped(toolchain, tmp_path):
+    """Folders nested past what a path may be (made one `cd` at a time) hide what lies in them from
+    a walk by path: the watch fails closed and stops the compile."""
+    from bakery.project import cache_dir
+
+    files = hip.toolchain_files(toolchain, hip.load(ROOT / "hip").toolchain, cache_dir(create=True) / "toolchains",
+                                log=lambda m: None)
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o777)
+    deep = ("cd /out; d=$(printf 'a%.0s' $(seq 250)); i=0; while [ $i -lt 20 ]; do mkdir $d && cd $d; "
+            "i=$((i+1)); done; head -c 1048576 /dev/zero > f; sleep 60")
+    status, said = hip.run_compile(files, ROOT / "hip", deep, out)
+    assert status == -9 and "cannot be read" in said, (status, said)

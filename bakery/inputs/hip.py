@@ -346,21 +346,26 @@ def run_compile(files, src: Path, shell: str, out: Path, stop=None) -> tuple[int
     """Run `shell` over the toolchain's own files (`files`, an extract.Root) in the sandbox: the
     sources at /src read-only, `out` at /out, no network, uid 65534, the compile's limits;
     (exit status, the tail of what it printed). Past the time limit: -1; stopped by `stop`: -9;
-    stopped for writing past OUT_LIMIT (or OUT_ENTRIES) to the host's disk under /out: -9 too,
-    and it says so."""
+    stopped for what it writes to the host's disk (`_overdrawn`): -9 too, and it says why."""
     import threading
 
     from .. import sandbox
 
-    stopping, finished, over = threading.Event(), threading.Event(), []
+    stopping, finished, why = threading.Event(), threading.Event(), []
 
     def watch() -> None:  # /out is the one host folder it writes: the host's disk, polled
         while not finished.wait(0.25):
             if stop is not None and stop.is_set():
                 stopping.set()
-            elif _written(out) > OUT_LIMIT:
-                over.append(True)
+                continue
+            try:
+                said = _overdrawn(out)
+            except BaseException as e:  # noqa: BLE001 (a watch that fails must stop the run, not let it go on unwatched)
+                said = f"its /out could not be measured ({type(e).__name__})"
+            if said:
+                why.append(said)
                 stopping.set()
+                return
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -373,26 +378,39 @@ def run_compile(files, src: Path, shell: str, out: Path, stop=None) -> tuple[int
     finally:
         finished.set()
         watcher.join()
-    if over:
-        return -9, (f"(stopped: it wrote more than {OUT_LIMIT >> 30} GiB, or {OUT_ENTRIES:,} names, under /out, "
-                    f"the host's disk)")
+    if why:
+        return -9, f"(stopped: {why[0]})"
     return done.returncode, (done.stdout + done.stderr)[-LOG_LIMIT:].strip()
 
 
-def _written(folder: Path) -> int:
-    """Bytes of disk the files under `folder` take (links not followed); past OUT_ENTRIES names, more
-    than OUT_LIMIT whatever they hold."""
-    total, seen = 0, 0
-    for here, dirs, names in os.walk(folder):
+def _overdrawn(folder: Path) -> str | None:
+    """Why a compile writing under `folder` must stop, or None: its filesystem is down to what must
+    stay free (which counts files unlinked while open, too), or the files under it take more than
+    OUT_LIMIT or are more than OUT_ENTRIES names; a tree the walk cannot read whole counts as over."""
+    from ..base.extract import RESERVE
+
+    if shutil.disk_usage(folder).free < RESERVE:
+        return f"the disk under /out is down to {RESERVE >> 30} GiB free"
+    total, seen, unreadable = 0, 0, []
+    for here, dirs, names in os.walk(folder, onerror=unreadable.append):
         for name in dirs + names:
             seen += 1
             if seen > OUT_ENTRIES:
-                return OUT_LIMIT + 1
+                return f"it made more than {OUT_ENTRIES:,} names under /out"
             try:
                 total += os.lstat(os.path.join(here, name)).st_blocks * 512
-            except OSError:
+            except FileNotFoundError:
                 continue  # gone since it was listed
-    return total
+            except OSError as e:  # a name past what a path may be, say
+                unreadable.append(e)
+                break
+        if unreadable or total > OUT_LIMIT:
+            break
+    if unreadable:
+        return f"under /out it made what cannot be read ({type(unreadable[0]).__name__})"
+    if total > OUT_LIMIT:
+        return f"it wrote more than {OUT_LIMIT >> 20:,} MiB under /out, the host's disk"
+    return None
 
 
 def run_toolchain(recipe: Recipe, toolchain: str, shell: str, out: Path, log=print) -> None:
