@@ -246,8 +246,15 @@ def _system_binds() -> list[str]:
 
 
 def _bwrap() -> str:
-    """bubblewrap by its full path, found on the caller's PATH: it is started with a PATH of ours."""
-    return shutil.which(BWRAP) or BWRAP
+    """bubblewrap by its full path, found on the caller's PATH: it is started with a PATH of ours. As
+    root, only one that root owns and no one else may change."""
+    found = shutil.which(BWRAP)
+    if found and os.geteuid() == 0:
+        info = os.stat(found)
+        if info.st_uid != 0 or info.st_mode & 0o022:
+            raise EnvironmentProblem(f"{found} (bubblewrap, found on PATH) is not root's alone, and root would run "
+                                     f"it: refused")
+    return found or BWRAP
 
 
 @functools.lru_cache(maxsize=4)
@@ -418,7 +425,7 @@ def _own_pids_group() -> Path | None:
             path, unified = v2[0], True
         else:
             continue
-        if path != root and not path.startswith(root.rstrip("/") + "/"):
+        if ".." in path.split("/") or (path != root and not path.startswith(root.rstrip("/") + "/")):
             return None  # our group lies outside what this mount shows
         folder = Path(point) / path[len(root):].lstrip("/")
         try:
@@ -443,6 +450,8 @@ def _process_cap(limits: Limits):
     group = root / f"bakery-sandbox-{os.urandom(6).hex()}"
     group.mkdir()
     try:
+        if not (group / "cgroup.procs").exists():  # the kernel makes it in a group: this is no cgroup folder
+            raise EnvironmentProblem(f"{root} is not a cgroup folder (no cgroup.procs in a group made there)")
         (group / "pids.max").write_text(str(limits.processes))
         # the shell joins the group, then becomes prlimit, which becomes bwrap: all they start stays in it
         yield ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group)], False
