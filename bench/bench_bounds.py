@@ -6,13 +6,15 @@ extrapolation, and said to be one).
     .venv/bin/python bench/bench_bounds.py            # every case (a few minutes, about 3 GB of memory)
     .venv/bin/python bench/bench_bounds.py signatures whiteouts
 
-Each case runs in a fresh interpreter, so its peak memory is its own. Nothing here needs the stack.
+Each case runs in a fresh interpreter, so its peak memory is its own. Only the compile cases need
+the stack (the stand-in toolchain image, as the tests build it).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import multiprocessing
 import resource
 import sys
@@ -105,25 +107,51 @@ def layer_names(over: int) -> str:
 
 
 def whiteouts(_: int) -> str:
-    """The merge check, a read and a glob over an image of 1,000,000 paths below 100,000 whiteouts
-    and 1,000 opaque folders: each path against each whiteout would be 10^11 comparisons."""
+    """The merge check's pass over an image of 1,000,000 paths below 100,000 whiteouts and 10 opaque
+    folders: each path against each whiteout would be 10^11 comparisons."""
     from bakery.base import filesystem as fs_mod
 
-    lower = {f"d{i // 1000:04d}/f{i:06d}": ["file", 0, 0o644, ""] for i in range(1_000_000)}
+    lower = {"entries": {f"d{i // 1000:04d}/f{i:06d}": ["file", 0, 0o644, ""] for i in range(1_000_000)},
+             "whiteouts": [], "opaque": []}
     upper = {"entries": {}, "whiteouts": sorted(f"d{i // 100:04d}/f{i * 10:06d}" for i in range(100_000)),
              "opaque": sorted(f"d{i:04d}" for i in range(0, 1000, 100))}
-    paths = set(lower)
     start = time.monotonic()
-    hidden = fs_mod._hidden(paths, upper)
+    merged = fs_mod._Merged()
+    merged.apply(lower)
+    merged.apply(upper)
     took = time.monotonic() - start
+    left = sum(1 for p in lower["entries"] if merged.kind(p) is not None)
     # the naive way on a sample, to say what all of it would cost
-    sample, whites = list(paths)[:20], upper["whiteouts"]
+    sample, whites = list(lower["entries"])[:20], upper["whiteouts"]
     t0 = time.monotonic()
     for p in sample:
         any(p == w or p.startswith(w + "/") for w in whites)
-    naive = (time.monotonic() - t0) / len(sample) * len(paths)
-    return (f"{len(hidden):,} of 1,000,000 paths hidden by 100,000 whiteouts and 10 opaque folders in "
+    naive = (time.monotonic() - t0) / len(sample) * len(lower["entries"])
+    return (f"{1_000_000 - left:,} of 1,000,000 paths hidden by 100,000 whiteouts and 10 opaque folders in "
             f"{took:.2f} s; path by whiteout: {naive / 3600:.1f} h (extrapolated from {len(sample)} paths)")
+
+
+def repeated_layers(_: int) -> str:
+    """A manifest that lists one layer of 4,000 entries 1,000 times (the most layers a base may
+    have): counted at each place it is listed, it is refused before the merge check runs."""
+    from unittest import mock
+
+    from bakery.base.filesystem import BaseFilesystem
+    from bakery.errors import IntegrityError
+    from bakery.oci.refs import Descriptor
+
+    index = {"entries": {f"d{i:04d}/f": ["file", 0, 0o644, ""] for i in range(4000)}, "whiteouts": [],
+             "opaque": [], "late": [], "files": {}, "diff_id": "sha256:" + "0" * 64}
+    desc = Descriptor.of("application/vnd.oci.image.layer.v1.tar", b"x")
+    image = mock.Mock(layers=[desc] * 1000, config={"rootfs": {"diff_ids": [index["diff_id"]] * 1000}}, ref="bench")
+    fs = BaseFilesystem(mock.Mock(), image, mock.Mock(index=lambda d: index))
+    start = time.monotonic()
+    try:
+        fs.check_layers()
+        said = "read"
+    except IntegrityError as e:
+        said = "refused: " + str(e).split(": ", 1)[-1][:60]
+    return f"{said} in {time.monotonic() - start:.2f} s"
 
 
 def signatures(_: int) -> str:
@@ -173,14 +201,71 @@ def tasks(_: int) -> str:
     return f"limit {limits.processes:,} tasks, stopped after {time.monotonic() - start:.1f} s ({how}, at its wall time)"
 
 
+def _toolchain_files():
+    """The stand-in toolchain's files (the stack up, the image built or found, its folder cached)."""
+    from bakery.dev import fixture, stack
+    from bakery.inputs import hip
+    from bakery.project import cache_dir
+
+    image = fixture.toolchain(ROOT / "hip" / "toolchain", ROOT / "tests" / "fixture" / "fixture.yaml", stack.up(),
+                              log=lambda m: None)
+    return hip.toolchain_files(image, hip.load(ROOT / "hip").toolchain, cache_dir(create=True) / "toolchains",
+                               log=lambda m: None)
+
+
+def compile_out(_: int) -> str:
+    """A compile (the toolchain's own code) that writes to /out, the host's disk, as fast as it can."""
+    from bakery.inputs import hip
+
+    files = _toolchain_files()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out"
+        out.mkdir(mode=0o777)
+        out.chmod(0o777)
+        fill = "i=0; while :; do head -c 268435456 /dev/zero > /out/f$i || exit 1; i=$((i+1)); done"
+        status, said = hip.run_compile(files, ROOT / "hip", fill, out)
+        written = sum(os.lstat(os.path.join(d, n)).st_blocks * 512 for d, _, names in os.walk(out) for n in names)
+    return f"exit {status}, {written / 2**30:.2f} GiB on disk when stopped (cap {hip.OUT_LIMIT >> 30} GiB): {said[:60]}"
+
+
+def compile_log(_: int) -> str:
+    """A compile that prints without end: the log is a file capped like any other, read as its tail."""
+    from bakery.inputs import hip
+
+    files = _toolchain_files()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out"
+        out.mkdir(mode=0o777)
+        out.chmod(0o777)
+        status, said = hip.run_compile(files, ROOT / "hip", "yes 'a line of a compiler gone mad'", out)
+    return f"exit {status} (its stdout reached the 1 GiB a file may be), {len(said):,} characters of log kept"
+
+
+def compile_memory(_: int) -> str:
+    """A compile that asks for more address space than a process may have (16 GiB)."""
+    from bakery.inputs import hip
+
+    files = _toolchain_files()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out"
+        out.mkdir(mode=0o777)
+        out.chmod(0o777)
+        status, said = hip.run_compile(files, ROOT / "hip", "python3 -c 'x = bytearray(20 << 30)'", out)
+    return f"exit {status}: {said.splitlines()[-1][:60] if said else ''}"
+
+
 CASES = {  # name: (function, argument, bound)
     "layer entries": (layer_entries, 0, "ENTRIES_LIMIT"),
     "layer entries + 1": (layer_entries, 1, "ENTRIES_LIMIT"),
     "layer names": (layer_names, 0, "NAMES_LIMIT"),
     "layer names + 1": (layer_names, 1, "NAMES_LIMIT"),
-    "whiteouts": (whiteouts, 0, "bisect by prefix"),
+    "whiteouts": (whiteouts, 0, "one pass, subtrees removed"),
+    "repeated layers": (repeated_layers, 0, "IMAGE_ENTRIES_LIMIT, each place"),
     "signatures": (signatures, 0, "SIGNATURES_LIMIT x SIGNATURE_LAYERS"),
     "tasks": (tasks, 0, "pids cgroup / RLIMIT_NPROC"),
+    "compile /out": (compile_out, 0, "OUT_LIMIT, watched"),
+    "compile log": (compile_log, 0, "1 GiB a file, tail kept"),
+    "compile memory": (compile_memory, 0, "16 GiB address space a process"),
 }
 
 
