@@ -267,7 +267,15 @@ class BaseFilesystem:
             self._view = self.cache.view(self.image.manifest_digest)
         return self._view
 
-    def _from_view(self, path: str) -> BaseFile | None | bool:
+    def _bytes(self, sha: str, limit: int | None) -> bytes | int | None:
+        """A kept file's bytes; its size instead where that is past limit (its bytes are not read);
+        None where they are not cached (or were bad, and dropped)."""
+        size = self.cache.stored_size(sha) if limit is not None else None
+        if size is not None and size > limit:
+            return size
+        return self.cache.content(sha)
+
+    def _from_view(self, path: str, limit: int | None = None) -> BaseFile | None | bool:
         """The view's answer for `path` (None: absent), or False where it has none or the file's
         cached bytes are gone or bad."""
         if path not in self.view["paths"]:
@@ -276,23 +284,27 @@ class BaseFilesystem:
         if entry is None:
             return None
         layer, kind, mode, size, link, sha = entry
-        data = self.cache.content(sha) if sha else None
+        data = self._bytes(sha, limit) if sha else None
         if kind in ("file", "hardlink") and data is None:
             return False
+        if isinstance(data, int):
+            return BaseFile(path, kind, mode, data, link, layer, sha, None)
         return BaseFile(path, kind, mode, size, link, layer, sha, data)
 
-    def read(self, paths: Iterable[str]) -> dict[str, BaseFile | None]:
+    def read(self, paths: Iterable[str], limit: int | None = None) -> dict[str, BaseFile | None]:
         """Resolve each path (from the view when it knows it, else through the layers); regular
-        files come back with their bytes, checked against their sha256."""
+        files come back with their bytes, checked against their sha256. A file past `limit` bytes
+        comes back with its size and no bytes (none are read: a reader of many files of a hostile
+        base holds at most limit bytes for each)."""
         out, unknown = {}, set()
         for p in {normalize(p) for p in paths}:
-            known = self._from_view(p)
+            known = self._from_view(p, limit)
             if known is False:
                 unknown.add(p)
             else:
                 out[p] = known
         if unknown:
-            found = self._read_layers(unknown)
+            found = self._read_layers(unknown, limit)
             for p, f in found.items():
                 if f is None or f.kind not in ("file", "hardlink") or f.data is not None:
                     self.view["paths"][p] = None if f is None else [f.layer, f.kind, f.mode, f.size, f.linkname,
@@ -301,7 +313,7 @@ class BaseFilesystem:
             out.update(found)
         return {p: out[p] for p in sorted(out)}
 
-    def _read_layers(self, wanted: set[str]) -> dict[str, BaseFile | None]:
+    def _read_layers(self, wanted: set[str], limit: int | None = None) -> dict[str, BaseFile | None]:
         located = {p: self._locate(p) for p in wanted}
         for _ in range(2):  # a hardlink's target is fetched in a second pass
             by_layer: dict[Descriptor, set[str]] = {}
@@ -321,10 +333,13 @@ class BaseFilesystem:
             source = link if kind == "hardlink" else p
             index = self._index(desc, {source} if kind in ("file", "hardlink") else set())
             sha = index["files"].get(source) if kind in ("file", "hardlink") else None
-            data = self.cache.content(sha) if sha else None
+            data = self._bytes(sha, limit) if sha else None
             if sha and data is None:  # dropped as corrupt just now: stream the layer again
                 sha = self._index(desc, {source})["files"].get(source)
-                data = self.cache.content(sha) if sha else None
+                data = self._bytes(sha, limit) if sha else None
+            if isinstance(data, int):  # past the caller's limit: its size, not its bytes
+                out[p] = BaseFile(p, kind, mode, data, link, str(desc.digest), sha, None)
+                continue
             out[p] = BaseFile(p, kind, mode, len(data) if data is not None else size, link, str(desc.digest),
                               sha, data)
         return out

@@ -109,6 +109,13 @@ class LayerCache:
             return None
         return data
 
+    def stored_size(self, sha256: str) -> int | None:
+        """The size of a cached file's bytes, without reading them (None: not cached)."""
+        try:
+            return (self.root / "files" / sha256).stat().st_size
+        except FileNotFoundError:
+            return None
+
     def has_content(self, sha256: str) -> bool:
         return self.content(sha256) is not None
 
