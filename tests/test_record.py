@@ -18,13 +18,13 @@ import pytest
 
 from bakery.errors import InputError
 from bakery.oci.refs import Reference
-from bakery.trust import provenance, record, sbom
+from bakery.trust import provenance, record
 
 RECORD = Path(__file__).parent / "data" / "build-record.json"
 
-# sha256 of what sbom.document and provenance.statement gave for tests/data/build-record.json at
-# 2a46207, the last commit that read the record as a dict by key (computed there, not here)
-SBOM_BEFORE = "1cfe1a347301db2b01d7ae0891a1beb93416b5f4dbfd4015797eaf472e7499a2"
+# sha256 of what provenance.statement gave for tests/data/build-record.json at 2a46207, the last
+# commit that read the record as a dict by key (computed there, not here). The SBOM's pin was
+# retired when the SBOM grew the base's OS and dpkg packages (issue 39): tests/test_sbom.py checks it
 PROVENANCE_BEFORE = "5806126d3943335a46a73c07298f4249498b20793791e542e70569ebc863fdb8"
 
 
@@ -38,10 +38,9 @@ def test_a_record_reads_back_to_the_bytes_it_was_written_with(tmp_path):
     assert (tmp_path / "again.json").read_bytes() == RECORD.read_bytes()
 
 
-def test_the_sbom_and_provenance_are_the_bytes_the_dict_code_gave():
+def test_the_provenance_is_the_bytes_the_dict_code_gave():
     rec = record.read(RECORD)
     subject = Reference.parse(rec.outputs[0]["reference"])
-    assert hashlib.sha256(sbom.document(rec, subject.name)).hexdigest() == SBOM_BEFORE
     statement = provenance.statement(subject, provenance.SLSA_PREDICATE, provenance.predicate(rec))
     assert hashlib.sha256(statement).hexdigest() == PROVENANCE_BEFORE
 

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 
 from .. import untrusted
-from ..base import spec as base_mod
+from ..base import inventory, spec as base_mod
 from ..base.filesystem import BaseFilesystem
 from ..base.layercache import LayerCache
 from ..errors import BakeryError, InputError, IntegrityError
@@ -30,13 +30,15 @@ from ..oci.registry import Registry
 from ..project import Project, cache_dir
 from ..proofs import gate, runner as prove_mod
 from ..trust import record as record_file
-from ..trust.record import (Artifact as ArtifactRecord, Base as BaseRecord, BuildRecord, Deleted, Distribution,
-                            File as FileRecord, Hashed, ImageSpec, Kernels, Layer as LayerRecord, LockPin,
-                            Manifest as ManifestRecord, Overlay as OverlayRecord, Source, Tuning, Verdict)
+from ..trust.record import (Artifact as ArtifactRecord, Base as BaseRecord, BuildRecord, DebPackage, Deleted,
+                            Distribution, File as FileRecord, Hashed, ImageSpec, Kernels, Layer as LayerRecord,
+                            LockPin, Manifest as ManifestRecord, OperatingSystem, Overlay as OverlayRecord, Source,
+                            Tuning, Verdict)
 from . import record
 from .publish import Derived, push, write_layout
 
 DIST_INFO = "usr/local/lib/python3*/dist-packages/*.dist-info/METADATA"
+DIST_RECORD = DIST_INFO.removesuffix("METADATA") + "RECORD"  # which files each distribution installed
 
 
 @dataclass(frozen=True)
@@ -149,11 +151,12 @@ def needed_files(project: Path, registered: list | None = None) -> tuple[str, ..
     """Every base file a build or rebase reads (as patterns): dist-info, overlay targets, what the
     proofs and probes read. Kept on a layer's first pass, so no layer is streamed twice."""
     registered = registered if registered is not None else registered_overlays(project)
+    always = (DIST_INFO, DIST_RECORD) + inventory.PATTERNS
     if registered is None:
-        return (DIST_INFO,)
+        return always
     paths = {o.target for o in registered} | {r for o in registered if o.proof for r in o.proof.reads} | \
         {c["path"] for o in registered for c in o.probe}
-    return (DIST_INFO,) + tuple(sorted(glob.escape(p.lstrip("/")) for p in paths))
+    return always + tuple(sorted(glob.escape(p.lstrip("/")) for p in paths))
 
 
 def open_base(project: Path, override: str | None, log=print, mirror: str | None = None) -> OpenBase:
@@ -280,7 +283,7 @@ def python_distributions(fs: BaseFilesystem) -> list[Distribution]:
                 raise IntegrityError(f"the base's /{untrusted.safe(path)} is {len(f.data)} bytes, past "
                                      f"{METADATA_LIMIT}: not a METADATA file; refused")
             meta = email.parser.BytesParser().parsebytes(f.data, headersonly=True)
-            fields = {}
+            fields = {"supplier": supplier(meta, path)}
             for field, pattern in (("Name", DIST_NAME), ("Version", DIST_VERSION)):
                 value = meta.get(field)
                 if not isinstance(value, str) or not pattern.fullmatch(value):
@@ -288,8 +291,25 @@ def python_distributions(fs: BaseFilesystem) -> list[Distribution]:
                     raise IntegrityError(f"the base's /{untrusted.safe(path)} has {field}: {said}, not a distribution "
                                          f"{field.lower()}: the base is refused (its SBOM could not name it)")
                 fields[field.lower()] = value
-            dists.append(Distribution(fields["name"], fields["version"], "/" + path, f.sha256))
+            dists.append(Distribution(fields["name"], fields["version"], "/" + path, f.sha256, fields["supplier"]))
     return dists
+
+
+def supplier(meta, path: str) -> str | None:
+    """Who a METADATA says supplies the distribution: its Author, else its Maintainer, else the name
+    (or address) of the first Author-email or Maintainer-email; None where it names no one."""
+    for field in ("Author", "Maintainer", "Author-email", "Maintainer-email"):
+        value = meta.get(field)
+        if isinstance(value, str) and value.strip():
+            value = " ".join(value.split())
+            if field.endswith("email"):
+                first = value.split(",")[0].strip()
+                value = first.split("<")[0].strip().strip('"') or first.strip("<>")
+            if len(value) > 200 or not value.isprintable():
+                raise IntegrityError(f"the base's /{untrusted.safe(path)} has an {field} that is not one printable "
+                                     f"line of at most 200 characters: the base is refused (its SBOM names it)")
+            return value
+    return None
 
 
 def folders_are_folders(base: OpenBase, paths: list[str]) -> None:
@@ -311,16 +331,17 @@ def check_attestable(rec: BuildRecord, subject: Reference) -> None:
     import base64
     import json
 
-    from ..trust import provenance, sbom
+    from ..trust import provenance, sbom, vex
     from ..oci.transport import DOCUMENT_LIMIT
 
     try:
         BuildRecord.from_json(rec.to_json())  # what `invoke attest` will read
         statements = {
             "SBOM": provenance.statement(subject, sbom.SPDX_PREDICATE, json.loads(sbom.document(rec, subject.name))),
-            "provenance": provenance.statement(subject, provenance.SLSA_PREDICATE, provenance.predicate(rec))}
+            "provenance": provenance.statement(subject, provenance.SLSA_PREDICATE, provenance.predicate(rec)),
+            "VEX": provenance.statement(subject, provenance.VEX_PREDICATE, json.loads(vex.document(rec, subject.name)))}
     except (InputError, KeyError, TypeError, ValueError, AttributeError) as e:
-        raise IntegrityError(f"the build record cannot give its SBOM and provenance ({type(e).__name__}: "
+        raise IntegrityError(f"the build record cannot give its SBOM, provenance and VEX ({type(e).__name__}: "
                              f"{untrusted.safe(e)}): nothing pushed") from None
     for what, body in statements.items():
         signed = len(base64.b64encode(body)) + 4096  # the DSSE envelope: the payload in base64, a signature
@@ -329,17 +350,32 @@ def check_attestable(rec: BuildRecord, subject: Reference) -> None:
                                  f"registry serves back: nothing pushed (is some text of the base huge?)")
 
 
-def overlay_records(project: Path, overlays: list, applied: list, proofs: dict) -> tuple[OverlayRecord, ...]:
-    """Every registered overlay (baked or not) with its hashes, for the record and the SBOM."""
+def overlay_records(project: Path, overlays: list, applied: list, proofs: dict, fs: BaseFilesystem,
+                    dists: list[Distribution]) -> tuple[OverlayRecord, ...]:
+    """Every registered overlay (baked or not) with its hashes, and for a baked one the distribution
+    whose RECORD lists its target (the SBOM puts the file in that package, and says the RECORD's
+    sha256 is no longer the file's)."""
     by_id = {a.overlay.id: a for a in applied}
+    # audit records' targets too: the VEX names the distribution for them as well
+    owned_by = inventory.owners(fs, [d.metadata for d in dists], [o.target for o in overlays])
+    # an audit record's probe, run on this base: the VEX says not_affected only where it holds
+    probed = [o for o in overlays if not o.baked and o.probe]
+    found = fs.read([c["path"] for o in probed for c in o.probe])
+    files = {"/" + p: (f.data if f is not None and f.kind in ("file", "hardlink") else None) for p, f in found.items()}
+    audits = {o.id: dict(zip(("holds", "detail"), overlays_mod.probe_holds(o, files))) for o in probed}
     out = []
     for o in overlays:
         a = by_id.get(o.id)
         patch = a.overlay.patch_path if a else o.patch_path
+        owned = owned_by.get(o.target)
+        owner = {"distribution": dists[owned[0]].name, "version": dists[owned[0]].version,
+                 "record_sha256": owned[1]} if owned else None
         out.append(OverlayRecord(o.id, o.target, o.kind, o.status, a is not None, o.upstream, o.reason,
                                  tuple(o.platforms), str(patch.relative_to(project)) if patch else None,
                                  a.overlay.patch_sha256 if a else o.patch_sha256, proofs.get(o.id),
-                                 a.base_sha256 if a else None, a.result_sha256 if a else None))
+                                 a.base_sha256 if a else None, a.result_sha256 if a else None,
+                                 hashlib.sha1(a.result, usedforsecurity=False).hexdigest() if a else None, owner,
+                                 o.defect, audits.get(o.id)))
     return tuple(out)
 
 
@@ -385,10 +421,19 @@ def write_outputs(derived: Derived, opts: Options, target: Reference | None, reg
 
 
 def base_record(opened: OpenBase, dists: list) -> BaseRecord:
+    """The base as read, with what its SBOM names: its Pythons, its OS and its dpkg packages (a base
+    with dpkg packages and no os-release is refused: scanners could not say whose packages they are)."""
     base, pinned = opened.image, opened.spec
+    os_found = inventory.operating_system(opened.fs)
+    debs = tuple(DebPackage.from_json(d, f"the base's dpkg package {i}")
+                 for i, d in enumerate(inventory.debian_packages(opened.fs)))
+    if debs and os_found is None:
+        raise IntegrityError("the base has dpkg packages but no /etc/os-release or /usr/lib/os-release: its SBOM "
+                             "could not name their distribution; the base is refused")
     return BaseRecord(pinned.image.name, pinned.image, str(base.ref), pinned.platform, base.index_digest,
                       base.manifest_digest, base.manifest_media_type, len(base.manifest_bytes),
-                      base.config_descriptor, tuple(base.layers), tuple(dists))
+                      base.config_descriptor, tuple(base.layers), tuple(dists),
+                      OperatingSystem.from_json(os_found) if os_found else None, debs)
 
 
 def build(opts: Options, log=print) -> tuple[Reference, BuildRecord]:
@@ -456,7 +501,7 @@ def build(opts: Options, log=print) -> tuple[Reference, BuildRecord]:
                               if d.endswith(".so") else "stale bytecode of an overlaid module")
                       for i, l in enumerate(layers)
                       for d in l.deletions),
-        overlays=overlay_records(project, overlays, applied, proofs),
+        overlays=overlay_records(project, overlays, applied, proofs, opened.fs, dists),
         verdicts=verdict_list,
         artifacts=tuple(ArtifactRecord.from_json(a.record(), f"artifacts[{i}]")
                         for i, a in enumerate(compiled.artifacts)),

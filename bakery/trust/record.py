@@ -18,7 +18,7 @@ from ..errors import InputError
 from ..oci.layer import write_blob
 from ..oci.refs import Descriptor, Digest, Reference
 
-SCHEMA = "https://github.com/dsv4-mi300x/bakery/build-record/v1"
+SCHEMA = "https://github.com/dsv4-mi300x/bakery/build-record/v2"
 OPTIONAL = type(None)
 
 
@@ -98,20 +98,65 @@ class Hashed(NamedTuple):
 
 
 class Distribution(NamedTuple):
-    """A Python distribution installed in the base, as its METADATA names it."""
+    """A Python distribution installed in the base, as its METADATA names it; supplier: its Author or
+    Maintainer (None: it names neither)."""
     name: str
     version: str
     metadata: str
     sha256: str
+    supplier: str | None
 
-    SHAPE = {"name": str, "version": str, "metadata": str, "sha256": str}
+    SHAPE = {"name": str, "version": str, "metadata": str, "sha256": str, "supplier": (str, OPTIONAL)}
 
     @classmethod
     def from_json(cls, obj, where: str) -> "Distribution":
         return cls(**checked(obj, cls.SHAPE, where))
 
     def to_json(self) -> dict:
-        return {"name": self.name, "version": self.version, "metadata": self.metadata, "sha256": self.sha256}
+        return self._asdict()
+
+
+class OperatingSystem(NamedTuple):
+    """The base's os-release: ID, VERSION_ID (None: it gives none), NAME, and which file said so."""
+    id: str
+    version_id: str | None
+    name: str
+    path: str
+
+    SHAPE = {"id": str, "version_id": (str, OPTIONAL), "name": str, "path": str}
+
+    @classmethod
+    def from_json(cls, obj) -> "OperatingSystem":
+        return cls(**checked(obj, cls.SHAPE, "base.os"))
+
+    def to_json(self) -> dict:
+        return self._asdict()
+
+
+class DebPackage(NamedTuple):
+    """A package dpkg has installed in the base (bakery.base.inventory): licenses are the names its
+    copyright file states, as it states them; status: the dpkg file that lists it."""
+    name: str
+    version: str
+    arch: str
+    source: str
+    source_version: str
+    maintainer: str | None
+    licenses: tuple[str, ...]
+    status: str
+
+    SHAPE = {"name": str, "version": str, "arch": str, "source": str, "source_version": str,
+             "maintainer": (str, OPTIONAL), "licenses": list, "status": str}
+
+    @classmethod
+    def from_json(cls, obj, where: str) -> "DebPackage":
+        fields = dict(checked(obj, cls.SHAPE, where))
+        if not all(isinstance(x, str) for x in fields["licenses"]):
+            raise InputError(f"build record: {where}.licenses must be a list of names")
+        return cls(**{**fields, "licenses": tuple(fields["licenses"])})
+
+    def to_json(self) -> dict:
+        return {**self._asdict(), "licenses": list(self.licenses)}
 
 
 class Base(NamedTuple):
@@ -127,10 +172,12 @@ class Base(NamedTuple):
     config: Descriptor
     layers: tuple[Descriptor, ...]
     python_distributions: tuple[Distribution, ...]
+    os: OperatingSystem | None
+    debian_packages: tuple[DebPackage, ...]
 
     SHAPE = {"name": str, "pinned": str, "read_from": str, "platform": str,
-                       "index_digest": (str, OPTIONAL), "manifest": dict, "config": dict, "layers": list,
-                       "python_distributions": list}
+             "index_digest": (str, OPTIONAL), "manifest": dict, "config": dict, "layers": list,
+             "python_distributions": list, "os": (dict, OPTIONAL), "debian_packages": list}
 
     @classmethod
     def from_json(cls, obj) -> "Base":
@@ -142,7 +189,10 @@ class Base(NamedTuple):
                    Descriptor.from_json(obj["config"]),
                    tuple(Descriptor.from_json(d) for d in _listed(obj["layers"], "base.layers")),
                    tuple(Distribution.from_json(d, f"base.python_distributions[{i}]")
-                         for i, d in enumerate(_listed(obj["python_distributions"], "base.python_distributions"))))
+                         for i, d in enumerate(_listed(obj["python_distributions"], "base.python_distributions"))),
+                   OperatingSystem.from_json(obj["os"]) if obj["os"] is not None else None,
+                   tuple(DebPackage.from_json(d, f"base.debian_packages[{i}]")
+                         for i, d in enumerate(_listed(obj["debian_packages"], "base.debian_packages"))))
 
     def to_json(self) -> dict:
         return {"name": self.name, "pinned": str(self.pinned), "read_from": self.read_from, "platform": self.platform,
@@ -150,7 +200,9 @@ class Base(NamedTuple):
                 "manifest": {"digest": str(self.manifest_digest), "mediaType": self.manifest_media_type,
                              "size": self.manifest_size},
                 "config": self.config.to_json(), "layers": [d.to_json() for d in self.layers],
-                "python_distributions": [d.to_json() for d in self.python_distributions]}
+                "python_distributions": [d.to_json() for d in self.python_distributions],
+                "os": self.os.to_json() if self.os else None,
+                "debian_packages": [d.to_json() for d in self.debian_packages]}
 
 
 class File(NamedTuple):
@@ -202,10 +254,16 @@ class Overlay(NamedTuple):
     proof: dict | None
     base_sha256: str | None
     result_sha256: str | None
+    result_sha1: str | None  # SPDX names a file by its SHA1 too
+    owner: dict | None  # {distribution, version, record_sha256}: whose RECORD lists the target, and its hash there
+    defect: dict | None  # {id, aliases}: the upstream defect overlays.yaml names (None: it names none)
+    audit: dict | None  # {holds, detail}: an audit record's probe run on this base (None: it has none)
 
     SHAPE = {"id": str, "target": str, "kind": str, "status": str, "baked": bool, "upstream": dict,
-                       "reason": str, "platforms": list, "patch": (str, OPTIONAL), "patch_sha256": (str, OPTIONAL),
-                       "proof": (dict, OPTIONAL), "base_sha256": (str, OPTIONAL), "result_sha256": (str, OPTIONAL)}
+             "reason": str, "platforms": list, "patch": (str, OPTIONAL), "patch_sha256": (str, OPTIONAL),
+             "proof": (dict, OPTIONAL), "base_sha256": (str, OPTIONAL), "result_sha256": (str, OPTIONAL),
+             "result_sha1": (str, OPTIONAL), "owner": (dict, OPTIONAL), "defect": (dict, OPTIONAL),
+             "audit": (dict, OPTIONAL)}
 
     @classmethod
     def from_json(cls, obj, where: str) -> "Overlay":
@@ -216,7 +274,8 @@ class Overlay(NamedTuple):
         return {"id": self.id, "target": self.target, "kind": self.kind, "status": self.status, "baked": self.baked,
                 "upstream": self.upstream, "reason": self.reason, "platforms": list(self.platforms),
                 "patch": self.patch, "patch_sha256": self.patch_sha256, "proof": self.proof,
-                "base_sha256": self.base_sha256, "result_sha256": self.result_sha256}
+                "base_sha256": self.base_sha256, "result_sha256": self.result_sha256, "result_sha1": self.result_sha1,
+                "owner": self.owner, "defect": self.defect, "audit": self.audit}
 
 
 class Verdict(NamedTuple):

@@ -1,26 +1,67 @@
-"""SPDX 2.3 JSON of a derived image: a view of the build record, deterministic to the byte."""
+"""SPDX 2.3 JSON of a derived image: a view of the build record, deterministic to the byte.
+
+What it names and how scanners match it:
+- the image, its base, and the base's OS as a package whose SPDXID starts SPDXRef-OperatingSystem-
+  (trivy takes the OS from that prefix and drops every deb without it), containing each dpkg
+  package with its purl (pkg:deb/ID/NAME@VERSION?arch=&distro=ID-VERSION_ID&upstream=), its
+  sourceInfo "built package from: SOURCE VERSION" (what trivy reads), its Maintainer as supplier and
+  the licenses its copyright file states, as SPDX ids (LicenseRef- for a name SPDX has not);
+- each Python distribution as pkg:pypi/NAME@VERSION, NAME normalized as PEP 503 and purl say;
+- our kernels, overlays, tuning tables and files as packages of our own, with sha256;
+- each overlaid file as an SPDX File inside the distribution whose RECORD lists it, FILE_MODIFIED
+  from the upstream file, with the patch PATCH_APPLIED, and a comment that its RECORD sha256 no
+  longer matches.
+A component that names no supplier of its own is supplied by who published what holds it: the
+base's registry namespace for what the base holds, this project for what it built.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+from collections import Counter
 
+from .. import untrusted
+from ..errors import IntegrityError
 from ..inputs.image import rfc3339
 
 from .provenance import SPDX_PREDICATE  # noqa: F401 (re-exported: the SBOM's statement type)
-from .record import BuildRecord
+from .record import BuildRecord, DebPackage, OperatingSystem
+
+# Debian's copyright-format short names (DEP-5) and the SPDX ids they mean; a name not here and not
+# an SPDX id itself becomes LicenseRef-NAME, declared in hasExtractedLicensingInfos
+DEBIAN_TO_SPDX = {
+    "apache-2.0": "Apache-2.0", "artistic-2.0": "Artistic-2.0", "bsd-2-clause": "BSD-2-Clause",
+    "bsd-3-clause": "BSD-3-Clause", "bsd-4-clause": "BSD-4-Clause", "bsl-1.0": "BSL-1.0", "cc0-1.0": "CC0-1.0",
+    "cc-by-4.0": "CC-BY-4.0", "cc-by-sa-4.0": "CC-BY-SA-4.0", "curl": "curl", "expat": "MIT", "mit": "MIT",
+    "gfdl-1.2": "GFDL-1.2-only", "gfdl-1.2+": "GFDL-1.2-or-later", "gfdl-1.3": "GFDL-1.3-only",
+    "gfdl-1.3+": "GFDL-1.3-or-later", "gpl-1": "GPL-1.0-only", "gpl-1+": "GPL-1.0-or-later",
+    "gpl-2": "GPL-2.0-only", "gpl-2+": "GPL-2.0-or-later", "gpl-3": "GPL-3.0-only", "gpl-3+": "GPL-3.0-or-later",
+    "isc": "ISC", "lgpl-2": "LGPL-2.0-only", "lgpl-2+": "LGPL-2.0-or-later", "lgpl-2.1": "LGPL-2.1-only",
+    "lgpl-2.1+": "LGPL-2.1-or-later", "lgpl-3": "LGPL-3.0-only", "lgpl-3+": "LGPL-3.0-or-later",
+    "mpl-1.1": "MPL-1.1", "mpl-2.0": "MPL-2.0", "openssl": "OpenSSL", "psf-2": "PSF-2.0", "python-2.0": "Python-2.0",
+    "unlicense": "Unlicense", "x11": "X11", "zlib": "Zlib", "zpl-2.1": "ZPL-2.1",
+}
+SPDX_IDS = set(DEBIAN_TO_SPDX.values())
 
 
 def _id(kind: str, name: str) -> str:
-    return f"SPDXRef-{kind}-" + re.sub(r"[^A-Za-z0-9.-]+", "-", name).strip("-")
+    """An SPDXID; where the name had to be changed to fit one, a hash of it keeps two names apart."""
+    clean = re.sub(r"[^A-Za-z0-9.-]+", "-", name).strip("-")
+    suffix = "" if clean == name else "-" + hashlib.sha256(name.encode()).hexdigest()[:16]
+    return f"SPDXRef-{kind}-{clean}{suffix}"
 
 
 def _package(spdx_id: str, name: str, version: str | None, sha256: str | None = None, purpose: str | None = None,
-             purl: str | None = None, download: str = "NOASSERTION", comment: str | None = None) -> dict:
+             purl: str | None = None, download: str = "NOASSERTION", comment: str | None = None,
+             supplier: str | None = None, license_declared: str = "NOASSERTION", source_info: str | None = None) -> dict:
     pkg = {"SPDXID": spdx_id, "name": name, "downloadLocation": download, "filesAnalyzed": False,
-           "licenseConcluded": "NOASSERTION", "licenseDeclared": "NOASSERTION", "copyrightText": "NOASSERTION"}
+           "licenseConcluded": "NOASSERTION", "licenseDeclared": license_declared, "copyrightText": "NOASSERTION"}
     if version:
         pkg["versionInfo"] = version
+    if supplier:
+        pkg["supplier"] = supplier
     if sha256:
         pkg["checksums"] = [{"algorithm": "SHA256", "checksumValue": sha256}]
     if purpose:
@@ -29,12 +70,65 @@ def _package(spdx_id: str, name: str, version: str | None, sha256: str | None = 
         pkg["externalRefs"] = [{"referenceCategory": "PACKAGE-MANAGER", "referenceType": "purl", "referenceLocator": purl}]
     if comment:
         pkg["comment"] = comment
+    if source_info:
+        pkg["sourceInfo"] = source_info
     return pkg
+
+
+def _quote(text: str, keep: str = "") -> str:
+    """Percent-encoding as purl writes a version or qualifier value (what packageurl-go gives)."""
+    return "".join(c if c.isascii() and (c.isalnum() or c in "-._~" + keep) else
+                   "".join(f"%{b:02X}" for b in c.encode()) for c in text)
 
 
 def _oci_purl(name: str, digest: str) -> str:
     registry, _, repo = name.partition("/")
     return f"pkg:oci/{repo.rsplit('/', 1)[-1]}@{digest.replace(':', '%3A')}?repository_url={registry}/{repo}"
+
+
+def pypi_purl(name: str, version: str) -> str:
+    return f"pkg:pypi/{re.sub(r'[-_.]+', '-', name).lower()}@{_quote(version)}"
+
+
+def deb_purl(os: OperatingSystem, deb: DebPackage) -> str:
+    """pkg:deb/ID/NAME@VERSION?arch=ARCH&distro=ID-VERSION_ID[&upstream=SOURCE[@VERSION]]: the source
+    is named where it differs from the package, with its version where that differs too."""
+    qualifiers = [("arch", deb.arch), ("distro", f"{os.id}-{os.version_id}" if os.version_id else os.id)]
+    if deb.source != deb.name or deb.source_version != deb.version:
+        upstream = deb.source + ("" if deb.source_version == deb.version else "@" + deb.source_version)
+        qualifiers.append(("upstream", upstream))
+    return f"pkg:deb/{os.id}/{_quote(deb.name)}@{_quote(deb.version, ':')}?" + \
+        "&".join(f"{k}={_quote(v, ':')}" for k, v in qualifiers)
+
+
+def spdx_license(name: str) -> str:
+    """The SPDX id a copyright file's license name means, or LicenseRef-NAME."""
+    if name in SPDX_IDS:
+        return name
+    return DEBIAN_TO_SPDX.get(name.lower()) or "LicenseRef-" + re.sub(r"[^A-Za-z0-9.-]", "-", name)
+
+
+def declared(names: tuple[str, ...]) -> str:
+    """All a package's licenses, ANDed: each file is under one of them (what syft writes too)."""
+    return " AND ".join(sorted({spdx_license(n) for n in names})) or "NOASSERTION"
+
+
+def deb_supplier(maintainer: str | None, fallback: str) -> str:
+    """A Maintainer field, `Name <address>`, as SPDX writes a supplier."""
+    if not maintainer:
+        return fallback
+    m = re.fullmatch(r"\s*([^<]*?)\s*<([^<>]*)>\s*", maintainer)
+    if not m:
+        return f"Organization: {_actor(maintainer)}"
+    name, email = _actor(m.group(1)), _actor(m.group(2))
+    if not (name or email):
+        return fallback
+    return f"Organization: {name or email}" + (f" ({email})" if email else "")
+
+
+def _actor(text: str) -> str:
+    """Text as an SPDX actor's name or email: SPDX's readers split at parentheses, so none stay."""
+    return " ".join(text.replace("(", " ").replace(")", " ").split())
 
 
 def proof_summary(proof: dict | None) -> str:
@@ -53,16 +147,37 @@ def document(record: BuildRecord, image_name: str) -> bytes:
     image_id = "SPDXRef-Image"
     base = record.base
     base_digest = str(base.manifest_digest)
+    ours = f"Organization: {record.source.repository}"  # what this project built or wrote
+    theirs = f"Organization: the publisher of {base.name}"  # what the base holds and names no supplier for
+    revision = record.source.revision + ("-dirty" if record.source.dirty else "")
     packages = [
-        _package(image_id, image_name, digest, record.manifest.digest.hex, "CONTAINER", _oci_purl(image_name, digest)),
+        _package(image_id, image_name, digest, record.manifest.digest.hex, "CONTAINER", _oci_purl(image_name, digest),
+                 supplier=ours),
         _package("SPDXRef-Base", base.name, base_digest, base.manifest_digest.hex, "CONTAINER",
-                 _oci_purl(base.name, base_digest)),
+                 _oci_purl(base.name, base_digest), supplier=theirs),
     ]
-    rels = [("SPDXRef-DOCUMENT", "DESCRIBES", image_id), (image_id, "DESCENDANT_OF", "SPDXRef-Base")]
+    files = []
+    # the image holds the base's layers (CONTAINS: what NTIA's checker walks) and derives from it
+    rels = [("SPDXRef-DOCUMENT", "DESCRIBES", image_id), (image_id, "CONTAINS", "SPDXRef-Base"),
+            (image_id, "DESCENDANT_OF", "SPDXRef-Base")]
+    if base.os:
+        os_id = _id("OperatingSystem", f"{base.os.id}-{base.os.version_id or 'unversioned'}")
+        packages.append(_package(os_id, base.os.id, base.os.version_id or "unversioned", purpose="OPERATING-SYSTEM",
+                                 supplier=f"Organization: {base.os.name}", comment=f"from the base's {base.os.path}"))
+        rels.append(("SPDXRef-Base", "CONTAINS", os_id))
+        for deb in base.debian_packages:
+            did = _id("Deb", f"{deb.name}-{deb.arch}")
+            packages.append(_package(did, deb.name, deb.version, purl=deb_purl(base.os, deb),
+                                     supplier=deb_supplier(deb.maintainer, theirs),
+                                     license_declared=declared(deb.licenses),
+                                     source_info=f"built package from: {deb.source} {deb.source_version}",
+                                     comment=f"installed in the base; listed in {deb.status}"))
+            rels.append((os_id, "CONTAINS", did))
+    dist_ids = {}
     for dist in base.python_distributions:
-        pid = _id("Python", dist.name)
-        packages.append(_package(pid, dist.name, dist.version, purpose="LIBRARY",
-                                 purl=f"pkg:pypi/{dist.name.lower()}@{dist.version}",
+        pid = dist_ids[dist.name] = _id("Python", dist.name)
+        packages.append(_package(pid, dist.name, dist.version, purpose="LIBRARY", purl=pypi_purl(dist.name, dist.version),
+                                 supplier=f"Organization: {dist.supplier}" if dist.supplier else theirs,
                                  comment=f"installed in the base; metadata {dist.metadata}"))
         rels.append(("SPDXRef-Base", "CONTAINS", pid))
     for o in record.overlays:
@@ -70,16 +185,30 @@ def document(record: BuildRecord, image_name: str) -> bytes:
         upstream_id, patch_id, overlay_id = _id("Upstream", o.id), _id("Patch", o.id), _id("Overlay", o.id)
         packages.append(_package(upstream_id, up["path"], up["ref"], o.base_sha256, "FILE",
                                  download=f"git+{up['repo']}@{up['ref']}#{up['path']}",
+                                 supplier=f"Organization: {up['repo']}",
                                  comment="the upstream file as found in the base"))
         if o.patch_sha256:
-            packages.append(_package(patch_id, o.patch, None, o.patch_sha256, "FILE",
+            packages.append(_package(patch_id, o.patch, revision, o.patch_sha256, "FILE", supplier=ours,
                                      comment=f"{o.kind}; {o.reason}"))
-            rels.append((patch_id, "PATCH_FOR", upstream_id))
+            rels.append((patch_id, "PATCH_APPLIED" if o.baked else "PATCH_FOR", upstream_id))
         if o.baked:
-            packages.append(_package(overlay_id, o.target, None, o.result_sha256, "FILE",
-                                     comment=f"overlay {o.id} ({o.status}), platforms {', '.join(o.platforms)}; "
-                                     + proof_summary(o.proof)))
-            rels += [(image_id, "CONTAINS", overlay_id), (overlay_id, "GENERATED_FROM", upstream_id)]
+            owner = o.owner
+            if not owner:
+                record_note = "; no RECORD in the base lists it"
+            else:
+                stock = "the stock file's" if owner["record_sha256"] == o.base_sha256 else \
+                    f"not even the stock file's (sha256 {o.base_sha256 or 'none: a new file'})"
+                record_note = (f"; the RECORD of {owner['distribution']} {owner['version']} gives sha256 "
+                               f"{owner['record_sha256'] or 'none'} for it, {stock}: this file no longer matches it")
+            checksums = [{"algorithm": "SHA1", "checksumValue": o.result_sha1},
+                         {"algorithm": "SHA256", "checksumValue": o.result_sha256}]
+            files.append({"SPDXID": overlay_id, "fileName": "." + o.target, "checksums": checksums,
+                          "fileTypes": ["SOURCE"], "licenseConcluded": "NOASSERTION", "copyrightText": "NOASSERTION",
+                          "comment": f"overlay {o.id} ({o.status}), platforms {', '.join(o.platforms)}; "
+                                     + proof_summary(o.proof) + record_note})
+            rels += [(image_id, "CONTAINS", overlay_id), (overlay_id, "FILE_MODIFIED", upstream_id)]
+            if owner and owner["distribution"] in dist_ids:
+                rels.append((dist_ids[owner["distribution"]], "CONTAINS", overlay_id))
             if o.patch_sha256:
                 rels.append((overlay_id, "GENERATED_FROM", patch_id))
         else:
@@ -87,12 +216,12 @@ def document(record: BuildRecord, image_name: str) -> bytes:
     kernels = record.kernels.artifact
     if kernels:
         packages.append(_package("SPDXRef-KernelArtifact", kernels.name, str(kernels.digest), kernels.digest.hex,
-                                 "ARCHIVE", _oci_purl(kernels.name, str(kernels.digest)),
+                                 "ARCHIVE", _oci_purl(kernels.name, str(kernels.digest)), supplier=ours,
                                  comment="the OCI artifact of the compiled kernels (kernels-<key>): compiled by this "
                                          "build and pushed, or taken from the registry under a release-key signature"))
     for artifact in record.artifacts:
         aid = _id("Artifact", artifact.name)
-        packages.append(_package(aid, artifact.path, None, artifact.sha256, "FILE",
+        packages.append(_package(aid, artifact.path, revision, artifact.sha256, "FILE", supplier=ours,
                                  comment=f"compiled for {artifact.arch} with {artifact.toolchain}"
                                  + "".join(f"; {s['operator']} serves {s['function']} (overlay {s['overlay']})"
                                            for s in artifact.serves)))
@@ -102,11 +231,12 @@ def document(record: BuildRecord, image_name: str) -> bytes:
         for src in artifact.sources:
             sid = _id("Source", src.path)
             if not any(p["SPDXID"] == sid for p in packages):
-                packages.append(_package(sid, src.path, None, src.sha256, "SOURCE"))
+                packages.append(_package(sid, src.path, revision, src.sha256, "SOURCE", supplier=ours))
             rels.append((aid, "GENERATED_FROM", sid))
     for table in record.tuning:
         tid = _id("Tuning", table.name)
-        packages.append(_package(tid, table.path, None, table.sha256, "FILE", comment="AITER tuning table"))
+        packages.append(_package(tid, table.path, revision, table.sha256, "FILE", supplier=ours,
+                                 comment="AITER tuning table"))
         rels.append((image_id, "CONTAINS", tid))
     described = {o.target for o in record.overlays if o.baked} | {a.path for a in record.artifacts} \
         | {t.path for t in record.tuning}
@@ -115,9 +245,19 @@ def document(record: BuildRecord, image_name: str) -> bytes:
             continue
         fid = _id("File", f.path)
         purpose = "FILE" if f.path != record.image.entrypoint[0] else "APPLICATION"
-        packages.append(_package(fid, f.path, None, f.sha256, purpose,
+        packages.append(_package(fid, f.path, revision, f.sha256, purpose, supplier=ours,
                                  comment="entrypoint" if purpose == "APPLICATION" else None))
         rels.append((image_id, "CONTAINS", fid))
+    holders = {a for a, t, b in rels if t == "CONTAINS" and b in {f["SPDXID"] for f in files}}
+    for p in packages:
+        if p["SPDXID"] in holders:  # SPDX lets only a package whose files were read contain a File
+            p["filesAnalyzed"] = True
+            p["comment"] = p.get("comment", "") + "; its files named here are only those this build changed"
+    twice = sorted(i for i, n in Counter(e["SPDXID"] for e in packages + files).items() if n > 1)
+    if twice:  # a reader keyed by SPDXID would keep one of them: the base names two things alike
+        raise IntegrityError(f"two of the base's packages would both be {untrusted.safe(twice[0])} in the SBOM (same "
+                             f"name and architecture, or a Python distribution installed twice): the base is refused")
+    refs = sorted({lic for p in packages for lic in re.findall(r"LicenseRef-[A-Za-z0-9.-]+", p["licenseDeclared"])})
     doc = {
         "spdxVersion": "SPDX-2.3",
         "dataLicense": "CC0-1.0",
@@ -125,8 +265,13 @@ def document(record: BuildRecord, image_name: str) -> bytes:
         "name": f"{image_name}@{digest}",
         "documentNamespace": f"{record.source.repository}/spdx/{digest.replace(':', '-')}",
         "creationInfo": {"created": rfc3339(record.source.source_date_epoch),
-                         "creators": [f"Tool: bakery-{record.tools['bakery']}"]},
+                         "creators": [f"Tool: bakery-{record.tools['bakery']}", ours]},
         "packages": packages,
+        "files": files,
+        "hasExtractedLicensingInfos": [
+            {"licenseId": ref, "name": ref.removeprefix("LicenseRef-"),
+             "extractedText": f"{ref.removeprefix('LicenseRef-')}: a license name a Debian copyright file of the "
+                              f"base states, which SPDX's list has no id for"} for ref in refs],
         "relationships": [{"spdxElementId": a, "relationshipType": t, "relatedSpdxElement": b} for a, t, b in rels],
     }
     return json.dumps(doc, indent=1, sort_keys=True).encode()

@@ -5,9 +5,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import untrusted
 from ..errors import BakeryError, InputError, IntegrityError, malformed
 from ..oci.manifest import Manifest
 from ..oci.refs import Descriptor, Digest, Reference
@@ -248,6 +250,30 @@ def _attestations(store, ref: Reference, policy, report: Report) -> dict:
     return found
 
 
+VEX_STATUSES = ("not_affected", "affected", "fixed", "under_investigation")  # OpenVEX 0.2.0's
+
+
+def _vex(doc: dict, ref: Reference, report: Report) -> None:
+    """Every statement is about this image: a VEX signed for one digest says nothing of another. Its
+    products are this digest's pkg:oci purl (the same in @id and identifiers), its subcomponents
+    Python packages; its status one OpenVEX knows. No statement at all is a VEX too (every overlay
+    superseded)."""
+    image = re.compile(r"pkg:oci/[^@?#/]+@" + re.escape(str(ref.digest).replace(":", "%3A")) + r"(\?[^#]*)?")
+    with malformed("the VEX"):
+        statements = doc["statements"]
+        wrong = []
+        for s in statements:
+            for p in s["products"]:
+                purl = p["@id"]
+                if not (s["status"] in VEX_STATUSES and isinstance(purl, str) and image.fullmatch(purl)
+                        and p.get("identifiers", {}).get("purl", purl) == purl
+                        and all(str(c["@id"]).startswith("pkg:pypi/") for c in p.get("subcomponents", []))):
+                    wrong.append(untrusted.safe(purl, limit=120))
+    report.check(isinstance(statements, list) and not wrong,
+                 f"every VEX statement is about this image ({len(statements)} statement(s))"
+                 + (f"; {len(wrong)} name another product or status: {wrong[0]}" if wrong else ""))
+
+
 def _provenance(prov: dict, manifest: bytes, policy, report: Report) -> None:
     """How it was built: the pinned base, an allowed builder and source, a clean checkout."""
     params = prov["buildDefinition"]["externalParameters"]
@@ -306,6 +332,9 @@ def verify(store, ref: Reference, policy, require_smoke: bool = False, blobs: bo
     found = _step(report, f"attestations {signature_tag(ref.digest, 'att')}", _attestations, store, ref, policy,
                   report) or {}
     report.check(sbom.SPDX_PREDICATE in found, "SBOM (SPDX 2.3) attestation present and signed")
+    vex_doc = found.get(provenance.VEX_PREDICATE)
+    if report.check(vex_doc is not None, "VEX (OpenVEX 0.2.0) attestation present and signed"):
+        _step(report, "the signed VEX", _vex, vex_doc, ref, report)
     prov = found.get(provenance.SLSA_PREDICATE)
     if report.check(prov is not None, "SLSA provenance attestation present and signed"):
         _step(report, "the signed provenance", _provenance, prov, manifest, policy, report)
@@ -405,6 +434,10 @@ def _step(report: Report, what: str, fn, *args):
         return None
 
 
+def sha256_of(element: dict) -> str:
+    return next((c["checksumValue"] for c in element.get("checksums", []) if c["algorithm"] == "SHA256"), "?")
+
+
 def summarize(spdx: dict, prov: dict | None) -> dict:
     """What is in the image, from the signed SBOM: base, overlays, kernels, tables."""
     def by(prefix):
@@ -414,7 +447,8 @@ def summarize(spdx: dict, prov: dict | None) -> dict:
     return {
         "base": f"{base.get('name')}@{base.get('versionInfo')}",
         "python": [f"{p['name']} {p.get('versionInfo')}" for p in by("SPDXRef-Python-")],
-        "overlays": [f"{p['name']} sha256:{p['checksums'][0]['checksumValue'][:12]}" for p in by("SPDXRef-Overlay-")],
+        "overlays": [f"{f['fileName'].removeprefix('.')} sha256:{sha256_of(f)[:12]}" for f in spdx.get("files", [])
+                     if f["SPDXID"].startswith("SPDXRef-Overlay-")],
         "kernels": [f"{p['name']} sha256:{p['checksums'][0]['checksumValue'][:12]}" for p in by("SPDXRef-Artifact-")],
         "tables": [f"{p['name']} sha256:{p['checksums'][0]['checksumValue'][:12]}" for p in by("SPDXRef-Tuning-")],
         "source": (prov or {}).get("buildDefinition", {}).get("externalParameters", {}).get("source", {}),
