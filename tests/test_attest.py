@@ -192,10 +192,10 @@ def test_offline_verify_of_an_oci_layout(signed, keypair, policy, fixture_base, 
 
 # -- independent verifiers --------------------------------------------------------------------------
 
-def test_cosign_accepts_signature_and_both_attestations(signed, keypair):
+def test_cosign_accepts_signature_and_every_attestation(signed, keypair):
     ref, _ = signed["a"]
     assert cosign("verify", "--key", str(keypair[1]), str(ref)).returncode == 0
-    for kind in ("slsaprovenance1", "spdxjson"):
+    for kind in ("slsaprovenance1", "spdxjson", "openvex"):
         result = cosign("verify-attestation", "--key", str(keypair[1]), "--type", kind, str(ref))
         assert result.returncode == 0, result.stderr
 
@@ -234,7 +234,8 @@ def test_spdx_tools_validate_our_sbom(signed, registry, tmp_path):
     statement = json.loads(base64.b64decode(json.loads(envelopes(registry, ref)["https://spdx.dev/Document"])["payload"]))
     sbom = statement["predicate"]
     rels = {(r["spdxElementId"].split("-")[1], r["relationshipType"]) for r in sbom["relationships"]}
-    assert {("Patch", "PATCH_FOR"), ("Overlay", "GENERATED_FROM"), ("Image", "CONTAINS")} <= rels
+    assert {("Patch", "PATCH_APPLIED"), ("Overlay", "GENERATED_FROM"), ("Overlay", "FILE_MODIFIED"),
+            ("Image", "CONTAINS")} <= rels
     path = tmp_path / "sbom.spdx.json"
     path.write_text(json.dumps(sbom))
     ok = subprocess.run([str(ROOT / ".venv" / "bin" / "pyspdxtools"), "-i", str(path)], capture_output=True, text=True)
@@ -258,7 +259,8 @@ def test_sbom_and_provenance_carry_each_overlay_proof(signed, registry):
               ["byproducts"] if b["name"].startswith("proof: ")}
     assert {k: b["digest"]["sha256"] for k, b in proofs.items()} == code
     assert {(b["annotations"]["stock"], b["annotations"]["overlaid"]) for b in proofs.values()} == {("BROKEN", "FIXED")}
-    comments = [p.get("comment", "") for p in predicate("https://spdx.dev/Document")["packages"]]
+    spdx = predicate("https://spdx.dev/Document")
+    comments = [p.get("comment", "") for p in spdx["packages"] + spdx["files"]]
     for overlay_id, sha in code.items():
         assert any(f"overlay {overlay_id} " in c and f"code sha256 {sha}): stock BROKEN, overlaid FIXED" in c
                    for c in comments), overlay_id
@@ -378,6 +380,22 @@ def test_tamper_sbom_missing(signed, keypair, policy, registry):
     try:
         expect_failure(signed["project"], ref_b, keypair[1], policy, "FAIL SBOM (SPDX 2.3) attestation present")
         assert cosign("verify-attestation", "--key", str(keypair[1]), "--type", "spdxjson", str(ref_b)).returncode != 0
+    finally:
+        reg.put_manifest(ref_b.repository, tag, good, OCI_MANIFEST)
+
+
+def test_tamper_vex_missing(signed, keypair, policy, registry):
+    ref_b, _ = signed["b"]
+    reg = Registry(registry)
+    tag = signature_tag(ref_b.digest, "att")
+    good = reg.get_manifest(Reference(registry, ref_b.repository, tag))[0]
+    manifest = json.loads(good)
+    manifest["layers"] = [l for l in manifest["layers"]
+                          if l["annotations"]["predicateType"] != "https://openvex.dev/ns"]
+    reg.put_manifest(ref_b.repository, tag, json.dumps(manifest).encode(), OCI_MANIFEST)
+    try:
+        expect_failure(signed["project"], ref_b, keypair[1], policy, "FAIL VEX (OpenVEX 0.2.0) attestation present")
+        assert cosign("verify-attestation", "--key", str(keypair[1]), "--type", "openvex", str(ref_b)).returncode != 0
     finally:
         reg.put_manifest(ref_b.repository, tag, good, OCI_MANIFEST)
 

@@ -54,6 +54,14 @@ def write_registry(project, entries) -> None:
     ([entry(probe=[{"present": "a", "absent": "b", "why": "w"}])], "exactly one of"),
     ([entry(probe=[{"present": "a"}])], "missing key\\(s\\) why"),
     ([entry(reason=None)], "reason must be a str, not null"),  # the signed SBOM said "None"
+    # the release key signs `fixed` under the defect's id: it must be the overlay's upstream's own
+    ([entry(defect={"id": "https://nvd.nist.gov/vuln/detail/CVE-2025-0001", "aliases": []})],
+     "not an issue, PR, commit or advisory of https://github.com/vllm-project/vllm"),
+    ([entry(defect={"id": "https://github.com/vllm-project/vllm/issues/1", "aliases": None})], "must be a list"),
+    ([entry(defect={"id": "https://github.com/vllm-project/vllm/issues/1", "aliases": ["javascript:x"]})],
+     "is not an https URL"),
+    ([entry(defect={"id": "https://github.com/vllm-project/vllm/issues/1", "aliases": []}, patch=None,
+            status="absent")], "needs a probe"),
 ])
 def test_bad_registry(project, entries, message):
     if isinstance(entries, str):

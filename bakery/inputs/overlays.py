@@ -26,9 +26,14 @@ KINDS = ("patch", "new-file", "upstream-backport")
 STATUSES = ("required", "superseded", "already-upstream", "absent", "not-applicable")
 UNPATCHED = ("already-upstream", "absent", "not-applicable")  # audit records: no patch file
 ENTRY_KEYS = {"id": str, "target": str, "upstream": dict, "patch": str, "kind": str, "reason": str,
-              "status": str, "platforms": list, "note": str, "proof": dict, "probe": list, "by_hand": str}
+              "status": str, "platforms": list, "note": str, "proof": dict, "probe": list, "by_hand": str,
+              "defect": dict}
 PROBE_KEYS = {"present": str, "absent": str, "file": str, "path": str, "why": str}
 UPSTREAM_KEYS = {"repo": str, "ref": str, "path": str}
+# the upstream defect an overlay fixes (or an audit record is about), as upstream names it: the VEX
+# statement's vulnerability. id and aliases are https URLs of the issue, advisory, PR or commit
+DEFECT_KEYS = {"id": str, "aliases": list}
+DEFECT_URL = re.compile(r"https://[A-Za-z0-9.-]+/[A-Za-z0-9._~/#%+-]{1,200}")
 LOCK_SCHEMA = "bakery.overlays.lock/v1"
 
 
@@ -47,6 +52,7 @@ class Overlay:
     ports: tuple[tuple[str, Path, bytes], ...] = ()  # (target sha256 it applies to, patch file, bytes)
     probe: tuple[dict, ...] = ()  # an audit record's conditions: what must be true of a base for it to hold
     by_hand: str | None = None  # what of the record only a person (or the hardware) can check
+    defect: dict | None = None  # {id, aliases}: the upstream defect, where upstream names it
 
     @property
     def baked(self) -> bool:
@@ -120,13 +126,35 @@ def load(path: Path) -> list[Overlay]:
                           entry["reason"], entry["status"], tuple(entry["platforms"]),
                           proof_spec.load_spec(entry.get("proof"), path.parent, f"{where}: proof"),
                           _ports(path.parent, entry["id"], where), _probe(entry.get("probe"), target, where),
-                          entry.get("by_hand"))
+                          entry.get("by_hand"), _defect(entry.get("defect"), where, entry["upstream"]["repo"]))
+        if overlay.defect and overlay.status in UNPATCHED and not overlay.probe:
+            # the release key signs `not_affected` for it: a base must be checked to still hold that
+            raise InputError(f"{where}: an audit record that names a defect needs a probe (what a base must "
+                             f"hold for the VEX's not_affected to be true of it)")
         if patch_bytes is not None:
             _check_patch_names_target(overlay)
         for port_sha, port_path, port_bytes in overlay.ports:
             _check_port(path.parent, dataclasses.replace(overlay, patch_path=port_path, patch_bytes=port_bytes), port_sha)
         out.append(overlay)
     return out
+
+
+def _defect(entry: dict | None, where: str, upstream_repo: str) -> dict | None:
+    """The defect is named in the overlay's own upstream repository (its issue, PR, commit or
+    advisory): the release key signs `fixed` under that id, so it may not be any URL at all."""
+    if entry is None:
+        return None
+    schema.check_keys(entry, DEFECT_KEYS, f"{where}: defect", required=set(DEFECT_KEYS))
+    if not isinstance(entry["aliases"], list):
+        raise InputError(f"{where}: defect aliases must be a list of URLs")
+    for url in [entry["id"], *entry["aliases"]]:
+        if not isinstance(url, str) or not DEFECT_URL.fullmatch(url):
+            raise InputError(f"{where}: defect {url!r} is not an https URL of an issue, advisory, PR or commit")
+    if not re.fullmatch(re.escape(upstream_repo.rstrip("/")) + r"/(issues|pull|commit|security/advisories)/[^/]+",
+                        entry["id"]):
+        raise InputError(f"{where}: defect id {entry['id']!r} is not an issue, PR, commit or advisory of "
+                         f"{upstream_repo}, the overlay's upstream")
+    return {"id": entry["id"], "aliases": list(entry["aliases"])}
 
 
 PORTS = "patches/ports"  # patches/ports/<id>/<sha256 of the target bytes it applies to>.patch

@@ -16,7 +16,7 @@ from ..oci.manifest import Manifest
 from ..oci.refs import Descriptor, Digest, Reference
 from ..oci.registry import OCI_MANIFEST
 from ..oci.store import signature_tag
-from . import provenance, sbom, sign
+from . import provenance, sbom, sign, vex
 from .record import Artifact, BuildRecord, Verdict
 
 SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
@@ -92,7 +92,7 @@ def statement_of(envelope: bytes, subject: Reference, what: str) -> tuple[str, d
 
 
 def attest(store, subject: Reference, record: BuildRecord, signer: sign.Signer, sign_kernels: bool = True) -> dict:
-    """Sign the digest, attach SBOM and provenance, and sign the kernel artifact the record names
+    """Sign the digest, attach SBOM, provenance and VEX, and sign the kernel artifact the record names
     (so that a later build may bake it instead of compiling); return what was written."""
     if subject.digest is None:
         raise InputError(f"attest needs IMAGE@sha256:DIGEST, got {subject}")
@@ -106,6 +106,8 @@ def attest(store, subject: Reference, record: BuildRecord, signer: sign.Signer, 
                                                   json.loads(sbom.document(record, subject.name))),
         provenance.SLSA_PREDICATE: provenance.statement(subject, provenance.SLSA_PREDICATE,
                                                         provenance.predicate(record)),
+        provenance.VEX_PREDICATE: provenance.statement(subject, provenance.VEX_PREDICATE,
+                                                       json.loads(vex.document(record, subject.name))),
     }
     written = {"signature": sign_image(store, subject, signer),
                "attestations": attach(store, subject, statements, signer)}

@@ -11,12 +11,12 @@ from .. import schema
 from ..errors import InputError
 from ..oci.refs import Reference
 from ..project import Project
-from .provenance import REBUILD_PREDICATE, SLSA_PREDICATE, SPDX_PREDICATE, TEST_RESULT_PREDICATE
+from .provenance import REBUILD_PREDICATE, SLSA_PREDICATE, SPDX_PREDICATE, TEST_RESULT_PREDICATE, VEX_PREDICATE
 
 # Whose keys may sign a statement of each predicate type. The type is read from the signed
 # statement itself, never from a label beside it; a type not listed here no key may sign.
-SIGNED_BY = {SLSA_PREDICATE: "release", SPDX_PREDICATE: "release", TEST_RESULT_PREDICATE: "smoke",
-             REBUILD_PREDICATE: "rebuilder"}
+SIGNED_BY = {SLSA_PREDICATE: "release", SPDX_PREDICATE: "release", VEX_PREDICATE: "release",
+             TEST_RESULT_PREDICATE: "smoke", REBUILD_PREDICATE: "rebuilder"}
 SMOKE_SPEC = "provenance/smoke.yaml"
 POLICY_KEYS = {"roles": dict, "allowed_sources": list, "allowed_builders": list, "allowed_repositories": list,
                "allow_dirty": bool, "base": str, "require_smoke": bool, "require_rebuilds": int, "smoke_spec": str,

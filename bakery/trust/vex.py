@@ -1,0 +1,86 @@
+"""OpenVEX 0.2.0 of a derived image: what each overlay says of the upstream defect it is about, as a
+view of the build record, deterministic to the byte. `invoke attest` signs it with the release key.
+
+- a baked overlay: `fixed`, its impact statement naming the overlay, the patch's sha256, the file it
+  gave, and the proof's verdict and code sha256 (or why no proof runs off the hardware);
+- an audit record: `not_affected` with the justification its status says (absent or fixed upstream:
+  the vulnerable code is not present; not-applicable: it is not in the execute path), where its
+  probe holds on this base (or it has none: then the statement says it was recorded by hand);
+  `under_investigation` where the probe no longer holds;
+- a superseded overlay says nothing: another overlay speaks for its target.
+The product is the image (its pkg:oci purl), with the Python distribution whose RECORD lists the
+target as subcomponent. A defect upstream names (overlays.yaml's `defect`) is the vulnerability,
+with its aliases; one it does not name is named by the overlay in this project's repository.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..inputs.image import rfc3339
+from .record import BuildRecord, Overlay
+from .sbom import _oci_purl, proof_summary, pypi_purl
+
+CONTEXT = "https://openvex.dev/ns/v0.2.0"  # the spec version this document follows
+JUSTIFICATION = {"absent": "vulnerable_code_not_present", "already-upstream": "vulnerable_code_not_present",
+                 "not-applicable": "vulnerable_code_not_in_execute_path"}
+
+
+def _vulnerability(o: Overlay, repository: str) -> dict:
+    if o.defect:
+        found = {"@id": o.defect["id"], "name": o.defect["id"]}
+        if o.defect["aliases"]:
+            found["aliases"] = list(o.defect["aliases"])
+    else:
+        found = {"name": f"{repository}#overlay-{o.id}"}
+    return {**found, "description": " ".join(o.reason.split())}
+
+
+def _product(o: Overlay, image_purl: str) -> dict:
+    product = {"@id": image_purl, "identifiers": {"purl": image_purl}}
+    owner = o.owner
+    if owner:
+        purl = pypi_purl(owner["distribution"], owner["version"])
+        product["subcomponents"] = [{"@id": purl, "identifiers": {"purl": purl}}]
+    return product
+
+
+def statement(o: Overlay, image_purl: str, record: BuildRecord) -> dict | None:
+    """The overlay's statement about the image, or None (superseded: it says nothing)."""
+    if o.status == "superseded":
+        return None
+    said = {"vulnerability": _vulnerability(o, record.source.repository),
+            "products": [_product(o, image_purl)]}
+    if o.baked:
+        said["status"] = "fixed"
+        said["impact_statement"] = (f"fixed by overlay {o.id}: patch {o.patch} (sha256 {o.patch_sha256}) applied to "
+                                    f"{o.target} (sha256 {o.base_sha256 or 'none: a new file'}), giving sha256 "
+                                    f"{o.result_sha256}; {proof_summary(o.proof)}")
+    elif o.audit and not o.audit["holds"]:  # what the record says is no longer true of this base
+        said["status"] = "under_investigation"
+        said["status_notes"] = f"audit record {o.id} ({o.status}): its probe {o.audit['detail']}"
+    else:
+        said["status"] = "not_affected"
+        said["justification"] = JUSTIFICATION[o.status]
+        checked = f"its probe holds on this base ({o.audit['detail']})" if o.audit else \
+            "no probe checks it on a base: recorded by hand"
+        said["impact_statement"] = f"audit record {o.id} ({o.status}), {checked}: " + " ".join(o.reason.split())
+    return said
+
+
+def document(record: BuildRecord, image_name: str) -> bytes:
+    """The OpenVEX document for the image the record describes; image_name is where it was pushed."""
+    digest = str(record.manifest.digest)
+    image_purl = _oci_purl(image_name, digest)
+    statements = [s for s in (statement(o, image_purl, record) for o in record.overlays) if s]
+    doc = {
+        "@context": CONTEXT,
+        "@id": f"{record.source.repository}/vex/{digest.replace(':', '-')}",
+        "author": record.source.repository,
+        "role": "release",
+        "timestamp": rfc3339(record.source.source_date_epoch),
+        "version": 1,
+        "tooling": f"bakery-{record.tools['bakery']}",
+        "statements": statements,
+    }
+    return json.dumps(doc, indent=1, sort_keys=True).encode()
