@@ -291,6 +291,14 @@ class BaseFilesystem:
             return BaseFile(path, kind, mode, data, link, layer, sha, None)
         return BaseFile(path, kind, mode, size, link, layer, sha, data)
 
+    def kinds(self, paths: Iterable[str]) -> dict[str, tuple[str, str] | None]:
+        """(kind, link target) of each path as the merged view has it, fetching no file's bytes."""
+        out = {}
+        for p in {normalize(p) for p in paths}:
+            hit = self._locate(p)
+            out[p] = (hit[1][0], hit[1][3]) if hit else None
+        return {p: out[p] for p in sorted(out)}
+
     def read(self, paths: Iterable[str], limit: int | None = None) -> dict[str, BaseFile | None]:
         """Resolve each path (from the view when it knows it, else through the layers); regular
         files come back with their bytes, checked against their sha256. A file past `limit` bytes

@@ -39,6 +39,7 @@ BATCH = 64  # files read at once: a hostile base's many large files are never al
 
 OS_ID = re.compile(r"[a-z0-9._-]{1,64}")  # os-release(5): ID and VERSION_ID's characters
 OS_VERSION_ID = re.compile(r"[a-zA-Z0-9._~-]{1,64}")
+FIELD_NAME = re.compile(r"[!-9;-~]+")
 STATUS_D_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9+._:-]{0,127}")  # status.d/PACKAGE[:ARCH]
 DEB_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]{0,127}")  # Debian policy 5.6.1 and 5.6.7
 DEB_VERSION = re.compile(r"[A-Za-z0-9.+~:-]{1,128}")
@@ -114,21 +115,21 @@ def stanzas(text: str, path: str) -> list[dict]:
             if fields:
                 out.append({k: "\n".join(v) for k, v in fields.items()})
             fields, last = {}, None
-        elif not line.strip():
+        elif not line.strip(" \t"):
             raise _refuse(path, "has a line of only whitespace: dpkg's readers would not agree where a package ends")
         elif line[0] in " \t":
             if last is None:
                 raise _refuse(path, "has a continuation line before any field")
-            fields[last].append(line.strip())  # joined once: a long field costs its length, not its square
+            fields[last].append(line.strip(" \t"))  # joined once: a long field costs its length, not its square
         else:
             key, sep, value = line.partition(":")
-            if not sep or not key or " " in key:
+            if not sep or not FIELD_NAME.fullmatch(key):  # deb822(5): US-ASCII, no space or colon
                 raise _refuse(path, f"has a line that is no field: {untrusted.safe(line, limit=60)!r}")
             if key.lower() in fields:
                 raise _refuse(path, f"gives {untrusted.safe(key, limit=40)} twice in one package: dpkg's readers "
                                     f"would not agree which counts")
             last = key.lower()
-            fields[last] = [value.strip()]
+            fields[last] = [value.strip(" \t")]
         if len(out) > PACKAGES_LIMIT:
             raise _refuse(path, f"lists more than {PACKAGES_LIMIT:,} packages")
     if fields:
@@ -151,14 +152,15 @@ GONE = ({"deinstall", "purge"}, {"not-installed", "config-files"})  # removed: o
 def package(fields: dict, path: str) -> dict | None:
     """One installed package of a status paragraph, or None where dpkg has removed it (its config
     files may remain). A paragraph without a Status is a status.d file's: installed. Any other state
-    (half-installed, unpacked, triggers pending, wanted removed but still installed) is refused:
+    than installed (held or not) is refused (half-installed, unpacked, triggers pending, wanted
+    removed but still installed):
     trivy lists such a package by what is wanted, syft and dpkg by what is on disk."""
     status = fields.get("status", "install ok installed").split()
     if len(status) != 3:
         raise _refuse(path, f"gives a Status {untrusted.safe(fields['status'], limit=60)!r}, not WANT FLAG STATE")
     if status[0] in GONE[0] and status[2] in GONE[1]:
         return None
-    if status != ["install", "ok", "installed"]:
+    if status[0] not in ("install", "hold") or status[1:] != ["ok", "installed"]:  # held: installed, kept
         raise _refuse(path, f"gives package {untrusted.safe(fields.get('package', '?'), limit=80)} the Status "
                             f"{' '.join(status)!r}: scanners would not agree whether it is installed")
     name = _field(fields, "Package", DEB_NAME, path)
@@ -182,12 +184,12 @@ def license_names(text: str, path: str = "copyright") -> list[str]:
     """The license short names a copyright file states: each `License:` line of a machine-readable
     one (DEP-5), split at `or`, `and`, `,` and `|`, with any `with ... exception` dropped, and each
     /usr/share/common-licenses/NAME it points to; `none` is no license. Sorted, each once. A
-    `License:` line past FIELD_LIMIT is refused (no license expression is that long)."""
+    `License:` line past FIELD_LIMIT is not read (no license expression is that long)."""
     names = set()
     if text.startswith("Format:"):
         for m in re.finditer(r"(?m)^License:[ \t]*(\S[^\n]*)$", text):
-            if len(m.group(1)) > FIELD_LIMIT:
-                raise _refuse(path, f"has a License: line of {len(m.group(1))} characters, past {FIELD_LIMIT}")
+            if len(m.group(1)) > FIELD_LIMIT:  # no license expression is that long: not read (bounds the cost)
+                continue
             # "X with Y exception", Y of one word or more ("with BINARY LIBRARY-LIKE PACKAGES exception")
             expression = re.sub(r"(?i)\s+with\s+(?:\S+\s+)*?\S+\s+exception\b|\s+with\s+\S+", "", m.group(1))
             for word in re.split(r"(?i)\s+(?:or|and)\s+|\s*[,|]\s*", expression.strip()):
@@ -236,18 +238,20 @@ def debian_packages(fs) -> list[dict]:
         return []
     docs = sorted({p["name"] for p in packages})
     linked = {}  # a doc folder that is a link to a sibling: the sibling's copyright tells
-    for batch in _batches([DOC + name for name in docs]):
-        for path, f in fs.read(batch).items():
-            if f is not None and f.kind == "symlink" and DEB_NAME.fullmatch(f.linkname):
-                linked[path.removeprefix(DOC)] = f.linkname
-    licenses = {}  # copyright path -> its names, each file parsed once however many link to it
+    for path, kind in fs.kinds([DOC + name for name in docs]).items():  # no file fetched for this
+        if kind is not None and kind[0] == "symlink" and DEB_NAME.fullmatch(kind[1]):
+            linked[path.removeprefix(DOC)] = kind[1]
+    licenses = {}  # copyright path -> its names
+    parsed: dict[str, list[str]] = {}  # each content parsed once, however many names or links lead to it
     for batch in _batches(sorted({DOC + linked.get(name, name) + "/copyright" for name in docs})):
         for path, f in fs.read(batch, limit=COPYRIGHT_LIMIT).items():
             if f is None or f.kind not in ("file", "hardlink"):
                 continue
             if f.data is None:
                 raise _refuse(path, f"is {f.size} bytes, past {COPYRIGHT_LIMIT}: not a copyright file we read")
-            licenses[path] = license_names(f.data.decode("utf-8", "replace"), path)
+            if f.sha256 not in parsed or f.sha256 is None:
+                parsed[f.sha256] = license_names(f.data.decode("utf-8", "replace"), path)
+            licenses[path] = parsed[f.sha256]
     for p in packages:
         p["licenses"] = licenses.get(DOC + linked.get(p["name"], p["name"]) + "/copyright", [])
     return sorted(packages, key=lambda p: (p["name"], p["arch"]))
@@ -263,35 +267,31 @@ def record_hash(line: str) -> str | None:
 
 def owners(fs, metadata_paths: list[str], targets: list[str]) -> dict[str, tuple[int, str | None]]:
     """Which distribution's RECORD lists each target (an image path): {target: (its index in
-    metadata_paths, the sha256 that RECORD gives for it)}; a target no RECORD of its folder lists is
-    left out. Each RECORD is read once."""
-    wanted: dict[str, dict[str, str]] = {}  # RECORD path -> {path relative to its folder: target}
-    index_of = {}
-    for i, meta in enumerate(metadata_paths):
-        folder = PurePosixPath(meta.lstrip("/")).parent
-        site, record = folder.parent, str(folder / "RECORD")
-        index_of[record] = i
-        for target in targets:
-            if PurePosixPath(target.lstrip("/")).is_relative_to(site):
-                wanted.setdefault(record, {})[str(PurePosixPath(target.lstrip("/")).relative_to(site))] = target
+    metadata_paths, the sha256 that RECORD gives for it)}; a target no RECORD lists is left out.
+    Every RECORD is read, once, and each row taken as the installer would (relative to its
+    site folder, `..` and `./` resolved): a file two distributions claim is refused."""
+    wanted = {posixpath.normpath("/" + t.lstrip("/")): t for t in targets}
+    records = {str(PurePosixPath(meta.lstrip("/")).parent / "RECORD"): i for i, meta in enumerate(metadata_paths)}
     found: dict[str, tuple[int, str | None]] = {}
-    said_by = {}
-    for path, f in sorted(fs.read(wanted, limit=RECORD_LIMIT).items()):
-        if f is None or f.kind not in ("file", "hardlink"):
-            continue
-        if f.data is None:
-            raise _refuse(path, f"is {f.size} bytes, past {RECORD_LIMIT}: not a RECORD an installer writes")
-        try:
-            rows = list(csv.reader(f.data.decode("utf-8", "replace").splitlines()))  # RECORD is CSV (PEP 376)
-        except csv.Error as e:
-            raise _refuse(path, f"is not a RECORD's CSV ({untrusted.safe(e, limit=80)})") from None
-        for row in rows:
-            target = wanted[path].get(row[0]) if row else None
-            if target is None:
+    said_by: dict[str, str] = {}
+    for batch in _batches(sorted(records)):
+        for path, f in fs.read(batch, limit=RECORD_LIMIT).items():
+            if f is None or f.kind not in ("file", "hardlink"):
                 continue
-            if said_by.get(target, path) != path:
-                raise _refuse(path, f"lists /{untrusted.safe(target.lstrip('/'))}, which /{said_by[target]} lists "
-                                    f"too: which distribution holds it is not one answer")
-            said_by[target] = path
-            found.setdefault(target, (index_of[path], record_hash(row[1]) if len(row) > 1 else None))
+            if f.data is None:
+                raise _refuse(path, f"is {f.size} bytes, past {RECORD_LIMIT}: not a RECORD an installer writes")
+            site = "/" + str(PurePosixPath(path).parent.parent)
+            try:  # RECORD is CSV (PEP 376)
+                rows = list(csv.reader(f.data.decode("utf-8", "replace").splitlines()))
+            except csv.Error as e:
+                raise _refuse(path, f"is not a RECORD's CSV ({untrusted.safe(e, limit=80)})") from None
+            for row in rows:
+                target = wanted.get(posixpath.normpath(posixpath.join(site, row[0]))) if row and row[0] else None
+                if target is None:
+                    continue
+                if said_by.get(target, path) != path:
+                    raise _refuse(path, f"lists /{untrusted.safe(target.lstrip('/'))}, which /{said_by[target]} "
+                                        f"lists too: which distribution holds it is not one answer")
+                said_by[target] = path
+                found.setdefault(target, (records[path], record_hash(row[1]) if len(row) > 1 else None))
     return found
