@@ -19,6 +19,7 @@ from .. import untrusted
 from ..base import inventory, spec as base_mod
 from ..base.filesystem import BaseFilesystem
 from ..base.layercache import LayerCache
+from ..base.scan import normalize
 from ..errors import BakeryError, InputError, IntegrityError
 from ..inputs import hip as hip_mod
 from ..inputs import image as image_mod
@@ -176,10 +177,15 @@ def open_base(project: Path, override: str | None, log=print, mirror: str | None
 
 def base_files(base: OpenBase, paths) -> dict:
     """{image path: bytes} of the base's regular files (None where absent or not a regular file)."""
+    return regular_files(base.fs, paths)
+
+
+def regular_files(fs: BaseFilesystem, paths) -> dict:
+    """{path as given: bytes} of the regular files at those paths (None where absent or not one)."""
     paths = sorted(set(paths))
-    found = base.fs.read(paths) if paths else {}
+    found = fs.read(paths) if paths else {}
     return {p: (f.data if f is not None and f.kind in ("file", "hardlink") else None)
-            for p, f in ((p, found.get(p.lstrip("/"))) for p in paths)}
+            for p, f in ((p, found.get(normalize(p))) for p in paths)}
 
 
 def overlay_inputs(project: Path, base: OpenBase) -> tuple[list, list, list]:
@@ -360,8 +366,7 @@ def overlay_records(project: Path, overlays: list, applied: list, proofs: dict, 
     owned_by = inventory.owners(fs, [d.metadata for d in dists], [o.target for o in overlays])
     # an audit record's probe, run on this base: the VEX says not_affected only where it holds
     probed = [o for o in overlays if not o.baked and o.probe]
-    found = fs.read([c["path"] for o in probed for c in o.probe])
-    files = {"/" + p: (f.data if f is not None and f.kind in ("file", "hardlink") else None) for p, f in found.items()}
+    files = regular_files(fs, [c["path"] for o in probed for c in o.probe])  # as rebase reads them
     audits = {o.id: dict(zip(("holds", "detail"), overlays_mod.probe_holds(o, files))) for o in probed}
     out = []
     for o in overlays:

@@ -150,7 +150,8 @@ def _defect(entry: dict | None, where: str, upstream_repo: str) -> dict | None:
     for url in [entry["id"], *entry["aliases"]]:
         if not isinstance(url, str) or not DEFECT_URL.fullmatch(url):
             raise InputError(f"{where}: defect {url!r} is not an https URL of an issue, advisory, PR or commit")
-    if not re.fullmatch(re.escape(upstream_repo.rstrip("/")) + r"/(issues|pull|commit|security/advisories)/[^/]+",
+    repo = re.escape(upstream_repo.rstrip("/").removesuffix(".git"))
+    if not re.fullmatch(repo + r"/((issues|pull)/[0-9]{1,9}|commit/[0-9a-f]{7,40}|security/advisories/GHSA(-[23456789cfghjmpqrvwx]{4}){3})",
                         entry["id"]):
         raise InputError(f"{where}: defect id {entry['id']!r} is not an issue, PR, commit or advisory of "
                          f"{upstream_repo}, the overlay's upstream")

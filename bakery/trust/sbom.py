@@ -163,7 +163,7 @@ def document(record: BuildRecord, image_name: str) -> bytes:
     if base.os:
         os_id = _id("OperatingSystem", f"{base.os.id}-{base.os.version_id or 'unversioned'}")
         packages.append(_package(os_id, base.os.id, base.os.version_id or "unversioned", purpose="OPERATING-SYSTEM",
-                                 supplier=f"Organization: {base.os.name}", comment=f"from the base's {base.os.path}"))
+                                 supplier=f"Organization: {_actor(base.os.name)}", comment=f"from the base's {base.os.path}"))
         rels.append(("SPDXRef-Base", "CONTAINS", os_id))
         for deb in base.debian_packages:
             did = _id("Deb", f"{deb.name}-{deb.arch}")
@@ -177,7 +177,7 @@ def document(record: BuildRecord, image_name: str) -> bytes:
     for dist in base.python_distributions:
         pid = dist_ids[dist.name] = _id("Python", dist.name)
         packages.append(_package(pid, dist.name, dist.version, purpose="LIBRARY", purl=pypi_purl(dist.name, dist.version),
-                                 supplier=f"Organization: {dist.supplier}" if dist.supplier else theirs,
+                                 supplier=f"Organization: {_actor(dist.supplier)}" if _actor(dist.supplier or "") else theirs,
                                  comment=f"installed in the base; metadata {dist.metadata}"))
         rels.append(("SPDXRef-Base", "CONTAINS", pid))
     for o in record.overlays:
@@ -196,7 +196,8 @@ def document(record: BuildRecord, image_name: str) -> bytes:
             if not owner:
                 record_note = "; no RECORD in the base lists it"
             else:
-                stock = "the stock file's" if owner["record_sha256"] == o.base_sha256 else \
+                stock = "the stock file's" if owner["record_sha256"] is not None and \
+                    owner["record_sha256"] == o.base_sha256 else \
                     f"not even the stock file's (sha256 {o.base_sha256 or 'none: a new file'})"
                 record_note = (f"; the RECORD of {owner['distribution']} {owner['version']} gives sha256 "
                                f"{owner['record_sha256'] or 'none'} for it, {stock}: this file no longer matches it")

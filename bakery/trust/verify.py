@@ -266,8 +266,10 @@ def _vex(doc: dict, ref: Reference, report: Report) -> None:
             for p in s["products"]:
                 purl = p["@id"]
                 if not (s["status"] in VEX_STATUSES and isinstance(purl, str) and image.fullmatch(purl)
-                        and p.get("identifiers", {}).get("purl", purl) == purl
-                        and all(str(c["@id"]).startswith("pkg:pypi/") for c in p.get("subcomponents", []))):
+                        and p.get("identifiers", {"purl": purl}) == {"purl": purl}
+                        and all(str(c["@id"]).startswith("pkg:pypi/") and
+                                c.get("identifiers", {"purl": c["@id"]}) == {"purl": c["@id"]}
+                                for c in p.get("subcomponents", []))):
                     wrong.append(untrusted.safe(purl, limit=120))
     report.check(isinstance(statements, list) and not wrong,
                  f"every VEX statement is about this image ({len(statements)} statement(s))"
