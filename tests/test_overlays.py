@@ -58,6 +58,8 @@ def write_registry(project, entries) -> None:
     ([entry(defect={"id": "https://nvd.nist.gov/vuln/detail/CVE-2025-0001", "aliases": []})],
      "not an issue, PR, commit or advisory of https://github.com/vllm-project/vllm"),
     ([entry(defect={"id": "https://github.com/vllm-project/vllm/issues/1", "aliases": None})], "must be a list"),
+    ([entry(defect={"id": "https://github.com/vllm-project/vllm/issues/1%2F..%2Fother", "aliases": []})],
+     "not an issue, PR, commit or advisory"),
     ([entry(defect={"id": "https://github.com/vllm-project/vllm/issues/1", "aliases": ["javascript:x"]})],
      "is not an https URL"),
     ([entry(defect={"id": "https://github.com/vllm-project/vllm/issues/1", "aliases": []}, patch=None,
