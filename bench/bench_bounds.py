@@ -132,15 +132,16 @@ def whiteouts(_: int) -> str:
 
 
 def repeated_layers(_: int) -> str:
-    """A manifest that lists one layer of 4,000 entries 1,000 times (the most layers a base may
-    have): counted at each place it is listed, it is refused before the merge check runs."""
+    """A manifest that lists one layer of 4,001 entries 1,000 times (the most layers a base may
+    have): counted at each place it is listed, it is past IMAGE_ENTRIES_LIMIT and refused before
+    the merge check runs (counted once, it would pass as 4,001)."""
     from unittest import mock
 
     from bakery.base.filesystem import BaseFilesystem
     from bakery.errors import IntegrityError
     from bakery.oci.refs import Descriptor
 
-    index = {"entries": {f"d{i:04d}/f": ["file", 0, 0o644, ""] for i in range(4000)}, "whiteouts": [],
+    index = {"entries": {f"d{i:04d}/f": ["file", 0, 0o644, ""] for i in range(4001)}, "whiteouts": [],
              "opaque": [], "late": [], "files": {}, "diff_id": "sha256:" + "0" * 64}
     desc = Descriptor.of("application/vnd.oci.image.layer.v1.tar", b"x")
     image = mock.Mock(layers=[desc] * 1000, config={"rootfs": {"diff_ids": [index["diff_id"]] * 1000}}, ref="bench")
