@@ -19,7 +19,7 @@ PROXY = "127.0.0.1:5000/caddy@sha256:" + "b" * 64
 
 # who signs which in-toto predicate, as README's security model states it (not read from the code)
 SIGNERS = [("https://slsa.dev/provenance/v1", "release"), ("https://spdx.dev/Document", "release"),
-           ("https://in-toto.io/attestation/test-result/v0.1", "smoke")]
+           ("https://openvex.dev/ns", "release"), ("https://in-toto.io/attestation/test-result/v0.1", "smoke")]
 
 
 @pytest.mark.parametrize("kind,signer", SIGNERS)
