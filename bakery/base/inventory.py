@@ -151,10 +151,10 @@ GONE = ({"deinstall", "purge"}, {"not-installed", "config-files"})  # removed: o
 
 def package(fields: dict, path: str) -> dict | None:
     """One installed package of a status paragraph, or None where dpkg has removed it (its config
-    files may remain). A paragraph without a Status is a status.d file's: installed. Any other state
-    than installed (held or not) is refused (half-installed, unpacked, triggers pending, wanted
-    removed but still installed):
-    trivy lists such a package by what is wanted, syft and dpkg by what is on disk."""
+    files may remain). A paragraph without a Status is a status.d file's: installed. Any state but
+    installed (held or not) is refused (half-installed, unpacked, triggers pending, wanted removed
+    but still installed): trivy lists such a package by what is wanted, syft and dpkg by what is on
+    disk."""
     status = fields.get("status", "install ok installed").split()
     if len(status) != 3:
         raise _refuse(path, f"gives a Status {untrusted.safe(fields['status'], limit=60)!r}, not WANT FLAG STATE")
@@ -249,7 +249,7 @@ def debian_packages(fs) -> list[dict]:
                 continue
             if f.data is None:
                 raise _refuse(path, f"is {f.size} bytes, past {COPYRIGHT_LIMIT}: not a copyright file we read")
-            if f.sha256 not in parsed or f.sha256 is None:
+            if f.sha256 not in parsed:
                 parsed[f.sha256] = license_names(f.data.decode("utf-8", "replace"), path)
             licenses[path] = parsed[f.sha256]
     for p in packages:

@@ -332,27 +332,23 @@ def folders_are_folders(base: OpenBase, paths: list[str]) -> None:
 
 def check_attestable(rec: BuildRecord, subject: Reference) -> None:
     """Make now, from the record, what `invoke attest` will sign: a record that would not read back,
-    cannot give its SBOM or provenance, or gives one a registry would not serve back (past 4 MiB
+    cannot give its SBOM, provenance or VEX, or gives one a registry would not serve back (past 4 MiB
     signed), fails here, before anything is pushed or tagged."""
     import base64
-    import json
 
-    from ..trust import provenance, sbom, vex
+    from ..trust import attest
     from ..oci.transport import DOCUMENT_LIMIT
 
     try:
         BuildRecord.from_json(rec.to_json())  # what `invoke attest` will read
-        statements = {
-            "SBOM": provenance.statement(subject, sbom.SPDX_PREDICATE, json.loads(sbom.document(rec, subject.name))),
-            "provenance": provenance.statement(subject, provenance.SLSA_PREDICATE, provenance.predicate(rec)),
-            "VEX": provenance.statement(subject, provenance.VEX_PREDICATE, json.loads(vex.document(rec, subject.name)))}
+        statements = attest.statements(subject, rec)
     except (InputError, KeyError, TypeError, ValueError, AttributeError) as e:
         raise IntegrityError(f"the build record cannot give its SBOM, provenance and VEX ({type(e).__name__}: "
                              f"{untrusted.safe(e)}): nothing pushed") from None
-    for what, body in statements.items():
+    for predicate, body in statements.items():
         signed = len(base64.b64encode(body)) + 4096  # the DSSE envelope: the payload in base64, a signature
         if signed > DOCUMENT_LIMIT:
-            raise IntegrityError(f"the {what} would be about {signed} bytes signed, past the {DOCUMENT_LIMIT} a "
+            raise IntegrityError(f"the {attest.NAMES[predicate]} would be about {signed} bytes signed, past the {DOCUMENT_LIMIT} a "
                                  f"registry serves back: nothing pushed (is some text of the base huge?)")
 
 

@@ -91,6 +91,22 @@ def statement_of(envelope: bytes, subject: Reference, what: str) -> tuple[str, d
     return kind, statement
 
 
+NAMES = {sbom.SPDX_PREDICATE: "SBOM", provenance.SLSA_PREDICATE: "provenance", provenance.VEX_PREDICATE: "VEX"}
+
+
+def statements(subject: Reference, record: BuildRecord) -> dict[str, bytes]:
+    """{predicate type: in-toto statement} of what `invoke attest` signs, views of the record (the
+    build makes them too, before it pushes, to fail where attest would)."""
+    return {
+        sbom.SPDX_PREDICATE: provenance.statement(subject, sbom.SPDX_PREDICATE,
+                                                  json.loads(sbom.document(record, subject.name))),
+        provenance.SLSA_PREDICATE: provenance.statement(subject, provenance.SLSA_PREDICATE,
+                                                        provenance.predicate(record)),
+        provenance.VEX_PREDICATE: provenance.statement(subject, provenance.VEX_PREDICATE,
+                                                       json.loads(vex.document(record, subject.name))),
+    }
+
+
 def attest(store, subject: Reference, record: BuildRecord, signer: sign.Signer, sign_kernels: bool = True) -> dict:
     """Sign the digest, attach SBOM, provenance and VEX, and sign the kernel artifact the record names
     (so that a later build may bake it instead of compiling); return what was written."""
@@ -101,16 +117,8 @@ def attest(store, subject: Reference, record: BuildRecord, signer: sign.Signer, 
                          f"pass the record of that build with --record")
     if store.manifest(str(subject.digest)) is None:
         raise InputError(f"{subject} is not in {getattr(store, 'path', subject.name)}: push it first")
-    statements = {
-        sbom.SPDX_PREDICATE: provenance.statement(subject, sbom.SPDX_PREDICATE,
-                                                  json.loads(sbom.document(record, subject.name))),
-        provenance.SLSA_PREDICATE: provenance.statement(subject, provenance.SLSA_PREDICATE,
-                                                        provenance.predicate(record)),
-        provenance.VEX_PREDICATE: provenance.statement(subject, provenance.VEX_PREDICATE,
-                                                       json.loads(vex.document(record, subject.name))),
-    }
     written = {"signature": sign_image(store, subject, signer),
-               "attestations": attach(store, subject, statements, signer)}
+               "attestations": attach(store, subject, statements(subject, record), signer)}
     if record.kernels.artifact and sign_kernels:
         written["kernels"] = sign_artifact(record.kernels.artifact, signer, record.artifacts)
     if sign_kernels:

@@ -9,8 +9,8 @@ from .record import BuildRecord
 STATEMENT = "https://in-toto.io/Statement/v1"
 SLSA_PREDICATE = "https://slsa.dev/provenance/v1"
 SPDX_PREDICATE = "https://spdx.dev/Document"
-# OpenVEX (bakery/trust/vex.py): the in-toto type is the unversioned namespace, as cosign's `--type
-# openvex` and OpenVEX's own go-vex name it; the document's @context says which version (0.2.0)
+# OpenVEX (bakery/trust/vex.py): the in-toto type is the unversioned namespace, the one cosign 2.5's
+# `--type openvex` selects; the document's @context says which version (0.2.0)
 VEX_PREDICATE = "https://openvex.dev/ns"
 TEST_RESULT_PREDICATE = "https://in-toto.io/attestation/test-result/v0.1"
 REBUILD_PREDICATE = "https://github.com/dsv4-mi300x/bakery/rebuild/v1"  # `invoke reproduce --attest`

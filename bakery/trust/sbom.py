@@ -176,8 +176,9 @@ def document(record: BuildRecord, image_name: str) -> bytes:
     dist_ids = {}
     for dist in base.python_distributions:
         pid = dist_ids[dist.name] = _id("Python", dist.name)
+        who = _actor(dist.supplier or "")
         packages.append(_package(pid, dist.name, dist.version, purpose="LIBRARY", purl=pypi_purl(dist.name, dist.version),
-                                 supplier=f"Organization: {_actor(dist.supplier)}" if _actor(dist.supplier or "") else theirs,
+                                 supplier=f"Organization: {who}" if who else theirs,
                                  comment=f"installed in the base; metadata {dist.metadata}"))
         rels.append(("SPDXRef-Base", "CONTAINS", pid))
     for o in record.overlays:
@@ -249,7 +250,8 @@ def document(record: BuildRecord, image_name: str) -> bytes:
         packages.append(_package(fid, f.path, revision, f.sha256, purpose, supplier=ours,
                                  comment="entrypoint" if purpose == "APPLICATION" else None))
         rels.append((image_id, "CONTAINS", fid))
-    holders = {a for a, t, b in rels if t == "CONTAINS" and b in {f["SPDXID"] for f in files}}
+    file_ids = {f["SPDXID"] for f in files}
+    holders = {a for a, t, b in rels if t == "CONTAINS" and b in file_ids}
     for p in packages:
         if p["SPDXID"] in holders:  # SPDX lets only a package whose files were read contain a File
             p["filesAnalyzed"] = True
