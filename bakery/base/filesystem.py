@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import fnmatch
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Iterable, Iterator
@@ -118,6 +119,7 @@ class BaseFilesystem:
         self._made: dict = {}
         self._counted: set = set()  # layers whose entries are in _entries
         self._entries = 0
+        self._places = Counter(d.digest for d in image.layers)  # a layer listed twice counts twice
         self._diff_ids = {}  # layer digest -> the diff_id the config lists for it
         for desc, diff_id in zip(image.layers, self.diff_ids):
             if self._diff_ids.setdefault(desc.digest, diff_id) != diff_id:
@@ -138,8 +140,7 @@ class BaseFilesystem:
                                  f"{self._diff_ids[desc.digest]}; the base is corrupt or hostile: refused")
         if desc.digest not in self._counted:  # a layer's entries are fixed by its digest: counted once a place it is at
             self._counted.add(desc.digest)
-            places = sum(1 for d in self.image.layers if d.digest == desc.digest)
-            self._entries += places * (len(index["entries"]) + len(index["whiteouts"]) + len(index["opaque"]))
+            self._entries += self._places[desc.digest] * (len(index["entries"]) + len(index["whiteouts"]) + len(index["opaque"]))
         if self._entries > IMAGE_ENTRIES_LIMIT:
             raise IntegrityError(f"base {self.image.ref}: its layers name more than {IMAGE_ENTRIES_LIMIT:,} entries "
                                  f"together, past what bakery holds in memory for one image; refused")
