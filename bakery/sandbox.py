@@ -406,18 +406,16 @@ def _tasks_of(uid: int) -> int:
     return count
 
 
-def _own_pids_group() -> Path | None:
-    """The folder of the pids cgroup this process is in, where a group made below it counts against
-    every limit above (cgroup v1's pids hierarchy, or v2's tree where this group hands the pids
-    controller down, which v2 allows only at its root); None where there is none we may write."""
-    try:
-        groups = Path("/proc/self/cgroup").read_text().splitlines()
-        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return None
-    v1 = [g.split(":", 2)[2] for g in groups if "pids" in g.split(":", 2)[1].split(",")]
-    v2 = [g.split(":", 2)[2] for g in groups if g.startswith("0::")]
-    for fields in (m.split() for m in mounts):
+def pids_group_path(groups: str, mounts: str) -> tuple[Path, bool] | None:
+    """Pure: the folder of the pids cgroup that /proc/self/cgroup (`groups`) names, as the mount table
+    (/proc/self/mountinfo, `mounts`) shows it, and whether it is cgroup v2's unified tree (used only
+    where no v1 pids hierarchy exists); None where no mount shows that group."""
+    lines = groups.splitlines()
+    v1 = [g.split(":", 2)[2] for g in lines if g.count(":") >= 2 and "pids" in g.split(":", 2)[1].split(",")]
+    v2 = [g.split(":", 2)[2] for g in lines if g.startswith("0::")]
+    for fields in (m.split() for m in mounts.splitlines()):
+        if "-" not in fields or len(fields) < fields.index("-") + 4:
+            continue
         root, point, rest = fields[3], fields[4], fields[fields.index("-") + 1:]
         if v1 and rest[0] == "cgroup" and "pids" in rest[2].split(","):
             path, unified = v1[0], False
@@ -427,14 +425,29 @@ def _own_pids_group() -> Path | None:
             continue
         if ".." in path.split("/") or (path != root and not path.startswith(root.rstrip("/") + "/")):
             return None  # our group lies outside what this mount shows
-        folder = Path(point) / path[len(root):].lstrip("/")
-        try:
-            if unified and "pids" not in (folder / "cgroup.subtree_control").read_text().split():
-                return None
-        except OSError:
-            return None
-        return folder if folder.is_dir() and os.access(folder, os.W_OK) else None
+        return Path(point) / path[len(root):].lstrip("/"), unified
     return None
+
+
+def _writable_group(folder: Path, unified: bool) -> Path | None:
+    """`folder` where a group made below it is ours to write and gets the pids controller (on v2 only
+    where this group hands it down, which v2 allows only to a group holding no processes)."""
+    try:
+        if unified and "pids" not in (folder / "cgroup.subtree_control").read_text().split():
+            return None
+    except OSError:
+        return None
+    return folder if folder.is_dir() and os.access(folder, os.W_OK) else None
+
+
+def _own_pids_group() -> Path | None:
+    """The folder of the pids cgroup this process is in, where a group made below it counts against
+    every limit above; None where there is none we may write."""
+    try:
+        found = pids_group_path(Path("/proc/self/cgroup").read_text(), Path("/proc/self/mountinfo").read_text())
+    except OSError:
+        return None
+    return _writable_group(*found) if found else None
 
 
 @contextmanager

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -370,6 +371,47 @@ def test_as_root_without_a_pids_cgroup_the_code_uids_tasks_are_capped(monkeypatc
     assert done.returncode != 0 and "Resource temporarily unavailable" in done.stderr, done.stderr[-500:]
 
 
+# /proc/self/mountinfo lines: this machine's hybrid layout (v1's pids hierarchy beside an empty v2
+# tree), a GitHub hosted runner's (Ubuntu 24.04: v2 alone), and a container's (its group is the mount's root)
+V1_MOUNTS = ("32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n"
+             "39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids\n"
+             "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n")
+V2_MOUNTS = "35 24 0:30 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate\n"
+CONTAINER_MOUNTS = "700 690 0:30 /docker/c0ffee /sys/fs/cgroup ro,nosuid - cgroup2 cgroup rw\n"
+
+
+@pytest.mark.parametrize("groups, mounts, found", [
+    ("8:pids:/\n4:memory:/job\n0::/\n", V1_MOUNTS, (Path("/sys/fs/cgroup/pids"), False)),
+    ("8:pids:/ci/job-7\n0::/\n", V1_MOUNTS, (Path("/sys/fs/cgroup/pids/ci/job-7"), False)),
+    ("0::/system.slice/hosted-compute-agent.service\n", V2_MOUNTS,
+     (Path("/sys/fs/cgroup/system.slice/hosted-compute-agent.service"), True)),
+    ("0::/docker/c0ffee/build\n", CONTAINER_MOUNTS, (Path("/sys/fs/cgroup/build"), True)),
+    ("0::/docker/other\n", CONTAINER_MOUNTS, None),  # outside what the mount shows
+    ("0::/docker/c0ffee/../other\n", CONTAINER_MOUNTS, None),
+    ("8:pids:/\n", V2_MOUNTS, None),  # a v1 pids group no mount shows: not v2's tree instead
+    ("0::/\n", "", None),
+])
+def test_the_pids_group_is_found_where_the_mount_table_shows_it(groups, mounts, found):
+    """Pure: v1's pids hierarchy where there is one (this machine), else v2's unified tree (a hosted
+    runner's), read from /proc/self/cgroup and mountinfo as the kernel writes them."""
+    assert sandbox.pids_group_path(groups, mounts) == found
+
+
+def test_on_cgroup_v2_a_group_that_does_not_hand_down_pids_is_none_of_ours(tmp_path):
+    """v2 lets a group hand the pids controller down only where it holds no process (a runner's
+    service group holds the runner): then the sandbox takes the RLIMIT_NPROC path. This machine has
+    v1's pids hierarchy, so the folders here stand in for v2's (the files are what the kernel shows)."""
+    held, free = tmp_path / "runner.service", tmp_path / "job.slice"
+    held.mkdir()
+    free.mkdir()
+    (held / "cgroup.subtree_control").write_text("cpu memory\n")
+    (free / "cgroup.subtree_control").write_text("cpu memory pids\n")
+    assert sandbox._writable_group(held, unified=True) is None
+    assert sandbox._writable_group(free, unified=True) == free
+    assert sandbox._writable_group(held, unified=False) == held  # v1 has no such file: its groups all count
+    assert sandbox._writable_group(tmp_path / "gone", unified=True) is None
+
+
 @pytest.mark.slow
 def test_a_proof_past_its_limits_is_never_a_verdict(tmp_path, monkeypatch):
     """A proof that forks without end gets CANNOT-PROVE (the error), not the FIXED it prints first."""
@@ -514,36 +556,72 @@ print(json.dumps([[v.verdict, v.reason] for v in done]))
 '''
 
 
-@pytest.mark.slow
-def test_as_an_ordinary_user_the_code_cannot_write_the_verdict_through_pid_1(tmp_path):
-    """The hosted runner's path: the sandbox run by uid 1001, in a user namespace of its own. The
-    stock target's code opens the proof's stdout through the namespace's pid 1 and writes, past where
-    the proof's own lines will end, a FIXED line for the overlaid target: it must not be read."""
+@contextmanager
+def ordinary_user(prepare=lambda place: None):
+    """The hosted runner's path, as CI (root) can take it: a folder in /tmp holding a copy of bakery
+    (and what `prepare` adds), owned by uid 1001, and a function that runs a script there as that
+    user with the system's python3, the folder's path as its first argument."""
     import tempfile
 
     if os.geteuid() != 0:
         pytest.skip("needs root to become the ordinary user 1001 (as CI runs)")
     if not Path("/usr/bin/python3").exists():
         pytest.skip("needs the system's python3 (the project's venv may sit where uid 1001 cannot reach)")
-    place = Path(tempfile.mkdtemp(prefix="bakery-pid1-", dir="/tmp"))
+    place = Path(tempfile.mkdtemp(prefix="bakery-user-", dir="/tmp"))
     try:
         place.chmod(0o755)
         shutil.copytree(ROOT / "bakery", place / "bakery")
+        (place / "cache").mkdir()
+        prepare(place)
+        subprocess.run(["chown", "-R", "1001:1001", str(place)], check=True)
+
+        def run(script: str, *args: str) -> subprocess.CompletedProcess:
+            return subprocess.run(["setpriv", "--reuid=1001", "--regid=1001", "--clear-groups", "/usr/bin/python3",
+                                   "-c", script, str(place), *args], capture_output=True, text=True, timeout=300,
+                                  cwd=place, env={"PATH": "/usr/bin:/bin", "HOME": str(place),
+                                                  "BAKERY_CACHE": str(place / "cache")})
+        yield place, run
+    finally:
+        shutil.rmtree(place, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_as_an_ordinary_user_the_code_cannot_write_the_verdict_through_pid_1():
+    """The hosted runner's path: the sandbox run by uid 1001, in a user namespace of its own. The
+    stock target's code opens the proof's stdout through the namespace's pid 1 and writes, past where
+    the proof's own lines will end, a FIXED line for the overlaid target: it must not be read."""
+    def forger(place: Path) -> None:
         proofs = place / "project" / "overlays" / "proofs"
         proofs.mkdir(parents=True)
         shutil.copy(ROOT / "overlays" / "proofs" / "_proof.py", proofs)
         (proofs / "forger.py").write_text(PID1_FORGER)
-        (place / "cache").mkdir()
-        subprocess.run(["chown", "-R", "1001:1001", str(place)], check=True)
-        done = subprocess.run(["setpriv", "--reuid=1001", "--regid=1001", "--clear-groups", "/usr/bin/python3", "-c",
-                               AS_USER, str(place), str(proofs)], capture_output=True, text=True, timeout=300,
-                              cwd=place, env={"PATH": "/usr/bin:/bin", "HOME": str(place),
-                                              "BAKERY_CACHE": str(place / "cache")})
+
+    with ordinary_user(forger) as (place, run):
+        done = run(AS_USER, str(place / "project" / "overlays" / "proofs"))
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout.splitlines()[-1]) == [["BROKEN", "genuine: stock"],
                                                             ["BROKEN", "genuine: overlaid"]]
-    finally:
-        shutil.rmtree(place, ignore_errors=True)
+
+
+CAPPED = f'''
+import sys
+sys.path.insert(0, sys.argv[1])
+from bakery import sandbox
+done = sandbox.run([sys.executable, "-c", {FORKS!r}], [], None, sandbox.Limits(seconds=60, processes=int(sys.argv[2])))
+print(done.returncode)
+print(done.stderr[-400:])
+'''
+
+
+@pytest.mark.slow
+def test_as_an_ordinary_user_the_codes_tasks_are_capped():
+    """A hosted runner's user has no cgroup of its own to write: the code's processes are capped by
+    RLIMIT_NPROC, which counts every task of that uid (the user's own included), in its user namespace."""
+    with ordinary_user() as (_, run):
+        roomy = run(CAPPED, "4096")
+        assert roomy.stdout.split()[:1] == ["0"], roomy  # the control: the same code, with room
+        held = run(CAPPED, "32")
+        assert held.stdout.split()[0] != "0" and "Resource temporarily unavailable" in held.stdout, held
 
 
 def test_a_bubblewrap_found_only_on_the_callers_path_runs(tmp_path, monkeypatch):
