@@ -73,19 +73,24 @@ def tls_registry(tmp_path_factory, registry):
     with open(folder / "registry.log", "ab") as log:
         server = subprocess.Popen([binary, "serve", str(folder / "config.yml")], stdout=log, stderr=log)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        _wait_for(port)
         yield f"127.0.0.1:{port}", ca
     finally:
         server.terminate()
         server.wait(10)
+
+
+def _wait_for(port: int) -> None:
+    """Until something listens on 127.0.0.1:port (30 seconds at most)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _over_tls(host: str) -> Registry:
@@ -169,8 +174,8 @@ class _Answer(BaseHTTPRequestHandler):
 
 
 class _Server:
-    def __init__(self, handler, tls=None):
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    def __init__(self, handler, tls=None, address=("127.0.0.1", 0)):
+        self.server = ThreadingHTTPServer(address, handler)
         self.server.ports, self.server.seen = [], []
         if tls is not None:
             self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
@@ -371,3 +376,4 @@ def test_a_redirect_is_followed_only_over_https_to_a_public_address():
         assert redirect_refused(public, where), where
     assert redirect_refused(local, "http://127.0.0.1:5001/blob") is None  # a test registry behind a proxy
     assert redirect_refused(local, "https://169.254.169.254/") and redirect_refused(local, "http://10.0.0.5/")
+
