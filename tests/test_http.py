@@ -4,12 +4,16 @@ here, CONNECT and plain), and connections kept alive only when an answer was rea
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
+import json
+import os
 import select
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -377,3 +381,144 @@ def test_a_redirect_is_followed_only_over_https_to_a_public_address():
     assert redirect_refused(local, "http://127.0.0.1:5001/blob") is None  # a test registry behind a proxy
     assert redirect_refused(local, "https://169.254.169.254/") and redirect_refused(local, "http://10.0.0.5/")
 
+
+# where a hostile registry sends a blob's read: a cloud's metadata service and a LAN service, by
+# plain http and https, by address, as an IPv4-mapped IPv6 address, and by a name that resolves to one
+_TRAPPED = ("http://169.254.169.254/latest/meta-data/iam/security-credentials/",
+            "https://169.254.169.254/latest/meta-data/", "http://10.0.0.5/admin", "https://10.0.0.5/admin",
+            "https://[::ffff:10.0.0.5]/admin", "https://metadata.internal/latest/meta-data/")
+_SECRET = b"the instance's credentials"
+
+
+class _Trap(BaseHTTPRequestHandler):
+    """The service behind a private or link-local address: every connection is recorded as it
+    arrives, before a byte is read (a TLS handshake reaches it as much as a GET does); a GET gets
+    the secret."""
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def setup(self):
+        super().setup()
+        self.server.hits.append("%s:%d" % self.server.server_address[:2])
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(_SECRET)))
+        self.end_headers()
+        self.wfile.write(_SECRET)
+
+
+def _redirects_in_this_namespace(folder: Path) -> None:
+    """The scenario of the test below, run in the namespaces it makes (no address here leads off
+    this machine): what happened goes to folder/seen.json, for the test to judge."""
+    from bakery.errors import BakeryError
+    from bakery.release import broker
+    from proxy import FaultyProxy
+
+    ip = shutil.which("ip") or "/usr/sbin/ip"
+    subprocess.run([ip, "link", "set", "lo", "up"], check=True)
+    for address in ("10.0.0.5/32", "169.254.169.254/32"):
+        subprocess.run([ip, "address", "add", address, "dev", "lo"], check=True)
+    # names of this namespace alone (its mount namespace is its own too): the one a Location names, and the
+    # traps' addresses, which their servers look up as they start; nothing asks DNS
+    (folder / "hosts").write_text("127.0.0.1 localhost\n10.0.0.5 lan.internal\n169.254.169.254 metadata.internal\n")
+    subprocess.run(["mount", "--bind", str(folder / "hosts"), "/etc/hosts"], check=True)
+
+    port = _free_port()
+    (folder / "config.yml").write_text(stack.registry_config(port, folder / "data"))
+    with open(folder / "registry.log", "ab") as log:
+        server = subprocess.Popen([shutil.which("docker-registry") or shutil.which("registry"), "serve",
+                                   str(folder / "config.yml")], stdout=log, stderr=log)
+    seen, hits = {}, []
+    try:
+        _wait_for(port)
+        registry = f"127.0.0.1:{port}"
+        data = b"the base's layer"
+        desc = Descriptor.of("application/octet-stream", data)
+        Registry(registry).upload_blob("base/layers", desc, lambda: iter([data]))
+        path = f"/v2/base/layers/blobs/{desc.digest}"
+        with contextlib.ExitStack() as running:
+            for address in ("10.0.0.5", "169.254.169.254"):
+                for trap_port in (80, 443):
+                    running.enter_context(_Server(_Trap, address=(address, trap_port))).hits = hits
+            # the control: each target is there, and our own client reaches it when sent there directly
+            for where in _TRAPPED:
+                try:
+                    seen.setdefault("direct", {})[where] = Connections().send("GET", where, {}, None).content.decode()
+                except ConnectionFailed as e:  # https to a trap speaking plain http: reached all the same
+                    seen["direct"][where] = str(e)
+            seen["direct hits"], hits[:] = hits[:], []
+
+            # the registry (the proxy in front of the real one, on loopback) answers the blob's GET with a 307
+            proxy = running.enter_context(FaultyProxy(registry, []))
+            socket_path = running.enter_context(broker.serve(folder, broker.Grant(proxy.host, "base/layers", None,
+                                                                                  folder)))
+            for where in _TRAPPED:
+                proxy.overrides[path] = (307, {"Location": where}, b"")
+                try:
+                    ours = "followed: " + Registry(proxy.host).fetch_blob("base/layers", desc).decode()
+                except BakeryError as e:
+                    ours = f"{type(e).__name__}: {e}"
+                # as the sandboxed rebuild asks the broker: the registry's own URL, over the socket
+                relayed = Connections(str(socket_path)).send("GET", f"http://{proxy.host}{path}", {}, None)
+                seen.setdefault("redirected", {})[where] = [ours, relayed.status_code,
+                                                            relayed.content.decode(errors="replace")]
+            seen["redirected hits"] = hits[:]
+
+            # a redirect the rule allows, from the registry on loopback to another loopback port (the real
+            # registry itself), is followed by both: only the real registry holds these bytes
+            proxy.overrides[path] = (307, {"Location": f"http://{registry}{path}"}, b"")
+            inside = Registry(proxy.host, Transport(proxy.host, connections=Connections(str(socket_path))))
+            seen["allowed"] = [Registry(proxy.host).fetch_blob("base/layers", desc).decode(),
+                               inside.fetch_blob("base/layers", desc).decode()]
+    finally:
+        server.terminate()
+        server.wait(10)
+        (folder / "seen.json").write_text(json.dumps(seen, indent=1))
+
+
+@pytest.mark.stack  # it starts a docker-registry of its own, in its namespace
+def test_a_redirect_to_a_private_or_link_local_address_reaches_nothing_there_directly_or_through_the_broker(
+        tmp_path):
+    """A hostile registry answers a blob's GET with a 307 to a cloud's metadata service or a LAN
+    service. Our client (Registry.fetch_blob) and the rebuild broker (asked over its socket, as the
+    sandboxed rebuild asks it) refuse it with one error naming where it pointed, the broker relays
+    none of that service's bytes, and nothing connects to it; the control shows each target there and
+    reached when asked directly, and a redirect the rule allows followed by both.
+
+    No packet may leave loopback on a test machine, even one that fails, so the targets exist only in
+    a network namespace of the test's own (with a user namespace to be allowed to make it, and a
+    mount namespace for its /etc/hosts), on its loopback device; all of it runs in a child there.
+    The registry is a real one (distribution) behind tests/proxy.py, which serves the redirect: what
+    is under test is our client and broker, not the registry."""
+    code = (f"import sys; sys.path[:0] = {[str(Path(__file__).parent.parent), str(Path(__file__).parent)]!r}; "
+            f"import test_http; test_http._redirects_in_this_namespace(__import__('pathlib').Path({str(tmp_path)!r}))")
+    # a uid other than 0 inside: as root, broker.serve gives its socket to uid 65534, not mapped here;
+    # --keep-caps lets it add the addresses and bind ports 80 and 443 all the same; --kill-child and
+    # the pid namespace end the registry with the child, whatever happens
+    ran = subprocess.run(["unshare", "--map-user=1000", "--map-group=1000", "--keep-caps", "--net", "--mount",
+                          "--pid", "--kill-child", sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), "TMPDIR": str(tmp_path)})
+    seen = json.loads((tmp_path / "seen.json").read_text()) if (tmp_path / "seen.json").exists() else {}
+    assert ran.returncode == 0, ran.stderr[-3000:] + json.dumps(seen, indent=1)
+
+    # the control: every target answers, and was hit, when our client is sent there directly
+    for where in _TRAPPED:
+        reached = seen["direct"][where]
+        assert reached == _SECRET.decode() if where.startswith("http:") else "SSL" in reached, (where, reached)
+    assert len(seen["direct hits"]) == len(_TRAPPED), seen["direct hits"]
+    assert {h.split(":")[0] for h in seen["direct hits"]} == {"10.0.0.5", "169.254.169.254"}
+
+    assert seen["redirected hits"] == []  # nothing connected to any target, neither ours nor the broker's
+    for where in _TRAPPED:
+        ours, status, relayed = seen["redirected"][where]
+        named = where.split("/")[2].strip("[]")
+        # the broker answers the sandbox with the refusal, never with the target's bytes
+        assert status == 502 and "not followed" in relayed and named in relayed, (where, status, relayed)
+        assert ours.startswith("RegistryError: GET: 127.0.0.1:") and "not followed" in ours, (where, ours)
+        assert named in ours and ours.count("redirected to") == 1, (where, ours)
+        assert _SECRET.decode() not in ours + relayed
+
+    assert seen["allowed"] == ["the base's layer"] * 2
