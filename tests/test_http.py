@@ -410,6 +410,20 @@ class _Trap(BaseHTTPRequestHandler):
         self.wfile.write(_SECRET)
 
 
+class _Blob(BaseHTTPRequestHandler):
+    """A blob store: the server's `blob` for any GET."""
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.server.blob)))
+        self.end_headers()
+        self.wfile.write(self.server.blob)
+
+
 def _redirects_in_this_namespace(folder: Path) -> None:
     """The scenario of the test below, run in the namespaces it makes (no address here leads off
     this machine): what happened goes to folder/seen.json, for the test to judge."""
@@ -455,6 +469,7 @@ def _redirects_in_this_namespace(folder: Path) -> None:
             proxy = running.enter_context(FaultyProxy(registry, []))
             socket_path = running.enter_context(broker.serve(folder, broker.Grant(proxy.host, "base/layers", None,
                                                                                   folder)))
+            inside = Registry(proxy.host, Transport(proxy.host, connections=Connections(str(socket_path))))
             for where in _TRAPPED:
                 proxy.overrides[path] = (307, {"Location": where}, b"")
                 try:
@@ -465,12 +480,55 @@ def _redirects_in_this_namespace(folder: Path) -> None:
                 relayed = Connections(str(socket_path)).send("GET", f"http://{proxy.host}{path}", {}, None)
                 seen.setdefault("redirected", {})[where] = [ours, relayed.status_code,
                                                             relayed.content.decode(errors="replace")]
+            # the rebuild's own client, through the broker: one error, not retried (the refusal would be the same)
+            asked = len(proxy.seen)
+            try:
+                inside.fetch_blob("base/layers", desc)
+            except BakeryError as e:
+                seen["inside"] = [f"{type(e).__name__}: {e}", len(proxy.seen) - asked]
+            # a token service the registry names at a metadata service (by address, and by a name)
+            for realm in ("https://169.254.169.254/token", "https://metadata.internal/token"):
+                proxy.overrides[path] = (401, {"WWW-Authenticate": f'Bearer realm="{realm}",service="x"'}, b"")
+                try:
+                    Registry(proxy.host).fetch_blob("base/layers", desc)
+                except BakeryError as e:
+                    seen.setdefault("realms", {})[realm] = f"{type(e).__name__}: {e}"
             seen["redirected hits"] = hits[:]
+
+            # a name that resolves to a loopback address when judged and to a LAN address when asked again
+            # (a hostile DNS server's rebinding; this process's resolver stands in for it): the connection
+            # goes to the address judged, a blob store there (https, its certificate for the name), never
+            # to the LAN service
+            import ssl
+
+            ca, cert, key = _certificates(folder, ["rebind.internal"])
+            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            tls.load_cert_chain(cert, key)
+            store = running.enter_context(_Server(_Blob, tls))
+            store.blob, tls_port = data, store.server_address[1]
+            running.enter_context(_Server(_Trap, address=("10.0.0.5", tls_port))).hits = hits
+            os.environ["REQUESTS_CA_BUNDLE"] = str(ca)
+            answers = {"rebind.internal": ["127.0.0.1", "10.0.0.5"]}
+            resolve = socket.getaddrinfo
+
+            def rebinding(host, port, *rest, **named):
+                if host in answers:
+                    host = answers[host].pop(0) if len(answers[host]) > 1 else answers[host][0]
+                return resolve(host, port, *rest, **named)
+
+            proxy.overrides[path] = (307, {"Location": f"https://rebind.internal:{tls_port}{path}"}, b"")
+            socket.getaddrinfo = rebinding
+            try:
+                seen["rebound"] = Registry(proxy.host).fetch_blob("base/layers", desc).decode()
+            except BakeryError as e:
+                seen["rebound"] = f"{type(e).__name__}: {e}"
+            finally:
+                socket.getaddrinfo = resolve
+            seen["rebound hits"] = hits[:]
 
             # a redirect the rule allows, from the registry on loopback to another loopback port (the real
             # registry itself), is followed by both: only the real registry holds these bytes
             proxy.overrides[path] = (307, {"Location": f"http://{registry}{path}"}, b"")
-            inside = Registry(proxy.host, Transport(proxy.host, connections=Connections(str(socket_path))))
             seen["allowed"] = [Registry(proxy.host).fetch_blob("base/layers", desc).decode(),
                                inside.fetch_blob("base/layers", desc).decode()]
     finally:
@@ -516,9 +574,16 @@ def test_a_redirect_to_a_private_or_link_local_address_reaches_nothing_there_dir
         ours, status, relayed = seen["redirected"][where]
         named = where.split("/")[2].strip("[]")
         # the broker answers the sandbox with the refusal, never with the target's bytes
-        assert status == 502 and "not followed" in relayed and named in relayed, (where, status, relayed)
+        assert status == 403 and "not followed" in relayed and named in relayed, (where, status, relayed)
         assert ours.startswith("RegistryError: GET: 127.0.0.1:") and "not followed" in ours, (where, ours)
         assert named in ours and ours.count("redirected to") == 1, (where, ours)
         assert _SECRET.decode() not in ours + relayed
 
+    said, asked = seen["inside"]
+    assert said.startswith("RegistryError: GET ") and "HTTP 403" in said and "not followed" in said and asked == 1, \
+        seen["inside"]
+    for realm, said in seen["realms"].items():
+        assert said.startswith("AuthError: ") and "169.254.169.254" in said and "refused" in said, (realm, said)
+
+    assert seen["rebound"] == "the base's layer" and seen["rebound hits"] == [], (seen["rebound"], seen["rebound hits"])
     assert seen["allowed"] == ["the base's layer"] * 2

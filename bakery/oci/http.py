@@ -12,6 +12,7 @@ import http.client
 import json
 import os
 import select
+import socket
 import ssl
 import threading
 import urllib.parse
@@ -126,9 +127,11 @@ class Connections:
         self._tls: ssl.SSLContext | None = None
 
     def send(self, method: str, url: str, headers: dict, body: bytes | None,
-             timeout: tuple[float, float] = TIMEOUT) -> Response:
+             timeout: tuple[float, float] = TIMEOUT, address: str | None = None) -> Response:
         """One exchange: the request sent and the answer's status and headers read; its body is left
-        for the caller. ConnectionFailed when no answer came."""
+        for the caller. ConnectionFailed when no answer came. `address`: connect to it rather than to
+        the host resolved anew (a name judged by its address stays at it); the URL's host still
+        names the server, for TLS and the Host header."""
         try:
             parts = urllib.parse.urlsplit(url)
             port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -136,7 +139,7 @@ class Connections:
             raise ConnectionFailed(f"InvalidURL: {str(e)[:200]}") from None
         if parts.scheme not in ("http", "https") or not parts.hostname or not url.isascii():
             raise ConnectionFailed(f"InvalidURL: {url[:200]!r} is not an http(s) URL in ASCII")
-        key = (parts.scheme, parts.hostname.lower(), port)
+        key = (parts.scheme, parts.hostname.lower(), port, address)
         proxy = None if self.unix_socket else _proxy_for(parts.scheme, url)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         hdrs = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", **headers}
@@ -164,7 +167,7 @@ class Connections:
         return Response(raw, url, lambda reusable: self._give_back(key, conn, reusable))
 
     def _open(self, key: tuple, proxy, timeout) -> http.client.HTTPConnection:
-        scheme, host, port = key
+        scheme, host, port, address = key
         try:
             if self.unix_socket:
                 conn = UnixConnection(self.unix_socket, timeout[0])
@@ -182,6 +185,9 @@ class Connections:
                 conn = http.client.HTTPConnection(proxy.hostname, proxy.port or 80, timeout=timeout[0])
             else:
                 conn = http.client.HTTPConnection(host, port, timeout=timeout[0])
+            if address and not (proxy or self.unix_socket):  # http.client's hook for making its socket
+                conn._create_connection = lambda _, *rest, **named: socket.create_connection((address, port), *rest,
+                                                                                              **named)
             conn.connect()  # under the connect timeout; sending and each read get the longer one
             conn.sock.settimeout(timeout[1])
         except (OSError, http.client.HTTPException, ValueError) as e:

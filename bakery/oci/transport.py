@@ -122,37 +122,64 @@ def origin(url: str) -> tuple[str, str, int | None]:
         return "", "", -1
 
 
-def redirect_refused(registry: tuple[str, str, int | None], url: str) -> str | None:
-    """Why a redirect from the registry at `registry` (its origin) to `url` is not followed, or
-    None: it stays at the registry's own origin, or goes over https to a public address; plain http,
-    a link-local or private address, or loopback are followed only for a registry that is itself on
-    loopback (a hostile registry would otherwise send a rebuild's reads, or ours, to a cloud's
-    metadata service or a LAN service). A name is judged by every address it resolves to."""
+# the instance metadata services of the clouds whose addresses are not link-local (AWS's IPv6 one is
+# a unique local address, Alibaba's in the shared address space)
+METADATA_SERVICES = {"169.254.169.254", "fd00:ec2::254", "100.100.100.200"}
+
+
+@dataclass(frozen=True)
+class Hop:
+    """The judgement of a URL the registry sent us to: why it is not followed (None: followed), and
+    the address to connect to, the one judged (None: the registry's own origin, resolved as usual),
+    so that a name is not resolved again to another address between the check and the connection."""
+    refused: str | None
+    address: str | None = None
+
+
+def judge_hop(registry: tuple[str, str, int | None], url: str, private_ok: bool = False) -> Hop:
+    """May we follow the registry at `registry` (its origin) to `url`: it stays at the registry's own
+    origin, or goes over https to a public address; plain http, a link-local or private address, or
+    loopback only for a registry that is itself on loopback (a hostile registry would otherwise send
+    a rebuild's reads, or ours, to a cloud's metadata service or a LAN service). A name is judged by
+    every address it resolves to, and connected to at the first of them. `private_ok`: a private
+    address may be followed to as well (a token service on a LAN, as on-premises registries have)."""
     import socket
 
     target = origin(url)
     if target == registry:
-        return None
+        return Hop(None)
     scheme, host, port = target
     local = is_loopback(registry[1])
     if scheme != "https" and not (local and scheme == "http" and is_loopback(host)):
-        return f"{scheme}://{host[:80]} (only https leaves the registry's origin)"
+        return Hop(f"{scheme}://{host[:80]} (only https leaves the registry's origin)")
     try:
-        addresses = {ipaddress.ip_address(host.strip("[]"))}
+        addresses = [ipaddress.ip_address(host.strip("[]"))]
     except ValueError:
         try:
-            addresses = {ipaddress.ip_address(a[4][0].split("%")[0]) for a in
-                         socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
-        except (OSError, UnicodeError):
-            return f"{host[:80]}, which does not resolve"
+            addresses = [ipaddress.ip_address(a[4][0].split("%")[0]) for a in
+                         socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
+        except (OSError, UnicodeError, ValueError):
+            return Hop(f"{host[:80]}, which does not resolve")
+    if not addresses:
+        return Hop(f"{host[:80]}, which does not resolve")
     for address in addresses:
         mapped = getattr(address, "ipv4_mapped", None) or address
         if mapped.is_loopback and local:
             continue
+        if str(mapped) in METADATA_SERVICES:
+            return Hop(f"{host[:80]} ({mapped}: a cloud's metadata service)")
+        private = mapped.is_private and not (mapped.is_loopback or mapped.is_link_local or mapped.is_unspecified)
+        if private and private_ok:
+            continue
         if mapped.is_loopback or mapped.is_link_local or mapped.is_private or mapped.is_unspecified or \
                 mapped.is_multicast or mapped.is_reserved:
-            return f"{host[:80]} ({mapped}: loopback, link-local or private)"
-    return None
+            return Hop(f"{host[:80]} ({mapped}: loopback, link-local or private)")
+    return Hop(None, str(addresses[0]))
+
+
+def redirect_refused(registry: tuple[str, str, int | None], url: str) -> str | None:
+    """Why a redirect from the registry at `registry` to `url` is not followed, or None (judge_hop)."""
+    return judge_hop(registry, url).refused
 
 
 def read_bounded(resp: Response, limit: int, what: str, error: type) -> bytes:
@@ -251,6 +278,7 @@ class Transport:
     def _send(self, method, url, scopes, headers, body):
         """One request, following redirects ourselves: credentials only where the origin is the
         registry's, and a redirect's body never read. None when the connection failed."""
+        address = None  # the registry's own origin, resolved as usual; a hop elsewhere, the address judged
         for _ in range(MAX_REDIRECTS + 1):
             hdrs = dict(headers or {})
             auth = self._auth_header(scopes) if origin(url) == self.origin else None
@@ -258,7 +286,7 @@ class Transport:
                 hdrs["Authorization"] = auth
             data = body() if callable(body) else body
             try:
-                resp = self._send_once(method, url, hdrs, data)
+                resp = self._send_once(method, url, hdrs, data, address=address)
             except ConnectionFailed as e:  # refused, reset or timed out
                 self._last_error = str(e)
                 return None
@@ -271,22 +299,25 @@ class Transport:
             except ValueError:
                 raise RegistryError(f"{method} {url}: {self.registry} redirected to an unreadable Location "
                                     f"{resp.headers['Location'][:100]!r}") from None
-            refused = redirect_refused(self.origin, url)
-            if refused:
-                raise RegistryError(f"{method}: {self.registry} redirected to {refused}: not followed")
+            hop = judge_hop(self.origin, url)
+            if hop.refused:
+                raise RegistryError(f"{method}: {self.registry} redirected to {hop.refused}: not followed")
+            address = hop.address
             if resp.status_code == 303 or (resp.status_code in (301, 302) and method == "POST"):
                 method, body = "GET", None
         raise RegistryError(f"{method} {url}: more than {MAX_REDIRECTS} redirects from {self.registry}")
 
-    def _send_once(self, method: str, url: str, headers: dict, data, params=None, auth=None) -> Response:
+    def _send_once(self, method: str, url: str, headers: dict, data, params=None, auth=None,
+                   address: str | None = None) -> Response:
         """One HTTP exchange, its body left unread, no redirect followed; `params` are added to the
-        query, `auth` (user, password) is sent as Basic."""
+        query, `auth` (user, password) is sent as Basic; `address`: connect there, not to the URL's
+        host resolved anew."""
         if params:
             url = url.split("#", 1)[0]  # a fragment is never sent; the query goes before it
             url += ("&" if urllib.parse.urlsplit(url).query else "?") + urllib.parse.urlencode(params)
         if auth:
             headers = {**headers, "Authorization": "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()}
-        return self.connections.send(method, url, headers, data)
+        return self.connections.send(method, url, headers, data, address=address)
 
     def _auth_header(self, scopes) -> str | None:
         token = self._tokens.get(" ".join(scopes))
@@ -318,6 +349,12 @@ class Transport:
                                                      and host == self.origin[1]):
             raise AuthError(f"{self.registry} names a token service {params['realm'][:100]!r}: refused (an https "
                             f"registry's must be https; a plain one's must be on its own host)")
+        # elsewhere than the registry's own host: where a redirect could go, or a LAN address (an
+        # on-premises registry's token service), never a metadata service or this machine's loopback
+        # (the answer goes back to the registry as the token), at the address judged
+        hop = judge_hop(self.origin, params["realm"], private_ok=True) if host != self.origin[1] else Hop(None)
+        if hop.refused:
+            raise AuthError(f"{self.registry} names a token service at {hop.refused}: refused")
         query = [("service", params["service"])] if "service" in params else []
         wanted = list(scopes) or ([params["scope"]] if "scope" in params else [])
         query += [("scope", s) for s in wanted]
@@ -328,7 +365,8 @@ class Transport:
                   f"anonymously, credentials withheld", file=sys.stderr)
         for attempt in range(ATTEMPTS):
             try:  # no redirects: a token service that moves elsewhere would take the credentials along
-                resp = self._send_once("GET", params["realm"], {}, None, params=query, auth=auth)
+                resp = self._send_once("GET", params["realm"], {}, None, params=query, auth=auth,
+                                       address=hop.address)
             except ConnectionFailed as e:
                 resp, err = None, e
             if resp is not None and resp.status_code not in RETRY_STATUSES:

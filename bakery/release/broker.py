@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..broker_client import OUTPUTS_LIMIT
-from ..errors import BakeryError, EnvironmentProblem, IntegrityError
+from ..errors import BakeryError, EnvironmentProblem, IntegrityError, TransientError
 
 SHELL_LIMIT = 1 << 20  # the compile script: a few KiB
 OUTPUT_FILES = 64
@@ -109,8 +109,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._relay(method, path, found.group("repo"))
             else:
                 self._answer(403, f"not granted to a rebuild: {method} {path[:200]}".encode())
-        except BakeryError as e:
+        except TransientError as e:  # the code inside retries it, as it would the registry's 5xx
             self._answer(502, str(e).encode())
+        except BakeryError as e:  # a refusal (a redirect not followed, a login missing): the same each time
+            self._answer(403, str(e).encode())
         except Exception as e:  # a bug of ours, or the machine (a full disk): one answer, not a dropped connection
             if getattr(self, "_begun", False):  # an answer under way takes nothing more (it would read as its bytes)
                 self.close_connection = True
