@@ -1,16 +1,22 @@
-"""The module Python imports is the overlay. A base can put beside an overlaid NAME.py what Python's
-import system takes first: an extension module of any ABI tag (NAME.*.so, NAME.so: extensions come
-before source in each folder), bytecode of any tag in __pycache__ (used while its recorded size and
-mtime match), a package folder NAME/. The build whites out the first two in its own layer and
-refuses the third. The judge is the image's own Python under Docker: its FileFinder (what `import`
-uses for a folder) must name the overlay and run the overlay's code."""
+"""The module Python imports is the overlay, and the base's distributions are named as the engine
+holds them. A base can put beside an overlaid NAME.py what Python's import system takes first: an
+extension module of any ABI tag (NAME.*.so, NAME.so: extensions come before source in each folder),
+bytecode of any tag in __pycache__ (used while its recorded size and mtime match), a package folder
+NAME/. The build whites out the first two in its own layer and refuses the third. The judge is the
+image's own Python under Docker: a real `importlib.import_module` of each overlaid module must
+execute the overlay's code.
+
+One build serves both halves (the suite's time): its base adds shadows beside every overlaid module
+and makes vllm's METADATA a hard link whose target a later layer replaces."""
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import tarfile
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,90 +24,181 @@ from bakery.base import spec as base_mod
 from bakery.inputs import overlays as overlays_mod
 from bakery.oci.refs import Descriptor, Reference
 from bakery.oci.registry import OCI_MANIFEST, Registry
+from bakery.trust import record as record_mod, sbom
 
-from support import docker, invoke, last_line
+from support import copy_project, docker, invoke, last_line
+from test_toolchain_root import tar
 
-WORKER = "usr/local/lib/python3.12/dist-packages/vllm/v1/kv_offload/cpu/gpu_worker.py"
+SITE = "usr/local/lib/python3.12/dist-packages"
+WORKER = f"{SITE}/vllm/v1/kv_offload/cpu/gpu_worker.py"
 FOLDER, NAME = WORKER.rsplit("/", 1)[0], "gpu_worker"
+METADATA = f"{SITE}/vllm-0.26.0.dist-info/METADATA"
+HELD, SEEN_LAST = "0.26.0+held", "0.26.0+seen.last"  # what the hard link holds; what its target name holds last
 
-# run in the image: which file a FileFinder over the folder takes for the module, and whether the code
-# it runs is the source's (an extension module or a cached bytecode would be something else)
-JUDGE = f"""
-import importlib._bootstrap_external as b, importlib.machinery as m
-finder = m.FileFinder("/{FOLDER}", *b._get_supported_file_loaders())
-spec = finder.find_spec("{NAME}")
-source = open("/{WORKER}", "rb").read()
-ran = spec.loader.get_code("{NAME}") if hasattr(spec.loader, "get_code") else None
+# run in the image, one fresh interpreter per module: import it for real (sys.meta_path, the path
+# hooks, the finder cache, the loader's choice of extension, cached bytecode or source) and catch the
+# code the loader executes. The fixture has no torch, so the module's own imports would fail: its
+# parent packages are made from their real specs without running them, and the "exec" audit event
+# (the source and bytecode loaders run the module with builtin exec) hands over the module's code
+# object, and stops it. An extension module never raises that event: nothing is caught, and the
+# import's error says what Python took instead.
+ONE = r"""
+import importlib, importlib.machinery, importlib.util, json, sys
+site, path = sys.argv[1:]
+name = path[len(site) + 1:-3].replace("/", ".").removesuffix(".__init__")
+sys.path.insert(0, site)  # the image's Python is 3.11; the base installs vLLM for 3.12's folder
+parts = name.split(".")
+for i in range(1, len(parts)):
+    above = sys.modules[".".join(parts[:i - 1])] if i > 1 else None
+    spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:i]), above.__path__ if above else None)
+    sys.modules[spec.name] = package = importlib.util.module_from_spec(spec)  # not executed
+    if above:
+        setattr(above, parts[i - 1], package)
+ran = []
+class Caught(BaseException):
+    pass
+def hook(event, args):
+    if event == "exec" and not ran and hasattr(args[0], "co_filename"):  # the first code run is the module's
+        ran.append(args[0])
+        raise Caught
+sys.addaudithook(hook)
+error = None
+try:
+    importlib.import_module(name)
+except Caught:
+    pass
+except BaseException as e:
+    error = f"{type(e).__name__}: {e}"
 # code objects compare by their bytecode, constants and names, nested code included (marshal's bytes
 # would not do: they depend on reference counts)
-same = ran is not None and ran == compile(source, spec.origin, "exec", dont_inherit=True)
-print(spec.origin, type(spec.loader).__name__, same)
+file = ran[0].co_filename if ran else None  # a cached bytecode's is set to its source's path
+same = file == path and ran[0] == compile(open(path, "rb").read(), path, "exec", dont_inherit=True)
+print(json.dumps({"file": file, "same": same, "error": error}))
+"""
+JUDGE = f"""
+import json, subprocess, sys
+ONE = {ONE!r}
+said = {{}}
+for path in sys.argv[2:]:
+    done = subprocess.run([sys.executable, "-c", ONE, sys.argv[1], path], capture_output=True, text=True)
+    said[path] = json.loads(done.stdout) if done.returncode == 0 else {{"file": None, "same": False, "error": done.stderr[-400:]}}
+print(json.dumps(said))
 """
 
 
-def shadows() -> bytes:
-    """A layer of what would run instead of gpu_worker.py: extension modules of two ABI tags and
-    bytecode of other tags, each a different module than the source."""
+def judge(ref: str, targets: list[str]) -> dict[str, dict]:
+    """{target: {file, same, error}}: the file whose code a real import of the module executed (None:
+    no code ran), whether that code is the target's source, and the import's error, if any."""
+    docker("pull", "-q", ref)
+    said = docker("run", "--rm", "--entrypoint", "python3", ref, "-c", JUDGE, "/" + SITE, *targets).stdout
+    return json.loads(said)
+
+
+def shadows(targets: list[str]) -> list[tuple]:
+    """What would run instead of each overlaid module: extension modules of two ABI tags and bytecode
+    of other tags, each a different module than the source."""
     bogus = compile("RAN = 'the base, not the overlay'\n", "x", "exec")
     import importlib.util
     import marshal
 
     pyc = importlib.util.MAGIC_NUMBER + b"\0" * 12 + marshal.dumps(bogus)
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as t:
-        for name, data in ((f"{FOLDER}/{NAME}.cpython-311-x86_64-linux-gnu.so", b"\x7fELF not really"),
-                           (f"{FOLDER}/{NAME}.abi3.so", b"\x7fELF not really"),
-                           (f"{FOLDER}/__pycache__/{NAME}.cpython-311.opt-1.pyc", pyc),
-                           (f"{FOLDER}/__pycache__/{NAME}.cpython-310.pyc", pyc)):
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            t.addfile(info, io.BytesIO(data))
-    return out.getvalue()
+    out = []
+    for target in targets:
+        folder, name = target.lstrip("/").rsplit("/", 1)
+        stem = name.removesuffix(".py")
+        out += [(f"{folder}/{stem}.cpython-311-x86_64-linux-gnu.so", "file", b"\x7fELF not really", 0o644),
+                (f"{folder}/{stem}.abi3.so", "file", b"\x7fELF not really", 0o644),
+                (f"{folder}/__pycache__/{stem}.cpython-311.opt-1.pyc", "file", pyc, 0o644),
+                (f"{folder}/__pycache__/{stem}.cpython-310.pyc", "file", pyc, 0o644)]
+    return out
 
 
-def with_layer(registry: str, base: Reference, raw: bytes, repo: str) -> Reference:
-    """The base plus one layer, pushed as an image of its own."""
+def with_layers(registry: str, base: Reference, raws: list[bytes], repo: str) -> Reference:
+    """The base plus these layers, pushed as an image of its own."""
     reg = Registry(registry)
     image = base_mod.resolve(reg, base, "linux/amd64")
-    blob = gzip.compress(raw, mtime=0)
-    desc = Descriptor.of("application/vnd.oci.image.layer.v1.tar+gzip", blob)
-    reg.upload_blob(repo, desc, lambda: iter([blob]))
     for d in image.layers:
         reg.mount_blob(repo, d.digest, image.ref.repository)
     config = json.loads(json.dumps(image.config))
-    config["rootfs"]["diff_ids"].append(str(Descriptor.of("", raw).digest))
+    layers = [Descriptor(d.media_type, d.digest, d.size).to_json() for d in image.layers]
+    for raw in raws:
+        blob = gzip.compress(raw, mtime=0)
+        desc = Descriptor.of("application/vnd.oci.image.layer.v1.tar+gzip", blob)
+        reg.upload_blob(repo, desc, lambda b=blob: iter([b]))
+        config["rootfs"]["diff_ids"].append(str(Descriptor.of("", raw).digest))
+        layers.append(desc.to_json())
     cfg = json.dumps(config).encode()
     cfg_desc = Descriptor.of("application/vnd.oci.image.config.v1+json", cfg)
     reg.upload_blob(repo, cfg_desc, lambda: iter([cfg]))
-    layers = [Descriptor(d.media_type, d.digest, d.size).to_json() for d in image.layers] + [desc.to_json()]
     manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": cfg_desc.to_json(),
                            "layers": layers}).encode()
     return Reference(registry, repo, None, reg.put_manifest(repo, "latest", manifest, OCI_MANIFEST))
 
 
-def judge(ref: str) -> tuple[str, str, bool]:
-    docker("pull", "-q", ref)
-    said = docker("run", "--rm", "--entrypoint", "python3", ref, "-c", JUDGE).stdout.split()
-    return said[0], said[1], said[2] == "True"
+def metadata_saying(version: str) -> bytes:
+    return f"Metadata-Version: 2.4\nName: vllm\nVersion: {version}\nAuthor: vLLM Team\n".encode()
 
 
-def test_the_overlay_is_what_python_imports_whatever_the_base_put_beside_it(registry, fixture_base, project, tmp_path):
-    shadowed = with_layer(registry, fixture_base, shadows(), "test/shadowed-base")
-    # the control: in the base as it is, Python would load the extension module, not the source
-    origin, loader, _ = judge(str(shadowed))
-    assert origin.endswith(".so") and loader == "ExtensionFileLoader"
-    lock = tmp_path / "overlays.lock"
-    assert invoke(project, "lock", "--base", str(shadowed), "--lock", str(lock)).returncode == 0
-    built = invoke(project, "build", "--base", str(shadowed), "--lock", str(lock),
-                   "--push", f"{registry}/test/shadowed:1")
-    assert built.returncode == 0, built.stderr
-    origin, loader, same = judge(last_line(built))
-    assert (origin, loader, same) == (f"/{WORKER}", "SourceFileLoader", True)
-    record = json.loads((project / "out" / "build-record.json").read_text())
-    whited = {d["path"] for d in record["deleted"]}
-    assert {f"/{FOLDER}/{NAME}.cpython-311-x86_64-linux-gnu.so", f"/{FOLDER}/{NAME}.abi3.so",
-            f"/{FOLDER}/__pycache__/{NAME}.cpython-311.opt-1.pyc", f"/{FOLDER}/__pycache__/{NAME}.cpython-310.pyc"} \
-        <= whited
+@pytest.fixture(scope="module")
+def built(registry, fixture_base, fixture_lock, tmp_path_factory):
+    """One build over a base of two added layers. The first puts the shadows beside every overlaid
+    module and makes vllm's METADATA a hard link to a file it gave just before; the second replaces
+    that file's name with other bytes. A hard link is the inode of its moment (the engines agree:
+    tests/test_engines.py), so the METADATA holds the first bytes, not the last under its target's
+    name. (One layer that hard-links and then replaces the target is refused: the engines disagree.)"""
+    targets = sorted(o["target"] for o in json.loads(fixture_lock)["overlays"] if o["target"].endswith(".py"))
+    held = "opt/vllm-metadata"  # the hard link's target
+    added = tar(*shadows(targets), (held, "file", metadata_saying(HELD), 0o644), (METADATA, "hardlink", held, 0o644))
+    base = with_layers(registry, fixture_base, [added, tar((held, "file", metadata_saying(SEEN_LAST), 0o644))],
+                       "test/shadowed-base")
+    where = tmp_path_factory.mktemp("imports")
+    project = copy_project(where / "project", fixture_lock)
+    lock = where / "overlays.lock"
+    env = {"BAKERY_SMOKE_LEDGER": str(where / "smoke-ledger.json")}
+    assert invoke(project, "lock", "--base", str(base), "--lock", str(lock), env=env).returncode == 0
+    done = invoke(project, "build", "--base", str(base), "--lock", str(lock), "--push", f"{registry}/test/shadowed:1",
+                  env=env)
+    assert done.returncode == 0, done.stderr
+    rec = record_mod.read(project / "out" / "build-record.json")
+    ref = Reference.parse(last_line(done))
+    return SimpleNamespace(base=base, image=str(ref), targets=targets, record=rec,
+                           sbom=json.loads(sbom.document(rec, ref.name)))
+
+
+def test_every_overlaid_module_is_what_a_real_import_runs_whatever_the_base_put_beside_it(built):
+    overlaid = sorted(o.target for o in built.record.overlays if o.baked and o.target.endswith(".py"))
+    assert overlaid == built.targets and "/" + WORKER in overlaid
+    # the control: in the base as it is, each import takes the extension module, never the source
+    control = judge(str(built.base), overlaid)
+    for target in overlaid:
+        folder, stem = target.rsplit("/", 1)[0], target.rsplit("/", 1)[1][:-3]
+        assert control[target]["file"] is None, (target, control[target])
+        assert f"{folder}/{stem}.cpython-311-x86_64-linux-gnu.so" in (control[target]["error"] or ""), \
+            (target, control[target])
+    # the derived image: each import executes exactly the overlay's code
+    result = judge(built.image, overlaid)
+    assert {t: (r["file"], r["same"], r["error"]) for t, r in result.items()} == \
+        {t: (t, True, None) for t in overlaid}
+    whited = {d.path for d in built.record.deleted}
+    for target in overlaid:
+        folder, stem = target.rsplit("/", 1)[0], target.rsplit("/", 1)[1][:-3]
+        assert {f"{folder}/{stem}.cpython-311-x86_64-linux-gnu.so", f"{folder}/{stem}.abi3.so",
+                f"{folder}/__pycache__/{stem}.cpython-311.opt-1.pyc",
+                f"{folder}/__pycache__/{stem}.cpython-310.pyc"} <= whited
+
+
+def test_the_record_and_sbom_name_the_distribution_version_the_engine_holds(built):
+    """vllm's METADATA is a hard link made before its target's name got other bytes: Docker's
+    container reads the first bytes, and so must the signed record and the SBOM."""
+    held = docker("run", "--rm", "--entrypoint", "cat", built.image, "/" + METADATA).stdout
+    version = held.split("\nVersion: ", 1)[1].split("\n", 1)[0]
+    assert version == HELD != SEEN_LAST  # the engine holds the inode of the link's moment
+    recorded = [d for d in built.record.base.python_distributions if d.name == "vllm"]
+    assert [(d.version, d.metadata, d.sha256) for d in recorded] == \
+        [(HELD, "/" + METADATA, hashlib.sha256(held.encode()).hexdigest())]
+    described = [p for p in built.sbom["packages"] if p["name"] == "vllm"]
+    assert [(p["versionInfo"], p["externalRefs"][0]["referenceLocator"]) for p in described] == \
+        [(HELD, f"pkg:pypi/vllm@{HELD.replace('+', '%2B')}")]
 
 
 def test_a_package_of_the_overlaid_modules_name_refuses_the_base(registry, fixture_base, project, tmp_path):
@@ -110,9 +207,9 @@ def test_a_package_of_the_overlaid_modules_name_refuses_the_base(registry, fixtu
         info = tarfile.TarInfo(f"{FOLDER}/{NAME}/__init__.py")
         info.size = 6
         t.addfile(info, io.BytesIO(b"X = 1\n"))
-    packaged = with_layer(registry, fixture_base, out.getvalue(), "test/packaged-base")
-    origin, _, _ = judge(str(packaged))
-    assert origin.endswith(f"{NAME}/__init__.py")  # the control: Python takes the package
+    packaged = with_layers(registry, fixture_base, [out.getvalue()], "test/packaged-base")
+    said = judge(str(packaged), ["/" + WORKER])["/" + WORKER]
+    assert said["file"] == f"/{FOLDER}/{NAME}/__init__.py", said  # the control: Python takes the package
     for task in ("lock", "build"):  # neither locks nor builds over it
         done = invoke(project, task, "--base", str(packaged), "--lock", str(tmp_path / "overlays.lock"))
         errors = [l for l in done.stderr.splitlines() if l.startswith("error:")]
