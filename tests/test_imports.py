@@ -94,20 +94,25 @@ def judge(ref: str, targets: list[str]) -> dict[str, dict]:
     return json.loads(said)
 
 
-def shadows(targets: list[str]) -> list[tuple]:
-    """What would run instead of each overlaid module: extension modules of two ABI tags and bytecode
-    of other tags, each a different module than the source."""
-    bogus = compile("RAN = 'the base, not the overlay'\n", "x", "exec")
-    import importlib.util
-    import marshal
+# run in the image: bytecode its own Python takes for any source, without looking at the source
+# (hash-based and unchecked: PEP 552), of another module than the overlay
+BYTECODE = """
+import importlib.util, marshal
+code = compile("RAN = 'the base, not the overlay'\\n", "x", "exec")
+print((importlib.util.MAGIC_NUMBER + (0b01).to_bytes(4, "little") + bytes(8) + marshal.dumps(code)).hex())
+"""
 
-    pyc = importlib.util.MAGIC_NUMBER + b"\0" * 12 + marshal.dumps(bogus)
+
+def shadows(targets: list[str], pyc: bytes) -> list[tuple]:
+    """What would run instead of each overlaid module: extension modules of two ABI tags, and `pyc`
+    under the image's own tag (what Python takes once no extension is there) and other tags."""
     out = []
     for target in targets:
         folder, name = target.lstrip("/").rsplit("/", 1)
         stem = name.removesuffix(".py")
         out += [(f"{folder}/{stem}.cpython-311-x86_64-linux-gnu.so", "file", b"\x7fELF not really", 0o644),
                 (f"{folder}/{stem}.abi3.so", "file", b"\x7fELF not really", 0o644),
+                (f"{folder}/__pycache__/{stem}.cpython-311.pyc", "file", pyc, 0o644),
                 (f"{folder}/__pycache__/{stem}.cpython-311.opt-1.pyc", "file", pyc, 0o644),
                 (f"{folder}/__pycache__/{stem}.cpython-310.pyc", "file", pyc, 0o644)]
     return out
@@ -148,7 +153,8 @@ def built(registry, fixture_base, fixture_lock, tmp_path_factory):
     name. (One layer that hard-links and then replaces the target is refused: the engines disagree.)"""
     targets = sorted(o["target"] for o in json.loads(fixture_lock)["overlays"] if o["target"].endswith(".py"))
     held = "opt/vllm-metadata"  # the hard link's target
-    added = tar(*shadows(targets), (held, "file", metadata_saying(HELD), 0o644), (METADATA, "hardlink", held, 0o644))
+    pyc = bytes.fromhex(docker("run", "--rm", "--entrypoint", "python3", str(fixture_base), "-c", BYTECODE).stdout)
+    added = tar(*shadows(targets, pyc), (held, "file", metadata_saying(HELD), 0o644), (METADATA, "hardlink", held, 0o644))
     base = with_layers(registry, fixture_base, [added, tar((held, "file", metadata_saying(SEEN_LAST), 0o644))],
                        "test/shadowed-base")
     where = tmp_path_factory.mktemp("imports")
@@ -183,7 +189,7 @@ def test_every_overlaid_module_is_what_a_real_import_runs_whatever_the_base_put_
     for target in overlaid:
         folder, stem = target.rsplit("/", 1)[0], target.rsplit("/", 1)[1][:-3]
         assert {f"{folder}/{stem}.cpython-311-x86_64-linux-gnu.so", f"{folder}/{stem}.abi3.so",
-                f"{folder}/__pycache__/{stem}.cpython-311.opt-1.pyc",
+                f"{folder}/__pycache__/{stem}.cpython-311.pyc", f"{folder}/__pycache__/{stem}.cpython-311.opt-1.pyc",
                 f"{folder}/__pycache__/{stem}.cpython-310.pyc"} <= whited
 
 
