@@ -33,6 +33,7 @@ SITE = "usr/local/lib/python3.12/dist-packages"
 WORKER = f"{SITE}/vllm/v1/kv_offload/cpu/gpu_worker.py"
 FOLDER, NAME = WORKER.rsplit("/", 1)[0], "gpu_worker"
 METADATA = f"{SITE}/vllm-0.26.0.dist-info/METADATA"
+TARGET = "opt/vllm-metadata"  # what the METADATA is a hard link to
 HELD, SEEN_LAST = "0.26.0+held", "0.26.0+seen.last"  # what the hard link holds; what its target name holds last
 
 # run in the image, one fresh interpreter per module: import it for real (sys.meta_path, the path
@@ -81,7 +82,8 @@ ONE = {ONE!r}
 said = {{}}
 for path in sys.argv[2:]:
     done = subprocess.run([sys.executable, "-c", ONE, sys.argv[1], path], capture_output=True, text=True)
-    said[path] = json.loads(done.stdout) if done.returncode == 0 else {{"file": None, "same": False, "error": done.stderr[-400:]}}
+    crashed = {{"file": None, "same": False, "error": done.stderr[-400:]}}
+    said[path] = json.loads(done.stdout) if done.returncode == 0 else crashed
 print(json.dumps(said))
 """
 
@@ -144,6 +146,10 @@ def metadata_saying(version: str) -> bytes:
     return f"Metadata-Version: 2.4\nName: vllm\nVersion: {version}\nAuthor: vLLM Team\n".encode()
 
 
+def version_of(metadata: str) -> str:
+    return metadata.split("\nVersion: ", 1)[1].split("\n", 1)[0]
+
+
 @pytest.fixture(scope="module")
 def built(registry, fixture_base, fixture_lock, tmp_path_factory):
     """One build over a base of two added layers. The first puts the shadows beside every overlaid
@@ -152,9 +158,10 @@ def built(registry, fixture_base, fixture_lock, tmp_path_factory):
     tests/test_engines.py), so the METADATA holds the first bytes, not the last under its target's
     name. (One layer that hard-links and then replaces the target is refused: the engines disagree.)"""
     targets = sorted(o["target"] for o in json.loads(fixture_lock)["overlays"] if o["target"].endswith(".py"))
-    held = "opt/vllm-metadata"  # the hard link's target
+    held = TARGET
     pyc = bytes.fromhex(docker("run", "--rm", "--entrypoint", "python3", str(fixture_base), "-c", BYTECODE).stdout)
-    added = tar(*shadows(targets, pyc), (held, "file", metadata_saying(HELD), 0o644), (METADATA, "hardlink", held, 0o644))
+    added = tar(*shadows(targets, pyc), (held, "file", metadata_saying(HELD), 0o644),
+                (METADATA, "hardlink", held, 0o644))
     base = with_layers(registry, fixture_base, [added, tar((held, "file", metadata_saying(SEEN_LAST), 0o644))],
                        "test/shadowed-base")
     where = tmp_path_factory.mktemp("imports")
@@ -196,9 +203,9 @@ def test_every_overlaid_module_is_what_a_real_import_runs_whatever_the_base_put_
 def test_the_record_and_sbom_name_the_distribution_version_the_engine_holds(built):
     """vllm's METADATA is a hard link made before its target's name got other bytes: Docker's
     container reads the first bytes, and so must the signed record and the SBOM."""
-    held = docker("run", "--rm", "--entrypoint", "cat", built.image, "/" + METADATA).stdout
-    version = held.split("\nVersion: ", 1)[1].split("\n", 1)[0]
-    assert version == HELD != SEEN_LAST  # the engine holds the inode of the link's moment
+    held, last = (docker("run", "--rm", "--entrypoint", "cat", built.image, "/" + p).stdout for p in (METADATA, TARGET))
+    # the engine holds the inode of the link's moment; its target's name, the later bytes
+    assert (version_of(held), version_of(last)) == (HELD, SEEN_LAST)
     recorded = [d for d in built.record.base.python_distributions if d.name == "vllm"]
     assert [(d.version, d.metadata, d.sha256) for d in recorded] == \
         [(HELD, "/" + METADATA, hashlib.sha256(held.encode()).hexdigest())]
