@@ -15,7 +15,7 @@ from bakery.errors import InputError
 from bakery.inputs.patch import unified_diff
 from bakery.oci.refs import Reference
 
-from support import ROOT, docker, invoke, last_line
+from support import ROOT, docker, invoke, last_line, push_image
 from test_errors import one_clear_line
 
 SITE = "/usr/local/lib/python3.12/dist-packages"
@@ -474,6 +474,30 @@ def test_a_probe_on_a_file_that_moved_away_says_changed():
     holds, detail = overlays_mod.probe_holds(topk, {path: None})
     assert not holds and f"{path} is not in this base (moved or removed?)" in detail
     assert overlays_mod.probe_holds(topk, {path: b"def _topk_indices_torch(x):\n    pass\n"})[0]  # the control
+
+
+def test_a_file_absent_probe_does_not_hold_over_a_link_or_a_folder(registry, tmp_path):
+    """`file: absent` says the code is not in the base: a link at that path (to the code elsewhere)
+    or a folder is not nothing, so the record needs a look, and the VEX says under_investigation,
+    not not_affected. Read through the merged view of a real image, as rebase and the build read it."""
+    from bakery.build.pipeline import probe_files
+    from test_engines import filesystem
+    from test_toolchain_root import busybox_layer, tar
+
+    gluon = next(o for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml")
+                 if any(c.get("file") == "absent" for c in o.probe))
+    path = next(c["path"] for c in gluon.probe if c.get("file") == "absent").lstrip("/")
+    folder = path.rsplit("/", 1)[0]
+    for repo, given, kind in (("test/probe-link", [(path, "symlink", "elsewhere.py", 0o777)], "symlink"),
+                              ("test/probe-folder", [(path, "dir", b"", 0o755), (f"{path}/x", "file", b"", 0o644)],
+                               "dir"),
+                              ("test/probe-none", [(f"{folder}/other.py", "file", b"", 0o644)], None)):
+        ref = push_image(registry, repo, [busybox_layer(), tar(*given)])
+        files = probe_files(filesystem(ref, tmp_path / repo), ["/" + path])
+        assert files == {"/" + path: kind}, (repo, files)
+        holds, detail = overlays_mod.probe_holds(gluon, files)
+        assert holds == (kind is None), (repo, detail)  # the control: nothing there, and it holds
+        assert kind is None or f"is a {kind} in this base" in detail, detail
 
 
 def test_the_committed_lock_reads_into_a_lock_and_writes_back_byte_identical(tmp_path):

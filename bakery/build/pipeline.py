@@ -188,6 +188,16 @@ def regular_files(fs: BaseFilesystem, paths) -> dict:
             for p, f in ((p, found.get(normalize(p))) for p in paths)}
 
 
+def probe_files(fs: BaseFilesystem, paths) -> dict:
+    """{path as given: bytes} for an audit probe: a regular file's bytes, the kind of anything else
+    there (a link or a folder, which a probe of "absent" must not take for nothing), None where
+    nothing is."""
+    paths = sorted(set(paths))
+    found = fs.read(paths) if paths else {}
+    return {p: (None if f is None else f.data if f.kind in ("file", "hardlink") else f.kind)
+            for p, f in ((p, found.get(normalize(p))) for p in paths)}
+
+
 def overlay_inputs(project: Path, base: OpenBase) -> tuple[list, list, list]:
     """Registered overlays, the required ones applied exactly to the base bytes, and the stale
     bytecode to delete."""
@@ -362,7 +372,7 @@ def overlay_records(project: Path, overlays: list, applied: list, proofs: dict, 
     owned_by = inventory.owners(fs, [d.metadata for d in dists], [o.target for o in overlays])
     # an audit record's probe, run on this base: the VEX says not_affected only where it holds
     probed = [o for o in overlays if not o.baked and o.probe]
-    files = regular_files(fs, [c["path"] for o in probed for c in o.probe])  # as rebase reads them
+    files = probe_files(fs, [c["path"] for o in probed for c in o.probe])  # as rebase reads them
     audits = {o.id: dict(zip(("holds", "detail"), overlays_mod.probe_holds(o, files))) for o in probed}
     out = []
     for o in overlays:

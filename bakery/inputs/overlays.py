@@ -209,10 +209,15 @@ def _probe(conditions: list | None, target: str, where: str) -> tuple[dict, ...]
 
 
 def probe_holds(overlay: Overlay, files: dict) -> tuple[bool, str]:
-    """Does an audit record still hold on a base? files: {image path: bytes or None}."""
+    """Does an audit record still hold on a base? files: {image path: bytes of a regular file, the
+    kind of anything else there (str), or None where nothing is}."""
     failed = []
     for c in overlay.probe:
         data = files.get(c["path"])
+        if isinstance(data, str):  # a link or a folder: the code may be reached through it, or lie in it
+            failed.append(f"{c['path']} is a {data} in this base, not a regular file, so '{c['why']}' cannot be "
+                          f"checked")
+            continue
         if "file" in c:
             ok = (data is not None) == (c["file"] == "present")
         elif data is None:  # a pattern cannot hold, or fail to, in a file that is not there

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..build.pipeline import Options, base_files, open_base
+from ..build.pipeline import Options, base_files, open_base, probe_files
 from ..errors import BakeryError, InputError
 from ..inputs import overlays as overlays_mod, patch as patch_mod
 from ..inputs.overlays import Overlay
@@ -260,7 +260,7 @@ def _moved(base, overlay: Overlay, old: bytes | None) -> RebaseRow:
 def audit_rows(base, registered: list[Overlay]) -> list[RebaseRow]:
     """The audit records (no patch baked): each probe run on the new base; what stays by hand says so."""
     records = [o for o in registered if not o.baked]
-    files = base_files(base, [c["path"] for o in records for c in o.probe])
+    files = probe_files(base.fs, [c["path"] for o in records for c in o.probe])
     rows = []
     for o in records:
         by_hand = f"; by hand: {o.by_hand}" if o.by_hand else ""
