@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from bakery.oci.refs import Reference
 from bakery.oci.registry import Registry
 
-from support import invoke
+from support import ROOT, invoke
 from proxy import FaultyProxy
 
 
@@ -97,3 +98,97 @@ def test_a_toolchain_named_by_tag_is_refused_in_one_line(project, fixture_base):
     result = invoke(project, "build", "--base", str(fixture_base), env={"BAKERY_TOOLCHAIN": "bakery-toolchain:none"})
     line = one_clear_line(result)
     assert result.returncode == 2 and "toolchain image 'bakery-toolchain:none' has no digest" in line, result.stderr
+
+
+# -- what a registry says, shown inert: its error bodies and headers are its own text ------------
+
+# a new line that forges a workflow command (GitHub's runner acts on a line starting with ::), a
+# carriage return that does the same where \r ends a line, a screen clear and a bidi override
+HOSTILE = "no\n::error::forged\r::add-mask::forged\x1b[2J\u202edenrof"
+
+
+def hostile_image(registry: str, repo: str):
+    """A one-layer image of fresh bytes (the registry's storage outlives a run), pushed for real."""
+    import io
+    import tarfile
+    import time
+
+    from support import push_image
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        data = b"%d" % time.time_ns()
+        info = tarfile.TarInfo("stamp")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return push_image(registry, repo, [raw.getvalue()])
+
+
+def shown_inert(result) -> str:
+    """The one error line, after checking that nothing of the registry's text can act anywhere in
+    the output: no line of it starts a workflow command, no control character (an escape sequence,
+    a carriage return) or bidi override is written raw, and the registry's text stays on the error
+    line (a raw new line in it would start a line of the registry's choosing). invoke() reads the
+    output as text with universal newlines, so a raw \\r shows as a line break here."""
+    import unicodedata
+
+    line = one_clear_line(result)
+    out = result.stdout + result.stderr
+    assert not [l for l in out.splitlines() if l.lstrip().startswith("::")], out
+    assert not [c for c in out if c != "\n" and unicodedata.category(c) in ("Cc", "Cf")], ascii(out)
+    assert not [l for l in out.splitlines() if "forged" in l and not l.startswith("error:")], out
+    return line
+
+
+@pytest.mark.parametrize("where, status, body, code", [
+    ("manifests", 400, json.dumps({"errors": [{"code": "DENIED\n::error::code", "message": HOSTILE}]}), 3),
+    ("manifests", 500, HOSTILE, 3),  # retried, then given up: the last answer is quoted
+    ("blobs", 403, json.dumps({"errors": [{"code": "DENIED", "message": HOSTILE, "detail": HOSTILE}]}), 3),
+    ("blobs", 418, HOSTILE * 50, 3),  # a plain body, long: only its start is quoted
+], ids=["manifest-400-json", "manifest-500-plain", "blob-403-json", "blob-418-plain-long"])
+def test_a_registrys_hostile_error_text_is_one_inert_line(registry, tmp_path, where, status, body, code):
+    """A registry writes its error bodies: `invoke mirror` from it fails with one line that quotes
+    them escaped, and the progress lines before it (a blob's copy) are as inert."""
+    src = hostile_image(registry, "test/hostile-errors")
+    config_or_manifest = f"/v2/test/hostile-errors/{where}/" + \
+        (str(src.digest) if where == "manifests" else str(_config_of(registry, src)))
+    hostile = {config_or_manifest: (status, {"Content-Type": "application/json"}, body.encode())}
+    with FaultyProxy(registry, [], hostile) as proxy:
+        result = invoke(ROOT, "mirror", "--base", f"{proxy.host}/test/hostile-errors@{src.digest}",
+                        "--to", f"{registry}/test/hostile-copy-{tmp_path.name}",
+                        env={"BAKERY_CACHE": str(tmp_path / "cache")})
+    assert any(p == config_or_manifest for _, p in proxy.seen), "the hostile answer was served"
+    line = shown_inert(result)
+    assert result.returncode == code and f"HTTP {status}" in line, result.stderr
+    assert "forged" in line, "the registry's words are still shown, escaped"
+    assert len(line) < 2000, f"a hostile body is quoted in part, not whole: {len(line)} characters"
+
+
+def _config_of(registry: str, ref):
+    """The config blob's digest: the first blob `invoke mirror` copies, after a progress line."""
+    from bakery.oci.manifest import Manifest
+
+    body, _, _ = Registry(registry).get_manifest(ref)
+    return Manifest.parse(body, "test image").blobs[0].digest
+
+
+@pytest.mark.parametrize("echoed", [
+    "sha256:\x1b[2J::error::forged" + "\u202e".encode().decode("latin-1"),  # U+202E as its UTF-8 bytes
+    "::error::forged" + "f" * 20000,  # long: a header line may be 64 KiB
+    "sha256:0\r\n ::error::forged",  # a folded header: Python's parser keeps the \r\n in the value
+], ids=["controls", "long", "folded"])
+def test_a_hostile_docker_content_digest_is_one_inert_line(registry, tmp_path, echoed):
+    """The registry names the manifest's digest in a header; one that is not the bytes' digest is
+    refused (integrity, exit 5), quoting it inert, in part, and on the error line alone."""
+    src = hostile_image(registry, "test/hostile-digest")
+    body, media_type, _ = Registry(registry).get_manifest(src)
+    path = f"/v2/test/hostile-digest/manifests/{src.digest}"
+    hostile = {path: (200, {"Content-Type": media_type, "Docker-Content-Digest": echoed}, body)}
+    with FaultyProxy(registry, [], hostile) as proxy:
+        result = invoke(ROOT, "mirror", "--base", f"{proxy.host}/test/hostile-digest@{src.digest}",
+                        "--to", f"{registry}/test/hostile-copy-{tmp_path.name}",
+                        env={"BAKERY_CACHE": str(tmp_path / "cache")})
+    assert (("GET", path) in proxy.seen), "the hostile answer was served"
+    line = shown_inert(result)
+    assert result.returncode == 5 and "lies about the digest" in line, result.stderr
+    assert "forged" in line and len(line) < 1000, line

@@ -9,13 +9,14 @@ import urllib.parse
 from pathlib import Path
 from typing import Callable, Iterator
 
+from .. import untrusted
 from ..errors import IntegrityError, NotFound, RegistryError, TransientError
 from ..files import atomic_file, atomic_write
 from ..project import cache_dir
 from .progress import Progress
 from .refs import Descriptor, Digest, Reference
 from .http import ConnectionFailed
-from .transport import DOCUMENT_LIMIT, Transport
+from .transport import DOCUMENT_LIMIT, QUOTED_LIMIT, Transport
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -79,7 +80,7 @@ class Registry:
                                  f"expected {ref.digest}; the registry or a proxy is serving wrong content")
         echoed = resp.headers.get("Docker-Content-Digest")
         if echoed and echoed != str(digest):
-            raise IntegrityError(f"manifest {ref}: {self.name} says its digest is {echoed}, but the bytes it sent are "
+            raise IntegrityError(f"manifest {ref}: {self.name} says its digest is {_quoted(echoed)}, but the bytes it sent are "
                                  f"{digest}; the registry or a proxy lies about the digest: nothing kept")
         media_type = resp.headers.get("Content-Type", "").split(";")[0].strip()
         try:
@@ -110,7 +111,7 @@ class Registry:
                                       headers={"Content-Type": media_type}, body=body, ok=(201, 202))
         echoed = resp.headers.get("Docker-Content-Digest")
         if echoed and echoed != str(digest):
-            raise IntegrityError(f"registry stored manifest as {echoed}, we sent {digest}")
+            raise IntegrityError(f"registry stored manifest as {_quoted(echoed)}, we sent {digest}")
         return digest
 
     # -- blobs ---------------------------------------------------------------------------
@@ -248,6 +249,12 @@ class Registry:
             self.transport.request("DELETE", location, scopes=push(repo), ok=(204, 404, 405))
         except RegistryError:
             pass  # best effort: the registry expires abandoned uploads itself
+
+
+def _quoted(header: str) -> str:
+    """A header's value in a message: the registry's text, on one line, inert, at most a few hundred
+    characters (a digest is 71), so that what we say after it is still read."""
+    return untrusted.safe(header, limit=QUOTED_LIMIT)
 
 
 def verified_dir() -> Path:

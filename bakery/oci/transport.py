@@ -22,6 +22,7 @@ RETRY_STATUSES = {429, 500, 502, 503, 504}
 ATTEMPTS = 5
 DOCUMENT_LIMIT = 4 << 20  # manifests, indexes, configs, signatures, envelopes: distribution's own cap
 ERROR_BODY_LIMIT = 64 << 10  # what a registry may say about a failure
+QUOTED_LIMIT = 500  # characters of it, or of a header, that an error message quotes
 REDIRECTS = {301, 302, 303, 307, 308}
 MAX_REDIRECTS = 5
 
@@ -398,7 +399,9 @@ class Transport:
     @staticmethod
     def _describe(method: str, url: str, resp) -> str:
         """What the registry said went wrong: its error codes, else the start of its body (read up
-        to 64 KiB; a longer error body is refused)."""
+        to 64 KiB; a longer error body is refused). Its words are the registry's: quoted on one line,
+        inert and in part (the edge keeps our own messages' line breaks, so a new line of its text
+        would start a line of its choosing, and a long one would push off what we say after it)."""
         read_bounded(resp, ERROR_BODY_LIMIT, f"{method} {url}: HTTP {resp.status_code} error body", RegistryError)
         detail = ""
         try:
@@ -406,4 +409,5 @@ class Transport:
             detail = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors)
         except (ValueError, AttributeError, TypeError):
             detail = (resp.text or "")[:200].strip()
+        detail = untrusted.safe(detail, limit=QUOTED_LIMIT)
         return f"{method} {url}: HTTP {resp.status_code}" + (f" ({detail})" if detail else "")
