@@ -449,7 +449,8 @@ def test_a_token_no_header_can_carry_is_refused_in_one_line(token):
 
 def test_the_warning_about_a_plain_token_service_shows_its_realm_inert(monkeypatch, capsys):
     """The registry names the realm in its WWW-Authenticate; the warning that credentials are withheld
-    from it quotes it. No request is sent: the transport's send fails at once."""
+    from it quotes it, and so does the error that follows. No request is sent: the transport's send
+    fails at once."""
     from bakery.oci import transport
     from bakery.oci.http import ConnectionFailed
 
@@ -461,7 +462,9 @@ def test_the_warning_about_a_plain_token_service_shows_its_realm_inert(monkeypat
 
     monkeypatch.setattr(t, "_send_once", refuse)
     monkeypatch.setattr(transport.time, "sleep", lambda s: None)
-    with pytest.raises(Exception):
+    with pytest.raises(RegistryError, match="unreachable") as raised:
         t._fetch_token({"realm": "http://registry.internal:5000/t\x1b]0;owned\x07\n::error::forged"}, ())
     err = capsys.readouterr().err
     assert "credentials withheld" in err and "\x1b" not in err and "\\x1b]0;owned\\x07\\x0a::error::forged" in err
+    # the error's one line is the edge's to print (it keeps line breaks of ours): the realm has none
+    assert "\\x1b]0;owned\\x07\\x0a::error::forged unreachable" in str(raised.value), raised.value

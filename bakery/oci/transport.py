@@ -150,9 +150,10 @@ def judge_hop(registry: tuple[str, str, int | None], url: str, private_ok: bool 
     if target == registry:
         return Hop(None)
     scheme, host, port = target
+    shown = untrusted.safe(host, limit=80)  # the registry's text, in our message
     local = is_loopback(registry[1])
     if scheme != "https" and not (local and scheme == "http" and is_loopback(host)):
-        return Hop(f"{scheme}://{host[:80]} (only https leaves the registry's origin)")
+        return Hop(f"{untrusted.safe(scheme, limit=20)}://{shown} (only https leaves the registry's origin)")
     try:
         addresses = [ipaddress.ip_address(host.strip("[]"))]
     except ValueError:
@@ -160,21 +161,21 @@ def judge_hop(registry: tuple[str, str, int | None], url: str, private_ok: bool 
             addresses = [ipaddress.ip_address(a[4][0].split("%")[0]) for a in
                          socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
         except (OSError, UnicodeError, ValueError):
-            return Hop(f"{host[:80]}, which does not resolve")
+            return Hop(f"{shown}, which does not resolve")
     if not addresses:
-        return Hop(f"{host[:80]}, which does not resolve")
+        return Hop(f"{shown}, which does not resolve")
     for address in addresses:
         mapped = getattr(address, "ipv4_mapped", None) or address
         if mapped.is_loopback and local:
             continue
         if str(mapped) in METADATA_SERVICES:
-            return Hop(f"{host[:80]} ({mapped}: a cloud's metadata service)")
+            return Hop(f"{shown} ({mapped}: a cloud's metadata service)")
         private = mapped.is_private and not (mapped.is_loopback or mapped.is_link_local or mapped.is_unspecified)
         if private and private_ok:
             continue
         if mapped.is_loopback or mapped.is_link_local or mapped.is_private or mapped.is_unspecified or \
                 mapped.is_multicast or mapped.is_reserved:
-            return Hop(f"{host[:80]} ({mapped}: loopback, link-local or private)")
+            return Hop(f"{shown} ({mapped}: loopback, link-local or private)")
     return Hop(None, str(addresses[0]))
 
 
@@ -350,6 +351,7 @@ class Transport:
                                                      and host == self.origin[1]):
             raise AuthError(f"{self.registry} names a token service {params['realm'][:100]!r}: refused (an https "
                             f"registry's must be https; a plain one's must be on its own host)")
+        realm = untrusted.safe(params["realm"], limit=QUOTED_LIMIT)  # the registry's text, in our messages
         # elsewhere than the registry's own host: where a redirect could go, or a LAN address (an
         # on-premises registry's token service), never a metadata service or this machine's loopback
         # (the answer goes back to the registry as the token), at the address judged
@@ -362,7 +364,7 @@ class Transport:
         auth = (self.credentials.username, self.credentials.password) \
             if self.credentials and realm_may_receive_credentials(params["realm"]) else None
         if self.credentials and auth is None:
-            print(f"warning: {self.registry}'s token service {untrusted.safe(params['realm'])} is not https: asking it "
+            print(f"warning: {self.registry}'s token service {realm} is not https: asking it "
                   f"anonymously, credentials withheld", file=sys.stderr)
         for attempt in range(ATTEMPTS):
             try:  # no redirects: a token service that moves elsewhere would take the credentials along
@@ -376,7 +378,7 @@ class Transport:
                 resp.close()
             time.sleep(min(0.25 * 2 ** attempt, 4.0))
         if resp is None:
-            raise RegistryError(f"token service {params['realm']} unreachable: {err}")
+            raise RegistryError(f"token service {realm} unreachable: {err}")
         if resp.status_code in (401, 403):
             resp.close()
             raise AuthError(f"token service for {self.registry} refused "
@@ -384,15 +386,15 @@ class Transport:
                             f"check `docker login {self.registry}` or BAKERY_REGISTRY_USER/PASSWORD")
         if resp.status_code != 200:
             resp.close()
-            raise RegistryError(f"token service {params['realm']} answered HTTP {resp.status_code}")
-        read_bounded(resp, DOCUMENT_LIMIT, f"token service {params['realm']}", RegistryError)
+            raise RegistryError(f"token service {realm} answered HTTP {resp.status_code}")
+        read_bounded(resp, DOCUMENT_LIMIT, f"token service {realm}", RegistryError)
         try:
             data = resp.json()
             token = data.get("token") or data.get("access_token")
         except (ValueError, AttributeError):
             token = None
         if not token or not isinstance(token, str) or not re.fullmatch(r"[\x21-\x7e]+", token):
-            raise AuthError(f"token service {params['realm']} returned no token (or one that is not printable "
+            raise AuthError(f"token service {realm} returned no token (or one that is not printable "
                             f"ASCII, which no header may carry)")
         return token
 
