@@ -472,6 +472,103 @@ def test_a_compile_that_fills_the_hosts_disk_under_out_is_stopped(toolchain, tmp
     assert status == 0, said  # the control: within the cap
 
 
+def toolchain_root(toolchain):
+    """The toolchain's files as every compile runs over them (extracted once into this machine's cache)."""
+    from bakery.project import cache_dir
+
+    return hip.toolchain_files(toolchain, hip.load(ROOT / "hip").toolchain, cache_dir(create=True) / "toolchains",
+                               log=lambda m: None)
+
+
+# 64 MiB to stdout, then 64 MiB to stderr: eight times the small file cap below, and 64 times the log read back
+FLOOD = "yes stdout-0123456789 | head -c 67108864; yes stderr-0123456789 | head -c 67108864 >&2"
+
+
+def test_a_compile_that_prints_past_the_limits_is_stopped_and_only_its_tail_comes_back(toolchain, tmp_path,
+                                                                                    monkeypatch):
+    """The compile's stdout and stderr go to files on this machine's disk, each capped like any file
+    it writes (RLIMIT_FSIZE: 1 GiB in use, 8 MiB here): a writer past the cap is killed (SIGXFSZ).
+    What is read back is the last LOG_LIMIT characters, never the whole: the files' tails are read
+    by seek, so this process holds a few MiB whatever the compile printed."""
+    import dataclasses
+    import signal
+    import tracemalloc
+
+    from bakery import sandbox
+
+    files = toolchain_root(toolchain)
+    monkeypatch.setattr(sandbox, "COMPILE", dataclasses.replace(sandbox.COMPILE, files=8 << 20))
+    out = tmp_path / "out"
+    out.mkdir(mode=0o777)
+    out.chmod(0o777)
+    tracemalloc.start()
+    try:
+        status, said = hip.run_compile(files, ROOT / "hip", FLOOD, out)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # the shell's status is its last pipeline's: head, killed at the cap of stderr's file
+    assert status == 128 + signal.SIGXFSZ, (status, said[-300:])
+    assert len(said) <= hip.LOG_LIMIT, len(said)
+    assert "stderr-0123456789" in said[-100:], said[-100:]  # the tail: what it printed last
+    # held here: the two files' tails (1 MiB each, read by seek), their text and the joined tail; not
+    # the 16 MiB the files hold, nor the 128 MiB printed
+    assert peak < 8 * hip.LOG_LIMIT, f"{peak} bytes held to read back {len(said)} characters"
+
+
+def test_the_rebuild_broker_answers_at_most_its_log_limit_of_a_flooding_compile(toolchain, registry, tmp_path,
+                                                                            monkeypatch):
+    """A rebuild's compile runs outside, through the broker, and its answer goes back into the
+    sandbox: of a compile that prints past every limit, the answer carries the last 64 KiB."""
+    import dataclasses
+    import signal
+
+    from bakery import sandbox
+    from bakery.broker_client import UnixConnection
+    from bakery.release import broker
+
+    toolchain_root(toolchain)  # extracted before the broker's turn (it extracts the same, from the cache)
+    monkeypatch.setattr(sandbox, "COMPILE", dataclasses.replace(sandbox.COMPILE, files=8 << 20))
+    grant = broker.Grant(registry, "test/none", toolchain, ROOT / "hip")  # no base is read here
+    with broker.serve(tmp_path, grant) as path:
+        conn = UnixConnection(str(path), 600)
+        try:
+            conn.request("POST", "/bakery/compile", json.dumps({"toolchain": toolchain, "shell": FLOOD}).encode(),
+                         {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            body = resp.read()
+        finally:
+            conn.close()
+    assert resp.status == 200, body[:300]
+    answer = json.loads(body)
+    assert answer["status"] == 128 + signal.SIGXFSZ, answer["status"]
+    assert len(answer["logs"]) <= broker.LOG_LIMIT and "stderr-0123456789" in answer["logs"][-100:]
+    assert len(body) < 2 * broker.LOG_LIMIT, len(body)  # the answer is the log and little else
+
+
+# 512 MiB of address space, and its size printed: a compile that needs more memory than it may have
+ALLOCATE = "python3 -c 'print(len(bytearray(512 << 20)))'"
+
+
+def test_a_compile_that_allocates_past_its_memory_limit_fails(toolchain, tmp_path, monkeypatch):
+    """Each process of the compile may map COMPILE.memory of address space (RLIMIT_AS: 16 GiB in use,
+    256 MiB here): past it an allocation fails, and so does the compile. The same code under the
+    compile's own limit runs (the control: the failure is the limit's, not the code's)."""
+    import dataclasses
+
+    from bakery import sandbox
+
+    files = toolchain_root(toolchain)
+    out = tmp_path / "out"
+    out.mkdir(mode=0o777)
+    out.chmod(0o777)
+    status, said = hip.run_compile(files, ROOT / "hip", ALLOCATE, out)
+    assert status == 0 and said == str(512 << 20), (status, said)
+    monkeypatch.setattr(sandbox, "COMPILE", dataclasses.replace(sandbox.COMPILE, memory=256 << 20))
+    status, said = hip.run_compile(files, ROOT / "hip", ALLOCATE, out)
+    assert status != 0 and "MemoryError" in said, (status, said[-300:])
+
+
 def test_a_compile_whose_out_the_watch_cannot_read_whole_is_stopped(toolchain, tmp_path):
     """Folders nested past what a path may be (made one `cd` at a time) hide what lies in them from
     a walk by path: the watch fails closed and stops the compile."""
