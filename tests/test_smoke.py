@@ -116,7 +116,7 @@ def test_deadline():
 class StandInVllm:
     """NOT vLLM: a local server answering the OpenAI routes the smoke uses, with canned outputs."""
 
-    def __init__(self, answers: dict, fail_completions: bool = False):
+    def __init__(self, answers: dict, fail_completions: bool | bytes = False):
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -136,6 +136,11 @@ class StandInVllm:
 
             def do_POST(self):
                 req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if isinstance(outer.fail_completions, bytes):  # the served image's own words, as they come
+                    self.send_response(500)
+                    self.send_header("Content-Length", str(len(outer.fail_completions)))
+                    self.end_headers()
+                    return self.wfile.write(outer.fail_completions)
                 if outer.fail_completions:
                     return self._send(500, {"error": "boom"})
                 prompt = req["prompt"]
@@ -185,6 +190,17 @@ def test_http_checks_fail_on_wrong_answer_5xx_or_changed_output():
     assert {r["status"] for r in unrecorded.regression} == {"unrecorded"}
     judged = smoke.verdict(True, unrecorded, 1, SPEC)
     assert judged.result == "FAILED" and judged.compared == 0
+
+
+def test_a_served_images_error_text_is_one_inert_line():
+    """The image under test answers a 5xx in words of its choosing: a line of them starting with
+    `::` is a workflow command on GitHub (the smoke job's log), an escape sequence acts on a terminal."""
+    hostile = b"boom\n::error::the smoke passed\x1b[2J\xe2\x80\xae"
+    with pytest.raises(smoke.SmokeFailure) as failed:
+        smoke.Service(StandInVllm(ANSWERS, fail_completions=hostile).url, SPEC.model).arithmetic()
+    said = str(failed.value)
+    assert "HTTP 500" in said and "the smoke passed" in said, said  # the control: its words are there, quoted
+    assert "\n" not in said and "\x1b" not in said and "\u202e" not in said, said
 
 
 def test_a_recording_run_is_recorded_never_passed():

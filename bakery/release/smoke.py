@@ -16,7 +16,7 @@ from pathlib import Path
 
 import requests
 
-from .. import schema
+from .. import schema, untrusted
 from ..errors import EnvironmentProblem, InputError, SmokeFailure
 from ..trust import smoke_ledger
 
@@ -144,10 +144,11 @@ class Service:
 
     def _post(self, path: str, body: dict) -> dict:
         resp = requests.post(self.base + path, json=body, timeout=600)
+        said = untrusted.safe(resp.text, limit=200)  # the served image's text: one inert line in our error
         if resp.status_code >= 500:
-            raise SmokeFailure(f"HTTP {resp.status_code} from {path}: {resp.text[:200]}")
+            raise SmokeFailure(f"HTTP {resp.status_code} from {path}: {said}")
         if resp.status_code != 200:
-            raise SmokeFailure(f"{path} answered HTTP {resp.status_code}: {resp.text[:200]}")
+            raise SmokeFailure(f"{path} answered HTTP {resp.status_code}: {said}")
         return resp.json()
 
     def models(self) -> str:
