@@ -379,9 +379,12 @@ def _tail(f, limit: int = 1 << 20) -> str:
     return f.read().decode("utf-8", errors="replace")
 
 
-def _prlimit(limits: Limits, count_processes: bool) -> list[str]:
-    """prlimit, not a preexec_fn: this runs in threads, where those may deadlock."""
-    args = ["prlimit", f"--fsize={limits.files}", f"--as={limits.memory}", f"--nofile={limits.open_files}"]
+def _prlimit(limits: Limits, count_processes: bool, gpu: bool = False) -> list[str]:
+    """prlimit, not a preexec_fn: this runs in threads, where those may deadlock. With a GPU's device
+    nodes, memory is RLIMIT_DATA (what it writes of its own), not RLIMIT_AS: CUDA reserves address
+    space past any such bound as it starts (unwritable, so not data), and fails under RLIMIT_AS."""
+    memory = f"--data={limits.memory}" if gpu else f"--as={limits.memory}"
+    args = ["prlimit", f"--fsize={limits.files}", memory, f"--nofile={limits.open_files}"]
     return args + ([f"--nproc={_tasks_of(_code_uid()) + limits.processes}"] if count_processes else []) + ["--"]
 
 
@@ -609,7 +612,8 @@ def _run(argv, readable, inputs, limits: Limits, env, devices, writable, root, m
             try:
                 # bwrap itself stays inside as the namespace's pid 1 (but for a proof), whose
                 # /proc/1/environ the code can read: it gets no variable of ours either
-                proc = subprocess.Popen(cap + _prlimit(limits, nproc) + prefix + sandboxed, stdout=out, stderr=err,
+                proc = subprocess.Popen(cap + _prlimit(limits, nproc, gpu=bool(devices)) + prefix + sandboxed,
+                                        stdout=out, stderr=err,
                                         stdin=subprocess.DEVNULL, env={"PATH": ENV["PATH"]},
                                         pass_fds=(status_write, filter_read))
                 code = _wait(proc, limits.seconds, stop)
