@@ -413,6 +413,20 @@ def test_on_cgroup_v2_a_group_that_does_not_hand_down_pids_is_none_of_ours(tmp_p
 
 
 @pytest.mark.slow
+def test_with_a_gpus_nodes_bound_the_codes_memory_is_still_capped():
+    """CUDA starts only under RLIMIT_DATA, not RLIMIT_AS (seen on the lent H200): what the code
+    allocates of its own stays capped. /dev/null stands in for a GPU's node (none here)."""
+    grab = "b = bytearray(1 << 30); b[::4096] = b'x' * len(b[::4096]); print('took it')"
+    roomy = sandbox.run([sys.executable, "-c", grab], [], None, sandbox.Limits(seconds=60, memory=4 << 30),
+                        devices=["/dev/null"])
+    assert roomy.returncode == 0 and "took it" in roomy.stdout, roomy.stderr[-300:]  # the control
+    held = sandbox.run([sys.executable, "-c", grab], [], None, sandbox.Limits(seconds=60, memory=512 << 20),
+                       devices=["/dev/null"])
+    assert held.returncode != 0 and "MemoryError" in held.stderr, held.stderr[-300:]
+    assert "--data=" in " ".join(sandbox._prlimit(sandbox.PROOF, False, gpu=True))
+
+
+@pytest.mark.slow
 def test_a_proof_past_its_limits_is_never_a_verdict(tmp_path, monkeypatch):
     """A proof that forks without end gets CANNOT-PROVE (the error), not the FIXED it prints first."""
     monkeypatch.setenv("BAKERY_CACHE", str(tmp_path / "cache"))
