@@ -315,11 +315,11 @@ def command(argv: list[str], readable: list[Path], inputs: Path | None, status_f
     if inputs is not None:
         args += ["--ro-bind", str(inputs), INPUTS]
     # the root bwrap builds (the folders above each bind), /dev and /proc are read-only too: only /tmp,
-    # HOME, /dev/shm and the writable binds take writes. /proc above all: run by root, the code inside is
-    # uid 0 to the host kernel, which lets uid 0 write /proc/sys (core_pattern: a command run as root
-    # on the host) without any capability
-    return args + ["--remount-ro", "/proc", "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", HOME,
-                   "--"] + argv
+    # HOME, /dev/shm and the writable binds take writes. /proc read-only is depth (the code is uid 65534
+    # either way, which cannot write /proc/sys); where a GPU's nodes are bound it stays as bwrap mounts
+    # it: CUDA's start fails under a read-only /proc (error 304, seen on the lent H200)
+    read_only = ["/dev", "/"] if devices else ["/proc", "/dev", "/"]
+    return args + [a for path in read_only for a in ("--remount-ro", path)] + ["--chdir", HOME, "--"] + argv
 
 
 def _namespaces(argv: list[str], own_root: bool, init: bool = False) -> list:

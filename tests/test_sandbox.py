@@ -426,6 +426,17 @@ def test_with_a_gpus_nodes_bound_the_codes_memory_is_still_capped():
     assert "--data=" in " ".join(sandbox._prlimit(sandbox.PROOF, False, gpu=True))
 
 
+def test_proc_is_read_only_but_where_a_gpus_nodes_are_bound():
+    """CUDA's start fails under a read-only /proc (seen on the lent H200, tests/gpu/LATEST.txt): with
+    a GPU's nodes bound only / and /dev are remounted read-only; otherwise /proc is too."""
+    def remounted(devices):
+        args = sandbox.command(["true"], [], None, devices=devices)
+        return {args[i + 1] for i, a in enumerate(args[:args.index("--chdir")]) if a == "--remount-ro"}
+
+    assert remounted([]) == {"/proc", "/dev", "/"}
+    assert remounted(["/dev/null"]) == {"/dev", "/"}
+
+
 @pytest.mark.slow
 def test_a_proof_past_its_limits_is_never_a_verdict(tmp_path, monkeypatch):
     """A proof that forks without end gets CANNOT-PROVE (the error), not the FIXED it prints first."""
