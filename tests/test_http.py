@@ -368,7 +368,10 @@ def test_a_blob_the_registry_cuts_short_reaches_the_rebuild_as_cut_short_not_as_
 def test_a_redirect_is_followed_only_over_https_to_a_public_address():
     """A hostile registry's Location: plain http, a cloud's metadata service, a LAN address or
     loopback are refused (loopback and plain http only where the registry itself is on loopback)."""
-    from bakery.oci.transport import origin, redirect_refused
+    from bakery.oci.transport import judge_hop, origin
+
+    def redirect_refused(registry, url):
+        return judge_hop(registry, url).refused
 
     public = origin("https://ghcr.io/v2/")
     local = origin("http://127.0.0.1:5000/v2/")
@@ -380,6 +383,12 @@ def test_a_redirect_is_followed_only_over_https_to_a_public_address():
         assert redirect_refused(public, where), where
     assert redirect_refused(local, "http://127.0.0.1:5001/blob") is None  # a test registry behind a proxy
     assert redirect_refused(local, "https://169.254.169.254/") and redirect_refused(local, "http://10.0.0.5/")
+    # followed at the address judged; a token service may be on a LAN, never a metadata service
+    assert judge_hop(public, "https://8.8.8.8/blob").address == "8.8.8.8"
+    assert judge_hop(public, "https://10.0.0.5/token", private_ok=True).address == "10.0.0.5"
+    for where in ("https://169.254.169.254/token", "https://[fd00:ec2::254]/token", "https://100.100.100.200/t",
+                  "https://127.0.0.1/token"):
+        assert judge_hop(public, where, private_ok=True).refused, where
 
 
 # where a hostile registry sends a blob's read: a cloud's metadata service and a LAN service, by

@@ -179,11 +179,6 @@ def judge_hop(registry: tuple[str, str, int | None], url: str, private_ok: bool 
     return Hop(None, str(addresses[0]))
 
 
-def redirect_refused(registry: tuple[str, str, int | None], url: str) -> str | None:
-    """Why a redirect from the registry at `registry` to `url` is not followed, or None (judge_hop)."""
-    return judge_hop(registry, url).refused
-
-
 def read_bounded(resp: Response, limit: int, what: str, error: type) -> bytes:
     """The whole body, or `error` as soon as it is known to exceed `limit` (from Content-Length, or
     while reading a body of unannounced length): a hostile server cannot make us read gigabytes."""
