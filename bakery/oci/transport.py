@@ -150,7 +150,7 @@ def judge_hop(registry: tuple[str, str, int | None], url: str, private_ok: bool 
     if target == registry:
         return Hop(None)
     scheme, host, port = target
-    shown = untrusted.safe(host, limit=80)  # the registry's text, in our message
+    shown = untrusted.safe(f"[{host}]" if ":" in host else host, limit=80)  # the registry's text, in our message
     local = is_loopback(registry[1])
     if scheme != "https" and not (local and scheme == "http" and is_loopback(host)):
         return Hop(f"{untrusted.safe(scheme, limit=20)}://{shown} (only https leaves the registry's origin)")
