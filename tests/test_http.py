@@ -387,8 +387,14 @@ def test_a_redirect_is_followed_only_over_https_to_a_public_address():
     assert judge_hop(public, "https://8.8.8.8/blob").address == "8.8.8.8"
     assert judge_hop(public, "https://10.0.0.5/token", private_ok=True).address == "10.0.0.5"
     for where in ("https://169.254.169.254/token", "https://[fd00:ec2::254]/token", "https://100.100.100.200/t",
-                  "https://127.0.0.1/token"):
+                  "https://127.0.0.1/token", "https://100.64.0.1/", "https://198.18.0.1/", "https://240.0.0.1/"):
         assert judge_hop(public, where, private_ok=True).refused, where
+    # an IPv6 address is judged by the IPv4 one it carries (6to4, NAT64's prefix); what Python calls
+    # global but is not the internet is refused (shared address space, site-local, IETF assignments)
+    for where in ("https://[2002:a9fe:a9fe::1]/", "https://[64:ff9b::a00:5]/", "https://[fec0::1]/",
+                  "https://192.0.0.8/", "https://100.64.0.1/", "https://[::]/", "https://[2001:db8::1]/"):
+        assert redirect_refused(public, where), where
+    assert redirect_refused(public, "https://[64:ff9b::808:808]/") is None  # a public address through NAT64
 
 
 # where a hostile registry sends a blob's read: a cloud's metadata service and a LAN service, by
@@ -502,6 +508,16 @@ def _redirects_in_this_namespace(folder: Path) -> None:
                     Registry(proxy.host).fetch_blob("base/layers", desc)
                 except BakeryError as e:
                     seen.setdefault("realms", {})[realm] = f"{type(e).__name__}: {e}"
+            # an upload's Location, which the registry hands us to PUT our blob to (and DELETE, if it fails)
+            for lan in ("169.254.169.254", "10.0.0.5"):
+                with FaultyProxy(registry, [], location_host=lan) as pushed:
+                    other = lan.encode() + b" gets no blob of ours"
+                    try:
+                        Registry(pushed.host).upload_blob("base/pushed", Descriptor.of("application/octet-stream",
+                                                                                      other), lambda: iter([other]))
+                        seen.setdefault("uploads", {})[lan] = "uploaded"
+                    except BakeryError as e:
+                        seen.setdefault("uploads", {})[lan] = f"{type(e).__name__}: {e}"
             seen["redirected hits"] = hits[:]
 
             # a name that resolves to a loopback address when judged and to a LAN address when asked again
@@ -588,6 +604,8 @@ def test_a_redirect_to_a_private_or_link_local_address_reaches_nothing_there_dir
         assert named in ours and ours.count("redirected to") == 1, (where, ours)
         assert _SECRET.decode() not in ours + relayed
 
+    for lan, said in seen["uploads"].items():
+        assert said.startswith("RegistryError: ") and "sent us to" in said and lan in said, (lan, said)
     said, asked = seen["inside"]
     assert said.startswith("RegistryError: GET ") and "HTTP 403" in said and "not followed" in said and asked == 1, \
         seen["inside"]

@@ -126,6 +126,37 @@ def origin(url: str) -> tuple[str, str, int | None]:
 # the instance metadata services of the clouds whose addresses are not link-local (AWS's IPv6 one is
 # a unique local address, Alibaba's in the shared address space)
 METADATA_SERVICES = {"169.254.169.254", "fd00:ec2::254", "100.100.100.200"}
+# what Python's is_global still calls global but is not the public internet: IETF protocol assignments,
+# IPv6's deprecated site-local addresses, local-use NAT64
+NOT_PUBLIC = tuple(ipaddress.ip_network(n) for n in ("192.0.0.0/24", "fec0::/10", "64:ff9b:1::/48"))
+LAN = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"))
+NAT64 = ipaddress.ip_network("64:ff9b::/96")  # the well-known prefix: the IPv4 address is its last 32 bits
+
+
+def carried(address):
+    """The IPv4 address an IPv6 one stands for (mapped, 6to4, NAT64's well-known prefix), else itself:
+    what the packets finally reach."""
+    if address.version == 6:
+        if address.ipv4_mapped or address.sixtofour:
+            return address.ipv4_mapped or address.sixtofour
+        if address in NAT64:
+            return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return address
+
+
+def unreachable_by_hop(address, local: bool, private_ok: bool) -> str | None:
+    """Pure: why a hop may not go to `address`, or None: a public address; loopback only from a registry
+    on loopback; a LAN address (RFC 1918, unique local) only where `private_ok`; never a metadata service."""
+    reached = carried(address)
+    if reached.is_loopback:
+        return None if local else "loopback"
+    if str(reached) in METADATA_SERVICES:
+        return "a cloud's metadata service"
+    if private_ok and any(reached in net for net in LAN):
+        return None
+    if reached.is_global and not any(reached in net for net in NOT_PUBLIC):
+        return None
+    return "link-local, private or otherwise not public"
 
 
 @dataclass(frozen=True)
@@ -165,17 +196,9 @@ def judge_hop(registry: tuple[str, str, int | None], url: str, private_ok: bool 
     if not addresses:
         return Hop(f"{shown}, which does not resolve")
     for address in addresses:
-        mapped = getattr(address, "ipv4_mapped", None) or address
-        if mapped.is_loopback and local:
-            continue
-        if str(mapped) in METADATA_SERVICES:
-            return Hop(f"{shown} ({mapped}: a cloud's metadata service)")
-        private = mapped.is_private and not (mapped.is_loopback or mapped.is_link_local or mapped.is_unspecified)
-        if private and private_ok:
-            continue
-        if mapped.is_loopback or mapped.is_link_local or mapped.is_private or mapped.is_unspecified or \
-                mapped.is_multicast or mapped.is_reserved:
-            return Hop(f"{shown} ({mapped}: loopback, link-local or private)")
+        why = unreachable_by_hop(address, local, private_ok)
+        if why:
+            return Hop(f"{shown} ({carried(address)}: {why})")
     return Hop(None, str(addresses[0]))
 
 
@@ -244,9 +267,10 @@ class Transport:
             if resp is not None and resp.status_code == 401:
                 resp.close()
                 if origin(resp.url) != self.origin:
-                    raise AuthError(f"{method} {resp.url}: that server asked for credentials, but it is not "
-                                    f"{self.registry}, which sent us there; credentials go only to the registry's "
-                                    f"own origin ({self.base}): the registry is misconfigured or hostile")
+                    raise AuthError(f"{method} {untrusted.safe(resp.url, limit=QUOTED_LIMIT)}: that server asked for "
+                                    f"credentials, but it is not {self.registry}, which sent us there; credentials go "
+                                    f"only to the registry's own origin ({self.base}): the registry is misconfigured "
+                                    f"or hostile")
                 self._authenticate(resp, scopes)
                 resp = self._send(method, url, scopes, headers, body)
                 if resp is not None and resp.status_code == 401:
@@ -274,8 +298,12 @@ class Transport:
 
     def _send(self, method, url, scopes, headers, body):
         """One request, following redirects ourselves: credentials only where the origin is the
-        registry's, and a redirect's body never read. None when the connection failed."""
-        address = None  # the registry's own origin, resolved as usual; a hop elsewhere, the address judged
+        registry's, and a redirect's body never read. None when the connection failed. A URL the
+        registry gave us (an upload's Location) is judged as a redirect is before it is asked."""
+        hop = judge_hop(self.origin, url)  # the registry's own origin: Hop(None), resolved as usual
+        if hop.refused:
+            raise RegistryError(f"{method}: {self.registry} sent us to {hop.refused}: not followed")
+        address = hop.address
         for _ in range(MAX_REDIRECTS + 1):
             hdrs = dict(headers or {})
             auth = self._auth_header(scopes) if origin(url) == self.origin else None
@@ -302,7 +330,8 @@ class Transport:
             address = hop.address
             if resp.status_code == 303 or (resp.status_code in (301, 302) and method == "POST"):
                 method, body = "GET", None
-        raise RegistryError(f"{method} {url}: more than {MAX_REDIRECTS} redirects from {self.registry}")
+        raise RegistryError(f"{method} {untrusted.safe(url, limit=QUOTED_LIMIT)}: more than {MAX_REDIRECTS} redirects "
+                            f"from {self.registry}")
 
     def _send_once(self, method: str, url: str, headers: dict, data, params=None, auth=None,
                    address: str | None = None) -> Response:
@@ -407,4 +436,5 @@ class Transport:
         except (ValueError, AttributeError, TypeError):
             detail = (resp.text or "")[:200].strip()
         detail = untrusted.safe(detail, limit=QUOTED_LIMIT)
-        return f"{method} {url}: HTTP {resp.status_code}" + (f" ({detail})" if detail else "")
+        said = f"{method} {untrusted.safe(url, limit=QUOTED_LIMIT)}: HTTP {resp.status_code}"
+        return said + (f" ({detail})" if detail else "")
