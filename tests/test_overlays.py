@@ -476,10 +476,12 @@ def test_a_probe_on_a_file_that_moved_away_says_changed():
     assert overlays_mod.probe_holds(topk, {path: b"def _topk_indices_torch(x):\n    pass\n"})[0]  # the control
 
 
-def test_a_file_absent_probe_does_not_hold_over_a_link_or_a_folder(registry, tmp_path):
-    """`file: absent` says the code is not in the base: a link at that path (to the code elsewhere)
-    or a folder is not nothing, so the record needs a look, and the VEX says under_investigation,
-    not not_affected. Read through the merged view of a real image, as rebase and the build read it."""
+def test_a_file_absent_probe_holds_only_where_python_finds_nothing(registry, tmp_path):
+    """`file: absent` says the module is not in the base. A link or a folder at that path, a link over a
+    folder above it (the module then lies where the link leads), or the module in a form Python imports
+    in its stead (a package, an extension, bytecode without source) is not nothing: the record needs a
+    look, and the VEX says under_investigation, not not_affected. Read through the merged view of a
+    real image, as rebase and the build read it."""
     from bakery.build.pipeline import probe_files
     from test_engines import filesystem
     from test_toolchain_root import busybox_layer, tar
@@ -487,17 +489,26 @@ def test_a_file_absent_probe_does_not_hold_over_a_link_or_a_folder(registry, tmp
     gluon = next(o for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml")
                  if any(c.get("file") == "absent" for c in o.probe))
     path = next(c["path"] for c in gluon.probe if c.get("file") == "absent").lstrip("/")
-    folder = path.rsplit("/", 1)[0]
-    for repo, given, kind in (("test/probe-link", [(path, "symlink", "elsewhere.py", 0o777)], "symlink"),
-                              ("test/probe-folder", [(path, "dir", b"", 0o755), (f"{path}/x", "file", b"", 0o644)],
-                               "dir"),
-                              ("test/probe-none", [(f"{folder}/other.py", "file", b"", 0o644)], None)):
+    folder, stem = path.rsplit("/", 1)[0], path.rsplit("/", 1)[1][:-3]
+    cases = {
+        "link": ([(path, "symlink", "elsewhere.py", 0o777)], "a symlink"),
+        "folder": ([(path, "dir", b"", 0o755), (f"{path}/x", "file", b"", 0o644)], "a dir"),
+        "link above": ([(folder, "symlink", "/opt/real", 0o777), (f"opt/real/{stem}.py", "file", b"code", 0o644)],
+                       f"under a symlink (/{folder})"),
+        "package": ([(f"{folder}/{stem}/__init__.py", "file", b"code", 0o644)], f"the module as /{folder}/{stem}"),
+        "extension": ([(f"{folder}/{stem}.cpython-312-x86_64-linux-gnu.so", "file", b"\x7fELF", 0o644)],
+                      f"the module as /{folder}/{stem}.cpython-312-x86_64-linux-gnu.so"),
+        "bytecode alone": ([(f"{folder}/{stem}.pyc", "file", b"bytes", 0o644)], f"the module as /{folder}/{stem}.pyc"),
+        "nothing": ([(f"{folder}/other.py", "file", b"", 0o644)], None),  # the control: it holds
+    }
+    for name, (given, said) in cases.items():
+        repo = "test/probe-" + name.replace(" ", "-")
         ref = push_image(registry, repo, [busybox_layer(), tar(*given)])
-        files = probe_files(filesystem(ref, tmp_path / repo), ["/" + path])
-        assert files == {"/" + path: kind}, (repo, files)
+        files = probe_files(filesystem(ref, tmp_path / repo.replace("/", "-")), ["/" + path])
+        assert files == {"/" + path: said}, (name, files)
         holds, detail = overlays_mod.probe_holds(gluon, files)
-        assert holds == (kind is None), (repo, detail)  # the control: nothing there, and it holds
-        assert kind is None or f"is a {kind} in this base" in detail, detail
+        assert holds == (said is None), (name, detail)
+        assert said is None or f"is {said} in this base" in detail, detail
 
 
 def test_the_committed_lock_reads_into_a_lock_and_writes_back_byte_identical(tmp_path):

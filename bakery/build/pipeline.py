@@ -189,13 +189,27 @@ def regular_files(fs: BaseFilesystem, paths) -> dict:
 
 
 def probe_files(fs: BaseFilesystem, paths) -> dict:
-    """{path as given: bytes} for an audit probe: a regular file's bytes, the kind of anything else
-    there (a link or a folder, which a probe of "absent" must not take for nothing), None where
-    nothing is."""
+    """{path as given: what an audit probe reads there}: a regular file's bytes; None where nothing is,
+    nor anything Python would import as that module instead; else what is there, described (a link or
+    a folder at the path or above it, the module in another form), which no probe takes for the file
+    or for its absence: the code could be reached through it."""
     paths = sorted(set(paths))
     found = fs.read(paths) if paths else {}
-    return {p: (None if f is None else f.data if f.kind in ("file", "hardlink") else f.kind)
-            for p, f in ((p, found.get(normalize(p))) for p in paths)}
+    above = {p: [str(a) for a in PurePosixPath(normalize(p)).parents if str(a) != "."] for p in paths}
+    kinds = fs.kinds({a for folders in above.values() for a in folders})
+    out = {}
+    for p in paths:
+        f = found.get(normalize(p))
+        through = next((a for a in above[p] if kinds.get(a) and kinds[a][0] != "dir"), None)
+        if through:
+            out[p] = f"under a {kinds[through][0]} (/{untrusted.safe(through)})"
+        elif f is not None:
+            out[p] = f.data if f.kind in ("file", "hardlink") else f"a {f.kind}"
+        else:
+            other = [q for pattern in overlays_mod.stand_in_patterns(p) for q in fs.glob(pattern)]
+            other += [q for q, kind in fs.kinds(overlays_mod.package_shadows([p])).items() if kind]
+            out[p] = f"the module as /{untrusted.safe(sorted(other)[0])}" if other else None
+    return out
 
 
 def overlay_inputs(project: Path, base: OpenBase) -> tuple[list, list, list]:

@@ -209,14 +209,14 @@ def _probe(conditions: list | None, target: str, where: str) -> tuple[dict, ...]
 
 
 def probe_holds(overlay: Overlay, files: dict) -> tuple[bool, str]:
-    """Does an audit record still hold on a base? files: {image path: bytes of a regular file, the
-    kind of anything else there (str), or None where nothing is}."""
+    """Does an audit record still hold on a base? files: {image path: bytes of a regular file, what
+    else is there, described (str: pipeline.probe_files), or None where nothing is}."""
     failed = []
     for c in overlay.probe:
         data = files.get(c["path"])
         if isinstance(data, str):  # a link or a folder: the code may be reached through it, or lie in it
-            failed.append(f"{c['path']} is a {data} in this base, not a regular file, so '{c['why']}' cannot be "
-                          f"checked")
+            failed.append(f"{c['path']} is {data} in this base, not a regular file or nothing, so '{c['why']}' "
+                          f"cannot be checked")
             continue
         if "file" in c:
             ok = (data is not None) == (c["file"] == "present")
@@ -453,6 +453,17 @@ def stale_bytecode(targets: list[str], present: list[str]) -> list[str]:
         out += [f"/{q}" for q in present if (q.startswith(cached) and q.endswith(".pyc") and "/" not in q[len(cached):])
                 or (q.startswith(ext) and q.endswith(".so") and "/" not in q[len(ext):])]
     return sorted(out)
+
+
+def stand_in_patterns(target: str) -> list[str]:
+    """Where NAME.py is not, what Python's import system would import as that module instead, as glob
+    patterns over the base: an extension module of any ABI tag, or bytecode without its source
+    (NAME.pyc beside it); the folder NAME is package_shadows'."""
+    p = PurePosixPath(target)
+    if p.suffix != ".py":
+        return []
+    stem = f"{str(p.parent).lstrip('/')}/{glob.escape(p.stem)}"
+    return [f"{stem}.so", f"{stem}.*.so", f"{stem}.pyc"]
 
 
 def package_shadows(targets: list[str]) -> list[str]:
