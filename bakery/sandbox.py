@@ -316,9 +316,10 @@ def command(argv: list[str], readable: list[Path], inputs: Path | None, status_f
         args += ["--ro-bind", str(inputs), INPUTS]
     # the root bwrap builds (the folders above each bind), /dev and /proc are read-only too: only /tmp,
     # HOME, /dev/shm and the writable binds take writes. /proc read-only is depth (the code is uid 65534
-    # either way, which cannot write /proc/sys); where a GPU's nodes are bound it stays as bwrap mounts
-    # it: CUDA's start fails under a read-only /proc (error 304, seen on the lent H200)
-    read_only = ["/dev", "/"] if devices else ["/proc", "/dev", "/"]
+    # either way, which cannot write /proc/sys); for a proof on a GPU it stays as bwrap mounts it: CUDA's
+    # start fails under a read-only /proc (error 304, seen on the lent H200). Only with `init`: pid 1 is
+    # then the proof itself, not dumpable, so no code of the same uid can open /proc/1/mem to write it
+    read_only = ["/dev", "/"] if devices and init else ["/proc", "/dev", "/"]
     return args + [a for path in read_only for a in ("--remount-ro", path)] + ["--chdir", HOME, "--"] + argv
 
 
