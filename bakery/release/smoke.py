@@ -157,7 +157,7 @@ class Service:
             raise SmokeFailure(f"/v1/models answered HTTP {resp.status_code}")
         ids = [m.get("id") for m in resp.json().get("data", [])]
         if self.model not in ids:
-            raise SmokeFailure(f"/v1/models lists {ids}, not {self.model}")
+            raise SmokeFailure(f"/v1/models lists {untrusted.safe(ids, limit=200)}, not {self.model}")
         return self.model
 
     def complete(self, prompt: str, max_tokens: int, temperature: float = 0.0, seed: int | None = None) -> dict:
