@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
+from . import crashpoint
 from .errors import EnvironmentProblem, InputError, IntegrityError
 
 
@@ -30,7 +31,9 @@ def atomic_file(path: Path, *, durable: bool = False) -> Iterator[BinaryIO]:
             if durable:
                 out.flush()
                 os.fsync(out.fileno())
+        crashpoint.reached(f"write {path}")
         os.replace(tmp, path)
+        crashpoint.reached(f"wrote {path}")
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -51,7 +54,9 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
         yield staging
         if dest.exists():
             shutil.rmtree(dest)
+        crashpoint.reached(f"fill {dest}")
         os.replace(staging, dest)
+        crashpoint.reached(f"filled {dest}")
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -14,7 +14,7 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import untrusted
+from .. import crashpoint, untrusted
 from ..errors import AuthError, InputError, IntegrityError, NotFound, RegistryError, TransientError
 from .http import ConnectionFailed, Connections, Response
 
@@ -264,6 +264,7 @@ class Transport:
         attempts = ATTEMPTS if method in IDEMPOTENT else 1  # a resent POST/PATCH could act twice
         for attempt in range(attempts):
             resp = self._send(method, url, scopes, headers, body)
+            crashpoint.reached(f"{method} {path.split('?')[0]} answered {resp.status_code if resp is not None else '-'}")
             if resp is not None and resp.status_code == 401:
                 resp.close()
                 if origin(resp.url) != self.origin:
