@@ -120,14 +120,14 @@ class Connections:
     `unix_socket`, every request goes to that socket in plain HTTP, its Host header naming the
     registry asked for (the rebuild's broker answers for it); proxies are not asked then."""
 
-    def __init__(self, unix_socket: str | None = None) -> None:
-        self.unix_socket = unix_socket
+    def __init__(self, unix_socket: str | None = None, timeout: tuple[float, float] = TIMEOUT) -> None:
+        self.unix_socket, self.timeout = unix_socket, timeout
         self._idle: dict[tuple, list] = {}
         self._lock = threading.Lock()
         self._tls: ssl.SSLContext | None = None
 
     def send(self, method: str, url: str, headers: dict, body: bytes | None,
-             timeout: tuple[float, float] = TIMEOUT, address: str | None = None) -> Response:
+             timeout: tuple[float, float] | None = None, address: str | None = None) -> Response:
         """One exchange: the request sent and the answer's status and headers read; its body is left
         for the caller. ConnectionFailed when no answer came. `address`: connect to it rather than to
         the host resolved anew (a name judged by its address stays at it); the URL's host still
@@ -149,7 +149,7 @@ class Connections:
             target = url
             if proxy.username is not None:
                 hdrs["Proxy-Authorization"] = _basic(proxy)
-        conn = self._take(key) or self._open(key, proxy, timeout)
+        conn = self._take(key) or self._open(key, proxy, timeout or self.timeout)
         try:
             conn.putrequest(method, target, skip_host="Host" in hdrs, skip_accept_encoding=True)
             for name, value in hdrs.items():

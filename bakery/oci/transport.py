@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .. import crashpoint, untrusted
 from ..errors import AuthError, InputError, IntegrityError, NotFound, RegistryError, TransientError
-from .http import ConnectionFailed, Connections, Response
+from .http import TIMEOUT, ConnectionFailed, Connections, Response
 
 RETRY_STATUSES = {429, 500, 502, 503, 504}
 ATTEMPTS = 5
@@ -232,11 +232,19 @@ def parse_challenge(header: str) -> tuple[str, dict]:
     return scheme.lower(), params
 
 
+READ_TIMEOUT_ENV = "BAKERY_REGISTRY_READ_TIMEOUT"  # seconds a read may wait (tests of a stalled registry)
+
+
 def _connections() -> Connections:
     """Our own connections; in a rebuild's sandbox (no network), every one to the broker outside."""
     from ..broker_client import SOCKET_ENV
 
-    return Connections(os.environ.get(SOCKET_ENV) or None)
+    read = os.environ.get(READ_TIMEOUT_ENV, "")
+    try:
+        timeout = (TIMEOUT[0], float(read)) if read else TIMEOUT
+    except ValueError:
+        raise InputError(f"{READ_TIMEOUT_ENV}={read[:40]!r}: give seconds, e.g. 300") from None
+    return Connections(os.environ.get(SOCKET_ENV) or None, timeout)
 
 
 class Transport:
