@@ -88,11 +88,11 @@ def demo(c):
 
 
 @task(help=flags.TEST)
-def test(c, k=None, x=False, rehearsal=False, fast=False):
+def test(c, k=None, x=False, rehearsal=False, fast=False, sweep=False):
     """Run the test suite against the real engine and registry (started if need be)."""
     from bakery.cli import dev as cmd
 
-    raise Exit(code=subprocess.run(cmd.pytest_argv(k, x, rehearsal, fast), cwd=PROJECT).returncode)
+    raise Exit(code=subprocess.run(cmd.pytest_argv(k, x, rehearsal, fast, sweep), cwd=PROJECT).returncode)
 
 
 @task(help=flags.LOCK)

@@ -43,13 +43,14 @@ def rehearse(project: Path, workflow="release", drill=None, smoke_stand_in=False
     return Rehearsed(outcome, tuple(surprises))
 
 
-def pytest_argv(k: str | None, x: bool, rehearsal: bool, fast: bool = False) -> list[str]:
+def pytest_argv(k: str | None, x: bool, rehearsal: bool, fast: bool = False, sweep: bool = False) -> list[str]:
     """`invoke test`'s pytest command line, as a list (no shell: a -k with a quote stays one argument)."""
     args = [sys.executable, "-m", "pytest", "-ra", "tests"]
-    if fast:
-        args += ["-m", "not stack and not slow and not rehearsal and not gpu"]
-    elif not rehearsal:
-        args += ["-m", "not rehearsal"]
+    left_out = ["stack", "slow", "rehearsal", "gpu"] if fast else [] if rehearsal else ["rehearsal"]
+    if not sweep:
+        left_out.append("sweep")
+    if left_out:
+        args += ["-m", " and ".join(f"not {mark}" for mark in left_out)]
     if k:
         args += ["-k", k]
     if x:
