@@ -225,6 +225,10 @@ def read_bounded(resp: Response, limit: int, what: str, error: type) -> bytes:
     return resp.content
 
 
+def backoff(attempt: int) -> float:
+    return min(0.25 * 2 ** attempt, 4.0)
+
+
 def parse_challenge(header: str) -> tuple[str, dict]:
     """Split 'Bearer realm="x",service="y"' into ('bearer', {...})."""
     scheme, _, rest = header.strip().partition(" ")
@@ -292,18 +296,28 @@ class Transport:
                 if method == "HEAD":
                     resp.close()  # no body: its connection is free for the next request
                 elif not stream:  # an answer that says "not there" says little
-                    read_bounded(resp, limit if resp.status_code < 400 else ERROR_BODY_LIMIT, f"{method} {url}",
-                                 IntegrityError)
+                    try:
+                        read_bounded(resp, limit if resp.status_code < 400 else ERROR_BODY_LIMIT, f"{method} {url}",
+                                     IntegrityError)
+                    except TransientError as e:  # the body broke off: as good as no answer
+                        if attempt + 1 == attempts:
+                            raise TransientError(f"{e} ({self._tries(attempts)})") from None
+                        time.sleep(backoff(attempt))
+                        continue
                 return resp
             if resp is not None and attempt + 1 < attempts:
                 resp.close()  # a retried 5xx may be streaming: give its connection back
             if attempt + 1 < attempts:
-                time.sleep(min(0.25 * 2 ** attempt, 4.0))
-        tries = f"after {attempts} attempts" if attempts > 1 else "not resent: it is not idempotent"
+                time.sleep(backoff(attempt))
+        tries = self._tries(attempts)
         if resp is None:
             raise TransientError(f"{method} {url}: {self.registry} unreachable ({tries}): "
                                  f"{self._last_error}; is the registry running and the name right?")
         raise TransientError(self._describe(method, url, resp) + f" ({tries})")
+
+    @staticmethod
+    def _tries(attempts: int) -> str:
+        return f"after {attempts} attempts" if attempts > 1 else "not resent: it is not idempotent"
 
     def _send(self, method, url, scopes, headers, body):
         """One request, following redirects ourselves: credentials only where the origin is the
@@ -409,7 +423,7 @@ class Transport:
                 break
             if resp is not None:
                 resp.close()
-            time.sleep(min(0.25 * 2 ** attempt, 4.0))
+            time.sleep(backoff(attempt))
         if resp is None:
             raise RegistryError(f"token service {realm} unreachable: {err}")
         if resp.status_code in (401, 403):
