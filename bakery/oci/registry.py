@@ -204,8 +204,7 @@ class Registry:
             check_digest(desc, hashlib.sha256(data).hexdigest(), len(data), "upload source")
             location = self._start_upload(repo)
             try:
-                self.transport.request("PUT", _add_query(location, f"digest={desc.digest}"), scopes=push(repo),
-                                       headers={"Content-Type": "application/octet-stream"}, body=data, ok=(201,))
+                self._finish_upload(repo, desc, location, data, {"Content-Type": "application/octet-stream"})
             except BaseException:
                 self._cancel_location(location, repo)
                 raise
@@ -228,13 +227,23 @@ class Registry:
                 offset = end + 1
                 progress.update(len(chunk))
             check_digest(desc, hasher.hexdigest(), offset, "upload source")
-            self.transport.request("PUT", _add_query(location, f"digest={desc.digest}"), scopes=push(repo),
-                                   headers={"Content-Length": "0"}, body=b"", ok=(201,))
+            self._finish_upload(repo, desc, location, b"", {"Content-Length": "0"})
         except BaseException:
             self._cancel_location(location, repo)
             raise
         finally:
             progress.close()
+
+    def _finish_upload(self, repo: str, desc: Descriptor, location: str, data: bytes, headers: dict) -> None:
+        """The upload's closing PUT, naming the digest. A PUT resent after its answer was lost finds
+        the session closed (404): the blob being there then is the first PUT's doing."""
+        try:
+            self.transport.request("PUT", _add_query(location, f"digest={desc.digest}"), scopes=push(repo),
+                                   headers=headers, body=data, ok=(201,))
+        except NotFound:
+            if self.blob_exists(repo, desc.digest):
+                return
+            raise
 
     def _start_upload(self, repo: str) -> str:
         resp = self.transport.request("POST", f"/v2/{repo}/blobs/uploads/", scopes=push(repo), ok=(202,))
