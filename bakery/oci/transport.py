@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import email.utils
 import ipaddress
 import json
 import os
@@ -225,8 +226,27 @@ def read_bounded(resp: Response, limit: int, what: str, error: type) -> bytes:
     return resp.content
 
 
+RETRY_AFTER_LIMIT_S = 60.0  # a registry's Retry-After is waited for, up to this
+
+
 def backoff(attempt: int) -> float:
     return min(0.25 * 2 ** attempt, 4.0)
+
+
+def retry_delay(resp: Response | None, attempt: int) -> float:
+    """How long to wait before asking again: what a 429's or 503's Retry-After says (seconds or an
+    HTTP date), at most a minute, never less than our own backoff; else the backoff."""
+    if resp is None or resp.status_code not in (429, 503):
+        return backoff(attempt)
+    said = (resp.headers.get("Retry-After") or "").strip()
+    if said.isdigit():
+        wait = float(said)
+    else:
+        try:
+            wait = email.utils.parsedate_to_datetime(said).timestamp() - time.time()
+        except (TypeError, ValueError, IndexError, OverflowError):  # absent or unreadable
+            return backoff(attempt)
+    return min(max(wait, backoff(attempt)), RETRY_AFTER_LIMIT_S)
 
 
 def parse_challenge(header: str) -> tuple[str, dict]:
@@ -308,7 +328,7 @@ class Transport:
             if resp is not None and attempt + 1 < attempts:
                 resp.close()  # a retried 5xx may be streaming: give its connection back
             if attempt + 1 < attempts:
-                time.sleep(backoff(attempt))
+                time.sleep(retry_delay(resp, attempt))
         tries = self._tries(attempts)
         if resp is None:
             raise TransientError(f"{method} {url}: {self.registry} unreachable ({tries}): "
@@ -423,7 +443,7 @@ class Transport:
                 break
             if resp is not None:
                 resp.close()
-            time.sleep(backoff(attempt))
+            time.sleep(retry_delay(resp, attempt))
         if resp is None:
             raise RegistryError(f"token service {realm} unreachable: {err}")
         if resp.status_code in (401, 403):
