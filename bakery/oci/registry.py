@@ -238,12 +238,15 @@ class Registry:
         """The upload's closing PUT, naming the digest. A PUT resent after its answer was lost finds
         the session closed (404): the blob being there then is the first PUT's doing."""
         try:
-            self.transport.request("PUT", _add_query(location, f"digest={desc.digest}"), scopes=push(repo),
-                                   headers=headers, body=data, ok=(201,))
+            resp = self.transport.request("PUT", _add_query(location, f"digest={desc.digest}"), scopes=push(repo),
+                                          headers=headers, body=data, ok=(201,))
         except NotFound:
             if self.blob_exists(repo, desc.digest):
                 return
             raise
+        echoed = resp.headers.get("Docker-Content-Digest")
+        if echoed and echoed != str(desc.digest):
+            raise IntegrityError(f"registry stored blob as {_quoted(echoed)}, we sent {desc.digest}")
 
     def _start_upload(self, repo: str) -> str:
         resp = self.transport.request("POST", f"/v2/{repo}/blobs/uploads/", scopes=push(repo), ok=(202,))
