@@ -176,8 +176,11 @@ class Registry:
 
     def mount_blob(self, repo: str, digest: Digest, from_repo: str) -> bool:
         """Ask the registry to link a blob from another repository; True if it did."""
-        resp = self.transport.request("POST", f"/v2/{repo}/blobs/uploads/?mount={digest}&from={from_repo}",
-                                      scopes=push(repo, from_repo), ok=(201, 202))
+        try:
+            resp = self.transport.request("POST", f"/v2/{repo}/blobs/uploads/?mount={digest}&from={from_repo}",
+                                          scopes=push(repo, from_repo), ok=(201, 202))
+        except TransientError:  # a POST is not resent; the upload that follows starts afresh (and finds
+            return False  # the blob there, if the mount took and only its answer was lost)
         if resp.status_code == 201:
             return True
         self._cancel(resp, repo)  # the registry opened an upload instead; we upload ourselves
