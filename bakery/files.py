@@ -7,10 +7,13 @@ once.
 
 from __future__ import annotations
 
+import fcntl
+import glob
 import json
 import os
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
@@ -19,13 +22,46 @@ from . import crashpoint
 from .errors import EnvironmentProblem, InputError, IntegrityError
 
 
+ABANDONED_AFTER = 60  # seconds unchanged and unlocked: a staging name no live writer holds
+_swept: set[Path] = set()  # folders this process has cleared of abandoned staging names
+
+
+def _hold(fd: int) -> None:
+    """Mark a staging file or folder as being filled: the lock goes with the process, a kill included."""
+    fcntl.flock(fd, fcntl.LOCK_EX)
+
+
+def remove_abandoned(folder: Path, pattern: str) -> None:
+    """Staging names a killed writer left in folder (a toolchain's folder is gigabytes): removed when
+    no process holds them and they have not changed for a minute (a writer that has just made its
+    name has not locked it yet)."""
+    for name in glob.glob(glob.escape(str(folder)) + "/" + pattern):
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            if time.time() - os.fstat(fd).st_mtime < ABANDONED_AFTER:
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: being filled now
+            continue
+        finally:
+            os.close(fd)
+        (shutil.rmtree if os.path.isdir(name) else os.unlink)(name)
+
+
 @contextmanager
 def atomic_file(path: Path, *, durable: bool = False) -> Iterator[BinaryIO]:
     """A temporary file beside path to write into; on a clean exit it replaces path, on any
     exception (an interrupt included) it is removed. durable: fsync before the rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.parent not in _swept:
+        _swept.add(path.parent)
+        remove_abandoned(path.parent, ".partial-*")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".partial-")
     try:
+        _hold(fd)
         with os.fdopen(fd, "wb") as out:
             yield out
             if durable:
@@ -49,8 +85,11 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
     """A sibling folder to fill; on a clean exit it takes dest's place (an old dest is removed
     first), on any exception it is removed and dest is left as it was."""
     dest.parent.mkdir(parents=True, exist_ok=True)
+    remove_abandoned(dest.parent, f".{glob.escape(dest.name)}.partial-*")
     staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.partial-"))
+    held = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
     try:
+        _hold(held)
         yield staging
         if dest.exists():
             shutil.rmtree(dest)
@@ -60,6 +99,8 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    finally:
+        os.close(held)
 
 
 def canonical_json(value, what: str = "a document") -> bytes:

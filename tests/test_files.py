@@ -44,6 +44,41 @@ def test_a_folder_appears_whole_or_not_at_all(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["layout"] and os.listdir(dest) == ["new"]
 
 
+def test_what_a_killed_writer_left_is_removed_by_the_next_and_a_live_writers_is_kept(tmp_path):
+    """A kill leaves its staging name behind (a toolchain's folder is gigabytes). The next writer
+    there removes it, but never one a live process is filling (it holds a lock on it) and never
+    one made a moment ago (its writer may not have locked it yet)."""
+    import subprocess
+    import sys
+    import time
+
+    old = time.time() - 3600
+    left = tmp_path / ".entry.partial-killed"
+    (left / "blobs").mkdir(parents=True)
+    (left / "blobs" / "big").write_bytes(b"x" * 4096)
+    live, fresh = tmp_path / ".entry.partial-live", tmp_path / ".entry.partial-fresh"
+    live.mkdir()
+    fresh.mkdir()
+    stray = tmp_path / ".partial-killed-file"
+    stray.write_bytes(b"half")
+    for path in (left, live, stray):
+        os.utime(path, (old, old))
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); "
+                               "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)", str(live)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with atomic_dir(tmp_path / "entry") as staging:
+            (staging / "f").write_bytes(b"whole")
+        atomic_write(tmp_path / "file", b"whole")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not left.exists() and not stray.exists()
+    assert live.exists() and fresh.exists()
+    assert (tmp_path / "entry" / "f").read_bytes() == b"whole" and (tmp_path / "file").read_bytes() == b"whole"
+
+
 def test_canonical_json_is_sorted_compact_utf8():
     # written from the format's description (sorted keys, no whitespace, UTF-8 as Go writes it), not
     # from the encoder's output

@@ -26,7 +26,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import crashpoint
 from ..errors import EnvironmentProblem, IntegrityError
 from .filesystem import BaseFilesystem
 
@@ -85,7 +84,6 @@ class Sink:
             name = f"{h.hexdigest()}.{'x' if mode & 0o111 else 'r'}"
             os.chmod(tmp, 0o755 if mode & 0o111 else 0o644)
             os.replace(tmp, self.blobs / name)
-            crashpoint.reached(f"wrote {self.blobs / name}")
         except OSError as e:
             os.unlink(tmp) if os.path.exists(tmp) else None
             raise EnvironmentProblem(f"cannot write the toolchain's files in {self.blobs.parent}: {e.strerror}; "
