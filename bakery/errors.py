@@ -104,7 +104,24 @@ def foreign(e: BaseException) -> BakeryError | None:
     if isinstance(e, requests.RequestException):
         return TransientError(f"{type(e).__name__}: {str(e)[:300]}; retry")
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return EnvironmentProblem(f"the disk is full ({e.filename or ''}): free space or set BAKERY_CACHE elsewhere")
+        return EnvironmentProblem(disk_full(e.filename, e.strerror))
     if isinstance(e, PermissionError):
         return EnvironmentProblem(f"permission denied: {e.filename}")
     return None
+
+
+def disk_full(where, why: str = "No space left on device") -> str:
+    """What to say when writing under `where` ran out of space (or quota): the folder, and what to
+    do, which depends on whose folder it is (the cache's: BAKERY_CACHE moves it)."""
+    import os
+    from pathlib import Path
+
+    from .project import cache_dir
+
+    if not where:
+        return f"the disk is full ({why}): free space, or set BAKERY_CACHE and --out to a larger disk"
+    path = Path(os.path.abspath(where))
+    cache = Path(os.path.abspath(cache_dir()))
+    advice = "set BAKERY_CACHE to a larger disk" if path == cache or cache in path.parents else \
+        "write to a larger disk (--out, --layout)"
+    return f"the disk is full at {path} ({why}): free space there, or {advice}"

@@ -7,6 +7,7 @@ once.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import glob
 import json
@@ -20,6 +21,15 @@ from typing import BinaryIO, Iterator
 
 from . import crashpoint
 from .errors import EnvironmentProblem, InputError, IntegrityError
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _name_the_folder(e: BaseException, folder: Path) -> None:
+    """A write() that runs out of space names no file: the error then names the folder whose disk
+    is full, so the one line a user sees says where to free space (errors.foreign)."""
+    if isinstance(e, OSError) and e.errno in DISK_FULL:
+        e.filename = str(folder)
 
 
 ABANDONED_AFTER = 60  # seconds unchanged and unlocked: a staging name no live writer holds
@@ -55,11 +65,15 @@ def remove_abandoned(folder: Path, pattern: str) -> None:
 def atomic_file(path: Path, *, durable: bool = False) -> Iterator[BinaryIO]:
     """A temporary file beside path to write into; on a clean exit it replaces path, on any
     exception (an interrupt included) it is removed. durable: fsync before the rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.parent not in _swept:
-        _swept.add(path.parent)
-        remove_abandoned(path.parent, ".partial-*")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".partial-")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.parent not in _swept:
+            _swept.add(path.parent)
+            remove_abandoned(path.parent, ".partial-*")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".partial-")
+    except OSError as e:
+        _name_the_folder(e, path.parent)
+        raise
     try:
         _hold(fd)
         with os.fdopen(fd, "wb") as out:
@@ -70,8 +84,9 @@ def atomic_file(path: Path, *, durable: bool = False) -> Iterator[BinaryIO]:
         crashpoint.reached(f"write {path}")
         os.replace(tmp, path)
         crashpoint.reached(f"wrote {path}")
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        _name_the_folder(e, path.parent)
         raise
 
 
@@ -84,10 +99,14 @@ def atomic_write(path: Path, data: bytes, *, durable: bool = False) -> None:
 def atomic_dir(dest: Path) -> Iterator[Path]:
     """A sibling folder to fill; on a clean exit it takes dest's place (an old dest is removed
     first), on any exception it is removed and dest is left as it was."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    remove_abandoned(dest.parent, f".{glob.escape(dest.name)}.partial-*")
-    staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.partial-"))
-    held = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        remove_abandoned(dest.parent, f".{glob.escape(dest.name)}.partial-*")
+        staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.partial-"))
+        held = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        _name_the_folder(e, dest.parent)
+        raise
     try:
         _hold(held)
         yield staging
@@ -96,8 +115,9 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
         crashpoint.reached(f"fill {dest}")
         os.replace(staging, dest)
         crashpoint.reached(f"filled {dest}")
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(staging, ignore_errors=True)
+        _name_the_folder(e, dest.parent)
         raise
     finally:
         os.close(held)
