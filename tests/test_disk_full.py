@@ -70,6 +70,69 @@ def fill(disk: Path, leave: int) -> Path:
     return filler
 
 
+# -- the clean build every failed one is compared with ---------------------------------------------
+
+@dataclass(frozen=True)
+class Clean:
+    project: Path
+    seed: Path  # the starting cache: this machine's kernels and proof verdicts
+    cache: Path  # the seed after a clean build
+    digest: str  # sha256:HEX of the image it built
+
+
+def digest_of(result) -> str:
+    return last_line(result).rpartition("@")[2]
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory, registry, fixture_base, fixture_lock) -> Clean:
+    where = tmp_path_factory.mktemp("disk-clean")
+    project = copy_project(where / "project", fixture_lock)
+    # the machine's cache gets the kernels compiled and the overlays proven, once (warm: seconds)
+    warm = invoke(project, "build", "--base", str(fixture_base))
+    assert warm.returncode == 0, warm.stderr
+    seed = where / "seed"
+    for part in ("hip", "proofs"):
+        shutil.copytree(CACHE / part, seed / part)
+    cache = where / "cache"
+    shutil.copytree(seed, cache)
+    done = invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/disk-full/clean:1",
+                  "--out", str(where / "out"), env={"BAKERY_CACHE": str(cache)})
+    assert done.returncode == 0, done.stderr
+    return Clean(project, seed, cache, digest_of(done))
+
+
+def build(clean: Clean, base, cache: Path, out: Path, target: str) -> subprocess.CompletedProcess:
+    return invoke(clean.project, "build", "--base", str(base), "--push", target, "--out", str(out),
+                  env={"BAKERY_CACHE": str(cache)})
+
+
+
+@pytest.fixture
+def toolchain_files(toolchain):
+    """The toolchain's files in this machine's cache (taken out once; a compile reads them)."""
+    from bakery.inputs import hip
+
+    from support import ROOT
+
+    root = hip.toolchain_files(toolchain, hip.load(ROOT / "hip").toolchain, CACHE / "toolchains", log=lambda m: None)
+    return root.path.parent.parent
+
+
+def test_a_compile_on_a_full_disk_says_where_in_one_line(small_disk, clean, toolchain_files):
+    """The compile's /out lies in the cache (hip/), watched to keep 1 GiB free: on a disk with less,
+    one line naming the cache's folder, not the compiler's log about the sandbox's /out."""
+    disk = small_disk(64)
+    cache = disk / "cache"
+    (cache / "toolchains").mkdir(parents=True)
+    # the toolchain's files stay on the big disk, read-only: only the compile's outputs land here
+    subprocess.run(["mount", "--bind", "-o", "ro", str(toolchain_files), str(cache / "toolchains")], check=True)
+    result = invoke(clean.project, "compile", env={"BAKERY_CACHE": str(cache)})
+    line = one_clear_line(result)
+    assert result.returncode == 6 and f"{cache / 'hip'}" in line and "/out" not in line, line
+    assert not (cache / "hip").exists() or not any((cache / "hip").iterdir())
+
+
 
 @pytest.mark.parametrize("writer", ["atomic_file", "atomic_dir"])
 def test_a_write_that_fills_the_disk_names_its_folder(small_disk, writer):

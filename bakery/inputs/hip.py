@@ -536,14 +536,35 @@ def take_outputs(folder: Path, expected: set[str], into: Path) -> dict[str, str]
 
 
 def _compile(recipe: Recipe, toolchain: str, image_id: str, out: Path, log) -> None:
-    with atomic_dir(out) as tmp:
-        log(f"compiling hip/ for {recipe.arch} in {toolchain}")
-        scratch = tmp / ".out"
-        scratch.mkdir()
-        run_toolchain(recipe, toolchain, script(recipe), scratch, log)
-        outputs = take_outputs(scratch, expected_outputs(recipe), tmp)
-        shutil.rmtree(scratch)
-        (tmp / "done.json").write_text(json.dumps({"toolchain_image": image_id, "sha256": outputs}))
+    # through the broker, the compile writes on the broker's disk, which it watches itself
+    here = not os.environ.get(broker_client.SOCKET_ENV)
+    if here:
+        _room_to_compile(out.parent)
+    try:
+        with atomic_dir(out) as tmp:
+            log(f"compiling hip/ for {recipe.arch} in {toolchain}")
+            scratch = tmp / ".out"
+            scratch.mkdir()
+            run_toolchain(recipe, toolchain, script(recipe), scratch, log)
+            outputs = take_outputs(scratch, expected_outputs(recipe), tmp)
+            shutil.rmtree(scratch)
+            (tmp / "done.json").write_text(json.dumps({"toolchain_image": image_id, "sha256": outputs}))
+    except EnvironmentProblem:
+        if here:  # stopped by the watch, or the compiler's own write failed, as the disk filled: say so
+            _room_to_compile(out.parent)
+        raise
+
+
+def _room_to_compile(folder: Path) -> None:
+    """The compile's /out lies under `folder` and is stopped once its disk is down to RESERVE
+    (_overdrawn): with less free, one line naming the folder, not the compiler's log about /out."""
+    from ..base.extract import RESERVE
+
+    free = shutil.disk_usage(folder).free
+    if free < RESERVE:
+        raise EnvironmentProblem(f"the disk is full at {folder}: {free / 2**20:.0f} MiB free, and a compile of hip/ "
+                                 f"writes there only while {RESERVE >> 30} GiB stay free; free space, or set "
+                                 f"BAKERY_CACHE to a larger disk") from None
 
 
 def _artifacts(recipe: Recipe, out: Path, toolchain: str) -> list[Artifact]:
