@@ -133,6 +133,19 @@ def test_a_compile_on_a_full_disk_says_where_in_one_line(small_disk, clean, tool
     assert not (cache / "hip").exists() or not any((cache / "hip").iterdir())
 
 
+def test_the_toolchain_store_on_a_full_disk_names_the_cache_not_its_work_folder(small_disk, clean, toolchain,
+                                                                                tmp_path):
+    """The toolchain's files need 1 GiB free besides themselves: refused before its layers are
+    streamed, naming the store (toolchains/ on a small disk of its own here, the compile's outputs
+    on the big one), not the work folder made and removed inside it."""
+    cache = tmp_path / "cache"
+    store = small_disk(64, "cache/toolchains")
+    result = invoke(clean.project, "compile", env={"BAKERY_CACHE": str(cache)})
+    line = one_clear_line(result)
+    assert result.returncode == 6 and f"{cache / 'toolchains'}:" in line and ".partial" not in line, line
+    assert "layer " not in result.stderr  # nothing streamed
+    assert not list(store.iterdir())
+
 
 @pytest.mark.parametrize("writer", ["atomic_file", "atomic_dir"])
 def test_a_write_that_fills_the_disk_names_its_folder(small_disk, writer):

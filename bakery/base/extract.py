@@ -69,11 +69,7 @@ class Sink:
         return self._wants(path)
 
     def store(self, chunks, size: int, mode: int) -> str:
-        free = shutil.disk_usage(self.blobs).free
-        if free - size < RESERVE:
-            raise EnvironmentProblem(f"the toolchain's files do not fit in {self.blobs.parent}: "
-                                     f"{free / 2**30:.1f} GiB free, and {RESERVE / 2**30:.0f} GiB must stay free; "
-                                     f"free space, or set BAKERY_CACHE to a larger disk")
+        keep_free(self.blobs.parent, size)
         h = hashlib.sha256()
         fd, tmp = tempfile.mkstemp(dir=self.blobs, prefix=".part-")
         try:
@@ -86,9 +82,19 @@ class Sink:
             os.replace(tmp, self.blobs / name)
         except OSError as e:
             os.unlink(tmp) if os.path.exists(tmp) else None
-            raise EnvironmentProblem(f"cannot write the toolchain's files in {self.blobs.parent}: {e.strerror}; "
-                                     f"free space, or set BAKERY_CACHE to a larger disk") from None
+            raise EnvironmentProblem(f"cannot write the toolchain's files in {_lasting(self.blobs.parent)}: "
+                                     f"{e.strerror}; free space, or set BAKERY_CACHE to a larger disk") from None
         return name
+
+
+def keep_free(folder: Path, size: int = 0) -> None:
+    """EnvironmentProblem naming the cache unless `size` more bytes fit under `folder` with RESERVE
+    left free."""
+    free = shutil.disk_usage(folder).free
+    if free - size < RESERVE:
+        raise EnvironmentProblem(f"the toolchain's files do not fit in {_lasting(folder)}: "
+                                 f"{free / 2**30:.1f} GiB free, and {RESERVE / 2**30:.0f} GiB must stay free; "
+                                 f"free space, or set BAKERY_CACHE to a larger disk")
 
 
 @dataclass(frozen=True)
@@ -129,6 +135,7 @@ def toolchain_root(fs: BaseFilesystem, selection: Selection, cache: Path, log=pr
     if made is not None:
         return Root(dest / "root", image_env(fs.image.config), made["files"], made["size"])
     cache.mkdir(parents=True, exist_ok=True)
+    keep_free(cache)  # refused before a gigabyte of layers is streamed, not at the first file
     shutil.rmtree(dest, ignore_errors=True)  # made by another version of bakery, or not whole: made again
     size = sum(d.size for d in fs.image.layers)
     log(f"taking the toolchain's files out of {fs.image.ref} ({len(fs.image.layers)} layers, "
@@ -300,9 +307,17 @@ def _room(root: Path) -> None:
     """Folders and links take blocks and inodes too: RESERVE of the disk, and inodes, stay free."""
     st = os.statvfs(root)
     if st.f_bavail * st.f_frsize < RESERVE or (st.f_files and st.f_favail < 10_000):
-        raise EnvironmentProblem(f"the toolchain's files do not fit in {root.parent}: "
+        raise EnvironmentProblem(f"the toolchain's files do not fit in {_lasting(root.parent)}: "
                                  f"{st.f_bavail * st.f_frsize / 2**30:.1f} GiB and {st.f_favail} inodes free; free "
                                  f"space, or set BAKERY_CACHE to a larger disk")
+
+
+def _lasting(folder: Path) -> Path:
+    """The folder a message names: the cache a work folder (.NAME.partial-XXXX) is made in, not the
+    work folder, which is gone by the time the message is read."""
+    while ".partial-" in folder.name:
+        folder = folder.parent
+    return folder
 
 
 def _place(blob: Path, at: int, name: str) -> None:
