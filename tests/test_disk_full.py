@@ -8,7 +8,7 @@ out/ 0.25). Each failed run is then run again with the filler gone: it must fini
 of a clean build from the same starting cache, and every entry the runs left must be whole (named
 by its own hash, or the same bytes as the clean run's), with no temporary left behind.
 
-Results (`invoke test --sweep` runs every case; * marks the ones in CI's sample, about 75 s):
+Results (`invoke test --sweep` runs every case; * marks the ones in CI's sample, about a minute):
 
   case                            free left           before the fixes                  now
   ------------------------------  ------------------  --------------------------------  -------------------------------
