@@ -1,0 +1,424 @@
+"""Crash safety, part 1 of issue 40: a command stopped dead (SIGKILL) at a point it counts itself,
+then run again as a user would.
+
+A point (bakery/crashpoint.py) is a write about to take, or having taken, its name in a cache or
+out/, and each registry answer. A clean run with BAKERY_CRASH_TRACE lists them; each killed run sets
+BAKERY_CRASH_AT. Checked after every kill, against a clean run from the same start (written
+independently of the code under test: byte comparison of folders and the registry's own answers):
+- the cache holds nothing a clean run would not have written, byte for byte (a half-made entry
+  under its real name would show; leftovers under a temporary name are listed, never read);
+- no tag points anywhere a clean run would not have pointed it;
+- running the command again succeeds with the clean run's digest and build record;
+- for attest: `invoke verify` refuses every state a kill leaves short of the whole attestation.
+
+What it found: see RESULTS below (kept by hand from the last full sweep).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import uuid
+import sys
+from pathlib import Path
+
+import pytest
+
+import requests
+
+from support import copy_project, dev_policy, last_line
+
+TEMPORARY = re.compile(r"^\..*\.?part(ial)?-")  # a name a writer fills before the rename that makes it real
+
+
+def run(project: Path, *args: str, env: dict, crash_at: int | None = None, trace: Path | None = None):
+    """`invoke ARGS` in a session of its own (a kill takes its sandboxes too, as a lost runner does)."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("BAKERY_CRASH_")}
+    full.update(env)
+    if crash_at is not None:
+        full["BAKERY_CRASH_AT"] = str(crash_at)
+    if trace is not None:
+        full["BAKERY_CRASH_TRACE"] = str(trace)
+    return subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(project), *args], cwd=project,
+                          env=full, capture_output=True, text=True, timeout=900, start_new_session=True)
+
+
+def points(project: Path, *args: str, env: dict, trace: Path) -> tuple[subprocess.CompletedProcess, list[str]]:
+    done = run(project, *args, env=env, trace=trace)
+    assert done.returncode == 0, done.stderr
+    return done, [line.split("\t", 1)[1] for line in trace.read_text().splitlines()]
+
+
+def snapshot(folder: Path, start: Path | None = None) -> dict[str, str]:
+    """Every file under folder by relative name: the sha256 of its bytes (a link: where it points);
+    "as at the start" for a file still the very one (the same inode) it was hard-linked from."""
+    found: dict[str, str] = {}
+    for path in sorted(folder.rglob("*")) if folder.exists() else ():
+        rel = path.relative_to(folder).as_posix()
+        if path.is_symlink():
+            found[rel] = "-> " + os.readlink(path)
+        elif path.is_file():
+            origin = start / rel if start else None
+            if origin and origin.exists() and origin.stat().st_ino == path.stat().st_ino:
+                found[rel] = "as at the start"
+            else:
+                found[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+def real_entries(found: dict) -> dict:
+    return {k: v for k, v in found.items() if not any(TEMPORARY.match(part) for part in k.split("/"))}
+
+
+def temporaries(folder: Path) -> list[Path]:
+    """Staging names under folder (not below one: a staging folder goes as a whole)."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        for name in [*dirs, *files]:
+            if TEMPORARY.match(name):
+                found.append(Path(root) / name)
+        dirs[:] = [d for d in dirs if not TEMPORARY.match(d)]
+    return found
+
+
+def not_in(clean: dict, found: dict) -> list[str]:
+    """Names in found that a clean run did not write with these bytes."""
+    return sorted(k for k, v in real_entries(found).items() if clean.get(k) != v)
+
+
+MACHINE_CACHE = Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery"))
+WARM = ("toolchains", "layers", "files", "proofs", "blobs")  # kept: what the sweep does not cover costs minutes
+
+
+def start_cache(where: Path) -> Path:
+    """This machine's caches less what a build writes in seconds (compile outputs, compressed layers,
+    views, verified documents): hard links, as every writer replaces a name and never writes in place."""
+    dest = where / "cache"
+    dest.mkdir(parents=True)
+    for part in WARM:
+        if (MACHINE_CACHE / part).exists():
+            subprocess.run(["cp", "-al", str(MACHINE_CACHE / part), str(dest / part)], check=True)
+    return dest
+
+
+MACHINE_CACHE = Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery"))
+WARM = ("toolchains", "layers", "files", "proofs", "blobs")  # kept: what the sample does not cover costs minutes
+
+
+def linked_copy(src: Path, dest: Path, parts=None) -> Path:
+    """Hard links: every writer replaces a name, never writes in place, so the source stays as it was."""
+    dest.mkdir(parents=True)
+    for part in parts or [p.name for p in src.iterdir()]:
+        if (src / part).exists():
+            subprocess.run(["cp", "-al", str(src / part), str(dest / part)], check=True)
+    return dest
+
+
+def grown_view(found: bytes, clean: bytes) -> bool:
+    """An image view is rewritten as a build resolves more in it: one a kill leaves may hold less
+    than a clean run's, but must be whole (its header's sha256 is its body's) and hold nothing else."""
+    def read(data):
+        header, _, body = data.partition(b"\n")
+        return json.loads(header), hashlib.sha256(body).hexdigest(), json.loads(body)
+
+    (said, digest, view), (_, _, final) = read(found), read(clean)
+    return said.get("sha256") == digest and all(
+        view[part].items() <= final[part].items() for part in ("paths", "globs"))
+
+
+def tags(registry: str, repo: str) -> dict[str, str]:
+    """Each tag of repo and the digest the registry serves for it (asked directly, not through bakery)."""
+    listed = requests.get(f"http://{registry}/v2/{repo}/tags/list", timeout=30)
+    if listed.status_code == 404:
+        return {}
+    listed.raise_for_status()
+    found = {}
+    for tag in listed.json().get("tags") or []:
+        head = requests.head(f"http://{registry}/v2/{repo}/manifests/{tag}", timeout=30, headers={"Accept": ACCEPT})
+        found[tag] = head.headers["Docker-Content-Digest"]
+    return found
+
+
+ACCEPT = ", ".join(("application/vnd.oci.image.manifest.v1+json", "application/vnd.oci.image.index.v1+json",
+                    "application/vnd.docker.distribution.manifest.v2+json"))
+
+
+def kinds(seen: list[str]) -> dict[str, list[int]]:
+    """The points by kind (digests, upload ids and temporary names made alike): their 1-based numbers."""
+    found: dict[str, list[int]] = {}
+    for number, what in enumerate(seen, 1):
+        kind = re.sub(r"[0-9a-f]{8}-[0-9a-f-]{27}", "UPLOAD", re.sub(r"[0-9a-f]{24,64}", "HEX", what))
+        found.setdefault(re.sub(r"/tmp/\S*?/(cache|project)/", r"\1/", kind), []).append(number)
+    return found
+
+
+def spread(seen: list[str]) -> list[int]:
+    """The first and the last point of each kind: every kind of step, at its start and its end."""
+    return sorted({n for numbers in kinds(seen).values() for n in (numbers[0], numbers[-1])})
+
+
+# -- build ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def build_scene(fixture_base, fixture_lock, registry, tmp_path_factory):
+    """A clean build from a known start (warm base caches, no compile outputs, views or verified
+    documents), pushed to an empty repository, with its trace: the reference every kill is held to."""
+    root = tmp_path_factory.mktemp("crash-build")
+    start = linked_copy(MACHINE_CACHE, root / "start", WARM)  # private: other runs may replace the machine's
+    project = copy_project(root / "project", fixture_lock)
+    cache = linked_copy(start, root / "clean-cache")
+    scene = {"root": root, "start": start, "project": project, "registry": registry, "base": str(fixture_base),
+             "prefix": f"crash/{uuid.uuid4().hex[:8]}"}
+    done, seen = points(project, *build_args(scene, "clean"), env={"BAKERY_CACHE": str(cache)},
+                        trace=root / "trace")
+    scene.update(views={p.name: p.read_bytes() for p in (cache / "views").iterdir()}, seen=seen, digest=last_line(done).split("@", 1)[1], cache=snapshot(cache, start),
+                 out=snapshot(project / "out"), record=(project / "out" / "build-record.json").read_text(),
+                 tags=tags(registry, f"{scene['prefix']}/clean"))
+    return scene
+
+
+def build_args(scene, name: str) -> tuple[str, ...]:
+    return ("build", "--base", scene["base"], "--push", f"{scene['registry']}/{scene['prefix']}/{name}:1")
+
+
+# what a record says of the run itself, not of the image: when it ran, what its push moved
+RUN_ONLY = {"started", "finished", "push", "layer_downloads"}
+
+
+def same_image(record: dict) -> dict:
+    """A record less what says where this run got a kernel or a verdict (compiled or proven here, or
+    taken from the cache a killed run filled): the image's bytes are the same either way."""
+    for entry in [record.get("kernels", {}), *record.get("verdicts", [])]:
+        entry.pop("origin", None)
+    return record
+
+
+def killed_build_then_again(scene, k: int) -> list[str]:
+    """Kill the build at point k, check what it left, build again and check that; what was wrong."""
+    name, wrong = f"k{k}", []
+    cache = linked_copy(scene["start"], scene["root"] / f"cache-{k}")
+    project = scene["project"]
+    (project / "out").exists() and subprocess.run(["rm", "-rf", str(project / "out")], check=True)
+    env = {"BAKERY_CACHE": str(cache)}
+    killed = run(project, *build_args(scene, name), env=env, crash_at=k)
+    if killed.returncode != -9:
+        return [f"point {k}: exit {killed.returncode}, not killed: {killed.stderr[-300:]}"]
+    for where, clean, found in (("cache", scene["cache"], snapshot(cache, scene["start"])),
+                                ("out", scene["out"], snapshot(project / "out"))):
+        found.pop("build-record.json", None) if where == "out" and "build-record.json" not in clean else None
+        wrong += [f"point {k} ({scene['seen'][k - 1]}): {where}/{n} is not what a clean run writes there"
+                  for n in not_in(clean, found) if n != "build-record.json" and not (
+                      where == "cache" and n.startswith("views/") and n[6:] in scene["views"] and
+                      grown_view((cache / n).read_bytes(), scene["views"][n[6:]]))]
+    repo = f"{scene['prefix']}/{name}"
+    wrong += [f"point {k}: tag {t} -> {d}, a clean run: {scene['tags'].get(t)}"
+              for t, d in tags(scene["registry"], repo).items() if scene["tags"].get(t) != d]
+    for path in temporaries(cache) + temporaries(project / "out"):  # as if the next run came later
+        os.utime(path, (0, 0), follow_symlinks=False)
+    again = run(project, *build_args(scene, name), env=env)
+    wrong += [f"point {k}: {path} left by the kill is still there after the next run"
+              for path in temporaries(cache) + temporaries(project / "out")]
+    if again.returncode != 0:
+        return wrong + [f"point {k}: the build run again failed: {again.stderr[-300:]}"]
+    if last_line(again) != f"{scene['registry']}/{repo}@{scene['digest']}":
+        wrong.append(f"point {k}: run again it gave {last_line(again)}, a clean run {scene['digest']}")
+    record = (project / "out" / "build-record.json").read_text()
+    expected = same_image(json.loads(scene["record"].replace(f"{scene['prefix']}/clean", repo)))
+    got = same_image(json.loads(record))
+    differ = sorted(key for key in set(expected) | set(got) if key not in RUN_ONLY and expected.get(key) != got.get(key))
+    if differ:
+        wrong.append(f"point {k}: the build record differs from a clean run's in {differ}: "
+                     + "; ".join(f"{key}: {got.get(key)} (clean: {expected.get(key)})"
+                                 for key in differ))
+    if real_entries(snapshot(cache, scene["start"])) != real_entries(scene["cache"]):
+        wrong.append(f"point {k}: the cache after the second run is not a clean run's")
+    if tags(scene["registry"], repo) != scene["tags"]:
+        wrong.append(f"point {k}: the tags after the second run are not a clean run's")
+    subprocess.run(["rm", "-rf", str(cache)], check=True)
+    return wrong
+
+
+SAMPLE = {  # CI's sample: one point of each kind that decides what a later run may trust
+    "a cache folder about to take its name": lambda seen: next(i for i, s in enumerate(seen, 1) if s.startswith("fill ")),
+    "the image manifest pushed, its tag not yet": lambda seen: next(
+        i for i, s in enumerate(seen, 1) if re.match(r"PUT /v2/\S+/manifests/sha256:", s) and "kernels" not in s),
+}
+
+
+@pytest.mark.parametrize("moment", SAMPLE)
+def test_a_build_killed_then_run_again_gives_the_clean_digest_and_trusts_nothing_half_made(build_scene, moment):
+    wrong = killed_build_then_again(build_scene, SAMPLE[moment](build_scene["seen"]))
+    assert wrong == [], "\n".join(wrong)
+
+
+@pytest.mark.sweep
+def test_a_build_killed_at_the_start_and_end_of_each_kind_of_step(build_scene):
+    chosen = spread(build_scene["seen"])
+    print(f"\n{len(build_scene['seen'])} points, {len(kinds(build_scene['seen']))} kinds, {len(chosen)} killed")
+    wrong = [w for k in chosen for w in killed_build_then_again(build_scene, k)]
+    assert wrong == []
+
+
+# -- attest --------------------------------------------------------------------------------------------
+
+PASSWORD = {"BAKERY_KEY_PASSWORD": "crash test password"}
+
+
+def copy_image(registry: str, src: str, dest: str, digest: str) -> None:
+    """The image (manifest and blobs, by mount) into another repository, untagged: a fresh subject."""
+    manifest = requests.get(f"http://{registry}/v2/{src}/manifests/{digest}", headers={"Accept": ACCEPT}, timeout=30)
+    manifest.raise_for_status()
+    body = json.loads(manifest.content)
+    for blob in [body["config"], *body["layers"]]:
+        mounted = requests.post(f"http://{registry}/v2/{dest}/blobs/uploads/?mount={blob['digest']}&from={src}",
+                                timeout=60)
+        assert mounted.status_code == 201, mounted.text
+    put = requests.put(f"http://{registry}/v2/{dest}/manifests/{digest}", data=manifest.content, timeout=30,
+                       headers={"Content-Type": manifest.headers["Content-Type"]})
+    assert put.status_code == 201, put.text
+
+
+@pytest.fixture(scope="module")
+def attest_scene(build_scene, tmp_path_factory):
+    """The clean build's image, attested once with its trace; keys and a policy to verify with."""
+    root = tmp_path_factory.mktemp("crash-attest")
+    keys = root / "keys"
+    made = run(build_scene["project"], "keygen", "--out", str(keys), env=PASSWORD)
+    assert made.returncode == 0, made.stderr
+    (root / "record.json").write_text(build_scene["record"])
+    scene = {**build_scene, "attest_root": root, "key": keys / "release.key", "pub": keys / "release.pub", "record_file": root / "record.json",
+             "policy": dev_policy(root / "policy.yaml", build_scene["base"])}
+    repo = f"{build_scene['prefix']}/attest-clean"
+    copy_image(build_scene["registry"], f"{build_scene['prefix']}/clean", repo, build_scene["digest"])
+    _, seen = points(build_scene["project"], *attest_args(scene, repo), env=attest_env(scene, "clean"),
+                     trace=root / "trace")
+    scene.update(attest_seen=seen, attest_tags=tags(build_scene["registry"], repo))
+    return scene
+
+
+def attest_env(scene, name: str) -> dict:
+    """Each attest its own empty cache: what one run verified and kept, the next would not ask again."""
+    return {**PASSWORD, "BAKERY_CACHE": str(scene["attest_root"] / f"cache-{name}")}
+
+
+def attest_args(scene, repo: str) -> tuple[str, ...]:
+    return ("attest", f"{scene['registry']}/{repo}@{scene['digest']}", "--record", str(scene["record_file"]),
+            "--key", str(scene["key"]))
+
+
+def verified(scene, repo: str) -> subprocess.CompletedProcess:
+    return run(scene["project"], "verify", f"{scene['registry']}/{repo}@{scene['digest']}", "--key",
+               str(scene["pub"]), "--policy", str(scene["policy"]), env={})
+
+
+def killed_attest_then_again(scene, k: int, last_write: int) -> list[str]:
+    """Kill attest at point k: verify must pass only if the kill came after the clean run stored the
+    image's last signed document (signatures are not deterministic: the tags' digests cannot be
+    compared); run again, verify passes."""
+    repo, wrong = f"{scene['prefix']}/attest-k{k}", []
+    copy_image(scene["registry"], f"{scene['prefix']}/clean", repo, scene["digest"])
+    killed = run(scene["project"], *attest_args(scene, repo), env=attest_env(scene, f"k{k}"), crash_at=k)
+    if killed.returncode != -9:
+        return [f"point {k}: exit {killed.returncode}, not killed"]
+    check = verified(scene, repo)
+    if (check.returncode == 0) != (k >= last_write):
+        wrong.append(f"point {k} ({scene['attest_seen'][k - 1]}): verify exit {check.returncode} with the tags "
+                     f"{sorted(tags(scene['registry'], repo))}: {check.stdout[-300:]}")
+    again = run(scene["project"], *attest_args(scene, repo), env=attest_env(scene, f"k{k}"))
+    if again.returncode != 0 or verified(scene, repo).returncode != 0:
+        wrong.append(f"point {k}: attest run again, then verify, failed: {again.stderr[-300:]}")
+    return wrong
+
+
+def attest_writes(scene) -> list[int]:
+    """The points where the image's repository stored a manifest, up to its last signed document
+    (.sig, .att); after it, attest signs the kernel artifact, in the repository the build pushed it to."""
+    own = f"/v2/{scene['prefix']}/attest-clean/manifests/"
+    writes = [i for i, s in enumerate(scene["attest_seen"], 1) if s.startswith(f"PUT {own}")]
+    last = max(i for i in writes if re.search(r"\.(sig|att) answered", scene["attest_seen"][i - 1]))
+    return [i for i in writes if i <= last]
+
+
+def test_attest_killed_after_each_document_it_stores_is_refused_by_verify_until_run_again(attest_scene):
+    """The half-attested states: after the signature, after each attestation, before the last."""
+    writes = attest_writes(attest_scene)
+    wrong = [w for k in writes for w in killed_attest_then_again(attest_scene, k, writes[-1])]
+    assert wrong == [], "\n".join(wrong)
+
+
+@pytest.mark.sweep
+def test_attest_killed_at_every_point(attest_scene):
+    last = attest_writes(attest_scene)[-1]
+    wrong = [w for k in range(1, last + 1) for w in killed_attest_then_again(attest_scene, k, last)]
+    assert wrong == [], "\n".join(wrong)
+
+
+# -- mirror and lock -----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def mirror_scene(build_scene):
+    """A clean `invoke mirror` of the base (a copy by digest within the registry) and its trace."""
+    scene = {**build_scene}
+    done, seen = points(scene["project"], *mirror_args(scene, "mirror-clean"), env={},
+                        trace=scene["root"] / "mirror-trace")
+    scene.update(mirror_seen=seen, mirrored=last_line(done).split("@", 1)[1],
+                 mirror_tags=tags(scene["registry"], f"{scene['prefix']}/mirror-clean"))
+    return scene
+
+
+def mirror_args(scene, name: str) -> tuple[str, ...]:
+    return ("mirror", "--base", scene["base"], "--to", f"{scene['registry']}/{scene['prefix']}/{name}")
+
+
+def killed_mirror_then_again(scene, k: int) -> list[str]:
+    name = f"mirror-k{k}"
+    repo = f"{scene['prefix']}/{name}"
+    killed = run(scene["project"], *mirror_args(scene, name), env={}, crash_at=k)
+    if killed.returncode != -9:
+        return [f"point {k}: exit {killed.returncode}, not killed"]
+    wrong = [f"point {k} ({scene['mirror_seen'][k - 1]}): tag {t} -> {d}, a clean mirror: {scene['mirror_tags'].get(t)}"
+             for t, d in tags(scene["registry"], repo).items() if scene["mirror_tags"].get(t) != d]
+    again = run(scene["project"], *mirror_args(scene, name), env={})
+    if again.returncode != 0 or last_line(again).split("@", 1)[1] != scene["mirrored"]:
+        wrong.append(f"point {k}: mirrored again: exit {again.returncode}, {again.stdout[-200:]} {again.stderr[-200:]}")
+    elif tags(scene["registry"], repo) != scene["mirror_tags"]:
+        wrong.append(f"point {k}: the tags after the second mirror are not a clean mirror's")
+    return wrong
+
+
+@pytest.mark.sweep
+def test_a_mirror_killed_at_each_kind_of_step_tags_nothing_wrong_and_finishes_when_run_again(mirror_scene):
+    wrong = [w for k in spread(mirror_scene["mirror_seen"]) for w in killed_mirror_then_again(mirror_scene, k)]
+    assert wrong == [], "\n".join(wrong)
+
+
+@pytest.mark.sweep
+def test_a_mirror_killed_at_every_point(mirror_scene):
+    wrong = [w for k in range(1, len(mirror_scene["mirror_seen"]) + 1)
+             for w in killed_mirror_then_again(mirror_scene, k)]
+    assert wrong == [], "\n".join(wrong)
+
+
+@pytest.mark.sweep
+def test_a_lock_killed_at_every_point_leaves_the_old_lock_or_the_new_one(build_scene, tmp_path):
+    """`invoke lock` rewrites overlays.lock: after a kill it holds the old bytes or a clean run's."""
+    project, env = build_scene["project"], {"BAKERY_CACHE": str(linked_copy(build_scene["start"], tmp_path / "c"))}
+    lock = project / "overlays" / "overlays.lock"
+    old = lock.read_bytes()
+    lock.write_bytes(old + b"\n")  # a lock to be replaced (other bytes, the same entries)
+    stale = lock.read_bytes()
+    try:
+        _, seen = points(project, "lock", "--base", build_scene["base"], env=env, trace=tmp_path / "trace")
+        clean, wrong = lock.read_bytes(), []
+        for k in range(1, len(seen) + 1):
+            lock.write_bytes(stale)
+            if run(project, "lock", "--base", build_scene["base"], env=env, crash_at=k).returncode != -9:
+                wrong.append(f"point {k}: not killed")
+            if lock.read_bytes() not in (stale, clean):
+                wrong.append(f"point {k} ({seen[k - 1]}): overlays.lock is neither the old one nor a clean run's")
+    finally:
+        lock.write_bytes(old)
+    assert wrong == [], "\n".join(wrong)
