@@ -13,6 +13,7 @@ import glob
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
 from contextlib import contextmanager
@@ -44,21 +45,48 @@ def _hold(fd: int) -> None:
 def remove_abandoned(folder: Path, pattern: str) -> None:
     """Staging names a killed writer left in folder (a toolchain's folder is gigabytes): removed when
     no process holds them and they have not changed for a minute (a writer that has just made its
-    name has not locked it yet)."""
+    name has not locked it yet). Removed under the lock, so two cleaners never race; anything else
+    (a link, a FIFO, one another user keeps) is left alone, and never fails the write that looked."""
     for name in glob.glob(glob.escape(str(folder)) + "/" + pattern):
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             continue
         try:
-            if time.time() - os.fstat(fd).st_mtime < ABANDONED_AFTER:
+            found = os.fstat(fd)
+            if not (stat.S_ISREG(found.st_mode) or stat.S_ISDIR(found.st_mode)) or \
+                    time.time() - found.st_mtime < ABANDONED_AFTER:
                 continue
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # held: being filled now
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held: being filled now
+            if os.stat(name, follow_symlinks=False).st_ino != found.st_ino:
+                continue  # another cleaner took it, and a writer has made a new one since
+            if stat.S_ISDIR(found.st_mode):
+                shutil.rmtree(name, ignore_errors=True)
+            else:
+                os.unlink(name)
+        except OSError:
             continue
         finally:
             os.close(fd)
-        (shutil.rmtree if os.path.isdir(name) else os.unlink)(name)
+
+
+@contextmanager
+def staging_dir(dest: Path) -> Iterator[Path]:
+    """A new sibling folder of dest to fill, locked while this process lives (so the next writer's
+    remove_abandoned leaves it be), after clearing what killed writers left there."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        remove_abandoned(dest.parent, f".{glob.escape(dest.name)}.partial-*")
+        staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.partial-"))
+        held = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        _name_the_folder(e, dest.parent)
+        raise
+    try:
+        _hold(held)
+        yield staging
+    finally:
+        os.close(held)
 
 
 @contextmanager
@@ -99,28 +127,18 @@ def atomic_write(path: Path, data: bytes, *, durable: bool = False) -> None:
 def atomic_dir(dest: Path) -> Iterator[Path]:
     """A sibling folder to fill; on a clean exit it takes dest's place (an old dest is removed
     first), on any exception it is removed and dest is left as it was."""
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        remove_abandoned(dest.parent, f".{glob.escape(dest.name)}.partial-*")
-        staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.partial-"))
-        held = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError as e:
-        _name_the_folder(e, dest.parent)
-        raise
-    try:
-        _hold(held)
-        yield staging
-        if dest.exists():
-            shutil.rmtree(dest)
-        crashpoint.reached(f"fill {dest}")
-        os.replace(staging, dest)
-        crashpoint.reached(f"filled {dest}")
-    except BaseException as e:
-        shutil.rmtree(staging, ignore_errors=True)
-        _name_the_folder(e, dest.parent)
-        raise
-    finally:
-        os.close(held)
+    with staging_dir(dest) as staging:
+        try:
+            yield staging
+            if dest.exists():
+                shutil.rmtree(dest)
+            crashpoint.reached(f"fill {dest}")
+            os.replace(staging, dest)
+            crashpoint.reached(f"filled {dest}")
+        except BaseException as e:
+            shutil.rmtree(staging, ignore_errors=True)
+            _name_the_folder(e, dest.parent)
+            raise
 
 
 def canonical_json(value, what: str = "a document") -> bytes:

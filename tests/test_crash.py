@@ -110,21 +110,6 @@ def not_in(clean: dict, found: dict) -> list[str]:
 
 
 MACHINE_CACHE = Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery"))
-WARM = ("toolchains", "layers", "files", "proofs", "blobs")  # kept: what the sweep does not cover costs minutes
-
-
-def start_cache(where: Path) -> Path:
-    """This machine's caches less what a build writes in seconds (compile outputs, compressed layers,
-    views, verified documents): hard links, as every writer replaces a name and never writes in place."""
-    dest = where / "cache"
-    dest.mkdir(parents=True)
-    for part in WARM:
-        if (MACHINE_CACHE / part).exists():
-            subprocess.run(["cp", "-al", str(MACHINE_CACHE / part), str(dest / part)], check=True)
-    return dest
-
-
-MACHINE_CACHE = Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery"))
 WARM = ("toolchains", "layers", "files", "proofs", "blobs")  # kept: what the sample does not cover costs minutes
 
 

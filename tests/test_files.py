@@ -79,6 +79,31 @@ def test_what_a_killed_writer_left_is_removed_by_the_next_and_a_live_writers_is_
     assert (tmp_path / "entry" / "f").read_bytes() == b"whole" and (tmp_path / "file").read_bytes() == b"whole"
 
 
+def test_a_leftover_that_is_not_a_plain_file_or_folder_is_left_alone_and_the_write_goes_on(tmp_path):
+    """A FIFO or a link planted under a staging name (by anyone who can write in the folder) must not
+    hang the next write, nor be followed: it is left where it is, and the write succeeds."""
+    import signal
+    import time
+
+    old = time.time() - 3600
+    fifo, link, target = tmp_path / ".partial-fifo", tmp_path / ".entry.partial-link", tmp_path / "kept"
+    os.mkfifo(fifo)
+    target.mkdir()
+    (target / "precious").write_bytes(b"keep")
+    link.symlink_to(target)
+    os.utime(fifo, (old, old))
+    os.utime(link, (old, old), follow_symlinks=False)
+    signal.alarm(20)  # a hang fails the test instead of the suite
+    try:
+        atomic_write(tmp_path / "file", b"whole")
+        with atomic_dir(tmp_path / "entry") as staging:
+            (staging / "f").write_bytes(b"whole")
+    finally:
+        signal.alarm(0)
+    assert fifo.exists() and link.is_symlink() and (target / "precious").read_bytes() == b"keep"
+    assert (tmp_path / "file").read_bytes() == b"whole" and (tmp_path / "entry" / "f").read_bytes() == b"whole"
+
+
 def test_canonical_json_is_sorted_compact_utf8():
     # written from the format's description (sorted keys, no whitespace, UTF-8 as Go writes it), not
     # from the encoder's output

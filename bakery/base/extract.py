@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import EnvironmentProblem, IntegrityError
+from ..files import staging_dir
 from .filesystem import BaseFilesystem
 
 MOUNT_POINTS = ("tmp", "proc", "dev", "src", "out")  # where the sandbox binds: plain empty folders
@@ -140,7 +141,14 @@ def toolchain_root(fs: BaseFilesystem, selection: Selection, cache: Path, log=pr
     size = sum(d.size for d in fs.image.layers)
     log(f"taking the toolchain's files out of {fs.image.ref} ({len(fs.image.layers)} layers, "
         f"{size / 2**30:.2f} GiB compressed) into {dest}")
-    tmp = Path(tempfile.mkdtemp(dir=cache, prefix=f".{dest.name}.partial-"))
+    with staging_dir(dest) as tmp:  # locked while filled: a killed extraction's is cleared by the next
+        _fill(fs, selection, dest, tmp)
+    made = _made(dest) or {}  # ours, or the one another command renamed into place first
+    log(f"toolchain's files: {made.get('files')} files, {made.get('size', 0) / 2**30:.2f} GiB")
+    return Root(dest / "root", image_env(fs.image.config), made.get("files", 0), made.get("size", 0))
+
+
+def _fill(fs: BaseFilesystem, selection: Selection, dest: Path, tmp: Path) -> None:
     try:
         blobs = tmp / "blobs"
         blobs.mkdir()
@@ -160,8 +168,6 @@ def toolchain_root(fs: BaseFilesystem, selection: Selection, cache: Path, log=pr
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    log(f"toolchain's files: {files} files, {total / 2**30:.2f} GiB")
-    return Root(dest / "root", image_env(fs.image.config), files, total)
 
 
 def _made(dest: Path) -> dict | None:
