@@ -32,7 +32,7 @@ def reached(what: str) -> None:
         _count += 1
         if trace:
             line = f"{_count}\t{' '.join(what.split())}\n".encode()
-            fd = os.open(trace, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = os.open(trace, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
             try:
                 os.write(fd, line)
             finally:

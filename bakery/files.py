@@ -12,13 +12,14 @@ import fcntl
 import glob
 import json
 import os
+import secrets
 import shutil
 import stat
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 from . import crashpoint
 from .errors import EnvironmentProblem, InputError, IntegrityError
@@ -124,21 +125,37 @@ def atomic_write(path: Path, data: bytes, *, durable: bool = False) -> None:
 
 
 @contextmanager
-def atomic_dir(dest: Path) -> Iterator[Path]:
-    """A sibling folder to fill; on a clean exit it takes dest's place (an old dest is removed
-    first), on any exception it is removed and dest is left as it was."""
+def atomic_dir(dest: Path, *, keep: Callable[[Path], bool] | None = None) -> Iterator[Path]:
+    """A sibling folder to fill; on a clean exit it takes dest's place, on any exception it is
+    removed and dest is left as it was. An old dest is renamed aside before the new one takes its
+    name and removed after, so a kill leaves the old folder or the new one (or, between the two
+    renames, none), never a half-deleted one under dest's name. keep(dest): a dest another writer
+    finished meanwhile that is good as it is stays, and this one is dropped (first one wins: a
+    reader of the first never sees it vanish)."""
     with staging_dir(dest) as staging:
+        aside = None
         try:
             yield staging
-            if dest.exists():
-                shutil.rmtree(dest)
+            if keep is not None and dest.is_dir() and keep(dest):
+                shutil.rmtree(staging, ignore_errors=True)
+                return
+            if os.path.lexists(dest):
+                aside = dest.parent / f".{dest.name}.partial-old-{secrets.token_hex(6)}"
+                os.rename(dest, aside)  # under a staging name: a kill now leaves it to the next writer
             crashpoint.reached(f"fill {dest}")
             os.replace(staging, dest)
             crashpoint.reached(f"filled {dest}")
         except BaseException as e:
             shutil.rmtree(staging, ignore_errors=True)
+            if aside is not None and not os.path.lexists(dest):
+                with suppress(OSError):  # the new one did not take the name: the old one keeps it
+                    os.rename(aside, dest)
+                    aside = None
             _name_the_folder(e, dest.parent)
             raise
+        finally:
+            if aside is not None:
+                shutil.rmtree(aside, ignore_errors=True)
 
 
 def canonical_json(value, what: str = "a document") -> bytes:

@@ -41,12 +41,14 @@ Fixes, each with the test here that fails without it:
      (test_a_compile_on_a_full_disk_says_where_in_one_line).
   3. extract.keep_free: the toolchain store refused before streaming, named by its cache folder
      (test_the_toolchain_store_on_a_full_disk_names_the_cache_not_its_work_folder).
+  4. build: a record that cannot be written after the push says what was pushed and tagged.
 A failed build may leave a view (views/) with fewer paths than a whole build's: each path it
 holds is resolved alike, and the rerun adds the rest (assert_whole checks exactly that).
 
-Not done: the rehearsal's jobs on a full disk (minutes per run). Left as is: at 5.5 MiB the build
-record is the write that fails, after the image was pushed and tagged; the exit is 6 and the
-rerun writes the record, but the message's "nothing was kept" reads as if nothing was pushed.
+At 5.5 MiB the build record is the write that fails, after the image was pushed and tagged: its
+line said "nothing was kept", as if nothing was pushed; it now says the image is pushed and tagged
+and that the same build again writes the record (fix 4,
+test_a_build_whose_record_does_not_fit_says_the_image_is_pushed_and_tagged).
 """
 
 from __future__ import annotations
@@ -125,6 +127,7 @@ class Clean:
     project: Path
     seed: Path  # the starting cache: this machine's kernels and proof verdicts
     cache: Path  # the seed after a clean build
+    out: Path  # its out/
     digest: str  # sha256:HEX of the image it built
 
 
@@ -147,7 +150,7 @@ def clean(tmp_path_factory, registry, fixture_base, fixture_lock) -> Clean:
     done = invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/disk-full/clean:1",
                   "--out", str(where / "out"), env={"BAKERY_CACHE": str(cache)})
     assert done.returncode == 0, done.stderr
-    return Clean(project, seed, cache, digest_of(done))
+    return Clean(project, seed, cache, where / "out", digest_of(done))
 
 
 def build(clean: Clean, base, cache: Path, out: Path, target: str) -> subprocess.CompletedProcess:
@@ -269,6 +272,32 @@ def test_sweep_a_build_at_every_fill_level(small_disk, clean, registry, fixture_
     else:
         assert digest_of(first) == clean.digest
     print(f"{leave >> 10} KiB free: exit {first.returncode}", *first.stderr.splitlines()[-1:])  # for the table (-rA)
+
+
+def test_a_build_whose_record_does_not_fit_says_the_image_is_pushed_and_tagged(small_disk, clean, registry,
+                                                                                fixture_base, tmp_path):
+    """out/ on a disk with room for its blobs but not the build record: the record is the one write
+    after the push, so the line says the image is out there and tagged, and the rerun writes it."""
+    page = 4096
+    blobs = sum(-(-p.stat().st_size // page) * page for p in (clean.out / "blobs").rglob("*") if p.is_file())
+    record = (clean.out / "build-record.json").stat().st_size
+    assert record > 2 * page, "the record must need more pages than the room left after the blobs"
+    disk = small_disk(4)
+    out = disk / "out"
+    filler = fill(disk, blobs + page)
+    cache = tmp_path / "cache"
+    shutil.copytree(clean.seed, cache)
+    target = f"{registry}/disk-full/record:1"
+    first = build(clean, fixture_base, cache, out, target)
+    line = one_clear_line(first)
+    assert first.returncode == 6 and str(out) in line, line
+    assert f"@{clean.digest} is pushed and tagged 1" in line and "run the same build again" in line.lower(), line
+    assert_tagged(registry, target, clean.digest)
+    assert not (out / "build-record.json").exists()
+    filler.unlink()
+    again = build(clean, fixture_base, cache, out, target)
+    assert again.returncode == 0 and digest_of(again) == clean.digest, again.stderr
+    assert json.loads((out / "build-record.json").read_text())["outputs"][0]["reference"].endswith(clean.digest)
 
 
 @pytest.fixture

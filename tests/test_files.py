@@ -128,3 +128,52 @@ def test_a_base_config_spelling_a_lone_surrogate_is_refused_not_crashed_on():
     spec = ImageSpec(Reference.parse("127.0.0.1:5000/ours/image"), "base", (), ("/bin/true",), (), (), ())
     with pytest.raises(IntegrityError, match="the config of base 127.0.0.1:5000/hostile/base@sha256:0+ holds"):
         derive_config(base, [], spec, 0, {})
+
+
+def test_a_kill_while_the_old_folder_is_removed_leaves_the_old_one_or_the_new_one_whole(tmp_path):
+    """Replacing a folder (an --layout written again, a compile entry made again): the writer is
+    killed (SIGKILL) after removing one file of the old one. dest then holds the old folder whole or
+    the new one whole, never a half-deleted one under its name."""
+    import subprocess
+    import sys
+
+    dest = tmp_path / "layout"
+    dest.mkdir()
+    old = {f"old-{i}": str(i).encode() for i in range(20)}
+    for name, data in old.items():
+        (dest / name).write_bytes(data)
+    writer = """
+import os, shutil, signal, sys
+from pathlib import Path
+from bakery.files import atomic_dir
+
+real = shutil.rmtree
+def killed_midway(path, *a, **k):  # removes one file, then the process dies as a preempted runner does
+    names = sorted(os.listdir(path)) if os.path.isdir(path) else []
+    if names:
+        os.unlink(os.path.join(path, names[0]))
+    os.kill(os.getpid(), signal.SIGKILL)
+shutil.rmtree = killed_midway
+with atomic_dir(Path(sys.argv[1])) as staging:
+    (staging / "new").write_bytes(b"whole")
+"""
+    done = subprocess.run([sys.executable, "-c", writer, str(dest)], capture_output=True, text=True)
+    assert done.returncode == -9, done.stderr
+    found = {p.name: p.read_bytes() for p in dest.iterdir()} if dest.exists() else None
+    assert found in (old, {"new": b"whole"}), sorted(found or ())
+
+
+def test_two_writers_of_one_entry_the_first_ones_folder_stays_when_it_is_good(tmp_path):
+    """Two compiles of one hip/ entry at once: the second to finish keeps the first's folder (the
+    same inode: a reader of it never sees it vanish) when keep() says it is good, and replaces it
+    when not."""
+    dest = tmp_path / "entry"
+    with atomic_dir(dest, keep=lambda d: True) as staging:
+        (staging / "f").write_bytes(b"first")
+    first = dest.stat().st_ino
+    with atomic_dir(dest, keep=lambda d: (d / "f").read_bytes() == b"first") as staging:
+        (staging / "f").write_bytes(b"second")
+    assert dest.stat().st_ino == first and (dest / "f").read_bytes() == b"first"
+    with atomic_dir(dest, keep=lambda d: False) as staging:
+        (staging / "f").write_bytes(b"third")
+    assert (dest / "f").read_bytes() == b"third" and sorted(os.listdir(tmp_path)) == ["entry"]

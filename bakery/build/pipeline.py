@@ -20,7 +20,7 @@ from ..base import inventory, spec as base_mod
 from ..base.filesystem import BaseFilesystem
 from ..base.layercache import LayerCache
 from ..base.scan import normalize
-from ..errors import BakeryError, InputError, IntegrityError
+from ..errors import BakeryError, EnvironmentProblem, InputError, IntegrityError
 from ..inputs import hip as hip_mod
 from ..inputs import image as image_mod
 from ..inputs import overlays as overlays_mod
@@ -554,5 +554,13 @@ def build(opts: Options, log=print) -> tuple[Reference, BuildRecord]:
     rec = dataclasses.replace(rec, outputs=tuple(outputs), push=vars(stats) if stats else None,
                               finished=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                               layer_downloads=opened.fs.cache.downloads)
-    record_file.write(opts.out_dir / "build-record.json", rec)
+    try:
+        record_file.write(opts.out_dir / "build-record.json", rec)
+    except EnvironmentProblem as e:  # the one write after the push: say what is out there already
+        if not (pushed or opts.layout):
+            raise
+        done = f"{pushed} is pushed{f' and tagged {target.tag}' if target and target.tag else ''}" if pushed \
+            else f"the layout {opts.layout} is written"
+        raise EnvironmentProblem(f"{done}, but its build record is not: {e}. Run the same build again once there "
+                                 f"is room: it pushes nothing new and writes the record") from None
     return pushed or spec.repository.with_digest(derived.digest), rec

@@ -19,7 +19,7 @@ from pathlib import Path
 from .. import broker_client, schema
 from ..errors import EnvironmentProblem, InputError, IntegrityError
 from ..base.extract import Selection
-from ..files import atomic_dir
+from ..files import atomic_dir, staging_dir
 from ..oci.layer import FileEntry
 from ..oci.refs import Reference
 from ..project import cache_dir
@@ -541,7 +541,7 @@ def _compile(recipe: Recipe, toolchain: str, image_id: str, out: Path, log) -> N
     if here:
         _room_to_compile(out.parent)
     try:
-        with atomic_dir(out) as tmp:
+        with atomic_dir(out, keep=_outputs_ok) as tmp:  # two compiles at once: the first one's stays
             log(f"compiling hip/ for {recipe.arch} in {toolchain}")
             scratch = tmp / ".out"
             scratch.mkdir()
@@ -588,14 +588,14 @@ def verify_outputs(recipe: Recipe, toolchain: str, cache: Path, log=print, remot
     registry) outputs byte-identical; returns (file, sha256) pairs, raises IntegrityError if not."""
     compiled = compile_recipe(recipe, toolchain, cache, log, remote, trust)
     cached = cache / compiled.key[:24]
-    fresh = cache / f".verify-{compiled.key[:24]}"
-    shutil.rmtree(fresh, ignore_errors=True)
-    _compile(recipe, toolchain, toolchain_identity(toolchain), fresh, log)
-    try:
-        want = json.loads((cached / "done.json").read_text())["sha256"]
-        got = json.loads((fresh / "done.json").read_text())["sha256"]
-    finally:
-        shutil.rmtree(fresh, ignore_errors=True)
+    with staging_dir(cache / f"verify-{compiled.key[:24]}") as scratch:  # its own: two verifies at once
+        try:
+            fresh = scratch / "out"
+            _compile(recipe, toolchain, toolchain_identity(toolchain), fresh, log)
+            want = json.loads((cached / "done.json").read_text())["sha256"]
+            got = json.loads((fresh / "done.json").read_text())["sha256"]
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
     differ = sorted(n for n in set(want) | set(got) if want.get(n) != got.get(n))
     if differ:
         raise IntegrityError(f"recompiling gives other bytes for {', '.join(differ)} than the "
@@ -688,7 +688,7 @@ def fetch_artifact(registry, repo: str, key: str, dest: Path, trust, expected: s
         if names != set(config["sha256"]) or names != expected:
             raise IntegrityError(f"kernel artifact {ref}: its files {sorted(map(repr, names))[:8]} are not the ones "
                                  f"this recipe makes ({', '.join(sorted(expected))}) or its config names")
-    with atomic_dir(dest) as tmp:
+    with atomic_dir(dest, keep=_outputs_ok) as tmp:
         for layer in layers:
             data = registry.fetch_blob(repo, layer)  # checked against the layer's digest
             name = layer.annotations[TITLE]
