@@ -18,8 +18,8 @@ Results (`invoke test --sweep` runs every case; * marks the ones in CI's sample,
                                   by 256 KiB
   build (sweep)                   4.75, 5 MiB         exit 6 naming cache/layers/X      the same, recovered
   build (sweep)                   5.25 MiB            exit 6 naming out/blobs/sha256    the same, recovered
-  build (sweep)                   5.5 MiB             exit 6 naming out/ (the build     the same, recovered (see below)
-                                                      record), after the tag was pushed
+  build (sweep)                   5.5 MiB             exit 6 naming out/ (the build     says the image is pushed and
+                                                      record), after the tag was pushed tagged (fix 4), recovered
   build (sweep)                   5.75, 6, 8 MiB      builds, the clean digest          the same
   compile, toolchain there *      64 MiB disk         exit 6 in three lines: "Compiler  one line naming cache/hip, and
                                                       said: (stopped: the disk under    what to do (fix 2)
@@ -28,6 +28,13 @@ Results (`invoke test --sweep` runs every case; * marks the ones in CI's sample,
   *                                                   by then, after ~1 GiB streamed    before any layer (fix 3)
   a write's ENOSPC at the edge *  1 MiB disk          "the disk is full ()": write()    names the folder; BAKERY_CACHE
                                                       sets no file name                 or --out advised (fix 1)
+  build, the record not fitting   out/: room for its  exit 6, "nothing was kept", after says the image is pushed and
+  *                               blobs only          the image was pushed and tagged   tagged; rerun writes it (fix 4)
+  attest, then verify (the sign,  16, 256 KiB         both pass: what they keep in      the same (a verified cache is a
+  smoke and promote jobs) *                           verified/ is a saving, skipped    saving), cache whole; with room,
+                                                      when it cannot be written         verify passes
+  reproduce (the rebuild job),    1, 64 MiB work      REBUILD_RESULTS
+  its work folder (sweep)         folder
   two builds, one cache, one tag  -                   both exit 0, the clean digest,    the same: no lock needed
   *                                                   the tag names it, cache whole
   two builds compiling (sweep)    -                   the same                          the same
@@ -69,7 +76,8 @@ from bakery.files import atomic_dir, atomic_file
 from bakery.oci.refs import Reference
 from bakery.oci.registry import Registry
 
-from support import copy_project, invoke, last_line
+from support import copy_project, dev_policy, invoke, last_line
+from test_attest import PASSWORD
 
 CACHE = Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery"))
 TEMPORARY = (".partial-", ".part-")  # what atomic_file/atomic_dir and the toolchain store write before the rename
@@ -298,6 +306,88 @@ def test_a_build_whose_record_does_not_fit_says_the_image_is_pushed_and_tagged(s
     again = build(clean, fixture_base, cache, out, target)
     assert again.returncode == 0 and digest_of(again) == clean.digest, again.stderr
     assert json.loads((out / "build-record.json").read_text())["outputs"][0]["reference"].endswith(clean.digest)
+
+
+# -- the release workflow's other jobs, as their steps run them ----------------------------------------
+
+def passed_or_said_where(result, disk: Path) -> bool:
+    """A job on a full disk either did its work (what it keeps in the cache is only a saving) or
+    failed in one line naming the disk, exit 6: True when it passed."""
+    if result.returncode == 0:
+        return True
+    line = one_clear_line(result)
+    assert result.returncode == 6 and str(disk) in line, line
+    return False
+
+
+@pytest.fixture(scope="module")
+def release_keys(clean, tmp_path_factory) -> Path:
+    where = tmp_path_factory.mktemp("disk-keys")
+    made = invoke(clean.project, "keygen", "--out", str(where), env=PASSWORD)
+    assert made.returncode == 0, made.stderr
+    return where
+
+
+@pytest.mark.parametrize("leave", [16 << 10, 256 << 10], ids=["16KiB", "256KiB"])
+def test_the_sign_job_and_verify_on_a_full_disk_pass_or_say_where_and_then_pass(small_disk, clean, release_keys,
+                                                                                 registry, fixture_base, tmp_path,
+                                                                                 leave):
+    """The sign job (`invoke attest`) and each verify (the smoke and promote jobs run one) with their
+    cache on a full disk: each passes or says where in one line; with room again, attest (when it
+    failed) and verify pass, and the cache holds nothing that is not whole."""
+    disk = small_disk(2)
+    cache = disk / "cache"
+    filler = fill(disk, leave)
+    image = f"{registry}/disk-full/clean@{clean.digest}"
+    env = {**PASSWORD, "BAKERY_CACHE": str(cache)}
+    attest = ("attest", image, "--record", str(clean.out / "build-record.json"), "--key",
+              str(release_keys / "release.key"))
+    verify = ("verify", image, "--key", str(release_keys / "release.pub"), "--policy",
+              str(dev_policy(tmp_path / "policy.yaml", fixture_base)))
+    first = invoke(clean.project, *attest, env=env)
+    attested = passed_or_said_where(first, disk)
+    if attested:
+        first = invoke(clean.project, *verify, env=env)
+        passed_or_said_where(first, disk)
+    print(f"{leave >> 10} KiB free: attest exit {0 if attested else first.returncode}, then verify exit "
+          f"{first.returncode if attested else '-'}", *first.stderr.splitlines()[-1:])  # for the table (-rA)
+    filler.unlink()
+    if not attested:
+        again = invoke(clean.project, *attest, env=env)
+        assert again.returncode == 0, again.stderr
+    checked = invoke(clean.project, *verify, env=env)
+    assert checked.returncode == 0 and f"verified {image}" in checked.stdout, checked.stdout + checked.stderr
+    assert_whole(cache, None, clean, only_builds=False)
+
+
+@pytest.mark.sweep
+@pytest.mark.parametrize("size_mib", [1, 64])
+def test_sweep_the_rebuild_job_on_a_small_disk(small_disk, clean, release_keys, registry, fixture_base,
+                                               fixture_lock, tmp_path, size_mib):
+    """The rebuild job (`invoke reproduce --outcome`) with its work folder on a small disk (the
+    clone, then the build's cache and layout fill it): one line naming the disk, exit 6; with room,
+    the same command reproduces the image byte for byte."""
+    import test_reproduce
+
+    setup = {"project": copy_project(tmp_path / "project", fixture_lock),
+             "root": tmp_path, "registry": registry, "base": fixture_base,
+             "key": release_keys / "release.key", "pub": release_keys / "release.pub",
+             "policy": dev_policy(tmp_path / "policy.yaml", fixture_base)}
+    project = setup["project"]
+    subprocess.run(["git", "-C", str(project), "remote", "remove", "origin"], capture_output=True)
+    test_reproduce.git(project, "remote", "add", "origin", str(project))
+    test_reproduce.git(project, "add", "-A")
+    test_reproduce.git(project, "commit", "-q", "--allow-empty", "-m", "release")
+    ref = test_reproduce.release(setup, f"disk-{size_mib}", 1700000300)
+    disk = small_disk(size_mib)
+    args = ("reproduce", ref, "--release-key", str(setup["pub"]), "--policy", str(setup["policy"]),
+            "--outcome", str(tmp_path / "outcome.json"))
+    first = invoke(project, *args, env={"TMPDIR": str(disk)})
+    assert first.returncode != 0 and not passed_or_said_where(first, disk)
+    assert not any(disk.iterdir()), sorted(disk.iterdir())  # the work folder goes with the failure
+    again = invoke(project, *args, env={"TMPDIR": str(tmp_path)})
+    assert again.returncode == 0 and "byte-identical" in again.stdout, again.stdout + again.stderr
+    print(f"{size_mib} MiB: {last_line(first) if first.stdout else first.stderr.splitlines()[-1]}")
 
 
 @pytest.fixture
