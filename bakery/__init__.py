@@ -3,7 +3,7 @@
 Folders follow the pipeline, each importing only those below it (tests/test_layers.py):
 cli (what each invoke task does) > release, dev > build > proofs, trust > inputs > base > oci >
 the core modules here (errors, files, project, schema, engine, untrusted, broker_client).
-README's "Layout" says what lives where.
+docs/architecture.md's "Layout of this repository" says what lives where.
 """
 
 __version__ = "0.1.0"

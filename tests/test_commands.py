@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PIN = "127.0.0.1:5000/ours/image@sha256:" + "a" * 64
 PROXY = "127.0.0.1:5000/caddy@sha256:" + "b" * 64
 
-# who signs which in-toto predicate, as README's security model states it (not read from the code)
+# who signs which in-toto predicate, as docs/security.md states it (not read from the code)
 SIGNERS = [("https://slsa.dev/provenance/v1", "release"), ("https://spdx.dev/Document", "release"),
            ("https://openvex.dev/ns", "release"), ("https://in-toto.io/attestation/test-result/v0.1", "smoke")]
 

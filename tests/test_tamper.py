@@ -612,7 +612,7 @@ def test_verify_refuses(case, mutate, policy, require_smoke, code, check, honest
 
 
 def test_a_machine_that_never_saw_the_failure_cannot_tell_a_restored_passed(honest, tmp_path, monkeypatch):
-    """What still holds (README says so): the ledger is this machine's. A verifier that never saw
+    """What still holds (docs/security.md says so): the ledger is this machine's. A verifier that never saw
     the FAILED (another machine, or this one with its ledger gone) accepts the PASSED put back."""
     ref = clone(honest, "ledger-elsewhere")
     older_passed_restored(honest, ref, {})

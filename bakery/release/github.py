@@ -100,7 +100,7 @@ def await_runner(gh: GitHub, repository: str, run_id: str, job: str, minutes: fl
                 raise EnvironmentProblem(
                     f"no runner took {job!r} within {minutes:g} minutes of its being queued: no online runner has its "
                     f"labels (self-hosted, linux, x64, mi300x) for this repository; the run is cancelled. Register the "
-                    f"MI300X runner (README, release path: an ephemeral runner in a group limited to this repository's "
+                    f"MI300X runner (docs/release.md, GitHub set-up: an ephemeral runner in a group limited to this repository's "
                     f"release.yml on v* tags), then run the workflow again")
         sleep(poll)
 
@@ -238,7 +238,7 @@ def _runner_gaps(gh: GitHub, repository: str, settings: Settings) -> list[Gap]:
     wanted, owner = set(settings.mi300x_labels), repository.split("/")[0]
     allowed = f"{repository}/.github/workflows/release.yml@refs/tags/{settings.tags}"
     fix = (f"register the MI300X host as an ephemeral runner with those labels in an organization runner group "
-           f"limited to {repository} and to the workflow {allowed} (README, release path)")
+           f"limited to {repository} and to the workflow {allowed} (docs/release.md, GitHub set-up)")
 
     def online(runners) -> bool:
         return any(isinstance(r, dict) and r.get("status") == "online" and
