@@ -56,7 +56,8 @@ BUMP = {"ledger": "the ledger (default: image/nightlies.yaml)",
         "out": "where porting kits go (default: out/, as out/rebase/ID/)"}
 
 KEYGEN = {"out": "directory for ROLE.key (encrypted) and ROLE.pub (default: .)",
-          "role": "release (signs the image, its SBOM and provenance; default) or smoke (signs the MI300X result)"}
+          "role": "release (signs the image, its SBOM and provenance; default), rebuilder (signs a rebuild's outcome) "
+                  "or smoke (signs the MI300X result)"}
 
 KEYCHECK = {"role": "release, rebuilder or smoke: whose secret key (BAKERY_SIGNING_KEY, BAKERY_REBUILDER_SIGNING_KEY, "
                     "BAKERY_SMOKE_SIGNING_KEY, with BAKERY_KEY_PASSWORD) to check",
