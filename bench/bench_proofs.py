@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bakery.dev import fixture, stack  # noqa: E402
-from bakery.build.pipeline import base_files, open_base, overlay_inputs, overlay_proofs  # noqa: E402
+from bakery.bake.pipeline import base_files, open_base, overlay_inputs, overlay_proofs  # noqa: E402
 
 
 def by_hand(applied, files, work: Path) -> tuple[float, dict]:

@@ -31,7 +31,7 @@ import bench_prod  # noqa: E402  (reads --gib)
 from bakery.base import inventory, spec as base_mod  # noqa: E402
 from bakery.base.filesystem import BaseFilesystem  # noqa: E402
 from bakery.base.layercache import LayerCache  # noqa: E402
-from bakery.build import pipeline  # noqa: E402
+from bakery.bake import pipeline  # noqa: E402
 from bakery.dev import stack  # noqa: E402
 from bakery.oci.refs import Reference  # noqa: E402
 from bakery.oci.registry import Registry  # noqa: E402

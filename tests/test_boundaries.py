@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from bakery.build import pipeline as build
+from bakery.bake import pipeline as build
 from bakery import untrusted
 from bakery.errors import IntegrityError
 from bakery.oci.refs import Reference
@@ -272,7 +272,7 @@ def test_a_build_that_fails_at_its_last_check_has_pushed_nothing(project, regist
     """The last thing that can fail before a push (the SBOM and provenance made from the record)
     fails here: neither the image's tag nor the kernel artifact's is in the registry. Before, the
     kernel artifact was pushed as soon as it was compiled."""
-    from bakery.build.pipeline import Options, build as run
+    from bakery.bake.pipeline import Options, build as run
 
     def fails(rec, subject):
         raise IntegrityError("the record cannot give its SBOM (made to fail here)")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 BAKERY = Path(__file__).resolve().parent.parent / "bakery"
-LEVELS = {"": 0, "oci": 1, "base": 2, "inputs": 3, "proofs": 4, "trust": 4, "build": 5, "release": 6, "dev": 6, "cli": 7}
+LEVELS = {"": 0, "oci": 1, "base": 2, "inputs": 3, "proofs": 4, "trust": 4, "bake": 5, "release": 6, "dev": 6, "cli": 7}
 
 
 def module_name(path: Path) -> str:
@@ -61,7 +61,7 @@ def test_no_module_imports_a_higher_layer(path):
 
 
 @pytest.mark.parametrize("source", ["from ..trust import verify\n", "def f():\n    from ..release.smoke import run\n",
-                                    "import bakery.build.pipeline\n", "from bakery import dev\n"])
+                                    "import bakery.bake.pipeline\n", "from bakery import dev\n"])
 def test_the_contract_sees_an_upward_import(source):
     """The check itself can fail: an oci module importing higher layers, lazily or not, is caught."""
     registry = BAKERY / "oci" / "registry.py"

@@ -482,7 +482,7 @@ def test_a_file_absent_probe_holds_only_where_python_finds_nothing(registry, tmp
     in its stead (a package, an extension, bytecode without source) is not nothing: the record needs a
     look, and the VEX says under_investigation, not not_affected. Read through the merged view of a
     real image, as rebase and the build read it."""
-    from bakery.build.pipeline import probe_files
+    from bakery.bake.pipeline import probe_files
     from test_engines import filesystem
     from test_toolchain_root import busybox_layer, tar
 

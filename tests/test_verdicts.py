@@ -126,7 +126,7 @@ def moved_key(reg: Registry, ref: Reference) -> str:
 
 
 def _trust(project: Path, keys_dir: Path, base, reg: Registry):
-    from bakery.build.pipeline import Options
+    from bakery.bake.pipeline import Options
     from support import dev_policy
 
     return Options(project, keys=(keys_dir / "k" / "release.pub",),

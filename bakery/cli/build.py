@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..build.pipeline import Options
+from ..bake.pipeline import Options
 from ..errors import InputError, IntegrityError, NotFound
 from ..project import Project, cache_dir
 from .trust_flags import kernel_trust
@@ -17,7 +17,7 @@ FIXTURE_SPEC = Path("tests") / "fixture" / "fixture.yaml"  # in the checkout: th
 
 def build(o: Options, log) -> tuple[str, Path]:
     """(REPO@sha256:DIGEST, the build record's path)."""
-    from ..build.pipeline import build as run
+    from ..bake.pipeline import build as run
 
     ref, _ = run(o, log=log)
     return str(ref), o.out_dir / "build-record.json"
@@ -25,7 +25,7 @@ def build(o: Options, log) -> tuple[str, Path]:
 
 def lock(o: Options, log):
     """(the Lock written, its path)."""
-    from ..build.pipeline import lock as run
+    from ..bake.pipeline import lock as run
 
     return run(o, log=log), o.lock_path
 
@@ -86,7 +86,7 @@ def demo(project: Path, log) -> str:
     """Stack up, fixture base, lock, build + push, docker pull, the image's self-check: its REF@DIGEST."""
     import docker
 
-    from ..build.pipeline import build as run, lock as lock_overlays
+    from ..bake.pipeline import build as run, lock as lock_overlays
     from ..dev import fixture as fixture_mod, stack as stack_mod
 
     registry = stack_mod.up()

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..build.pipeline import Options
+from ..bake.pipeline import Options
 from ..errors import InputError, NotCarried, NotProven
 
 

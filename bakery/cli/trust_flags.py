@@ -24,6 +24,6 @@ def load_policy(project: Path, policy: str | None, keys: dict):
 
 def kernel_trust(project: Path, key: str | None, policy: str | None, registry):
     """None, or what a kernel artifact must carry (a release-key signature) to be used instead of compiling."""
-    from ..build.pipeline import Options
+    from ..bake.pipeline import Options
 
     return Options.from_flags(project, key=key, policy=policy).kernel_trust(registry)

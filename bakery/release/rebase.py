@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..build.pipeline import Options, base_files, open_base, probe_files
+from ..bake.pipeline import Options, base_files, open_base, probe_files
 from ..errors import BakeryError, InputError
 from ..inputs import overlays as overlays_mod, patch as patch_mod
 from ..inputs.overlays import Overlay

@@ -1,6 +1,6 @@
 """The build record (build-record.json): every input and output of a build by digest, as typed
 values checked on load. SBOM and provenance are views of it; `invoke attest` signs them. The build
-writes it (bakery.build.pipeline, with what the build says of itself from bakery.build.record).
+writes it (bakery.bake.pipeline, with what the build says of itself from bakery.bake.record).
 
 A record read back gives the bytes it was written with: each section takes exactly its keys and
 gives them back. Parts whose shape belongs to another module (a proof's summary, an upstream pin,

@@ -41,7 +41,7 @@ def bump(project: Path, ledger_path: Path, out: Path, nightly: str | None = None
     """Try the newest untried nightly (or the one named) on the mirror's copy with `rebase`; carried:
     pin it in image/base.yaml. The ledger records the outcome either way."""
     from .. import rebase as rebase_mod
-    from ...build.pipeline import Options
+    from ...bake.pipeline import Options
 
     ledger = load_ledger(ledger_path)
     spec_path = Project(project).base_yaml
