@@ -59,6 +59,25 @@ def last_line(result: subprocess.CompletedProcess) -> str:
     return lines[-1]
 
 
+def tags(registry: str, repo: str) -> dict[str, str]:
+    """{tag: the digest it names} in registry/repo, asked of the plain-HTTP registry itself, not
+    through bakery ({}: no such repository)."""
+    import requests
+
+    from bakery.oci.registry import ACCEPT
+
+    listed = requests.get(f"http://{registry}/v2/{repo}/tags/list", timeout=30)
+    if listed.status_code == 404:
+        return {}
+    listed.raise_for_status()
+    found = {}
+    for tag in listed.json().get("tags") or []:
+        head = requests.head(f"http://{registry}/v2/{repo}/manifests/{tag}", headers={"Accept": ACCEPT}, timeout=30)
+        head.raise_for_status()
+        found[tag] = head.headers["Docker-Content-Digest"]
+    return found
+
+
 def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["docker", *args], capture_output=True, text=True, check=check, timeout=600)
 

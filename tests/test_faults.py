@@ -61,28 +61,15 @@ import time
 import pytest
 import requests
 
-from bakery.oci.registry import ACCEPT
 from bakery.oci.refs import Reference
 
 from proxy import Fault, FaultyProxy
-from support import ROOT, copy_project, invoke, last_line
+from support import ROOT, copy_project, invoke, last_line, tags
 
 READ_TIMEOUT_S = 1  # the client's read deadline in these runs; a stall lasts longer
 STALL_S = 3
 FAST = {"BAKERY_REGISTRY_READ_TIMEOUT": str(READ_TIMEOUT_S)}
 ALWAYS = 1000  # times: a fault that never clears
-
-
-def tags(registry: str, repo: str) -> dict[str, str]:
-    """{tag: the digest it names} in registry/repo, read from the registry itself ({}: no repo)."""
-    listed = requests.get(f"http://{registry}/v2/{repo}/tags/list", timeout=30)
-    if listed.status_code == 404:
-        return {}
-    found = {}
-    for tag in listed.json().get("tags") or []:
-        head = requests.head(f"http://{registry}/v2/{repo}/manifests/{tag}", headers={"Accept": ACCEPT}, timeout=30)
-        found[tag] = head.headers.get("Docker-Content-Digest")
-    return found
 
 
 def one_error_line(result) -> str:
