@@ -59,6 +59,7 @@ The client's read deadline is BAKERY_REGISTRY_READ_TIMEOUT (1 s here, 300 s by d
 from __future__ import annotations
 
 import time
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import requests
@@ -178,9 +179,21 @@ def test_mirror_sweep(registry, fixture_base, tmp_path, fault, expected):
                          ids=["503", "reset"])
 def test_a_mount_that_fails_transiently_falls_back_to_an_upload(registry, fixture_base, tmp_path, fault):
     """A mount is a POST, never resent: one that fails (or whose answer is lost) is followed by an
-    upload, which finds the blob if the mount took."""
+    upload, which finds the blob if the mount took. The request log shows which: after the failed
+    mount, the mount not asked again, the upload's HEAD for that blob, then (503: the mount did not
+    take) an upload session closed with that digest, or (reset: it took) no upload at all."""
     result, proxy, repo = mirror(registry, fixture_base, tmp_path, [fault], mount=True)
     check(result, proxy, registry, repo, {"v1": str(fixture_base.digest)}, OK)
+    (failed,) = [i for i, (_, _, _, action) in enumerate(proxy.events) if action]
+    digest = parse_qs(urlsplit(proxy.events[failed][2]).query)["mount"][0]
+    after = [(method, path) for _, method, path, _ in proxy.events[failed + 1:]]
+    assert not any(method == "POST" and f"mount={digest}" in path for method, path in after), after
+    assert after[0] == ("HEAD", f"/v2/{repo}/blobs/{digest}"), after
+    uploads = [(method, path) for method, path in after if "/blobs/uploads/" in path and "mount=" not in path]
+    if fault.action == "503":
+        assert uploads[0][0] == "POST" and uploads[-1][0] == "PUT" and f"digest={digest}" in uploads[-1][1], uploads
+    else:
+        assert uploads == [], uploads
 
 
 def test_an_upload_location_elsewhere_is_followed_without_credentials(registry, fixture_base, tmp_path):
