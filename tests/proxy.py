@@ -22,6 +22,9 @@ a large number). Its actions, what a registry or the network in front of it does
   "short"         forwarded; the whole Content-Length announced, half the body sent, then closed
   "stall"         not forwarded; nothing sent for stall_s seconds (past the client's read timeout)
   "stall-body"    forwarded; the headers and half the body sent, then nothing for stall_s seconds
+  "trickle"       forwarded; the headers, then the body a byte every trickle_every seconds (each
+                  read gets one before its timeout) until the client hangs up, or for trickle_for
+                  seconds, then closed (a client that never gives up sees the body cut short then)
   "wrong-digest"  forwarded, Docker-Content-Digest replaced by another digest
   "foreign-location"  forwarded, the Location sent to `to` (another server: another origin)
 `events` records (monotonic time, method, path, the scripted action or None) per request.
@@ -69,10 +72,12 @@ class _QuietServer(ThreadingHTTPServer):
 
 class FaultyProxy:
     def __init__(self, upstream: str, faults: list[tuple[str, str, str]], overrides: dict | None = None,
-                 location_host: str | None = None, script: list[Fault] = (), stall_s: float = 3.0):
+                 location_host: str | None = None, script: list[Fault] = (), stall_s: float = 3.0,
+                 trickle_every: float = 0.25, trickle_for: float = 10.0):
         self.upstream, self.faults, self.seen = upstream, list(faults), []
         self.script, self.matched = list(script), [0] * len(script)
         self.stall_s, self.events = stall_s, []
+        self.trickle_every, self.trickle_for = trickle_every, trickle_for
         self._lock = threading.Lock()
         self.overrides = dict(overrides or {})
         self.location_host = location_host  # where upload Locations point (default: this proxy)
@@ -199,6 +204,19 @@ class FaultyProxy:
                 announced = resp.headers.get("Content-Length") if self.command == "HEAD" else str(len(data))
                 self.send_header("Content-Length", announced or "0")
                 self.end_headers()
+                if fault.action == "trickle":
+                    ends = time.monotonic() + proxy.trickle_for
+                    try:
+                        for i in range(len(data)):
+                            if time.monotonic() > ends:
+                                break
+                            self.wfile.write(data[i:i + 1])
+                            self.wfile.flush()
+                            time.sleep(proxy.trickle_every)
+                    except OSError:  # the client gave up on it
+                        pass
+                    self.close_connection = True
+                    return
                 if fault.action in ("reset", "short", "stall-body"):
                     self.wfile.write(data[:len(data) // 2])
                     self.wfile.flush()

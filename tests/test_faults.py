@@ -21,6 +21,8 @@ through the proxy). "k" is the k-th request of that method and path; "always": f
   stall past the read deadline    the eight places above                      recovered         recovered (HEAD blob 2)
     before the answer
   stall mid-body                  the eight places above                      recovered [1]     -
+  trickle: a byte every 0.25 s,   GET manifest 1, GET blob 2                  recovered [6]     -
+    each before the read deadline
   503 or reset on a mount         POST ?mount= 2                              recovered [5]     -
   wrong Docker-Content-Digest     GET blob 1, HEAD blob 1                     recovered: the bytes are checked
                                                                               against the digest, the header unused
@@ -39,6 +41,7 @@ through the proxy). "k" is the k-th request of that method and path; "always": f
   reset always                    GET manifest from 1                         exit 3, no tag    -
   stall always                    GET manifest from 1                         exit 3, no tag    -
   stall mid-body always           GET blob from 1                             exit 3, no tag    -
+  trickle always                  GET manifest from 1, GET blob from 1        exit 3, no tag [6] -
   500 always                      PUT manifest from 1                         -                 exit 3, no tag
 
 Every failure is one `error:` line; each left exactly the tags its row says, none at another digest
@@ -52,7 +55,14 @@ Every failure is one `error:` line; each left exactly the tags its row says, non
   [4] an upload's Docker-Content-Digest was not checked: exit 0 (wrong-digest at PUT /blobs/uploads/)
   [5] a mount (a POST, never resent) that failed transiently ended the copy: exit 3; now an upload
       follows (test_a_mount_that_fails_transiently_falls_back_to_an_upload)
-The client's read deadline is BAKERY_REGISTRY_READ_TIMEOUT (1 s here, 300 s by default).
+  [6] a body that came a byte at a time, each before the read deadline, was read for as long as it
+      lasted (each read waited for up to a megabyte; blobs had a deadline, checked only between
+      such reads); now a body's reading may wait BAKERY_REGISTRY_SLOW_GRACE seconds plus one for each
+      BAKERY_REGISTRY_MIN_RATE bytes that came, else it is given up as a transient failure
+      (test_a_trickling_body_is_given_up_and_asked_again, trickle always at GET /manifests/ #1)
+The client's read deadline is BAKERY_REGISTRY_READ_TIMEOUT (1 s here, 300 s by default), a body's
+pace BAKERY_REGISTRY_SLOW_GRACE and BAKERY_REGISTRY_MIN_RATE (0.5 s and 1 KiB/s here; 60 s and
+32 KiB/s by default).
 `invoke test` runs a sample; `invoke test --sweep` the whole table.
 """
 
@@ -71,7 +81,9 @@ from support import ROOT, copy_project, invoke, last_line, tags
 
 READ_TIMEOUT_S = 1  # the client's read deadline in these runs; a stall lasts longer
 STALL_S = 3
-FAST = {"BAKERY_REGISTRY_READ_TIMEOUT": str(READ_TIMEOUT_S)}
+# the client's deadlines in these runs: a trickle's few bytes are given up on within a second
+FAST = {"BAKERY_REGISTRY_READ_TIMEOUT": str(READ_TIMEOUT_S), "BAKERY_REGISTRY_SLOW_GRACE": "0.5",
+        "BAKERY_REGISTRY_MIN_RATE": "1024"}
 ALWAYS = 1000  # times: a fault that never clears
 
 
@@ -137,6 +149,7 @@ MIRROR_SAMPLE = [
     (Fault("reset", 2, "PUT", "/blobs/uploads/"), OK),  # the upload done, its answer lost
     (Fault("wrong-digest", 1, "PUT", "/manifests/"), (5, "stored manifest as", NO_TAG)),
     (Fault("stall", 1, "GET", "/manifests/", times=ALWAYS), (3, "unreachable", NO_TAG)),
+    (Fault("trickle", 1, "GET", "/manifests/", times=ALWAYS), (3, "too slow", NO_TAG)),
 ]
 
 PLACES = [("GET", "/manifests/", 1), ("HEAD", "/blobs/", 3), ("GET", "/blobs/", 2), ("POST", "/blobs/uploads/", 2),
@@ -145,6 +158,7 @@ PLACES = [("GET", "/manifests/", 1), ("HEAD", "/blobs/", 3), ("GET", "/blobs/", 
 TRANSIENT = [Fault(status, k, m, p) for status in ("500", "502", "503", "429") for m, p, k in PLACES] + \
     [Fault(status, k, m, p, retry_after=1) for status in ("503", "429") for m, p, k in PLACES[:4]] + \
     [Fault(cut, k, m, p) for cut in ("reset", "short", "stall", "stall-body") for m, p, k in PLACES] + \
+    [Fault("trickle", k, m, p) for m, p, k in (PLACES[0], PLACES[2])] + \
     [Fault("wrong-digest", 1, "GET", "/blobs/"),  # a blob's bytes are checked against its digest: the header is moot
      Fault("wrong-digest", 1, "HEAD", "/blobs/")]
 MIRROR_SWEEP = [(f, OK) for f in TRANSIENT] + [
@@ -155,6 +169,7 @@ MIRROR_SWEEP = [(f, OK) for f in TRANSIENT] + [
     (Fault("429", 1, "GET", "/manifests/", times=ALWAYS, retry_after=1), (3, "HTTP 429", NO_TAG)),
     (Fault("reset", 1, "GET", "/manifests/", times=ALWAYS), (3, "broke off", NO_TAG)),
     (Fault("stall-body", 1, "GET", "/blobs/", times=ALWAYS), (3, "broke off", NO_TAG)),
+    (Fault("trickle", 1, "GET", "/blobs/", times=ALWAYS), (3, "too slow", NO_TAG)),
 ]
 
 
@@ -194,6 +209,17 @@ def test_a_mount_that_fails_transiently_falls_back_to_an_upload(registry, fixtur
         assert uploads[0][0] == "POST" and uploads[-1][0] == "PUT" and f"digest={digest}" in uploads[-1][1], uploads
     else:
         assert uploads == [], uploads
+
+
+def test_a_trickling_body_is_given_up_and_asked_again(registry, fixture_base, tmp_path):
+    """The 63 MiB layer sent a byte every 0.25 s, each well before the 1 s read deadline: given up
+    once it falls behind the pace (0.5 s, then 1 KiB/s here), its upload started over, the mirror
+    complete. Before, the client read on until the proxy stopped trickling (10 s) and cut it short."""
+    result, proxy, repo = mirror(registry, fixture_base, tmp_path, [Fault("trickle", 2, "GET", "/blobs/")])
+    check(result, proxy, registry, repo, {"v1": str(fixture_base.digest)}, OK)
+    (began, trickled), = [(t, p) for t, _, p, action in proxy.events if action]
+    again = next(t for t, m, p, _ in proxy.events if m == "GET" and p == trickled and t > began)
+    assert again - began < proxy.trickle_for / 2, f"asked again {again - began:.1f} s after the trickle began"
 
 
 def test_an_upload_location_elsewhere_is_followed_without_credentials(registry, fixture_base, tmp_path):

@@ -15,6 +15,7 @@ import select
 import socket
 import ssl
 import threading
+import time
 import urllib.parse
 
 from .. import __version__
@@ -23,6 +24,10 @@ from ..errors import TransientError
 
 USER_AGENT = f"bakery/{__version__}"
 TIMEOUT = (10, 300)  # connect, each read
+# a body's reading may wait PACE[0] seconds, plus a second for each PACE[1] bytes that came: a server
+# sending a byte before each read's timeout would otherwise hold a request for ever. 32 KiB/s is a
+# quarter of a 1 Mbit/s link; only time spent waiting on the socket counts, not a slow consumer's
+PACE = (60.0, 32 << 10)
 IDLE_PER_ORIGIN = 8  # kept-alive connections kept per origin (a push runs a few blobs at once)
 
 
@@ -38,19 +43,24 @@ class Response:
     """One answer, its body unread until asked for. Reading it whole gives its connection back for
     the next request; closing it early closes the connection."""
 
-    def __init__(self, raw: http.client.HTTPResponse, url: str, done) -> None:
+    def __init__(self, raw: http.client.HTTPResponse, url: str, done, pace: tuple[float, float] = PACE) -> None:
         self.status_code = raw.status
         self.headers = raw.headers  # case-insensitive, like requests'
         self.url = url
         self._raw, self._done = raw, done
         self._content: bytes | None = None
         self._cut = False
+        self._pace, self._waited, self._received = pace, 0.0, 0
 
     def iter_content(self, size: int):
-        """The body in pieces of at most `size` bytes; ConnectionFailed when it breaks off."""
+        """The body in pieces of at most `size` bytes, each as soon as it came (one read, so that the
+        pace is checked between a trickle's bytes); ConnectionFailed when it breaks off or falls
+        behind the pace."""
+        grace, rate = self._pace
         while True:
+            began = time.monotonic()
             try:
-                piece = self._raw.read(size)
+                piece = self._raw.read1(size)
             except (OSError, http.client.HTTPException) as e:
                 self.close()
                 raise failure(e) from None
@@ -61,6 +71,12 @@ class Response:
                     raise failure(http.client.IncompleteRead(b"", self._raw.length))
                 self.close()
                 return
+            self._waited += time.monotonic() - began
+            self._received += len(piece)
+            if self._waited > grace + self._received / rate:
+                self.close()
+                raise ConnectionFailed(f"too slow: {self._received} bytes in {self._waited:.1f} s, under the "
+                                       f"{rate:.0f} bytes/s a body must average after its first {grace:g} s")
             yield piece
 
     @property
@@ -120,8 +136,9 @@ class Connections:
     `unix_socket`, every request goes to that socket in plain HTTP, its Host header naming the
     registry asked for (the rebuild's broker answers for it); proxies are not asked then."""
 
-    def __init__(self, unix_socket: str | None = None, timeout: tuple[float, float] = TIMEOUT) -> None:
-        self.unix_socket, self.timeout = unix_socket, timeout
+    def __init__(self, unix_socket: str | None = None, timeout: tuple[float, float] = TIMEOUT,
+                 pace: tuple[float, float] = PACE) -> None:
+        self.unix_socket, self.timeout, self.pace = unix_socket, timeout, pace
         self._idle: dict[tuple, list] = {}
         self._lock = threading.Lock()
         self._tls: ssl.SSLContext | None = None
@@ -164,7 +181,7 @@ class Connections:
         except (OSError, http.client.HTTPException, ValueError) as e:  # ValueError: CR/LF or non-Latin-1 in a header
             conn.close()
             raise failure(e) from None
-        return Response(raw, url, lambda reusable: self._give_back(key, conn, reusable))
+        return Response(raw, url, lambda reusable: self._give_back(key, conn, reusable), self.pace)
 
     def _open(self, key: tuple, proxy, timeout) -> http.client.HTTPConnection:
         scheme, host, port, address = key

@@ -40,15 +40,6 @@ def push(repo: str, *also_pull: str) -> tuple[str, ...]:
     return (f"repository:{repo}:pull,push",) + tuple(f"repository:{r}:pull" for r in also_pull)
 
 
-SLOWEST = 256 << 10  # bytes per second a transfer may average, after a first minute
-TRANSFER_FLOOR_S = 60
-
-
-def transfer_seconds(size: int) -> float:
-    """How long one blob may take: an overall deadline, besides each read's timeout."""
-    return TRANSFER_FLOOR_S + size / SLOWEST
-
-
 class Registry:
     """One registry host. Repositories are passed per call; the transport is shared."""
 
@@ -127,17 +118,12 @@ class Registry:
             raise NotFound(f"blob {desc.digest} not found in {self.name}/{repo}")
         hasher, size = hashlib.sha256(), 0
         progress = Progress(label or f"{self.name}/{repo} {desc.digest.hex[:12]}", desc.size)
-        deadline = time.monotonic() + transfer_seconds(desc.size)
         try:
             for chunk in resp.iter_content(CHUNK):
                 hasher.update(chunk)
                 size += len(chunk)
                 if size > desc.size:  # never read past what the descriptor promises
                     break
-                if time.monotonic() > deadline:  # a byte per read timeout would otherwise go on for ever
-                    raise TransientError(f"blob {desc.digest} from {self.name}/{repo}: {size} of {desc.size} bytes "
-                                         f"after {transfer_seconds(desc.size):.0f} s, slower than "
-                                         f"{SLOWEST >> 10} KiB/s: given up; retry")
                 progress.update(len(chunk))
                 yield chunk
         except ConnectionFailed as e:

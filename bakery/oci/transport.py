@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .. import crashpoint, untrusted
 from ..errors import AuthError, InputError, IntegrityError, NotFound, RegistryError, TransientError
-from .http import TIMEOUT, ConnectionFailed, Connections, Response
+from .http import PACE, TIMEOUT, ConnectionFailed, Connections, Response
 
 RETRY_STATUSES = {429, 500, 502, 503, 504}
 ATTEMPTS = 5
@@ -256,19 +256,30 @@ def parse_challenge(header: str) -> tuple[str, dict]:
     return scheme.lower(), params
 
 
-READ_TIMEOUT_ENV = "BAKERY_REGISTRY_READ_TIMEOUT"  # seconds a read may wait (tests of a stalled registry)
+# the defaults' overrides (a link slower than the pace; tests of a stalled or trickling registry)
+READ_TIMEOUT_ENV = "BAKERY_REGISTRY_READ_TIMEOUT"  # seconds a read may wait
+GRACE_ENV = "BAKERY_REGISTRY_SLOW_GRACE"  # seconds a body's reading may wait before the pace counts
+MIN_RATE_ENV = "BAKERY_REGISTRY_MIN_RATE"  # bytes per second a body must average after that
+
+
+def _env_number(name: str, default: float, unit: str) -> float:
+    said = os.environ.get(name, "")
+    try:
+        value = float(said) if said else default
+    except ValueError:
+        value = 0.0
+    if not value > 0:  # nan and negatives too
+        raise InputError(f"{name}={said[:40]!r}: give {unit}, e.g. {default:g}")
+    return value
 
 
 def _connections() -> Connections:
     """Our own connections; in a rebuild's sandbox (no network), every one to the broker outside."""
     from ..broker_client import SOCKET_ENV
 
-    read = os.environ.get(READ_TIMEOUT_ENV, "")
-    try:
-        timeout = (TIMEOUT[0], float(read)) if read else TIMEOUT
-    except ValueError:
-        raise InputError(f"{READ_TIMEOUT_ENV}={read[:40]!r}: give seconds, e.g. 300") from None
-    return Connections(os.environ.get(SOCKET_ENV) or None, timeout)
+    timeout = (TIMEOUT[0], _env_number(READ_TIMEOUT_ENV, TIMEOUT[1], "seconds"))
+    pace = (_env_number(GRACE_ENV, PACE[0], "seconds"), _env_number(MIN_RATE_ENV, PACE[1], "bytes per second"))
+    return Connections(os.environ.get(SOCKET_ENV) or None, timeout, pace)
 
 
 class Transport:
