@@ -42,6 +42,8 @@ through the proxy). "k" is the k-th request of that method and path; "always": f
   stall always                    GET manifest from 1                         exit 3, no tag    -
   stall mid-body always           GET blob from 1                             exit 3, no tag    -
   trickle always                  GET manifest from 1, GET blob from 1        exit 3, no tag [6] -
+  429 + Retry-After: 1 always,    GET manifest from 1                         exit 3 "kept asking -
+    waits limited to 2.5 s                                                    us to wait", no tag [7]
   500 always                      PUT manifest from 1                         -                 exit 3, no tag
 
 Every failure is one `error:` line; each left exactly the tags its row says, none at another digest
@@ -60,6 +62,9 @@ Every failure is one `error:` line; each left exactly the tags its row says, non
       such reads); now a body's reading may wait BAKERY_REGISTRY_SLOW_GRACE seconds plus one for each
       BAKERY_REGISTRY_MIN_RATE bytes that came, else it is given up as a transient failure
       (test_a_trickling_body_is_given_up_and_asked_again, trickle always at GET /manifests/ #1)
+  [7] Retry-After was waited for up to a minute each time, four times a request (the token
+      service's five); now up to BAKERY_REGISTRY_RETRY_AFTER_LIMIT seconds in all, 120 by default,
+      past which the command ends (test_a_registry_that_keeps_asking_to_wait_ends_the_command)
 The client's read deadline is BAKERY_REGISTRY_READ_TIMEOUT (1 s here, 300 s by default), a body's
 pace BAKERY_REGISTRY_SLOW_GRACE and BAKERY_REGISTRY_MIN_RATE (0.5 s and 1 KiB/s here; 60 s and
 32 KiB/s by default).
@@ -125,15 +130,15 @@ def fresh(name: str) -> str:
 
 # -- invoke mirror: the fixture base copied by digest, downloaded and uploaded through the proxy ---
 
-def mirror(registry: str, base: Reference, tmp_path, script, mount: bool = False):
+def mirror(registry: str, base: Reference, tmp_path, script, mount: bool = False, env: dict | None = None):
     """`invoke mirror` from the proxy (named localhost:PORT) to the proxy (127.0.0.1:PORT): two
     names, so the blobs are streamed down and up again; with `mount`, one name, so the registry
-    is asked to mount each blob from the source repository."""
+    is asked to mount each blob from the source repository. `env`: more of the client's settings."""
     with FaultyProxy(registry, [], script=script, stall_s=STALL_S) as proxy:
         repo = fresh("mirror")
         src = f"{proxy.host if mount else f'localhost:{proxy.port}'}/{base.repository}@{base.digest}"
         result = invoke(ROOT, "mirror", "--base", src, "--to", f"{proxy.host}/{repo}:v1",
-                        env={"BAKERY_CACHE": str(tmp_path / "cache"), **FAST})
+                        env={"BAKERY_CACHE": str(tmp_path / "cache"), **FAST, **(env or {})})
     return result, proxy, repo
 
 
@@ -257,6 +262,18 @@ def test_retry_after_is_waited_for(registry, fixture_base, tmp_path):
     check(result, proxy, registry, repo, {"v1": str(fixture_base.digest)}, OK)
     asked = [t for t, m, p, _ in proxy.events if m == "GET" and "/manifests/" in p]
     assert asked[1] - asked[0] >= 2, f"asked again after {asked[1] - asked[0]:.2f} s"
+
+
+def test_a_registry_that_keeps_asking_to_wait_ends_the_command(registry, fixture_base, tmp_path):
+    """429 with Retry-After: 1 for ever, the waits limited to 2.5 s in all: asked three times (two
+    waits of a second; a third would pass the limit), then one line saying so, exit 3, no tag.
+    Before, it was asked five times whatever the limit (four waits of up to a minute each)."""
+    fault = Fault("429", 1, "GET", "/manifests/", times=ALWAYS, retry_after=1)
+    result, proxy, repo = mirror(registry, fixture_base, tmp_path, [fault],
+                                 env={"BAKERY_REGISTRY_RETRY_AFTER_LIMIT": "2.5"})
+    check(result, proxy, registry, repo, {"v1": str(fixture_base.digest)}, (3, "kept asking us to wait", NO_TAG))
+    asked = [t for t, m, p, _ in proxy.events if m == "GET" and "/manifests/" in p]
+    assert len(asked) == 3 and asked[-1] - asked[0] >= 2, [round(t - asked[0], 2) for t in asked]
 
 
 # -- invoke build --push: the build's push through the proxy ----------------------------------

@@ -226,27 +226,34 @@ def read_bounded(resp: Response, limit: int, what: str, error: type) -> bytes:
     return resp.content
 
 
-RETRY_AFTER_LIMIT_S = 60.0  # a registry's Retry-After is waited for, up to this
+RETRY_AFTER_LIMIT_S = 60.0  # a registry's Retry-After is waited for, up to this each time
+# and up to this in all for one request (two full waits): past it, a registry that keeps saying
+# "later" fails the command rather than hold it for ever
+RETRY_AFTER_TOTAL_S = 120.0
 
 
 def backoff(attempt: int) -> float:
     return min(0.25 * 2 ** attempt, 4.0)
 
 
-def retry_delay(resp: Response | None, attempt: int) -> float:
-    """How long to wait before asking again: what a 429's or 503's Retry-After says (seconds or an
-    HTTP date), at most a minute, never less than our own backoff; else the backoff."""
+def asked_wait(resp: Response | None) -> float | None:
+    """The seconds a 429's or 503's Retry-After asks for (seconds or an HTTP date); None without one."""
     if resp is None or resp.status_code not in (429, 503):
-        return backoff(attempt)
+        return None
     said = (resp.headers.get("Retry-After") or "").strip()
     if said.isdigit():
-        wait = float(said)
-    else:
-        try:
-            wait = email.utils.parsedate_to_datetime(said).timestamp() - time.time()
-        except (TypeError, ValueError, IndexError, OverflowError):  # absent or unreadable
-            return backoff(attempt)
-    return min(max(wait, backoff(attempt)), RETRY_AFTER_LIMIT_S)
+        return float(said)
+    try:
+        return email.utils.parsedate_to_datetime(said).timestamp() - time.time()
+    except (TypeError, ValueError, IndexError, OverflowError):  # absent or unreadable
+        return None
+
+
+def retry_delay(resp: Response | None, attempt: int) -> float:
+    """How long to wait before asking again: what Retry-After asks, at most a minute, never less
+    than our own backoff; else the backoff."""
+    asked = asked_wait(resp)
+    return backoff(attempt) if asked is None else min(max(asked, backoff(attempt)), RETRY_AFTER_LIMIT_S)
 
 
 def parse_challenge(header: str) -> tuple[str, dict]:
@@ -260,6 +267,7 @@ def parse_challenge(header: str) -> tuple[str, dict]:
 READ_TIMEOUT_ENV = "BAKERY_REGISTRY_READ_TIMEOUT"  # seconds a read may wait
 GRACE_ENV = "BAKERY_REGISTRY_SLOW_GRACE"  # seconds a body's reading may wait before the pace counts
 MIN_RATE_ENV = "BAKERY_REGISTRY_MIN_RATE"  # bytes per second a body must average after that
+WAIT_LIMIT_ENV = "BAKERY_REGISTRY_RETRY_AFTER_LIMIT"  # seconds one request waits on Retry-After in all
 
 
 def _env_number(name: str, default: float, unit: str) -> float:
@@ -294,6 +302,7 @@ class Transport:
         self.origin = origin(self.base)
         self.credentials = credentials if credentials is not None else load_credentials(registry)
         self.connections = connections or _connections()
+        self.wait_limit = _env_number(WAIT_LIMIT_ENV, RETRY_AFTER_TOTAL_S, "seconds")
         self._tokens: dict[str, str] = {}
         self._basic = False
 
@@ -305,6 +314,7 @@ class Transport:
         body past 64 KiB)."""
         url = path if path.startswith("http") else self.base + path
         attempts = ATTEMPTS if method in IDEMPOTENT else 1  # a resent POST/PATCH could act twice
+        waited = 0.0
         for attempt in range(attempts):
             resp = self._send(method, url, scopes, headers, body)
             crashpoint.reached(f"{method} {path.split('?')[0]} answered {resp.status_code if resp is not None else '-'}")
@@ -339,12 +349,24 @@ class Transport:
             if resp is not None and attempt + 1 < attempts:
                 resp.close()  # a retried 5xx may be streaming: give its connection back
             if attempt + 1 < attempts:
-                time.sleep(retry_delay(resp, attempt))
+                waited = self._pause(resp, attempt, waited, f"{method} {untrusted.safe(url, limit=QUOTED_LIMIT)}")
         tries = self._tries(attempts)
         if resp is None:
             raise TransientError(f"{method} {url}: {self.registry} unreachable ({tries}): "
                                  f"{self._last_error}; is the registry running and the name right?")
         raise TransientError(self._describe(method, url, resp) + f" ({tries})")
+
+    def _pause(self, resp: Response | None, attempt: int, waited: float, what: str) -> float:
+        """Wait before asking again; the seconds waited so far in all. A Retry-After that would take
+        them past the limit is not waited for: a registry that keeps saying "later" ends the command
+        (not a TransientError, which an upload would start over on)."""
+        asked, delay = asked_wait(resp), retry_delay(resp, attempt)
+        if asked is not None and waited + delay > self.wait_limit:
+            raise RegistryError(f"{what}: {self.registry} kept asking us to wait (HTTP {resp.status_code}, "
+                                f"Retry-After): {waited:.0f} s waited and {asked:.0f} s more asked, past the "
+                                f"{self.wait_limit:g} s one request waits in all ({WAIT_LIMIT_ENV}); try again later")
+        time.sleep(delay)
+        return waited + delay
 
     @staticmethod
     def _tries(attempts: int) -> str:
@@ -444,6 +466,7 @@ class Transport:
         if self.credentials and auth is None:
             print(f"warning: {self.registry}'s token service {realm} is not https: asking it "
                   f"anonymously, credentials withheld", file=sys.stderr)
+        waited = 0.0
         for attempt in range(ATTEMPTS):
             try:  # no redirects: a token service that moves elsewhere would take the credentials along
                 resp = self._send_once("GET", params["realm"], {}, None, params=query, auth=auth,
@@ -454,7 +477,7 @@ class Transport:
                 break
             if resp is not None:
                 resp.close()
-            time.sleep(retry_delay(resp, attempt))
+            waited = self._pause(resp, attempt, waited, f"token service {realm}")
         if resp is None:
             raise RegistryError(f"token service {realm} unreachable: {err}")
         if resp.status_code in (401, 403):
