@@ -75,8 +75,8 @@ class Response:
             self._received += len(piece)
             if self._waited > grace + self._received / rate:
                 self.close()
-                raise ConnectionFailed(f"too slow: {self._received} bytes in {self._waited:.1f} s, under the "
-                                       f"{rate:.0f} bytes/s a body must average after its first {grace:g} s")
+                raise ConnectionFailed(f"too slow: under the {rate:.0f} bytes/s a body must average after its "
+                                       f"first {grace:g} s ({self._waited:.1f} s waited)")
             yield piece
 
     @property
