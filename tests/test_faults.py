@@ -84,8 +84,8 @@ from bakery.oci.refs import Reference
 from proxy import Fault, FaultyProxy
 from support import ROOT, copy_project, invoke, last_line, tags
 
-READ_TIMEOUT_S = 1  # the client's read deadline in these runs; a stall lasts longer
-STALL_S = 3
+READ_TIMEOUT_S = 2  # the client's read deadline in these runs (1 s was missed by a busy 2-core machine); a stall lasts longer
+STALL_S = 4
 # the client's deadlines in these runs: a trickle's few bytes are given up on within a second
 FAST = {"BAKERY_REGISTRY_READ_TIMEOUT": str(READ_TIMEOUT_S), "BAKERY_REGISTRY_SLOW_GRACE": "0.5",
         "BAKERY_REGISTRY_MIN_RATE": "1024"}
