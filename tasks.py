@@ -41,7 +41,7 @@ def _bumped(bumped) -> None:
 def build(c, base=None, push=None, layout=None, out=None, lock=None, toolchain=None, key=None, policy=None,
           recompile=False, reprove=False):
     """Build the derived image; print its REPO@sha256:DIGEST as the last line."""
-    from bakery.build.pipeline import Options
+    from bakery.bake.pipeline import Options
     from bakery.cli import build as cmd
 
     ref, record = cmd.build(Options.from_flags(PROJECT, base=base, push=push, layout=layout, out=out, lock=lock,
@@ -99,7 +99,7 @@ def test(c, k=None, x=False, rehearsal=False, fast=False, sweep=False):
 @reports_errors
 def lock(c, base=None, lock=None):
     """Apply every required overlay to the base exactly, prove the result, and write overlays.lock (base and result sha256)."""
-    from bakery.build.pipeline import Options
+    from bakery.bake.pipeline import Options
     from bakery.cli import build as cmd, render
 
     document, path = cmd.lock(Options.from_flags(PROJECT, base=base, lock=lock), log=_log)
