@@ -16,6 +16,15 @@ def copy_project(dest: Path, lock: bytes | None = None) -> Path:
     """A copy of this checkout (with .git, without outputs) somewhere else, locked to `lock`."""
     ignore = shutil.ignore_patterns("out", ".venv", ".tools", "__pycache__", ".pytest_cache", "*.egg-info")
     shutil.copytree(ROOT, dest, ignore=ignore, symlinks=True)
+    if (dest / ".git").is_file():
+        # a linked worktree's .git names the shared repository: a test's commit or `git remote` in
+        # the copy would land on this checkout's branch and in the main checkout's config. The copy
+        # gets a repository of its own instead, at the same commit, its files as copied
+        (dest / ".git").unlink()
+        subprocess.run(["git", "clone", "-q", "--no-checkout", str(ROOT), str(dest / ".clone")], check=True)
+        (dest / ".clone" / ".git").rename(dest / ".git")
+        (dest / ".clone").rmdir()
+        subprocess.run(["git", "-C", str(dest), "reset", "-q"], check=True)  # the index to HEAD; files untouched
     if lock is not None:
         (dest / "overlays" / "overlays.lock").write_bytes(lock)
     return dest
