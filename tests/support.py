@@ -3,6 +3,7 @@ Fixtures live in conftest.py; tests import these from here, never from conftest.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -31,12 +32,25 @@ def copy_project(dest: Path, lock: bytes | None = None) -> Path:
 
 
 def cold_compile_cache(where: Path) -> Path:
-    """This machine's caches without the compile outputs (proof verdicts and base files stay warm)."""
+    """This machine's caches without the compile outputs (proof verdicts, base files and the
+    toolchain's files taken out of its image stay warm): a build there compiles hip/ for real."""
     src = Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery"))
     dest = where / "cache"
     for part in ("layers", "files", "proofs", "views"):
         if (src / part).exists():
             shutil.copytree(src / part, dest / part)
+    # the toolchain's folder is 1.6 GiB: taking it out again (and deleting it after) cost each
+    # cold compile a minute or more, and is no part of what these builds check. Hard links: seconds;
+    # the compile reads it only (read-only to the sandbox's uid), so the machine's copy stays intact
+    toolchain = os.environ.get("BAKERY_TOOLCHAIN", "")
+    for made in sorted((src / "toolchains").glob("[!.]*/toolchain.json")):  # whole folders, no staging ones
+        try:
+            image = json.loads(made.read_text())["image"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if toolchain.endswith(image):  # the suite's toolchain (REF@sha256:...), not stale ones
+            shutil.copytree(made.parent, dest / "toolchains" / made.parent.name, symlinks=True,
+                            copy_function=os.link)
     return dest
 
 
