@@ -24,10 +24,26 @@ KERNELS = ["swiglu_clamp_bf16_kernel", "topk_topp_mask_f32_kernel"]
 
 
 @pytest.fixture(scope="module")
-def compiled(toolchain, tmp_path_factory):
-    cache = tmp_path_factory.mktemp("hip-cache")
+def two_compiles(toolchain, tmp_path_factory):
+    """The recipe compiled twice, each into an empty cache of its own, both at once (a compile keeps
+    one core busy; the machine has two): (recipe, [Compiled, Compiled], [cache, cache])."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bakery.project import cache_dir
+
     recipe = hip.load(ROOT / "hip")
-    return recipe, hip.compile_recipe(recipe, toolchain, cache, log=lambda m: None).artifacts[0], cache
+    hip.toolchain_files(toolchain, recipe.toolchain, cache_dir(create=True) / "toolchains",
+                        log=lambda m: None)  # taken out once before, not by both compiles at once
+    caches = [tmp_path_factory.mktemp("hip-cache") for _ in range(2)]
+    with ThreadPoolExecutor(2) as pool:
+        done = list(pool.map(lambda c: hip.compile_recipe(recipe, toolchain, c, log=lambda m: None), caches))
+    return recipe, done, caches
+
+
+@pytest.fixture(scope="module")
+def compiled(two_compiles):
+    recipe, (first, _), (cache, _) = two_compiles
+    return recipe, first.artifacts[0], cache
 
 
 def copy_hip(tmp_path):
@@ -60,16 +76,16 @@ def test_wrong_arch_or_missing_kernel_fails(compiled):
         hip.check_device_code((ROOT / ".venv" / "bin" / "python3").resolve().read_bytes(), "gfx942", KERNELS)
 
 
-def test_two_compiles_are_bit_identical(compiled, toolchain, tmp_path):
-    recipe, artifact, _ = compiled
-    again = hip.compile_recipe(recipe, toolchain, tmp_path / "other-cache", log=lambda m: None).artifacts[0]
-    assert hashlib.sha256(again.data).digest() == hashlib.sha256(artifact.data).digest()
+def test_two_compiles_are_bit_identical(two_compiles):
+    _, (first, again), _ = two_compiles
+    assert first.origin == again.origin == "compiled"  # each compiled into its own empty cache
+    assert hashlib.sha256(again.artifacts[0].data).digest() == hashlib.sha256(first.artifacts[0].data).digest()
 
 
 def test_fixed_cuid_makes_object_names_irrelevant(compiled, toolchain, tmp_path):
     """HIP's default compilation-unit id hashes the compile command, object name included: another
     build tree gives other bytes. With the recipe's fixed -cuid the library does not change."""
-    recipe, _, _ = compiled
+    recipe, artifact, _ = compiled
     fixed = hip.script(recipe)
     unfixed = "\n".join(l.replace("-cuid=", "-D_no_cuid=") for l in fixed.splitlines())
 
@@ -82,8 +98,14 @@ def test_fixed_cuid_makes_object_names_irrelevant(compiled, toolchain, tmp_path)
     def elsewhere(shell: str) -> str:  # the same compile with other object names
         return shell.replace(".hip0.o", ".hip0.elsewhere.o").replace(".cxx0.o", ".cxx0.elsewhere.o")
 
-    assert build(fixed, "a") == build(elsewhere(fixed), "b")
-    assert build(unfixed, "c") != build(elsewhere(unfixed), "d")
+    # the module's compile ran `fixed` itself (compile_recipe runs hip.script): it is the first of the
+    # pair; the other three run two at once (a compile keeps one core busy)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        moved, plain, plain_moved = pool.map(build, [elsewhere(fixed), unfixed, elsewhere(unfixed)], ["b", "c", "d"])
+    assert artifact.data == moved
+    assert plain != plain_moved
 
 
 def test_recipe_errors(tmp_path):
