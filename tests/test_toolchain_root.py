@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -53,6 +54,26 @@ def root_of(ref, tmp_path, selection=extract.Selection()) -> extract.Root:
     return extract.toolchain_root(fs, selection, tmp_path / "toolchains", log=lambda m: None)
 
 
+@pytest.fixture(scope="module")
+def compiled_without_engine(toolchain, tmp_path_factory):
+    """`invoke compile` from an empty cache, with no Docker engine to ask: the toolchain's files taken
+    out of its image, then hip/ compiled over them; (the run, its cache). The folder it took out is
+    the one the container is compared with and the one the disk's exact figure is checked against
+    (each test took out its own, the same files of the same image: a minute and 1.6 GiB each)."""
+    where = tmp_path_factory.mktemp("no-engine")
+    result = invoke(ROOT, "compile", "--toolchain", toolchain,
+                    env={"BAKERY_CACHE": str(where / "cache"), "DOCKER_HOST": f"unix://{where}/no-engine.sock"})
+    yield result, where / "cache"
+    shutil.rmtree(where, ignore_errors=True)
+
+
+def taken_out(ref, cache: Path, selection) -> extract.Root:
+    """The folder `invoke compile` made in `cache` for this image and selection (taken out anew if absent)."""
+    registry = Registry(ref.registry)
+    fs = BaseFilesystem(registry, base_mod.resolve(registry, ref, "linux/amd64"), LayerCache(cache))
+    return extract.toolchain_root(fs, selection, cache / "toolchains", log=lambda m: None)
+
+
 def comparable(view: dict) -> dict:
     """A tree without what only one side makes: the engine's own files (and the /etc it makes for
     them in an image without one), our mount points."""
@@ -69,11 +90,14 @@ def busybox_layer() -> bytes:
     return tar(("bin", "dir", b"", 0o755), ("bin/true", "file", b"#!/bin/sh\n", 0o755))
 
 
-def test_the_stand_in_toolchain_is_what_its_container_holds(toolchain, tmp_path):
+def test_the_stand_in_toolchain_is_what_its_container_holds(toolchain, compiled_without_engine):
     """The whole stand-in (clang, the device libraries, torch): every file, link and folder the
-    selection takes is in our folder with the bytes Docker's container has, and nothing else is."""
+    selection takes is in our folder (the one a compile took out) with the bytes Docker's container
+    has, and nothing else is."""
+    result, cache = compiled_without_engine
+    assert result.returncode == 0, result.stderr
     selection = hip.load(ROOT / "hip").toolchain
-    made = root_of(Reference.parse(toolchain), tmp_path, selection)
+    made = taken_out(Reference.parse(toolchain), cache, selection)
     takes = selection.matcher()
     theirs = {p: v for p, v in docker_export(toolchain).items() if takes(p)}
     assert comparable(tree_of(made.path)) == comparable(theirs)
@@ -104,10 +128,10 @@ def test_exclusions_leave_out_what_they_match_and_all_under_it():
     assert takes("usr/share/docs") and takes("usr/share/doc.txt")
 
 
-def test_the_disk_it_needs_is_said_then_guarded(registry, toolchain, tmp_path):
+def test_the_disk_it_needs_is_said_then_guarded(registry, toolchain, compiled_without_engine, tmp_path):
     """Before any layer is read: an estimate from the compressed size. Once the layers are indexed:
-    exactly the selection's bytes. A disk too small: one error line (exit 6), and nothing half
-    made left in the cache."""
+    exactly the selection's bytes, what a compile's taking out of the same image took. A disk too
+    small: one error line (exit 6), and nothing half made left in the cache."""
     ref = Reference.parse(toolchain)
     reg = Registry(registry)
     cache = LayerCache(tmp_path / "cache")
@@ -119,9 +143,11 @@ def test_the_disk_it_needs_is_said_then_guarded(registry, toolchain, tmp_path):
     for desc in fs.image.layers:
         fs._index(desc, set())
     needed, how = extract.space_needed(fs, selection, tmp_path / "toolchains")
-    made = extract.toolchain_root(fs, selection, tmp_path / "toolchains", log=lambda m: None)
+    result, compiled = compiled_without_engine
+    assert result.returncode == 0, result.stderr
+    made = extract.toolchain_root(fs, selection, compiled / "toolchains", log=lambda m: None)  # the compile's
     assert how.startswith("exact") and made.size <= needed < made.size * 1.05  # the same bytes twice: one inode
-    assert extract.space_needed(fs, selection, tmp_path / "toolchains") == (0, "already taken out")
+    assert extract.space_needed(fs, selection, compiled / "toolchains") == (0, "already taken out")
     # a filesystem of 1.5 GiB (1 GiB of it kept free): the 1.6 GiB stand-in does not fit
     small = tmp_path / "small"
     small.mkdir()
@@ -137,10 +163,9 @@ def test_the_disk_it_needs_is_said_then_guarded(registry, toolchain, tmp_path):
         subprocess.run(["umount", str(small)], check=True)
 
 
-def test_a_compile_needs_no_engine(toolchain, tmp_path):
+def test_a_compile_needs_no_engine(compiled_without_engine):
     """Taking the files out and compiling over them: no Docker engine is asked anything."""
-    result = invoke(ROOT, "compile", "--toolchain", toolchain,
-                    env={"BAKERY_CACHE": str(tmp_path / "cache"), "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
+    result, _ = compiled_without_engine
     assert result.returncode == 0, result.stderr
     assert "toolchain's files:" in result.stderr and "kernels compiled" in result.stderr
 
