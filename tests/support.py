@@ -31,14 +31,17 @@ def copy_project(dest: Path, lock: bytes | None = None) -> Path:
     return dest
 
 
-def cold_compile_cache(where: Path) -> Path:
-    """This machine's caches without the compile outputs (proof verdicts, base files and the
-    toolchain's files taken out of its image stay warm): a build there compiles hip/ for real."""
+def cold_compile_cache(where: Path, with_toolchain: bool = False) -> Path:
+    """This machine's caches without the compile outputs (proof verdicts and base files stay warm).
+    with_toolchain, for a build that is to compile hip/ there: the toolchain's files taken out of its
+    image come too, so the compile runs at once."""
     src = Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery"))
     dest = where / "cache"
     for part in ("layers", "files", "proofs", "views"):
         if (src / part).exists():
             shutil.copytree(src / part, dest / part)
+    if not with_toolchain:
+        return dest
     # the toolchain's folder is 1.6 GiB: taking it out again (and deleting it after) cost each
     # cold compile a minute or more, and is no part of what these builds check. Hard links: seconds;
     # the compile reads it only (read-only to the sandbox's uid), so the machine's copy stays intact

@@ -298,7 +298,7 @@ def test_without_a_release_key_the_registrys_artifact_is_not_used(project, regis
     assert invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/travel/nokey:1",
                   env=env).returncode == 0
     cold = invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/travel/nokey:2",
-                  env={**env, "BAKERY_CACHE": str(cold_compile_cache(tmp_path))})
+                  env={**env, "BAKERY_CACHE": str(cold_compile_cache(tmp_path, with_toolchain=True))})
     assert cold.returncode == 0, cold.stderr
     assert "no release key in the policy" in cold.stderr and "compiling hip/" in cold.stderr
     assert json.loads((project / "out" / "build-record.json").read_text())["kernels"]["origin"] == "compiled"
@@ -349,7 +349,8 @@ def test_recompile_builds_past_an_unsigned_artifact(project, registry, fixture_b
     cold = {**env, "BAKERY_CACHE": str(cold_compile_cache(tmp_path / "a"))}
     refused = invoke(project, *args, env=cold)
     assert refused.returncode == 5 and "--recompile" in refused.stderr, refused.stderr
-    again = invoke(project, *args, "--recompile", env={**env, "BAKERY_CACHE": str(cold_compile_cache(tmp_path / "b"))})
+    again = invoke(project, *args, "--recompile",
+                   env={**env, "BAKERY_CACHE": str(cold_compile_cache(tmp_path / "b", with_toolchain=True))})
     assert again.returncode == 0 and "compiling hip/" in again.stderr, again.stderr
     assert last_line(again) == last_line(first)
 
