@@ -145,36 +145,55 @@ def named_difference(result, path: str) -> tuple[str, str]:
     return original, rebuilt
 
 
-def test_a_release_built_from_a_dirty_tree_is_not_and_the_file_is_named(setup):
-    """An uncommitted edit of the self-check went into the image; the revision does not have it."""
+SELFCHECK_EDIT = b"\n# an edit nobody committed\n"
+
+
+@pytest.fixture(scope="module")
+def unreproduced(setup):
+    """Two releases the revision does not give, built one after the other (each edits the checkout
+    and puts it back), then rebuilt at once, as on two machines (a rebuild keeps about one core
+    busy; CI has two): {"dirty": (ref, its rebuild, the self-check released), "overlay": (ref, its
+    rebuild by rebuilder a)}."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    # an uncommitted edit of the self-check goes into the image; the revision does not have it
     selfcheck = setup["project"] / "image" / "selfcheck.py"
-    clean = selfcheck.read_bytes()
-    selfcheck.write_bytes(clean + b"\n# an edit nobody committed\n")
+    committed = selfcheck.read_bytes()
+    selfcheck.write_bytes(committed + SELFCHECK_EDIT)
     try:
-        ref = release(setup, "dirty", 1700000302)
+        dirty = release(setup, "dirty", 1700000302)
     finally:
-        selfcheck.write_bytes(clean)
-    result = reproduce(setup, ref, "dirty")
-    assert result.returncode == 5 and "not reproduced" in result.stderr, result.stdout + result.stderr
-    original, _ = named_difference(result, "/usr/local/bin/bakery-selfcheck")
-    assert original == hashlib.sha256(clean + b"\n# an edit nobody committed\n").hexdigest()
-
-
-def test_a_release_built_with_a_changed_overlay_is_not_and_its_target_is_named(setup):
-    """An overlay's patch edited (and re-locked) but not committed; the revision has the old one."""
+        selfcheck.write_bytes(committed)
+    # an overlay's patch edited (and re-locked) but not committed; the revision has the old one
     patch = setup["project"] / "overlays" / "patches" / "cpu-kv-transfer-fence.patch"
     clean = patch.read_bytes()
-    dirty = clean.replace(b"+        # Fence both directions", b"+        # (edited) Fence both directions", 1)
-    assert dirty != clean
-    patch.write_bytes(dirty)
+    edited = clean.replace(b"+        # Fence both directions", b"+        # (edited) Fence both directions", 1)
+    assert edited != clean
+    patch.write_bytes(edited)
     try:
         lock = invoke(setup["project"], "lock", "--base", str(setup["base"]))
         assert lock.returncode == 0, lock.stderr
-        ref = release(setup, "overlay", 1700000301)
+        overlay = release(setup, "overlay", 1700000301)
     finally:
         patch.write_bytes(clean)
         git(setup["project"], "checkout", "--", "overlays")
-    result = reproduce(setup, ref, "overlay", rebuilder="a")
+    with ThreadPoolExecutor(2) as pool:
+        by_anyone = pool.submit(reproduce, setup, dirty, "dirty")
+        by_a = pool.submit(reproduce, setup, overlay, "overlay", "a")
+        return {"dirty": (dirty, by_anyone.result(), committed + SELFCHECK_EDIT), "overlay": (overlay, by_a.result())}
+
+
+def test_a_release_built_from_a_dirty_tree_is_not_and_the_file_is_named(unreproduced):
+    """An uncommitted edit of the self-check went into the image; the revision does not have it."""
+    _, result, released = unreproduced["dirty"]
+    assert result.returncode == 5 and "not reproduced" in result.stderr, result.stdout + result.stderr
+    original, _ = named_difference(result, "/usr/local/bin/bakery-selfcheck")
+    assert original == hashlib.sha256(released).hexdigest()
+
+
+def test_a_release_built_with_a_changed_overlay_is_not_and_its_target_is_named(setup, unreproduced):
+    """An overlay's patch edited (and re-locked) but not committed; the revision has the old one."""
+    ref, result = unreproduced["overlay"]
     assert result.returncode == 5 and "not reproduced" in result.stderr, result.stdout + result.stderr
     named_difference(result, FENCE)
     # the rebuilder said so, signed: a threshold of one is not met by a rebuild that got other bytes
