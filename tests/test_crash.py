@@ -66,9 +66,9 @@ def run(project: Path, *args: str, env: dict, crash_at: int | None = None, trace
                           env=full, capture_output=True, text=True, timeout=900, start_new_session=True)
 
 
-def points(project: Path, *args: str, env: dict, trace: Path) -> tuple[subprocess.CompletedProcess, list[str]]:
+def points(project: Path, *args: str, env: dict, trace: Path, code: int = 0) -> tuple[subprocess.CompletedProcess, list[str]]:
     done = run(project, *args, env=env, trace=trace)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == code, done.stderr
     return done, [line.split("\t", 1)[1] for line in trace.read_text().splitlines()]
 
 
@@ -366,6 +366,203 @@ def test_attest_killed_after_each_document_it_stores_is_refused_by_verify_until_
 def test_attest_killed_at_every_point(attest_scene):
     last = attest_writes(attest_scene)[-1]
     wrong = [w for k in range(1, last + 1) for w in killed_attest_then_again(attest_scene, k, last)]
+    assert wrong == [], "\n".join(wrong)
+
+
+# -- compile -------------------------------------------------------------------------------------------
+
+def compile_args(scene, name: str) -> tuple[str, ...]:
+    return ("compile", "--registry", f"{scene['registry']}/{scene['prefix']}/{name}")
+
+
+def compile_scene(scene, name: str, start: Path) -> dict:
+    """A clean `invoke compile --registry` from start (its outputs then pushed as the kernel
+    artifact, tagged kernels-<key>), and its trace."""
+    cache = linked_copy(start, scene["root"] / f"{name}-cache-clean")
+    done, seen = points(scene["project"], *compile_args(scene, f"{name}-clean"), env={"BAKERY_CACHE": str(cache)},
+                        trace=scene["root"] / f"{name}-trace")
+    return {**scene, "compile_name": name, "compile_start": start, "compile_seen": seen, "compiled": done.stdout,
+            "compile_log": done.stderr, "compile_cache": snapshot(cache, start),
+            "compile_tags": tags(scene["registry"], f"{scene['prefix']}/{name}-clean")}
+
+
+@pytest.fixture(scope="module")
+def cold_compile_scene(ground):
+    """From the ground's start: the toolchain store warm, the compile itself cold (minutes)."""
+    return compile_scene(ground, "compile-cold", ground["start"])
+
+
+@pytest.fixture(scope="module")
+def warm_compile_scene(build_scene):
+    """From the ground's start with the outputs the clean build compiled (the same recipe and
+    toolchain): nothing compiled, the artifact pushed. CI's sample, in seconds."""
+    start = linked_copy(build_scene["start"], build_scene["root"] / "compile-warm-start")
+    subprocess.run(["cp", "-al", str(build_scene["clean_cache"] / "hip"), str(start / "hip")], check=True)
+    scene = compile_scene(build_scene, "compile-warm", start)
+    assert "kernels cache" in scene["compile_log"], scene["compile_log"][-500:]
+    return scene
+
+
+def killed_compile_then_again(scene, k: int) -> list[str]:
+    """Kill the compile at point k: the cache holds nothing a clean compile would not (an entry of
+    hip/ is whole or absent), no kernels- tag a clean compile would not make; compile again: the
+    same outputs, cache and tags as a clean compile's."""
+    name, start = f"{scene['compile_name']}-k{k}", scene["compile_start"]
+    cache = linked_copy(start, scene["root"] / f"{name}-cache")
+    repo, env = f"{scene['prefix']}/{name}", {"BAKERY_CACHE": str(cache)}
+    killed = run(scene["project"], *compile_args(scene, name), env=env, crash_at=k)
+    if killed.returncode != -9:
+        return [f"point {k}: exit {killed.returncode}, not killed: {killed.stderr[-300:]}"]
+    what = scene["compile_seen"][k - 1]
+    wrong = [f"point {k} ({what}): cache/{n} is not what a clean compile writes there"
+             for n in not_in(scene["compile_cache"], snapshot(cache, start))]
+    wrong += [f"point {k} ({what}): tag {t} -> {d}, a clean compile: {scene['compile_tags'].get(t)}"
+              for t, d in tags(scene["registry"], repo).items() if scene["compile_tags"].get(t) != d]
+    for path in temporaries(cache):  # as if the next run came later
+        os.utime(path, (0, 0), follow_symlinks=False)
+    again = run(scene["project"], *compile_args(scene, name), env=env)
+    wrong += [f"point {k}: {path} left by the kill is still there after the next compile" for path in temporaries(cache)]
+    if again.returncode != 0:
+        return wrong + [f"point {k}: the compile run again failed: {again.stderr[-300:]}"]
+    if again.stdout != scene["compiled"]:
+        wrong.append(f"point {k}: compiled again, its outputs {again.stdout!r}, a clean compile's {scene['compiled']!r}")
+    if real_entries(snapshot(cache, start)) != real_entries(scene["compile_cache"]):
+        wrong.append(f"point {k}: the cache after the second compile is not a clean compile's")
+    if tags(scene["registry"], repo) != scene["compile_tags"]:
+        wrong.append(f"point {k}: the tags after the second compile are not a clean compile's")
+    subprocess.run(["rm", "-rf", str(cache)], check=True)
+    return wrong
+
+
+def test_a_compile_killed_before_its_kernel_tag_leaves_no_tag_and_pushes_it_when_run_again(warm_compile_scene):
+    """The outputs cached, their blobs pushed, the artifact's manifest and tag not yet."""
+    seen = warm_compile_scene["compile_seen"]
+    (tag,) = [i for i, s in enumerate(seen, 1) if re.match(r"PUT /v2/\S+/manifests/kernels-", s)]
+    wrong = killed_compile_then_again(warm_compile_scene, tag - 1)
+    assert wrong == [], "\n".join(wrong)
+
+
+@pytest.mark.sweep
+def test_a_cold_compile_killed_at_every_point(cold_compile_scene):
+    seen = cold_compile_scene["compile_seen"]
+    print(f"\n{len(seen)} points: " + "; ".join(seen))
+    wrong = [w for k in range(1, len(seen) + 1) for w in killed_compile_then_again(cold_compile_scene, k)]
+    assert wrong == [], "\n".join(wrong)
+
+
+# -- promote -------------------------------------------------------------------------------------------
+
+TAG = "v1"
+
+
+@pytest.fixture(scope="module")
+def promote_scene(attest_scene):
+    """The clean build's image attested in a repository of its own, with a passing smoke result a
+    smoke key signed, and the release tag on another image: what promote finds; its clean run's trace."""
+    from bakery.oci.refs import Reference
+    from bakery.oci.store import RegistryStore
+    from bakery.release import smoke
+    from bakery.trust import keys, sign
+
+    s, keydir = attest_scene, attest_scene["attest_root"] / "keys"
+    made = run(s["project"], "keygen", "--role", "smoke", "--out", str(keydir), env=PASSWORD)
+    assert made.returncode == 0, made.stderr
+    repo = f"{s['prefix']}/promote"
+    copy_image(s["registry"], f"{s['prefix']}/clean", repo, s["digest"])
+    attested = run(s["project"], *attest_args(s, repo), env=attest_env(s, "promote"))
+    assert attested.returncode == 0, attested.stderr
+    ref = Reference.parse(f"{s['registry']}/{repo}@{s['digest']}")
+    os.environ.update(PASSWORD)  # the key file is encrypted; the password is read from here
+    try:
+        signer = sign.Signer(keys.load_private(keydir / "smoke.key"))
+    finally:
+        del os.environ["BAKERY_KEY_PASSWORD"]
+    passing = {"image": str(ref), "result": "PASSED", "passed": ["health", "http", "regression", "vram"],
+               "failed": [], "regression_compared": 4, "host": {"gfx_arch": "gfx942", "compute_units": 304}}
+    smoke.attach_report(RegistryStore(ref), ref, passing, (s["project"] / "provenance" / "smoke.yaml").read_bytes(),
+                        signer)
+    old = tiny_image(s["registry"], repo)
+    scene = {**s, "promote_repo": repo, "smoke_pub": keydir / "smoke.pub", "old": old, "before": tags(s["registry"], repo)}
+    _, seen = points(s["project"], *promote_args(scene), env=promote_env(scene, "clean"),
+                     trace=s["attest_root"] / "promote-trace")
+    scene.update(promote_seen=seen, promoted=tags(s["registry"], repo),
+                 smoke_ledger=Path(promote_env(scene, "clean")["BAKERY_SMOKE_LEDGER"]).read_bytes())
+    assert scene["promoted"] == {**scene["before"], TAG: s["digest"]}
+    return scene
+
+
+def tiny_image(registry: str, repo: str) -> tuple[str, bytes, str]:
+    """Another image under TAG (what the tag named before the release): (digest, manifest, its type)."""
+    import io
+    import tarfile
+
+    from support import push_image
+
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as tar:
+        info = tarfile.TarInfo("old-release")
+        tar.addfile(info, io.BytesIO(b""))
+    ref = push_image(registry, repo, [layer.getvalue()], tag=TAG)
+    got = requests.get(f"http://{registry}/v2/{repo}/manifests/{ref.digest}", headers={"Accept": ACCEPT}, timeout=30)
+    got.raise_for_status()
+    return str(ref.digest), got.content, got.headers["Content-Type"]
+
+
+def promote_env(scene, name: str) -> dict:
+    """Each promote its own ledger of smoke results (verify adds the one it read): written whole or not at all."""
+    return {"BAKERY_SMOKE_LEDGER": str(scene["attest_root"] / f"smoke-ledger-{name}.json")}
+
+
+def promote_args(scene) -> tuple[str, ...]:
+    return ("promote", f"{scene['registry']}/{scene['promote_repo']}@{scene['digest']}", "--tag", TAG,
+            "--key", str(scene["pub"]), "--smoke-key", str(scene["smoke_pub"]), "--policy", str(scene["policy"]))
+
+
+def killed_promote_then_again(scene, k: int) -> list[str]:
+    """TAG back on the old image; promote killed at point k: TAG names the old image or the
+    promoted one, no other tag moved; promote run again finishes with TAG on the promoted digest."""
+    registry, repo = scene["registry"], scene["promote_repo"]
+    digest, manifest, kind = scene["old"]
+    put = requests.put(f"http://{registry}/v2/{repo}/manifests/{TAG}", data=manifest, timeout=30,
+                       headers={"Content-Type": kind})
+    assert put.status_code == 201, put.text
+    env = promote_env(scene, f"k{k}")
+    killed = run(scene["project"], *promote_args(scene), env=env, crash_at=k)
+    if killed.returncode != -9:
+        return [f"point {k}: exit {killed.returncode}, not killed: {killed.stderr[-300:]}"]
+    found, wrong, ledger = tags(registry, repo), [], Path(env["BAKERY_SMOKE_LEDGER"])
+    if ledger.exists() and ledger.read_bytes() != scene["smoke_ledger"]:
+        wrong.append(f"point {k}: the smoke ledger is neither absent nor a clean promote's")
+    if found.get(TAG) not in (digest, scene["digest"]):
+        wrong.append(f"point {k} ({scene['promote_seen'][k - 1]}): {TAG} -> {found.get(TAG)}, neither the old "
+                     f"image {digest} nor the promoted {scene['digest']}")
+    wrong += [f"point {k}: tag {t} -> {d}, before the promote: {scene['before'].get(t)}"
+              for t, d in found.items() if t != TAG and scene["before"].get(t) != d]
+    again = run(scene["project"], *promote_args(scene), env=env)
+    if again.returncode != 0:
+        return wrong + [f"point {k}: promote run again failed: {again.stderr[-300:]}"]
+    if tags(registry, repo) != scene["promoted"]:
+        wrong.append(f"point {k}: the tags after the second promote are not a clean promote's")
+    return wrong
+
+
+def tag_put(scene) -> int:
+    """The point of the registry's answer to the tag's PUT, the promote's one write."""
+    (k,) = [i for i, s in enumerate(scene["promote_seen"], 1) if s.startswith(f"PUT /v2/{scene['promote_repo']}/manifests/{TAG} ")]
+    return k
+
+
+def test_promote_killed_just_before_and_after_its_tag_is_put_tags_all_or_nothing(promote_scene):
+    wrong = [w for k in (tag_put(promote_scene) - 1, tag_put(promote_scene))
+             for w in killed_promote_then_again(promote_scene, k)]
+    assert wrong == [], "\n".join(wrong)
+
+
+@pytest.mark.sweep
+def test_promote_killed_at_every_point(promote_scene):
+    print(f"\n{len(promote_scene['promote_seen'])} points, the tag's PUT answered at {tag_put(promote_scene)}")
+    wrong = [w for k in range(1, len(promote_scene["promote_seen"]) + 1)
+             for w in killed_promote_then_again(promote_scene, k)]
     assert wrong == [], "\n".join(wrong)
 
 
