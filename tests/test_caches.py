@@ -28,11 +28,14 @@ def rebuild(project, fixture_base, *extra) -> tuple[str, list[str]]:
     return last_line(result), [l for l in result.stderr.splitlines() if l.startswith("warning:")]
 
 
-def poison(path: Path) -> None:
-    """Replace the entry with other bytes (a new file: a hardlinked copy elsewhere stays intact)."""
-    data = path.read_bytes()
+def poison(path: Path, data: bytes | None = None) -> None:
+    """Replace the entry with other bytes (its last bit flipped, or data) as a new file: a hardlinked
+    copy elsewhere (test_crash's starting caches) stays intact."""
+    if data is None:
+        data = path.read_bytes()
+        data = data[:-1] + bytes([data[-1] ^ 0x01]) if data else b"x"
     tmp = path.with_name(path.name + ".poison")
-    tmp.write_bytes(data[:-1] + bytes([data[-1] ^ 0x01]) if data else b"x")
+    tmp.write_bytes(data)
     os.replace(tmp, path)
 
 
@@ -52,7 +55,7 @@ def test_a_poisoned_layer_index_is_dropped_and_the_layer_read_again(warm, fixtur
     header, _, body = path.read_bytes().partition(b"\n")
     index = json.loads(body)
     index["whiteouts"].append("usr/local/lib/python3.12/dist-packages/vllm")  # would hide vLLM
-    path.write_bytes(header + b"\n" + json.dumps(index).encode())
+    poison(path, header + b"\n" + json.dumps(index).encode())
     (CACHE / "views" / f"{record['base']['manifest']['digest'].split(':')[1]}.json").unlink()  # else unread
     again, warnings = rebuild(project, fixture_base)
     assert again == digest
@@ -70,7 +73,7 @@ def test_a_poisoned_image_view_is_dropped_and_resolved_again(warm, fixture_base)
     fence = next(o for o in record["overlays"] if o["id"] == "cpu-kv-transfer-fence")
     other = next(o for o in record["overlays"] if o["id"] == "exact-swiglu-clamp-kernel")
     view["paths"][fence["target"].lstrip("/")][5] = other["base_sha256"]
-    path.write_bytes(header + b"\n" + json.dumps(view).encode())
+    poison(path, header + b"\n" + json.dumps(view).encode())
     again, warnings = rebuild(project, fixture_base)
     assert again == digest
     assert len(warnings) == 1 and f"image view {image[:12]}" in warnings[0]
