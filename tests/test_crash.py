@@ -49,6 +49,7 @@ import pytest
 
 import requests
 
+from bakery.errors import BUMPED, NOTHING_NEW
 from support import copy_project, dev_policy, last_line
 
 TEMPORARY = re.compile(r"^\..*\.?part(ial)?-")  # a name a writer fills before the rename that makes it real
@@ -563,6 +564,143 @@ def test_promote_killed_at_every_point(promote_scene):
     print(f"\n{len(promote_scene['promote_seen'])} points, the tag's PUT answered at {tag_put(promote_scene)}")
     wrong = [w for k in range(1, len(promote_scene["promote_seen"]) + 1)
              for w in killed_promote_then_again(promote_scene, k)]
+    assert wrong == [], "\n".join(wrong)
+
+
+# -- track and bump ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def track_scene(ground):
+    """Upstream's two nightlies (the pin's 0.26.0 fixture, and 0.27.0 a day later); a checkout pinned
+    to the first; a clean `invoke track` (mirror both, record them, bump onto the second: exit 10)
+    from the ground's start, and its trace."""
+    from bakery.dev.rehearse import upstream_nightlies
+
+    root, registry = ground["root"], ground["registry"]
+    upstream, nightly = upstream_nightlies(ground["project"], registry, log=lambda m: None)
+    pinned = root / "track-pinned"
+    subprocess.run(["cp", "-a", str(ground["project"]), str(pinned)], check=True)
+    subprocess.run(["rm", "-rf", str(pinned / ".git"), str(pinned / "out")], check=True)  # track needs no repository
+    (pinned / "image" / "base.yaml").write_text(f"image: {upstream}@{nightly['nightly-a']}\nplatform: linux/amd64\n"
+                                                f"mirror: null\n")
+    scene = {**ground, "upstream": upstream, "pinned": pinned, "before": project_state(pinned)}
+    project, env = track_run(scene, "unbumped")  # what track writes before its bump: a state a kill may leave
+    unbumped = run(project, *track_args(scene, "unbumped"), "--no-bump", env=env)
+    assert unbumped.returncode == 0, unbumped.stderr
+    scene["unbumped"] = project_state(project, mirror(scene, "unbumped"))
+    project, env = track_run(scene, "clean")
+    done, seen = points(project, *track_args(scene, "clean"), env=env, trace=root / "track-trace", code=BUMPED)
+    cache = Path(env["BAKERY_CACHE"])
+    scene.update(track_seen=seen, track_code=done.returncode, tracked=project_state(project, mirror(scene, "clean")),
+                 track_cache=snapshot(cache, ground["start"]),
+                 track_views={p.name: p.read_bytes() for p in (cache / "views").iterdir()},
+                 track_tags=tags(registry, f"{ground['prefix']}/track-clean"))
+    return scene
+
+
+def mirror(scene, name: str) -> str:
+    return f"{scene['registry']}/{scene['prefix']}/track-{name}"
+
+
+def track_args(scene, name: str) -> tuple[str, ...]:
+    return ("track", "--from", scene["upstream"], "--mirror", mirror(scene, name))
+
+
+def track_run(scene, name: str) -> tuple[Path, dict]:
+    """A checkout as pinned and a cache from the ground's start, each this run's own."""
+    project = scene["root"] / f"track-{name}"
+    subprocess.run(["cp", "-a", str(scene["pinned"]), str(project)], check=True)
+    return project, {"BAKERY_CACHE": str(linked_copy(scene["start"], scene["root"] / f"track-cache-{name}"))}
+
+
+TRACKED = ("image", "overlays")  # what track and bump write in the checkout (the report in out/ is rewritten whole)
+
+
+def project_state(project: Path, mirror_name: str | None = None) -> dict[str, str]:
+    """The files track and bump write, by name: their bytes, this run's mirror named alike, and
+    the ledger less when each nightly was first seen (the time of the run)."""
+    found = {}
+    for part in TRACKED:
+        for path in sorted((project / part).rglob("*")):
+            if path.is_file() and not TEMPORARY.match(path.name):
+                text = path.read_bytes()
+                if mirror_name:
+                    text = text.replace(mirror_name.encode(), b"MIRROR")
+                if path.name == "nightlies.yaml":
+                    text = re.sub(rb"(?m)^(\s*seen:) .*$", rb"\1 WHEN", text)
+                found[path.relative_to(project).as_posix()] = hashlib.sha256(text).hexdigest()
+    return found
+
+
+def read_from(found: dict[str, str], registry: str, repo: str, clean: str) -> dict[str, str]:
+    """A cache's snapshot with each document read from repo named as if read from clean: a verified
+    document's name is the digest of where it was read (registry.py, _kept_path)."""
+    def sha(text):
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    renamed = {}
+    for name, value in found.items():
+        kept = re.fullmatch(r"(verified/\w+/)([0-9a-f]{64})\.([0-9a-f]{64})", name)
+        if kept and kept[2] == sha(f"{registry}/{repo}@sha256:{kept[3]}"):
+            name = f"{kept[1]}{sha(f'{registry}/{clean}@sha256:{kept[3]}')}.{kept[3]}"
+        renamed[name] = value
+    return renamed
+
+
+def killed_track_then_again(scene, k: int) -> list[str]:
+    """Kill track (and its bump) at point k: each file it writes is as before or as a clean run
+    leaves it, the cache holds nothing a clean run would not, no tag a clean run would not make;
+    run again: the clean run's exit code, files and tags."""
+    name = f"k{k}"
+    project, env = track_run(scene, name)
+    cache, what = Path(env["BAKERY_CACHE"]), scene["track_seen"][k - 1]
+    killed = run(project, *track_args(scene, name), env=env, crash_at=k)
+    if killed.returncode != -9:
+        return [f"point {k}: exit {killed.returncode}, not killed: {killed.stderr[-300:]}"]
+    found, wrong = project_state(project, mirror(scene, name)), []
+    wrong += [f"point {k} ({what}): {path} is neither as before, as track leaves it before its bump, nor as a "
+              f"clean run leaves it" for path, sha in found.items()
+              if sha not in (scene["before"].get(path), scene["unbumped"].get(path), scene["tracked"].get(path))]
+    prefix = scene["prefix"]
+    in_cache = read_from(snapshot(cache, scene["start"]), scene["registry"], f"{prefix}/track-{name}",
+                         f"{prefix}/track-clean")
+    wrong += [f"point {k} ({what}): cache/{n} is not what a clean run writes there"
+              for n in not_in(scene["track_cache"], in_cache) if not (
+                  n.startswith("views/") and n[6:] in scene["track_views"] and
+                  grown_view((cache / n).read_bytes(), scene["track_views"][n[6:]]))]
+    done = found == scene["tracked"]  # killed after its last write: nothing is left to do
+    wrong += [f"point {k} ({what}): tag {t} -> {d}, a clean run: {scene['track_tags'].get(t)}"
+              for t, d in tags(scene["registry"], f"{scene['prefix']}/track-{name}").items()
+              if scene["track_tags"].get(t) != d]
+    again = run(project, *track_args(scene, name), env=env)
+    if again.returncode != (NOTHING_NEW if done else scene["track_code"]):
+        wrong.append(f"point {k} ({what}): run again, track exits {again.returncode}, a clean run "
+                     f"{scene['track_code']}: {again.stdout[-300:]} {again.stderr[-300:]}")
+    found = project_state(project, mirror(scene, name))
+    differ = sorted(p for p in set(found) | set(scene["tracked"]) if found.get(p) != scene["tracked"].get(p))
+    if differ:
+        wrong.append(f"point {k} ({what}): run again, {differ} differ from a clean run's")
+    if tags(scene["registry"], f"{scene['prefix']}/track-{name}") != scene["track_tags"]:
+        wrong.append(f"point {k}: the tags after the second run are not a clean run's")
+    subprocess.run(["rm", "-rf", str(project), str(cache)], check=True)
+    return wrong
+
+
+def test_a_bump_killed_between_its_lock_and_its_pin_is_finished_when_run_again(track_scene):
+    """The checkout half bumped (the new lock, the old pin): run again, it ends as a clean run, the
+    ledger included (the bump records its outcome before it writes the checkout: before, a rerun
+    recorded other statuses, or, stopped before the ledger, said nothing new and recorded none)."""
+    seen = track_scene["track_seen"]
+    lock = max(i for i, s in enumerate(seen, 1) if re.match(r"wrote \S+/overlays/overlays\.lock$", s))
+    wrong = killed_track_then_again(track_scene, lock)
+    assert wrong == [], "\n".join(wrong)
+
+
+@pytest.mark.sweep
+def test_track_and_bump_killed_at_every_point(track_scene):
+    seen = track_scene["track_seen"]
+    print(f"\n{len(seen)} points, {len(kinds(seen))} kinds")
+    wrong = [w for k in range(1, len(seen) + 1) for w in killed_track_then_again(track_scene, k)]
     assert wrong == [], "\n".join(wrong)
 
 

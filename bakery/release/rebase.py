@@ -208,10 +208,11 @@ def prove_kit(project: Path, folder: Path) -> prove.Verdict:
     return prove.run(spec, (folder / "ours.py").read_bytes(), reads)
 
 
-def rebase(opts: Options, log=print, retire: bool = True) -> tuple[list, bool]:
+def rebase(opts: Options, log=print, retire: bool = True, before_commit=None) -> tuple[list, bool]:
     """`invoke rebase --base NEW@DIGEST`: rows for every overlay; lock only if all required carried.
     retire=False: an overlay the new base's own code proves fixed is not retired but left for a
-    person (it stops the re-lock, as needs porting does)."""
+    person (it stops the re-lock, as needs porting does). before_commit(rows): called once all are
+    carried, before the first file of the checkout is written."""
     project = opts.project.resolve()
     base = open_base(project, opts.base, log, opts.base_mirror)
     registered = overlays_mod.load(Project(project).overlays_yaml)
@@ -231,9 +232,12 @@ def rebase(opts: Options, log=print, retire: bool = True) -> tuple[list, bool]:
         new = files.get(o.target)
         rows.append(_moved(base, o, old) if new is None else _decide(o, new, old, files, out, log, project))
     ok = all(r.carried and (retire or r.status != FIXED_UPSTREAM) for r in rows)
+    audit = audit_rows(base, registered)
     if ok:
+        if before_commit is not None:
+            before_commit(rows + audit)
         _commit(project, opts, str(base.spec.image), rows, old_lock, log)
-    return rows + audit_rows(base, registered), ok
+    return rows + audit, ok
 
 
 def _moved(base, overlay: Overlay, old: bytes | None) -> RebaseRow:

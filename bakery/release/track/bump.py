@@ -17,9 +17,11 @@ from .ledger import CARRIED, NEEDS_PORTING, Ledger, Nightly, Tried, load_ledger,
 
 
 def pending(ledger: Ledger, pinned: Digest) -> Nightly | None:
-    """The newest kept nightly, newer than the pin, not yet tried (None: nothing new)."""
+    """The newest kept nightly, newer than the pin, not yet tried, or carried and not pinned (a bump
+    stopped after it recorded the outcome, before it moved the pin: it is finished); None: nothing new."""
     pin = ledger.find(pinned)
-    newer = [n for n in newest_first(ledger) if n.tried is None and n is not pin and (pin is None or n.order > pin.order)]
+    newer = [n for n in newest_first(ledger) if n is not pin and (pin is None or n.order > pin.order) and
+             (n.tried is None or (pin is not None and n.tried.outcome == CARRIED))]
     return newer[0] if newer else None
 
 
@@ -63,16 +65,27 @@ def bump(project: Path, ledger_path: Path, out: Path, nightly: str | None = None
         proof_log.append(line)
         log(line)
 
+    recorded = []
+
+    def record(rows: list, carried: bool) -> None:
+        """The outcome in the ledger; carried, before the checkout changes (the lock, then the pin), so
+        a bump stopped in between is finished by the next. Finishing, the first try's record stays."""
+        statuses = {r.overlay.id: str(r.status) for r in rows}
+        again = carried and chosen.tried is not None and chosen.tried.outcome == CARRIED
+        recorded.append(chosen if again else replace(chosen, tried=Tried(CARRIED if carried else NEEDS_PORTING,
+                                                                          statuses)))
+        write_ledger(ledger_path, replace(ledger, nightlies=tuple(recorded[0] if n is chosen else n
+                                                                  for n in ledger.nightlies)))
+
     # retire=False: a base whose own code "proves" a fix runs inside that proof; retiring an overlay
     # takes a person (invoke rebase), never an unattended bump
     rows, carried = rebase_mod.rebase(Options(project, target, out=out, base_mirror=ledger.mirror), log=both,
-                                      retire=False)
+                                      retire=False, before_commit=lambda rows: record(rows, True))
     if carried:
         pin(spec_path, target, ledger.mirror, chosen)
-    statuses = {r.overlay.id: str(r.status) for r in rows}
-    tried = replace(chosen, tried=Tried(CARRIED if carried else NEEDS_PORTING, statuses))
-    write_ledger(ledger_path, replace(ledger, nightlies=tuple(tried if n is chosen else n for n in ledger.nightlies)))
-    return Bump(tried, ledger.upstream, rows, carried, proof_log, str(spec.image))
+    else:
+        record(rows, False)
+    return Bump(recorded[0], ledger.upstream, rows, carried, proof_log, str(spec.image))
 
 
 def pin(spec_path: Path, image: str, mirror: str, nightly: Nightly | None = None) -> None:
