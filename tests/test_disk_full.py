@@ -33,8 +33,12 @@ Results (`invoke test --sweep` runs every case; * marks the ones in CI's sample,
   attest, then verify (the sign,  16, 256 KiB         both pass: what they keep in      the same (a verified cache is a
   smoke and promote jobs) *                           verified/ is a saving, skipped    saving), cache whole; with room,
                                                       when it cannot be written         verify passes
-  reproduce (the rebuild job),    1, 64 MiB work      REBUILD_RESULTS
-  its work folder (sweep)         folder
+  reproduce (the rebuild job),    1, 64 MiB work      1 MiB: exit 6 but "git -c: fatal:  NOT FIXED (the test is a strict
+  its work folder (sweep)         folder (TMPDIR)     fetch-pack: invalid index-pack    xfail until it is): the line
+                                                      output", no disk named; 64 MiB:   must name the disk; the socket
+                                                      internal error, AF_UNIX path too  must not live under a long
+                                                      long (the broker's socket under   TMPDIR
+                                                      the long TMPDIR)
   two builds, one cache, one tag  -                   both exit 0, the clean digest,    the same: no lock needed
   *                                                   the tag names it, cache whole
   two builds compiling (sweep)    -                   the same                          the same
@@ -362,6 +366,9 @@ def test_the_sign_job_and_verify_on_a_full_disk_pass_or_say_where_and_then_pass(
 
 
 @pytest.mark.sweep
+@pytest.mark.xfail(strict=True, reason="not fixed yet: at 1 MiB the clone's failure reads 'git -c: fatal: fetch-pack: "
+                   "invalid index-pack output', naming no disk; at 64 MiB a long TMPDIR makes the broker's socket path "
+                   "too long for AF_UNIX (an internal error)")
 @pytest.mark.parametrize("size_mib", [1, 64])
 def test_sweep_the_rebuild_job_on_a_small_disk(small_disk, clean, release_keys, registry, fixture_base,
                                                fixture_lock, tmp_path, size_mib):
