@@ -11,7 +11,8 @@ independently of the code under test: byte comparison of folders and the registr
 - running the command again succeeds with the clean run's digest and build record;
 - for attest: `invoke verify` refuses every state a kill leaves short of the whole attestation.
 
-What was killed, and what it found (2026-12-03, this 2-core machine; `invoke test --sweep` for all):
+What was killed, and what it found (this 2-core machine; `invoke test --sweep` for all; build,
+attest and lock 2026-12-03, the rest 2026-12-04; each sweep run once, its time as it ran):
 
   command   points in a clean run          killed at                               outcome
   build     171 (27 kinds: cache writes,   CI: 2 (a cache folder about to take     rerun: clean digest and record, cache
@@ -21,17 +22,46 @@ What was killed, and what it found (2026-12-03, this 2-core machine; `invoke tes
   attest    36 (26 up to the image's .att)  CI: the 4 manifests it stores;          verify refuses after the signature
                                            sweep: each of the 26                   alone; passes from the .att on; rerun
                                                                                    passes
-  mirror    about 10                       sweep: every point                      no wrong tag; rerun: the same digest
+  mirror    10 (the base's manifest, a     sweep: all 10, each reached (a run      no tag; rerun: the same digest
+            HEAD and a mount per blob,     from the same start counts the same     (10 of 10, 24 s)
+            the manifest by digest)        10: none ends first, none skipped)
   lock      per proof and view written     sweep: every point                      overlays.lock old or new, never part
+  compile   22 cold (the toolchain's       CI: 1, from the clean build's hip/      each hip/ entry whole or absent, no
+  --registry manifest and config kept,     (nothing compiled): its 4 blobs         kernels- tag but the clean one; rerun:
+            hip/ filled, 4 blobs, the      pushed, its tag not; sweep: all 22,     the clean outputs, cache and tag
+            kernels- tag)                  each compile cold (22 of 22, 17 min)
+  promote   13 (verify's 8 reads, the      CI: 2 (the manifest stored by digest,   the tag names the old image or the
+            smoke ledger, the manifest     then the tag); sweep: all 13 (13 of     promoted digest, no other tag moves;
+            by digest, then the tag)       13, 15 s)                               rerun promotes
+  track     72 (tags resolved, two         CI: 1 (the new lock, the old pin);      found, below; now each file as
+  and bump  nightlies mirrored, views and  sweep: all 72 (72 of 72, 13 min)        before, as track leaves it before its
+            documents kept, the ledger;                                            bump, or as a clean run leaves it;
+            the bump's views, ledger,                                              rerun: the clean ledger, lock,
+            stock, lock, then the pin)                                             base.yaml, overlays and tags
+  reproduce 23 (verify's reads, the        sweep: 16 (first and last of each       found, below; now the outcome absent
+  --outcome broker's base and toolchain    kind), the same command run again       or the clean one; rerun: the clean
+            reads, the outcome)            (REPRODUCE_RESULT)                      outcome
 
 Found and fixed: a kill while a folder was being filled (a toolchain's is gigabytes) or a file
 written left its staging name for good; the next writer now removes one no live process holds
-(tests/test_files.py). Found in the test, not the code: a record after a rerun differs from a clean
-run's only in what it says of the run (when, what its push moved, whether a kernel or verdict came
-from the cache a killed run filled), so those fields are left out of the comparison (RUN_ONLY,
-same_image); an image view a kill leaves is whole but may hold fewer paths (grown_view).
-Not covered here: compile alone (the build's compile points are), reproduce, track/bump and promote
-(promote is one PUT after verify: all or nothing by construction, not killed here).
+(tests/test_files.py). A bump killed after it moved the pin, before its ledger, made the next run
+say nothing new and record no try; killed after its lock (or the patches it ports), the next run
+recorded other statuses (ported (exact) for (offset)): it now records its outcome before the
+checkout changes and the next bump finishes a carried nightly newer than the pin
+(test_a_bump_killed_between_its_lock_and_its_pin_is_finished_when_run_again). `invoke reproduce
+--workdir` killed (or failed) after its clone left source/ there, and the same command then failed
+at once (git would not clone into it; its line said `git -c`): it now removes its own source/ and
+build/ first (test_reproduce.py). Found in the tests, not the code: a record after a rerun differs
+from a clean run's only in what it says of the run (when, what its push moved, whether a kernel or
+verdict came from the cache a killed run filled), so those fields are left out of the comparison
+(RUN_ONLY, same_image); an image view a kill leaves is whole but may hold fewer paths (grown_view);
+a verified document is named by the repository it was read from (read_from: each track run its own
+mirror); test_caches wrote two poisoned entries in place, through every hard link of the machine's
+cache, a sweep's start included (it now replaces them).
+Not covered here: the rebuild inside reproduce (another process, in the sandbox: the kill takes it
+with the group, and its own points are not counted); reproduce --attest (the workflow signs the
+outcome elsewhere); reproduce without --workdir, killed, leaves its temporary folder (the clone and
+a layout of the base's layers) for good.
 """
 
 from __future__ import annotations
@@ -448,6 +478,85 @@ def test_a_cold_compile_killed_at_every_point(cold_compile_scene):
     seen = cold_compile_scene["compile_seen"]
     print(f"\n{len(seen)} points: " + "; ".join(seen))
     wrong = [w for k in range(1, len(seen) + 1) for w in killed_compile_then_again(cold_compile_scene, k)]
+    assert wrong == [], "\n".join(wrong)
+
+
+# -- reproduce -----------------------------------------------------------------------------------------
+
+IDENTITY = {"GIT_AUTHOR_NAME": "release", "GIT_AUTHOR_EMAIL": "release@example.com",
+            "GIT_COMMITTER_NAME": "release", "GIT_COMMITTER_EMAIL": "release@example.com"}
+
+
+@pytest.fixture(scope="module")
+def reproduce_scene(attest_scene):
+    """A release as the workflow makes one (built from a commit of a repository of its own, whose
+    origin is itself, pushed and attested), then a clean `invoke reproduce --outcome` of it with its
+    trace. The rebuild inside compiles and builds from nothing (minutes); this process, which the
+    kills stop, serves it the base and the compiler and reads the result."""
+    s = {**attest_scene}
+    root = s["root"] / "reproduce"
+    project = root / "project"
+    root.mkdir()
+    subprocess.run(["cp", "-a", str(s["project"]), str(project)], check=True)
+    subprocess.run(["rm", "-rf", str(project / ".git"), str(project / "out")], check=True)  # a repository of its own
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "release"], ["remote", "add", "origin", str(project)]):
+        subprocess.run(["git", "-C", str(project), *args], check=True, capture_output=True, env={**os.environ, **IDENTITY})
+    cache = {"BAKERY_CACHE": str(linked_copy(s["clean_cache"], root / "release-cache"))}  # compiled: the release is quick
+    built = run(project, "build", "--base", s["base"], "--push", f"{s['registry']}/{s['prefix']}/reproduce:1",
+                "--out", str(root / "out"), env={**cache, "SOURCE_DATE_EPOCH": "1700000300"})
+    assert built.returncode == 0, built.stderr
+    attested = run(project, "attest", last_line(built), "--record", str(root / "out" / "build-record.json"),
+                   "--key", str(s["key"]), env={**PASSWORD, **cache})
+    assert attested.returncode == 0, attested.stderr
+    s.update(reproduce_root=root, release=last_line(built))
+    env = reproduce_env(s, "clean")
+    _, seen = points(project, *reproduce_args(s, "clean"), env=env, trace=root / "trace")
+    s.update(reproduce_seen=seen, outcome=(root / "outcome-clean.json").read_bytes(),
+             reproduce_cache=snapshot(Path(env["BAKERY_CACHE"]), s["start"]))
+    return s
+
+
+def reproduce_env(scene, name: str) -> dict:
+    """Its own cache from the ground's start: the toolchain's files the compile is served from are there."""
+    root = scene["reproduce_root"]
+    if not (root / f"cache-{name}").exists():
+        linked_copy(scene["start"], root / f"cache-{name}")
+    return {"BAKERY_CACHE": str(root / f"cache-{name}")}
+
+
+def reproduce_args(scene, name: str) -> tuple[str, ...]:
+    """As the release workflow's rebuild job runs it."""
+    root = scene["reproduce_root"]
+    return ("reproduce", scene["release"], "--release-key", str(scene["pub"]), "--policy", str(scene["policy"]),
+            "--outcome", str(root / f"outcome-{name}.json"), "--workdir", str(root / f"work-{name}"))
+
+
+def killed_reproduce_then_again(scene, k: int) -> list[str]:
+    """Kill reproduce at point k: its outcome is absent or a clean run's, its cache holds nothing a
+    clean run would not; run again (the same command): the clean run's outcome."""
+    name, root = f"k{k}", scene["reproduce_root"]
+    env, outcome, what = reproduce_env(scene, name), root / f"outcome-k{k}.json", scene["reproduce_seen"][k - 1]
+    killed = run(root / "project", *reproduce_args(scene, name), env=env, crash_at=k)
+    if killed.returncode != -9:
+        return [f"point {k}: exit {killed.returncode}, not killed: {killed.stderr[-300:]}"]
+    wrong = [f"point {k} ({what}): the outcome is neither absent nor a clean run's"] \
+        if outcome.exists() and outcome.read_bytes() != scene["outcome"] else []
+    wrong += [f"point {k} ({what}): cache/{n} is not what a clean run writes there"
+              for n in not_in(scene["reproduce_cache"], snapshot(Path(env["BAKERY_CACHE"]), scene["start"]))]
+    again = run(root / "project", *reproduce_args(scene, name), env=env)
+    if again.returncode != 0:
+        return wrong + [f"point {k} ({what}): reproduce run again failed (exit {again.returncode}): {again.stderr[-300:]}"]
+    if outcome.read_bytes() != scene["outcome"]:
+        wrong.append(f"point {k}: run again, its outcome is not a clean run's")
+    subprocess.run(["rm", "-rf", env["BAKERY_CACHE"], str(root / f"work-{name}")], check=True)
+    return wrong
+
+
+@pytest.mark.sweep
+def test_reproduce_killed_at_the_start_and_end_of_each_kind_of_step(reproduce_scene):
+    seen = reproduce_scene["reproduce_seen"]
+    print(f"\n{len(seen)} points, {len(kinds(seen))} kinds: " + "; ".join(kinds(seen)))
+    wrong = [w for k in spread(seen) for w in killed_reproduce_then_again(reproduce_scene, k)]
     assert wrong == [], "\n".join(wrong)
 
 

@@ -292,3 +292,24 @@ def test_a_toolchain_pinned_to_the_base_is_pulled_by_the_bases_reference():
     pinned = f"ghcr.io/o/toolchain@{other}"
     assert toolchain_ref(Plan("https://x/y", "0" * 40, False, base, 1, pinned)) == pinned
     assert toolchain_ref(Plan("https://x/y", "0" * 40, False, base, 1, None)) is None
+
+
+def test_a_workdir_a_stopped_rebuild_left_is_started_afresh(tmp_path):
+    """A rebuild stopped after its clone (killed, or failed) leaves source/ and build/ in --workdir:
+    the same command run again starts from nothing (git would not clone into source/: the rerun
+    failed at once, test_crash's reproduce sweep)."""
+    from bakery.errors import IntegrityError
+    from bakery.release.reproduce import Plan, rebuild
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "README").write_text("a revision without hip/\n")
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "r"]):
+        git(repo, *args)
+    work = tmp_path / "work"
+    for left in ("source/.git", "build/output/layout"):
+        (work / left).mkdir(parents=True)
+    plan = Plan(str(repo), git(repo, "rev-parse", "HEAD"), False, "127.0.0.1:1/b@sha256:" + "0" * 64, 1, None)
+    with pytest.raises(IntegrityError, match="hip/ is not a folder"):  # cloned and checked out: read as far as hip/
+        rebuild(plan, work, None, log=lambda m: None)
+    assert (work / "source" / "README").exists() and not (work / "build").exists()

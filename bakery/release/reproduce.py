@@ -92,8 +92,23 @@ def signed_provenance(store, ref: Reference, policy) -> dict:
 def _git(*args: str, cwd: Path | None = None) -> str:
     done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
     if done.returncode != 0:
-        raise EnvironmentProblem(f"git {args[0]}: {(done.stderr.strip().splitlines() or ['failed'])[-1]}")
+        command = next(a for a in args if not a.startswith("-") and "=" not in a)  # past the -c NAME=VALUE
+        raise EnvironmentProblem(f"git {command}: {(done.stderr.strip().splitlines() or ['failed'])[-1]}")
     return done.stdout.strip()
+
+
+def _start_afresh(workdir: Path) -> None:
+    """The clone and the build a run stopped part way left in workdir (killed, or failed): removed,
+    so this run starts from nothing (git would not clone into them)."""
+    import shutil
+
+    for left in (workdir / "source", workdir / "build"):
+        if os.path.lexists(left):
+            try:
+                shutil.rmtree(left)
+            except OSError as e:
+                raise EnvironmentProblem(f"{left}, left by an earlier rebuild, cannot be removed ({e.strerror}): "
+                                         f"remove it, or give another --workdir") from None
 
 
 def rebuild(p: Plan, workdir: Path, toolchain: str | None, log) -> Path:
@@ -102,6 +117,7 @@ def rebuild(p: Plan, workdir: Path, toolchain: str | None, log) -> Path:
     what a rebuilder exists to distrust: it runs in the sandbox (no key, password, credential,
     Docker socket or network; uid 65534 of its own namespaces; limits), and reaches the base and
     the compiler only through the broker (broker.py). git, ours, clones it out here."""
+    _start_afresh(workdir)
     source = workdir / "source"
     log(f"cloning {p.repository} at {p.revision[:12]}")
     _git("-c", "protocol.allow=never", "-c", "protocol.https.allow=always", "-c", "protocol.file.allow=always",
