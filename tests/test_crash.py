@@ -40,7 +40,7 @@ attest and lock 2026-12-03, the rest 2026-12-04; each sweep run once, its time a
             stock, lock, then the pin)                                             base.yaml, overlays and tags
   reproduce 23 (verify's reads, the        sweep: 16 (first and last of each       found, below; now the outcome absent
   --outcome broker's base and toolchain    kind), the same command run again       or the clean one; rerun: the clean
-            reads, the outcome)            (REPRODUCE_RESULT)                      outcome
+            reads, the outcome)            (16 of 16, 23 min)                      outcome
 
 Found and fixed: a kill while a folder was being filled (a toolchain's is gigabytes) or a file
 written left its staging name for good; the next writer now removes one no live process holds
