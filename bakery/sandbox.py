@@ -454,6 +454,24 @@ def _own_pids_group() -> Path | None:
     return _writable_group(*found) if found else None
 
 
+GROUP_PREFIX = "bakery-sandbox-"
+# A group holds no process only for the moment between its mkdir and its shell joining it, and from its
+# last process leaving until its owner removes it: one empty this long was left by a killed owner.
+ABANDONED_AFTER_S = 600
+
+
+def _remove_abandoned_groups(root: Path) -> None:
+    """Removes the empty sandbox groups below `root` that a killed run left (its `finally` never ran):
+    else they pile up for good. The kernel removes only an empty group, so a live one is never touched."""
+    now = time.time()
+    for group in root.glob(f"{GROUP_PREFIX}*"):
+        try:
+            if now - group.stat().st_mtime > ABANDONED_AFTER_S and not (group / "cgroup.procs").read_text().strip():
+                group.rmdir()
+        except OSError:
+            continue  # joined, removed by another run, or not ours to remove: left as it is
+
+
 @contextmanager
 def _process_cap(limits: Limits):
     """A command prefix that caps the processes of what it runs: as root, a fresh pids cgroup below
@@ -464,7 +482,8 @@ def _process_cap(limits: Limits):
     if root is None:
         yield [], True
         return
-    group = root / f"bakery-sandbox-{os.urandom(6).hex()}"
+    _remove_abandoned_groups(root)
+    group = root / f"{GROUP_PREFIX}{os.urandom(6).hex()}"
     group.mkdir()
     try:
         if not (group / "cgroup.procs").exists():  # the kernel makes it in a group: this is no cgroup folder
@@ -477,6 +496,8 @@ def _process_cap(limits: Limits):
             try:
                 group.rmdir()
                 break
+            except FileNotFoundError:
+                break  # another run took it for abandoned the moment it emptied
             except OSError:
                 time.sleep(0.1)
 

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -453,11 +454,37 @@ def test_a_proof_past_its_limits_is_never_a_verdict(tmp_path, monkeypatch):
     assert verdict.verdict == prove.CANNOT, verdict
 
 
+def sandbox_groups() -> set[Path]:
+    return set(Path("/sys/fs/cgroup/pids").glob("bakery-sandbox-*"))
+
+
 @pytest.mark.slow
 def test_code_past_its_time_is_stopped(tmp_path):
+    before = sandbox_groups()  # another run's on this machine (or its kernel) are not this test's
     with pytest.raises(subprocess.TimeoutExpired):
         sandbox.run(["sleep", "30"], [], None, sandbox.Limits(seconds=2))
-    assert not list(Path("/sys/fs/cgroup/pids").glob("bakery-sandbox-*"))  # its cgroup is gone too
+    assert not sandbox_groups() - before  # its cgroup is gone too
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or sandbox._own_pids_group() is None,
+                    reason="a run's pids cgroup is made only as root, where this process's group may be written")
+def test_a_killed_runs_cgroup_is_removed_by_the_next_run():
+    """A run SIGKILLed leaves its empty group (its `finally` never runs); the next run removes the ones
+    empty for longer than a group is ever empty while in use, and no other."""
+    root = sandbox._own_pids_group()
+    abandoned, just_made = (root / f"bakery-sandbox-test{os.urandom(4).hex()}" for _ in range(2))
+    abandoned.mkdir()
+    just_made.mkdir()  # as a run's own is between its mkdir and its shell joining it
+    try:
+        past = time.time() - sandbox.ABANDONED_AFTER_S - 60
+        os.utime(abandoned, (past, past))
+        assert sandbox.run(["true"], [], None, sandbox.Limits(seconds=30)).returncode == 0
+        assert not abandoned.exists()
+        assert just_made.is_dir()
+    finally:
+        for group in (abandoned, just_made):
+            if group.exists():
+                group.rmdir()
 
 
 KERNEL_SETTINGS = ("/proc/sys/kernel/core_pattern", "/proc/sys/vm/drop_caches", "/proc/sys/kernel/modprobe")

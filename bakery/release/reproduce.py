@@ -105,9 +105,12 @@ def _start_afresh(workdir: Path) -> None:
     for left in (workdir / "source", workdir / "build"):
         if os.path.lexists(left):
             try:
-                shutil.rmtree(left)
+                if left.is_symlink() or not left.is_dir():
+                    left.unlink()  # removed, never followed
+                else:
+                    shutil.rmtree(left)
             except OSError as e:
-                raise EnvironmentProblem(f"{left}, left by an earlier rebuild, cannot be removed ({e.strerror}): "
+                raise EnvironmentProblem(f"{left}, left by an earlier rebuild, cannot be removed ({e.strerror or e}): "
                                          f"remove it, or give another --workdir") from None
 
 
