@@ -10,12 +10,30 @@ import http.client
 import json
 import os
 import socket
+from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import EnvironmentProblem, IntegrityError
 
 SOCKET_ENV = "BAKERY_BROKER_SOCKET"
 OUTPUTS_LIMIT = 256 << 20  # all a compile may hand back, together (the extensions are tens of MiB)
+
+
+UNIX_NAME_LIMIT = 107  # bytes of a socket's path that AF_UNIX takes (sun_path, less its NUL)
+
+
+@contextmanager
+def unix_name(path: str):
+    """A name for the socket at `path` that AF_UNIX takes: itself where short enough, else through an
+    open descriptor of its folder (/proc/self/fd/N/NAME), so a long TMPDIR or --workdir still works."""
+    if len(os.fsencode(path)) <= UNIX_NAME_LIMIT:
+        yield path
+        return
+    folder = os.open(os.path.dirname(path) or ".", os.O_PATH | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{folder}/{os.path.basename(path)}"
+    finally:
+        os.close(folder)
 
 
 class UnixConnection(http.client.HTTPConnection):
@@ -28,7 +46,8 @@ class UnixConnection(http.client.HTTPConnection):
     def connect(self) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(self.timeout)
-        self.sock.connect(self.socket_path)
+        with unix_name(self.socket_path) as name:
+            self.sock.connect(name)
 
 
 def ask(method: str, path: str, body: dict | None = None, timeout: float = 3600) -> dict:

@@ -80,7 +80,7 @@ import pytest
 import requests
 
 from bakery.errors import BUMPED, NOTHING_NEW
-from support import copy_project, dev_policy, last_line
+from support import copy_project, dev_policy, last_line, tags
 
 TEMPORARY = re.compile(r"^\..*\.?part(ial)?-")  # a name a writer fills before the rename that makes it real
 
@@ -163,19 +163,6 @@ def grown_view(found: bytes, clean: bytes) -> bool:
     (said, digest, view), (_, _, final) = read(found), read(clean)
     return said.get("sha256") == digest and all(
         view[part].items() <= final[part].items() for part in ("paths", "globs"))
-
-
-def tags(registry: str, repo: str) -> dict[str, str]:
-    """Each tag of repo and the digest the registry serves for it (asked directly, not through bakery)."""
-    listed = requests.get(f"http://{registry}/v2/{repo}/tags/list", timeout=30)
-    if listed.status_code == 404:
-        return {}
-    listed.raise_for_status()
-    found = {}
-    for tag in listed.json().get("tags") or []:
-        head = requests.head(f"http://{registry}/v2/{repo}/manifests/{tag}", timeout=30, headers={"Accept": ACCEPT})
-        found[tag] = head.headers["Docker-Content-Digest"]
-    return found
 
 
 ACCEPT = ", ".join(("application/vnd.oci.image.manifest.v1+json", "application/vnd.oci.image.index.v1+json",

@@ -33,11 +33,11 @@ Results (`invoke test --sweep` runs every case; * marks the ones in CI's sample,
   attest, then verify (the sign,  16, 256 KiB         both pass: what they keep in      the same (a verified cache is a
   smoke and promote jobs) *                           verified/ is a saving, skipped    saving), cache whole; with room,
                                                       when it cannot be written         verify passes
-  reproduce (the rebuild job),    1, 64 MiB work      1 MiB: exit 6 but "git -c: fatal:  NOT FIXED (the test is a strict
-  its work folder (sweep)         folder (TMPDIR)     fetch-pack: invalid index-pack    xfail until it is): the line
-                                                      output", no disk named; 64 MiB:   must name the disk; the socket
-                                                      internal error, AF_UNIX path too  must not live under a long
-                                                      long (the broker's socket under   TMPDIR
+  reproduce (the rebuild job),    1, 64 MiB work      1 MiB: exit 6 but "git -c: fatal:  1 MiB: one line naming TMPDIR
+  its work folder (sweep; the     folder (TMPDIR)     fetch-pack: invalid index-pack    (fix 5); 64 MiB: one line
+  clone's line *)                                     output", no disk named; 64 MiB:   naming TMPDIR, from the broker
+                                                      internal error, AF_UNIX path too  (fix 6); with room, the same
+                                                      long (the broker's socket under   command reproduces the image
                                                       the long TMPDIR)
   two builds, one cache, one tag  -                   both exit 0, the clean digest,    the same: no lock needed
   *                                                   the tag names it, cache whole
@@ -53,6 +53,12 @@ Fixes, each with the test here that fails without it:
   3. extract.keep_free: the toolchain store refused before streaming, named by its cache folder
      (test_the_toolchain_store_on_a_full_disk_names_the_cache_not_its_work_folder).
   4. build: a record that cannot be written after the push says what was pushed and tagged.
+  5. reproduce's git: ENOSPC anywhere in git's output names the disk, not git's last line
+     (test_a_rebuilds_clone_on_a_full_disk_names_the_disk).
+  6. the broker's socket is bound and reached through its folder's descriptor past AF_UNIX's 107
+     bytes (test_rebuild_sandbox's test_the_broker_answers_in_a_work_folder_past_af_unix_path_limit);
+     its compile, in TMPDIR, checks the room it keeps free, and a full disk it meets is the
+     rebuild's own error, whatever the revision's code makes of the refusal (the sweep here).
 A failed build may leave a view (views/) with fewer paths than a whole build's: each path it
 holds is resolved alike, and the rerun adds the rest (assert_whole checks exactly that).
 
@@ -366,9 +372,6 @@ def test_the_sign_job_and_verify_on_a_full_disk_pass_or_say_where_and_then_pass(
 
 
 @pytest.mark.sweep
-@pytest.mark.xfail(strict=True, reason="not fixed yet: at 1 MiB the clone's failure reads 'git -c: fatal: fetch-pack: "
-                   "invalid index-pack output', naming no disk; at 64 MiB a long TMPDIR makes the broker's socket path "
-                   "too long for AF_UNIX (an internal error)")
 @pytest.mark.parametrize("size_mib", [1, 64])
 def test_sweep_the_rebuild_job_on_a_small_disk(small_disk, clean, release_keys, registry, fixture_base,
                                                fixture_lock, tmp_path, size_mib):
@@ -392,10 +395,29 @@ def test_sweep_the_rebuild_job_on_a_small_disk(small_disk, clean, release_keys, 
             "--outcome", str(tmp_path / "outcome.json"))
     first = invoke(project, *args, env={"TMPDIR": str(disk)})
     assert first.returncode != 0 and not passed_or_said_where(first, disk)
+    assert f"at {disk}:" in first.stderr or f"at {disk} (" in first.stderr  # TMPDIR, not a folder gone by now
     assert not any(disk.iterdir()), sorted(disk.iterdir())  # the work folder goes with the failure
     again = invoke(project, *args, env={"TMPDIR": str(tmp_path)})
     assert again.returncode == 0 and "byte-identical" in again.stdout, again.stdout + again.stderr
     print(f"{size_mib} MiB: {last_line(first) if first.stdout else first.stderr.splitlines()[-1]}")
+
+
+def test_a_rebuilds_clone_on_a_full_disk_names_the_disk(small_disk, tmp_path):
+    """git's last line on a full disk is fetch-pack's "invalid index-pack output" (its index-pack
+    died on ENOSPC): the rebuild said only that, naming no disk (found by the sweep below)."""
+    from bakery.errors import EnvironmentProblem
+    from bakery.release import reproduce
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "big").write_bytes(os.urandom(2 << 20))  # more than the disk holds, and not compressible
+    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "r"]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True)
+    disk = small_disk(1)
+    with pytest.raises(EnvironmentProblem) as failed:  # file:// as a remote would be: a pack, not a copy
+        reproduce._git("-c", "protocol.file.allow=always", "clone", "-q", "--no-checkout", "--", f"file://{repo}",
+                       str(disk / "work" / "source"), writes=disk)
+    assert str(failed.value).startswith(f"the disk is full at {disk} (git clone: No space left on device)"), failed.value
 
 
 @pytest.fixture

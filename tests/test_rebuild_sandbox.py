@@ -294,3 +294,19 @@ def test_a_compile_the_revision_leaves_running_ends_with_the_rebuild(hostile, tm
         reproduce.rebuild(plan, tmp_path / "work", None, log=lambda m: None)
     time.sleep(5)  # the queued compile gets the lock once the first is stopped: it must start nothing
     assert sleepers() <= before
+
+
+def test_the_broker_answers_in_a_work_folder_past_af_unix_path_limit(tmp_path, monkeypatch):
+    """A long TMPDIR or --workdir puts the broker's socket past AF_UNIX's 107 bytes: before, the
+    rebuild stopped on "AF_UNIX path too long" (found by test_disk_full's rebuild on a small disk)."""
+    from bakery import broker_client
+    from bakery.release import broker
+
+    folder = tmp_path / ("w" * 60) / ("x" * 60)
+    folder.mkdir(parents=True)
+    grant = broker.Grant("127.0.0.1:5000", "base", None, tmp_path)
+    with broker.serve(folder, grant) as path:
+        assert len(os.fsencode(path)) > 107 and path.exists()
+        monkeypatch.setenv(broker_client.SOCKET_ENV, str(path))
+        with pytest.raises(EnvironmentProblem, match="refused GET /nothing"):  # an answer: it was reached
+            broker_client.ask("GET", "/nothing")

@@ -9,6 +9,7 @@ provenance's source repository), as the release workflow builds from a tag.
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 from pathlib import Path
 
@@ -59,10 +60,12 @@ def release(s, name: str, epoch: int) -> str:
     return ref
 
 
-def reproduce(s, ref: str, name: str, rebuilder: str | None = None):
+def reproduce(s, ref: str, name: str, rebuilder: str | None = None, tmp: Path | None = None):
+    """Rebuilt in --workdir rebuild-NAME, or with `tmp`, in a temporary folder of TMPDIR=tmp."""
     attest = ["--attest", "--key", str(s["rebuilders"][rebuilder][0])] if rebuilder else []
+    where = ["--workdir", str(s["root"] / f"rebuild-{name}")] if tmp is None else []
     return invoke(s["project"], "reproduce", ref, "--release-key", str(s["pub"]), "--policy", str(s["policy"]),
-                  "--workdir", str(s["root"] / f"rebuild-{name}"), *attest, env=PASSWORD)
+                  *where, *attest, env={**PASSWORD, **({"TMPDIR": str(tmp)} if tmp else {})})
 
 
 def verify_rebuilt(s, ref: str, needed: int):
@@ -82,6 +85,10 @@ def clean_rebuilds(setup):
     ref = release(setup, "clean", 1700000300)
     outcome, tmp = setup["root"] / "outcome-b.json", setup["root"] / "tmp-b"
     tmp.mkdir()
+    # what a reproduce killed before this one left in its temporary folder (its lock died with it)
+    killed = tmp / ".bakery-reproduce.partial-killed"
+    (killed / "source").mkdir(parents=True)
+    os.utime(killed, (1700000000, 1700000000))
     with ThreadPoolExecutor(2) as pool:
         a = pool.submit(reproduce, setup, ref, "clean", "a")
         b = pool.submit(invoke, setup["project"], "reproduce", ref, "--release-key", str(setup["pub"]), "--policy",
@@ -109,7 +116,8 @@ def test_verify_counts_distinct_rebuilders_that_got_this_digest(setup, clean_reb
     # rebuilder b as the release workflow does it: the rebuild holds no key and writes its outcome;
     # a job that runs no build hashes the rebuilt manifest and signs
     assert rebuilt.returncode == 0, rebuilt.stderr
-    assert not list(tmp.iterdir())  # a matching rebuild in a temporary folder leaves nothing behind
+    # a matching rebuild in a temporary folder leaves nothing behind, and removes what a killed one left
+    assert not list(tmp.iterdir())
     sign_b = ["attest-rebuild", ref, "--outcome", str(outcome), "--release-key", str(setup["pub"]), "--policy",
               str(setup["policy"]), "--key", str(setup["rebuilders"]["b"][0])]
     signed = invoke(setup["project"], *sign_b, env=PASSWORD)
@@ -178,7 +186,8 @@ def unreproduced(setup):
         patch.write_bytes(clean)
         git(setup["project"], "checkout", "--", "overlays")
     with ThreadPoolExecutor(2) as pool:
-        by_anyone = pool.submit(reproduce, setup, dirty, "dirty")
+        (setup["root"] / "tmp-dirty").mkdir()
+        by_anyone = pool.submit(reproduce, setup, dirty, "dirty", tmp=setup["root"] / "tmp-dirty")
         by_a = pool.submit(reproduce, setup, overlay, "overlay", "a")
         return {"dirty": (dirty, by_anyone.result(), committed + SELFCHECK_EDIT), "overlay": (overlay, by_a.result())}
 
@@ -189,6 +198,10 @@ def test_a_release_built_from_a_dirty_tree_is_not_and_the_file_is_named(unreprod
     assert result.returncode == 5 and "not reproduced" in result.stderr, result.stdout + result.stderr
     original, _ = named_difference(result, "/usr/local/bin/bakery-selfcheck")
     assert original == hashlib.sha256(released).hexdigest()
+    # rebuilt in a temporary folder: kept to be looked at, where the line says, and nothing else is left
+    kept = Path(result.stderr.split("(the rebuild is in ")[1].split(")")[0])
+    assert kept.name.startswith("bakery-reproduce-") and (kept / "build" / "output" / "layout").is_dir()
+    assert [p.name for p in kept.parent.iterdir()] == [kept.name]
 
 
 def test_a_release_built_with_a_changed_overlay_is_not_and_its_target_is_named(setup, unreproduced):

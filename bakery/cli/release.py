@@ -128,9 +128,12 @@ class Reproduced:
 
 def reproduce(project: Path, image: str, release_key=None, policy=None, toolchain=None, workdir=None, attest=False,
               key=None, outcome=None, log=lambda m: None) -> Reproduced:
+    import os
     import shutil
     import tempfile
+    from contextlib import ExitStack
 
+    from .. import files
     from ..oci import store
     from ..oci.refs import Reference
     from ..release import reproduce as rep
@@ -140,16 +143,24 @@ def reproduce(project: Path, image: str, release_key=None, policy=None, toolchai
     where = store.open_store(ref, None)
     rules = load_policy(project, policy, role_keys(release_key, None))
     plan = rep.plan(rep.signed_provenance(where, ref, rules))
-    work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="bakery-reproduce-"))
-    digest = None
-    try:
-        layout = rep.rebuild(plan, work, toolchain, log)  # the revision's code runs with none of our secrets
-        digest, manifest = rep.rebuilt_digest(layout)
-        diffs = [] if digest == ref.digest else \
-            rep.differences(where, where.manifest(str(ref.digest)), store.LayoutStore(layout), manifest)
-    finally:
-        if not workdir and digest in (None, ref.digest):
-            shutil.rmtree(work, ignore_errors=True)  # kept only to show a rebuild that gave other bytes
+    with ExitStack() as stack:
+        # our own temporary folder is locked while we run: the next run removes one a kill left
+        work = Path(workdir) if workdir else \
+            stack.enter_context(files.staging_dir(Path(tempfile.gettempdir()) / "bakery-reproduce"))
+        digest = None
+        try:
+            # the revision's code runs with none of our secrets
+            layout = rep.rebuild(plan, work, toolchain, log, named=None if workdir else work.parent)
+            digest, manifest = rep.rebuilt_digest(layout)
+            diffs = [] if digest == ref.digest else \
+                rep.differences(where, where.manifest(str(ref.digest)), store.LayoutStore(layout), manifest)
+        finally:
+            if not workdir and digest in (None, ref.digest):
+                shutil.rmtree(work, ignore_errors=True)
+        if not workdir and digest != ref.digest:  # other bytes: kept to be looked at, under a lasting name
+            kept = Path(tempfile.mkdtemp(prefix="bakery-reproduce-"))
+            os.replace(work, kept)
+            work = kept
     if outcome:
         rep.write_outcome(Path(outcome), ref, manifest, diffs)
     attested_as = None

@@ -539,7 +539,7 @@ def _compile(recipe: Recipe, toolchain: str, image_id: str, out: Path, log) -> N
     # through the broker, the compile writes on the broker's disk, which it watches itself
     here = not os.environ.get(broker_client.SOCKET_ENV)
     if here:
-        _room_to_compile(out.parent)
+        room_to_compile(out.parent)
     try:
         with atomic_dir(out, keep=_outputs_ok) as tmp:  # two compiles at once: the first one's stays
             log(f"compiling hip/ for {recipe.arch} in {toolchain}")
@@ -551,11 +551,11 @@ def _compile(recipe: Recipe, toolchain: str, image_id: str, out: Path, log) -> N
             (tmp / "done.json").write_text(json.dumps({"toolchain_image": image_id, "sha256": outputs}))
     except EnvironmentProblem:
         if here:  # stopped by the watch, or the compiler's own write failed, as the disk filled: say so
-            _room_to_compile(out.parent)
+            room_to_compile(out.parent)
         raise
 
 
-def _room_to_compile(folder: Path) -> None:
+def room_to_compile(folder: Path, elsewhere: str = "set BAKERY_CACHE to a larger disk") -> None:
     """The compile's /out lies under `folder` and is stopped once its disk is down to RESERVE
     (_overdrawn): with less free, one line naming the folder, not the compiler's log about /out."""
     from ..base.extract import RESERVE
@@ -563,8 +563,8 @@ def _room_to_compile(folder: Path) -> None:
     free = shutil.disk_usage(folder).free
     if free < RESERVE:
         raise EnvironmentProblem(f"the disk is full at {folder}: {free / 2**20:.0f} MiB free, and a compile of hip/ "
-                                 f"writes there only while {RESERVE >> 30} GiB stay free; free space, or set "
-                                 f"BAKERY_CACHE to a larger disk") from None
+                                 f"writes there only while {RESERVE >> 30} GiB stay free; free space, or "
+                                 f"{elsewhere}") from None
 
 
 def _artifacts(recipe: Recipe, out: Path, toolchain: str) -> list[Artifact]:

@@ -33,12 +33,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..broker_client import OUTPUTS_LIMIT
-from ..errors import BakeryError, EnvironmentProblem, IntegrityError, TransientError
+from ..broker_client import OUTPUTS_LIMIT, unix_name
+from ..errors import BakeryError, EnvironmentProblem, IntegrityError, TransientError, foreign
 
 SHELL_LIMIT = 1 << 20  # the compile script: a few KiB
 OUTPUT_FILES = 64
 LOG_LIMIT = 64 << 10
+TMPDIR_ELSEWHERE = "give the rebuild a TMPDIR on a larger disk"  # where the broker's compile writes
 COMPILES = 4  # a build compiles once; a few retries at most
 CONNECTIONS = 32  # at once: the build fetches a few layers concurrently
 # the distribution spec's repository grammar
@@ -64,6 +65,11 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     over: threading.Event  # set with closed: a compile still running is stopped
     compiling: threading.Lock
     slots: threading.BoundedSemaphore
+    problems: list[str]
+
+    def server_bind(self) -> None:
+        with unix_name(self.server_address) as name:  # a long work folder's path is past AF_UNIX's limit
+            self.socket.bind(name)
 
     def process_request(self, request, client_address) -> None:
         if not self.slots.acquire(blocking=False):  # past CONNECTIONS at once: closed, not queued
@@ -112,12 +118,22 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except TransientError as e:  # the code inside retries it, as it would the registry's 5xx
             self._answer(502, str(e).encode())
         except BakeryError as e:  # a refusal (a redirect not followed, a login missing): the same each time
-            self._answer(403, str(e).encode())
+            self._refuse(e)
         except Exception as e:  # a bug of ours, or the machine (a full disk): one answer, not a dropped connection
-            if getattr(self, "_begun", False):  # an answer under way takes nothing more (it would read as its bytes)
+            if isinstance(foreign(e), EnvironmentProblem):
+                self._refuse(foreign(e))
+            elif getattr(self, "_begun", False):  # an answer under way takes nothing more (it would read as its bytes)
                 self.close_connection = True
             else:
                 self._answer(502, f"the broker failed: {type(e).__name__}: {str(e)[:300]}".encode())
+
+    def _refuse(self, e: BakeryError) -> None:
+        if isinstance(e, EnvironmentProblem):  # this machine's (a full disk): the rebuild says it as its own error
+            self.server.problems.append(str(e))
+        if getattr(self, "_begun", False):
+            self.close_connection = True
+        else:
+            self._answer(403, str(e).encode())
 
     def _granted(self, found: re.Match) -> bool:
         from ..oci.transport import api_host
@@ -179,7 +195,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             files = hip.toolchain_files(toolchain, hip.load(grant.hip).toolchain, cache_dir(create=True) / "toolchains",
                                         log=lambda m: None)
             with tempfile.TemporaryDirectory(prefix="bakery-broker-") as out:
+                hip.room_to_compile(Path(tempfile.gettempdir()), TMPDIR_ELSEWHERE)  # named: `out` goes with it
                 status, logs = hip.run_compile(files, grant.hip, shell, Path(out), stop=self.server.over)
+                if status != 0:  # stopped by the watch as the disk filled, or the compiler's write failed
+                    hip.room_to_compile(Path(tempfile.gettempdir()), TMPDIR_ELSEWHERE)
                 found = _outputs(Path(out))
         self._answer(200, json.dumps({"status": status, "logs": logs[-LOG_LIMIT:], "files": found}).encode())
 
@@ -208,8 +227,10 @@ def _outputs(folder: Path) -> dict[str, str]:
 
 
 @contextmanager
-def serve(folder: Path, grant: Grant):
-    """The broker on folder/broker.sock while the block runs (the folder is bound into the sandbox)."""
+def serve(folder: Path, grant: Grant, problems: list[str] | None = None):
+    """The broker on folder/broker.sock while the block runs (the folder is bound into the sandbox).
+    `problems` gets each of this machine's problems it met (a full disk): the rebuild's own error,
+    whatever the code inside makes of the refusal."""
     path = folder / "broker.sock"
     server = _Server(str(path), _Handler)
     if os.geteuid() == 0:  # the sandbox's code is the host's uid 65534 then: it alone may connect
@@ -217,7 +238,7 @@ def serve(folder: Path, grant: Grant):
 
         os.chown(path, UID, UID)
     os.chmod(path, 0o600)
-    server.grant, server.over = grant, threading.Event()
+    server.grant, server.over, server.problems = grant, threading.Event(), problems if problems is not None else []
     server.compiling, server.slots = threading.Lock(), threading.BoundedSemaphore(CONNECTIONS)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

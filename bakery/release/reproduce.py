@@ -89,11 +89,21 @@ def signed_provenance(store, ref: Reference, policy) -> dict:
     return found[provenance.SLSA_PREDICATE]
 
 
-def _git(*args: str, cwd: Path | None = None) -> str:
+FULL_DISK = ("No space left on device", "Disk quota exceeded")  # strerror of ENOSPC and EDQUOT
+
+
+def _git(*args: str, writes: Path, cwd: Path | None = None) -> str:
+    """git's output; its failure as one line, naming the folder it `writes` when the disk filled (git's
+    last line then is often another process's complaint, e.g. fetch-pack's "invalid index-pack output")."""
     done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
     if done.returncode != 0:
         command = next(a for a in args if not a.startswith("-") and "=" not in a)  # past the -c NAME=VALUE
-        raise EnvironmentProblem(f"git {command}: {(done.stderr.strip().splitlines() or ['failed'])[-1]}")
+        said = done.stderr.strip().splitlines() or ["failed"]
+        full = next((why for why in FULL_DISK for line in said if why in line), None)
+        if full:
+            raise EnvironmentProblem(f"the disk is full at {writes} (git {command}: {full}): free space there, or "
+                                     f"give --workdir (or TMPDIR) on a larger disk")
+        raise EnvironmentProblem(f"git {command}: {said[-1]}")
     return done.stdout.strip()
 
 
@@ -114,18 +124,19 @@ def _start_afresh(workdir: Path) -> None:
                                          f"remove it, or give another --workdir") from None
 
 
-def rebuild(p: Plan, workdir: Path, toolchain: str | None, log) -> Path:
+def rebuild(p: Plan, workdir: Path, toolchain: str | None, log, named: Path | None = None) -> Path:
     """The OCI layout of the revision built here from nothing: a fresh clone, an empty cache, the
     kernels compiled (the artifact the original used is never fetched). The revision's code is
     what a rebuilder exists to distrust: it runs in the sandbox (no key, password, credential,
     Docker socket or network; uid 65534 of its own namespaces; limits), and reaches the base and
-    the compiler only through the broker (broker.py). git, ours, clones it out here."""
+    the compiler only through the broker (broker.py). git, ours, clones it out here. `named`: the
+    folder a full disk's error names (a temporary workdir is gone by then: its TMPDIR)."""
     _start_afresh(workdir)
     source = workdir / "source"
     log(f"cloning {p.repository} at {p.revision[:12]}")
     _git("-c", "protocol.allow=never", "-c", "protocol.https.allow=always", "-c", "protocol.file.allow=always",
-         "clone", "-q", "--no-checkout", "--", p.repository, str(source))
-    _git("-c", "core.symlinks=true", "checkout", "-q", "--detach", p.revision, cwd=source)
+         "clone", "-q", "--no-checkout", "--", p.repository, str(source), writes=named or workdir)
+    _git("-c", "core.symlinks=true", "checkout", "-q", "--detach", p.revision, cwd=source, writes=named or workdir)
     _readable_by_all(source)  # as root, the build runs as the host's uid 65534, whatever the umask
     hip_dir = source / "hip"
     if hip_dir.is_symlink() or not hip_dir.is_dir():  # docker would bind where a link points: the host
@@ -144,7 +155,8 @@ def rebuild(p: Plan, workdir: Path, toolchain: str | None, log) -> Path:
             "--layout", str(layout), "--out", str(build / "output" / "out"), "--recompile"] \
         + (["--toolchain", tools] if tools else [])
     log(f"building {p.revision[:12]} in the sandbox with an empty cache (SOURCE_DATE_EPOCH={p.epoch})")
-    with broker.serve(build / "broker", grant) as socket_path:
+    problems: list[str] = []  # this machine's, met by the broker
+    with broker.serve(build / "broker", grant, problems) as socket_path:
         env = {"SOURCE_DATE_EPOCH": str(p.epoch), "BAKERY_CACHE": str(build / "cache"), "TMPDIR": str(build / "tmp"),
                broker_client.SOCKET_ENV: str(socket_path),
                # the checkout is ours (root's, when root), read by another uid: git asks to be told
@@ -155,6 +167,8 @@ def rebuild(p: Plan, workdir: Path, toolchain: str | None, log) -> Path:
             raise EnvironmentProblem(f"the rebuild ran past {sandbox.REBUILD.seconds:.0f} s: stopped") from None
         finally:
             disarm(build)
+    if done.returncode != 0 and problems:
+        raise EnvironmentProblem(problems[0])
     if done.returncode != 0:
         said = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise EnvironmentProblem(f"the rebuild failed (exit {done.returncode}): {said[:500]}")
