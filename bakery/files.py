@@ -143,7 +143,12 @@ def atomic_dir(dest: Path, *, keep: Callable[[Path], bool] | None = None) -> Ite
                 aside = dest.parent / f".{dest.name}.partial-old-{secrets.token_hex(6)}"
                 os.rename(dest, aside)  # under a staging name: a kill now leaves it to the next writer
             crashpoint.reached(f"fill {dest}")
-            os.replace(staging, dest)
+            try:
+                os.replace(staging, dest)
+            except OSError as e:  # another writer's took the name since: good as it is, it stays
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST) or keep is None or not keep(dest):
+                    raise
+                shutil.rmtree(staging, ignore_errors=True)
             crashpoint.reached(f"filled {dest}")
         except BaseException as e:
             shutil.rmtree(staging, ignore_errors=True)

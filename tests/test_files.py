@@ -177,3 +177,23 @@ def test_two_writers_of_one_entry_the_first_ones_folder_stays_when_it_is_good(tm
     with atomic_dir(dest, keep=lambda d: False) as staging:
         (staging / "f").write_bytes(b"third")
     assert (dest / "f").read_bytes() == b"third" and sorted(os.listdir(tmp_path)) == ["entry"]
+
+
+def test_a_writer_that_finds_the_name_taken_at_its_last_step_keeps_the_other_ones_good_entry(tmp_path, monkeypatch):
+    """The other writer's folder may take the name after this one looked and before its rename: the
+    rename then fails (ENOTEMPTY), and it threw a good compile away as an error. Now it keeps theirs."""
+    from bakery import crashpoint, files
+
+    dest = tmp_path / "entry"
+    reached = crashpoint.reached
+
+    def the_other_writer_finishes(point: str) -> None:
+        if point == f"fill {dest}" and not dest.exists():
+            dest.mkdir()
+            (dest / "f").write_bytes(b"theirs")
+        reached(point)
+
+    monkeypatch.setattr(files.crashpoint, "reached", the_other_writer_finishes)
+    with atomic_dir(dest, keep=lambda d: (d / "f").read_bytes() == b"theirs") as staging:
+        (staging / "f").write_bytes(b"ours")
+    assert (dest / "f").read_bytes() == b"theirs" and sorted(os.listdir(tmp_path)) == ["entry"]

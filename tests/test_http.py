@@ -614,3 +614,17 @@ def test_a_redirect_to_a_private_or_link_local_address_reaches_nothing_there_dir
 
     assert seen["rebound"] == "the base's layer" and seen["rebound hits"] == [], (seen["rebound"], seen["rebound hits"])
     assert seen["allowed"] == ["the base's layer"] * 2
+
+
+def test_a_retry_after_of_non_ascii_digits_is_read_as_none_not_a_crash():
+    """str.isdigit takes "²" and float() does not: a registry's Retry-After of "²" was an internal
+    error (exit 1) instead of a wait of our own choosing (found by review)."""
+    from types import SimpleNamespace
+
+    from bakery.oci import transport
+
+    def said(value: str):
+        return transport.asked_wait(SimpleNamespace(status_code=429, headers={"Retry-After": value}))
+
+    assert said("7") == 7.0
+    assert said("²") is None and said("٣") is None

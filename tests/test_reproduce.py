@@ -312,7 +312,7 @@ def test_a_workdir_a_stopped_rebuild_left_is_started_afresh(tmp_path):
     the same command run again starts from nothing (git would not clone into source/: the rerun
     failed at once, test_crash's reproduce sweep)."""
     from bakery.errors import IntegrityError
-    from bakery.release.reproduce import Plan, rebuild
+    from bakery.release.reproduce import WORKDIR_MARK, Plan, claimed, rebuild
 
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -322,7 +322,31 @@ def test_a_workdir_a_stopped_rebuild_left_is_started_afresh(tmp_path):
     work = tmp_path / "work"
     for left in ("source/.git", "build/output/layout"):
         (work / left).mkdir(parents=True)
+    (work / WORKDIR_MARK).touch()  # made by a rebuild
     plan = Plan(str(repo), git(repo, "rev-parse", "HEAD"), False, "127.0.0.1:1/b@sha256:" + "0" * 64, 1, None)
-    with pytest.raises(IntegrityError, match="hip/ is not a folder"):  # cloned and checked out: read as far as hip/
+    with pytest.raises(IntegrityError, match="hip/ is not a folder"), claimed(work):  # read as far as hip/
         rebuild(plan, work, None, log=lambda m: None)
     assert (work / "source" / "README").exists() and not (work / "build").exists()
+
+
+def test_a_workdir_a_rebuild_did_not_make_or_one_in_use_is_refused_and_kept(tmp_path):
+    """`--workdir .` in a project, or ~: its own build/ and source/ are not a stopped rebuild's to
+    remove (they were, whatever the folder); a second reproduce in the same workdir at once waits
+    for no one and removes nothing (it removed the first one's clone under it)."""
+    from bakery.errors import EnvironmentProblem, InputError
+    from bakery.release.reproduce import claimed
+
+    home = tmp_path / "home"
+    (home / "build").mkdir(parents=True)
+    (home / "build" / "mine").write_text("a user's\n")
+    with pytest.raises(InputError, match="was not made by a rebuild"), claimed(home):
+        pass
+    assert (home / "build" / "mine").read_text() == "a user's\n"
+    work = tmp_path / "work"
+    with claimed(work):
+        (work / "source").mkdir()
+        with pytest.raises(EnvironmentProblem, match="another reproduce is rebuilding in"), claimed(work):
+            pass
+        assert (work / "source").is_dir()
+    with claimed(work):  # the first one over: the next is ours, and starts from nothing
+        assert not (work / "source").exists()

@@ -9,6 +9,7 @@ import re
 import subprocess
 from pathlib import Path
 import uuid
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -312,6 +313,27 @@ def test_the_next_nightly_is_ours_to_order_not_upstream_s():
     ledger_ = ledger_mod.Ledger("u", "m", (pin, older_claim, same_run_older, tried))
     assert bump_mod.pending(ledger_, pin.digest) is older_claim
     assert bump_mod.pending(ledger_mod.Ledger("u", "m", (pin, same_run_older, tried)), pin.digest) is None
+
+
+def test_a_nightly_rolled_back_by_hand_is_not_bumped_again_but_one_a_kill_left_unpinned_is(tmp_path):
+    """docs/release.md's rollback pins an older nightly by hand after a carried one: the next nightly
+    run must not move the pin back (it did, each night, when every carried nightly newer than the pin
+    counted as a bump stopped before its pin). Only the ledger's `pinning` mark, written before the
+    checkout changes and cleared once the pin has moved, says a bump was stopped in between."""
+    def entry(name, seen, tried=None):
+        return ledger_mod.Nightly(Digest.of(name.encode()), None, seen, ledger_mod.Version("1", None),
+                                  ledger_mod.Version("1", None), "m@x", seen, (name,), tried=tried)
+    rolled_back_to = entry("old", "2026-11-01T00:00:00Z")
+    rejected = entry("rejected", "2026-11-02T00:00:00Z", ledger_mod.Tried(ledger_mod.CARRIED, {"a": "carried"}))
+    assert bump_mod.pending(ledger_mod.Ledger("u", "m", (rolled_back_to, rejected)), rolled_back_to.digest) is None
+    stopped = replace(rejected, tried=replace(rejected.tried, pinning=True))
+    ledger_ = ledger_mod.Ledger("u", "m", (rolled_back_to, stopped))
+    assert bump_mod.pending(ledger_, rolled_back_to.digest) is stopped
+    path = tmp_path / "nightlies.yaml"  # the mark survives the file, and is absent once cleared
+    ledger_mod.write_ledger(path, ledger_)
+    assert "pinning: true" in path.read_text() and ledger_mod.load_ledger(path).find(stopped.digest) == stopped
+    ledger_mod.write_ledger(path, ledger_mod.Ledger("u", "m", (rolled_back_to, rejected)))
+    assert "pinning:" not in path.read_text()
 
 
 def test_an_upstream_that_floods_new_nightlies_is_refused_before_copying(pinned_project, nightlies, monkeypatch):

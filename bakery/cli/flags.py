@@ -123,7 +123,8 @@ REPRODUCE = {"image": "the released REGISTRY/REPO@sha256:DIGEST to rebuild",
             "policy": "verification policy (default: provenance/policy.yaml)",
             "toolchain": "compile hip/ in this image (default: the one the provenance names)",
             "workdir": "where to clone and build (default: a new temporary folder, kept only when the rebuild "
-                       "gives other bytes); the source/ and build/ an earlier run left there are removed first",
+                       "gives other bytes); a new or empty folder, or one a rebuild made: the source/ "
+                       "and build/ an earlier run left there are removed first",
             "attest": "sign the outcome (match or not) onto IMAGE as this rebuilder, with --key",
             "key": "with --attest: this rebuilder's encrypted private key (default: BAKERY_REBUILDER_SIGNING_KEY)",
             "outcome": "write what the rebuild gave (its manifest, the differences) to this file, for "

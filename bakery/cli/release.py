@@ -147,6 +147,7 @@ def reproduce(project: Path, image: str, release_key=None, policy=None, toolchai
         # our own temporary folder is locked while we run: the next run removes one a kill left
         work = Path(workdir) if workdir else \
             stack.enter_context(files.staging_dir(Path(tempfile.gettempdir()) / "bakery-reproduce"))
+        stack.enter_context(rep.claimed(work))
         digest = None
         try:
             # the revision's code runs with none of our secrets

@@ -428,23 +428,35 @@ def run_toolchain(recipe: Recipe, toolchain: str, shell: str, out: Path, log=pri
                                  + "\n".join(logs.splitlines()[-25:]))
 
 
-def _outputs_ok(out: Path) -> bool:
-    """A cached compile: done, and every output still the bytes recorded when it was made. A
-    poisoned one is deleted with one warning, so it is compiled again."""
+def _outputs_whole(out: Path) -> str | None:
+    """Pure check of a cached compile: None when it is done and every output is still the bytes
+    recorded when it was made; else why not ("absent" when there is none)."""
     try:
         recorded = json.loads((out / "done.json").read_text())["sha256"]
         if all(hashlib.sha256((out / name).read_bytes()).hexdigest() == sha for name, sha in recorded.items()):
-            return True
-        why = "an output does not match its recorded sha256"
+            return None
+        return "an output does not match its recorded sha256"
     except FileNotFoundError:
-        if not out.exists():
-            return False
-        why = "it is incomplete"
+        return "absent" if not out.exists() else "it is incomplete"
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        why = f"its record is unreadable ({e})"
+        return f"its record is unreadable ({e})"
+
+
+def _outputs_ok(out: Path) -> bool:
+    """A cached compile, whole (_outputs_whole). A poisoned one is deleted with one warning, so it is
+    compiled again."""
+    why = _outputs_whole(out)
+    if why in (None, "absent"):
+        return why is None
     print(f"warning: dropped a corrupt compile cache entry {out.name} ({why}); compiling again", file=sys.stderr)
     shutil.rmtree(out, ignore_errors=True)
     return False
+
+
+def _kept(out: Path) -> bool:
+    """atomic_dir's keep: another writer's entry, whole, stays; one that is not is replaced (never
+    deleted here: a reader of it may be a moment behind its writer)."""
+    return _outputs_whole(out) is None
 
 
 @dataclass(frozen=True)
@@ -541,7 +553,7 @@ def _compile(recipe: Recipe, toolchain: str, image_id: str, out: Path, log) -> N
     if here:
         room_to_compile(out.parent)
     try:
-        with atomic_dir(out, keep=_outputs_ok) as tmp:  # two compiles at once: the first one's stays
+        with atomic_dir(out, keep=_kept) as tmp:  # two compiles at once: the first one's stays
             log(f"compiling hip/ for {recipe.arch} in {toolchain}")
             scratch = tmp / ".out"
             scratch.mkdir()
@@ -688,7 +700,7 @@ def fetch_artifact(registry, repo: str, key: str, dest: Path, trust, expected: s
         if names != set(config["sha256"]) or names != expected:
             raise IntegrityError(f"kernel artifact {ref}: its files {sorted(map(repr, names))[:8]} are not the ones "
                                  f"this recipe makes ({', '.join(sorted(expected))}) or its config names")
-    with atomic_dir(dest, keep=_outputs_ok) as tmp:
+    with atomic_dir(dest, keep=_kept) as tmp:
         for layer in layers:
             data = registry.fetch_blob(repo, layer)  # checked against the layer's digest
             name = layer.annotations[TITLE]

@@ -207,7 +207,7 @@ def read_bounded(resp: Response, limit: int, what: str, error: type) -> bytes:
     """The whole body, or `error` as soon as it is known to exceed `limit` (from Content-Length, or
     while reading a body of unannounced length): a hostile server cannot make us read gigabytes."""
     declared = resp.headers.get("Content-Length", "")
-    if declared.isdigit() and int(declared) > limit:
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:  # "²" is a digit to isdigit
         resp.close()
         raise error(f"{what}: the response announces {int(declared)} bytes, over the {limit}-byte limit for it; "
                     f"refused without reading it (the server is broken or hostile)")
@@ -241,7 +241,7 @@ def asked_wait(resp: Response | None) -> float | None:
     if resp is None or resp.status_code not in (429, 503):
         return None
     said = (resp.headers.get("Retry-After") or "").strip()
-    if said.isdigit():
+    if said.isascii() and said.isdigit():  # "²" is a digit to isdigit, and not to float
         return float(said)
     try:
         return email.utils.parsedate_to_datetime(said).timestamp() - time.time()

@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,21 +108,45 @@ def _git(*args: str, writes: Path, cwd: Path | None = None) -> str:
     return done.stdout.strip()
 
 
-def _start_afresh(workdir: Path) -> None:
-    """The clone and the build a run stopped part way left in workdir (killed, or failed): removed,
-    so this run starts from nothing (git would not clone into them)."""
+WORKDIR_MARK = ".bakery-rebuild"  # in a --workdir: a rebuild made it, and one holds its lock while it runs
+
+
+@contextmanager
+def claimed(workdir: Path):
+    """workdir held for one rebuild: locked against a second run at once, and what a stopped run left
+    there (its source/ and build/, killed or failed) removed so this one starts from nothing (git would
+    not clone into them). A folder holding anything a rebuild did not make is refused, never cleared."""
+    import fcntl
     import shutil
 
-    for left in (workdir / "source", workdir / "build"):
-        if os.path.lexists(left):
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        mark = workdir / WORKDIR_MARK
+        others = sorted(set(os.listdir(workdir)) - {WORKDIR_MARK})
+        if others and not mark.is_file():
+            raise InputError(f"{workdir} holds {others[0]!r} and was not made by a rebuild: give a new or empty "
+                             f"--workdir (a rebuild removes what an earlier one left there)")
+        held = os.open(mark, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        raise EnvironmentProblem(f"{workdir}: {e.strerror}: give another --workdir") from None
+    try:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise EnvironmentProblem(f"another reproduce is rebuilding in {workdir}: wait for it, or give another "
+                                     f"--workdir") from None
+        for left in (workdir / "source", workdir / "build"):
             try:
-                if left.is_symlink() or not left.is_dir():
+                if left.is_symlink() or left.is_file():
                     left.unlink()  # removed, never followed
-                else:
+                elif left.exists():
                     shutil.rmtree(left)
             except OSError as e:
                 raise EnvironmentProblem(f"{left}, left by an earlier rebuild, cannot be removed ({e.strerror or e}): "
                                          f"remove it, or give another --workdir") from None
+        yield workdir
+    finally:
+        os.close(held)
 
 
 def rebuild(p: Plan, workdir: Path, toolchain: str | None, log, named: Path | None = None) -> Path:
@@ -129,9 +154,9 @@ def rebuild(p: Plan, workdir: Path, toolchain: str | None, log, named: Path | No
     kernels compiled (the artifact the original used is never fetched). The revision's code is
     what a rebuilder exists to distrust: it runs in the sandbox (no key, password, credential,
     Docker socket or network; uid 65534 of its own namespaces; limits), and reaches the base and
-    the compiler only through the broker (broker.py). git, ours, clones it out here. `named`: the
+    the compiler only through the broker (broker.py). git, ours, clones it out here, in a workdir the
+    caller holds (claimed()). `named`: the
     folder a full disk's error names (a temporary workdir is gone by then: its TMPDIR)."""
-    _start_afresh(workdir)
     source = workdir / "source"
     log(f"cloning {p.repository} at {p.revision[:12]}")
     _git("-c", "protocol.allow=never", "-c", "protocol.https.allow=always", "-c", "protocol.file.allow=always",

@@ -17,11 +17,12 @@ from .ledger import CARRIED, NEEDS_PORTING, Ledger, Nightly, Tried, load_ledger,
 
 
 def pending(ledger: Ledger, pinned: Digest) -> Nightly | None:
-    """The newest kept nightly, newer than the pin, not yet tried, or carried and not pinned (a bump
-    stopped after it recorded the outcome, before it moved the pin: it is finished); None: nothing new."""
+    """The newest kept nightly, newer than the pin, not yet tried, or carried by a bump stopped before it
+    moved the pin (it is finished); None: nothing new. One that was pinned and then rolled back by hand
+    stays tried: the ledger marks only the moment between the record and the pin."""
     pin = ledger.find(pinned)
     newer = [n for n in newest_first(ledger) if n is not pin and (pin is None or n.order > pin.order) and
-             (n.tried is None or (pin is not None and n.tried.outcome == CARRIED))]
+             (n.tried is None or n.tried.pinning)]
     return newer[0] if newer else None
 
 
@@ -67,22 +68,25 @@ def bump(project: Path, ledger_path: Path, out: Path, nightly: str | None = None
 
     recorded = []
 
-    def record(rows: list, carried: bool) -> None:
-        """The outcome in the ledger; carried, before the checkout changes (the lock, then the pin), so
-        a bump stopped in between is finished by the next. Finishing, the first try's record stays."""
+    def record(rows: list, carried: bool, pinning: bool = False) -> None:
+        """The outcome in the ledger; carried, before the checkout changes (the lock, then the pin), marked
+        `pinning` until the pin has moved, so a bump stopped in between is finished by the next.
+        Finishing, the first try's statuses stay."""
         statuses = {r.overlay.id: str(r.status) for r in rows}
         again = carried and chosen.tried is not None and chosen.tried.outcome == CARRIED
-        recorded.append(chosen if again else replace(chosen, tried=Tried(CARRIED if carried else NEEDS_PORTING,
-                                                                          statuses)))
+        tried = replace(chosen.tried, pinning=pinning) if again and chosen.tried else \
+            Tried(CARRIED if carried else NEEDS_PORTING, statuses, pinning)
+        recorded[:] = [replace(chosen, tried=tried)]
         write_ledger(ledger_path, replace(ledger, nightlies=tuple(recorded[0] if n is chosen else n
                                                                   for n in ledger.nightlies)))
 
     # retire=False: a base whose own code "proves" a fix runs inside that proof; retiring an overlay
     # takes a person (invoke rebase), never an unattended bump
     rows, carried = rebase_mod.rebase(Options(project, target, out=out, base_mirror=ledger.mirror), log=both,
-                                      retire=False, before_commit=lambda rows: record(rows, True))
+                                      retire=False, before_commit=lambda rows: record(rows, True, pinning=True))
     if carried:
         pin(spec_path, target, ledger.mirror, chosen)
+        record(rows, True)  # pinned: from now on a pin elsewhere (a rollback) is a person's choice
     else:
         record(rows, False)
     return Bump(recorded[0], ledger.upstream, rows, carried, proof_log, str(spec.image))

@@ -25,7 +25,7 @@ HEADER = """\
 # there, so it outlives upstream's 14-tag window). `tags` are the upstream tags naming it at the last
 # run, `moved` the tags that named it and now name another digest, `deleted` the tags upstream no
 # longer lists. `tried` is what `invoke bump` found: carried (overlays proven, pin moved) or needs
-# porting (with each overlay's rebase status).
+# porting (with each overlay's rebase status); `pinning` while a carried one's pin is being moved.
 """
 
 
@@ -42,6 +42,7 @@ class Version:
 class Tried:
     outcome: str  # CARRIED | NEEDS_PORTING
     overlays: dict  # overlay id -> its rebase status
+    pinning: bool = False  # carried, recorded before the checkout changed, the pin not yet moved
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class Ledger:
 LEDGER_KEYS = {"upstream": str, "mirror": str, "nightlies": list}
 NIGHTLY_KEYS = {"digest": str, "index": str, "created": str, "seen": str, "vllm": dict, "aiter": dict, "mirrored": str,
                 "tags": list, "moved": dict, "deleted": list, "tried": dict}
-TRIED_KEYS = {"outcome": str, "overlays": dict}
+TRIED_KEYS = {"outcome": str, "overlays": dict, "pinning": bool}
 
 
 def load_ledger(path: Path, upstream: str | None = None, mirror: str | None = None) -> Ledger:
@@ -109,7 +110,7 @@ def _nightly(entry, where: str) -> Nightly:
     schema.check_keys(entry, NIGHTLY_KEYS, where, required={"digest", "created", "seen", "vllm", "aiter", "mirrored"})
     tried = entry.get("tried")
     if tried is not None:
-        schema.check_keys(tried, TRIED_KEYS, f"{where}.tried")
+        schema.check_keys(tried, TRIED_KEYS, f"{where}.tried", required={"outcome", "overlays"})
         if tried["outcome"] not in (CARRIED, NEEDS_PORTING):
             raise InputError(f"{where}.tried.outcome must be {CARRIED!r} or {NEEDS_PORTING!r}")
     versions = {}
@@ -127,7 +128,7 @@ def _nightly(entry, where: str) -> Nightly:
                    tuple(entry.get("tags") or ()), {str(k): str(Digest.parse(v)) for k, v in
                                                     (entry.get("moved") or {}).items()},
                    tuple(entry.get("deleted") or ()),
-                   Tried(tried["outcome"], dict(tried["overlays"])) if tried else None)
+                   Tried(tried["outcome"], dict(tried["overlays"]), bool(tried.get("pinning"))) if tried else None)
 
 
 def ledger_text(ledger: Ledger) -> str:
@@ -137,8 +138,8 @@ def ledger_text(ledger: Ledger) -> str:
                 "tags": sorted(n.tags), "moved": dict(sorted(n.moved.items())), "deleted": sorted(n.deleted),
                 "vllm": {"version": n.vllm.version, "commit": n.vllm.commit},
                 "aiter": {"version": n.aiter.version, "commit": n.aiter.commit}, "mirrored": n.mirrored,
-                "tried": {"outcome": n.tried.outcome, "overlays": dict(sorted(n.tried.overlays.items()))}
-                if n.tried else None}
+                "tried": {"outcome": n.tried.outcome, "overlays": dict(sorted(n.tried.overlays.items())),
+                          **({"pinning": True} if n.tried.pinning else {})} if n.tried else None}
     doc = {"upstream": ledger.upstream, "mirror": ledger.mirror, "nightlies": [entry(n) for n in newest_first(ledger)]}
     return HEADER + yaml.safe_dump(doc, sort_keys=False, width=120)
 
