@@ -628,3 +628,66 @@ def test_a_retry_after_of_non_ascii_digits_is_read_as_none_not_a_crash():
 
     assert said("7") == 7.0
     assert said("²") is None and said("٣") is None
+
+
+@contextlib.contextmanager
+def _dripping(head: bytes, drip: bytes, every: float = 0.2):
+    """A server that sends `head`, then `drip` every `every` s for as long as the client listens:
+    each piece in time for any per-read timeout. Yields its URL."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    over = threading.Event()
+
+    def serve():
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            try:
+                conn.sendall(head)
+                while not over.wait(every):
+                    conn.sendall(drip)
+            except OSError:
+                pass  # the client gave up: what the test wants
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v2/x/blobs/sha256:0"
+    finally:
+        over.set()
+        listener.close()
+
+
+def _gives_up_in(seconds: float, exchange) -> ConnectionFailed:
+    """The ConnectionFailed `exchange` ends in, within `seconds` (a thread, so that a hang fails the test)."""
+    ended: list = []
+
+    def run():
+        try:
+            exchange()
+            ended.append(None)
+        except ConnectionFailed as e:
+            ended.append(e)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert ended and ended[0] is not None, "still held after %.0f s" % seconds if not ended else "no failure"
+    return ended[0]
+
+
+@pytest.mark.parametrize("head, drip, said", [
+    # 100 Continue for ever: http.client reads interim answers in one getresponse(), no count limit
+    (b"", b"HTTP/1.1 100 Continue\r\n\r\n", "no whole answer's head within 1 s"),
+    # a header line at a time, up to http.client's 100 headers
+    (b"HTTP/1.1 200 OK\r\n", b"X-Drip: 1\r\n", "no whole answer's head within 1 s"),
+    # a chunked body's trailer lines: read within one read1(), no count limit
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nA\r\n0\r\n", b"X-Trailer: 1\r\n", "too slow"),
+])
+def test_a_server_that_drips_bytes_where_our_code_sees_no_read_is_given_up_in_time(head, drip, said):
+    """Found by review: the pace was checked between the body's reads only, and a per-read timeout
+    lets a byte every 299 s through. Each of these held a request for ever (the test's 10 s here)."""
+    with _dripping(head, drip) as url:
+        conns = Connections(timeout=(1, 1), pace=(1.0, 32 << 10))
+        failed = _gives_up_in(10, lambda: conns.send("GET", url, {}, None).content)
+    assert said in str(failed), failed

@@ -31,6 +31,67 @@ PACE = (60.0, 32 << 10)
 IDLE_PER_ORIGIN = 8  # kept-alive connections kept per origin (a push runs a few blobs at once)
 
 
+class _Watchdog:
+    """Deadlines for whole exchanges, not single reads: a socket whose deadline passes is shut down,
+    so the read under way ends at once. A per-read timeout alone lets a server that sends a byte
+    before each one hold a request for ever, in places our code never sees between reads: its
+    interim 100 answers, header lines, a chunk's size line, a chunked body's trailer lines. One
+    thread for the process, started on first use."""
+
+    def __init__(self) -> None:
+        self._due: dict[int, tuple[float, socket.socket]] = {}
+        self._fired: set[int] = set()
+        self._next = float("inf")
+        self._tokens = iter(range(1, 1 << 62))
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:  # a child has no watching thread: it starts its own on first use
+        self._due, self._fired, self._next = {}, set(), float("inf")
+        self._cond, self._thread = threading.Condition(), None
+
+    def arm(self, sock: socket.socket, seconds: float) -> int:
+        when = time.monotonic() + max(0.0, seconds)
+        with self._cond:
+            token = next(self._tokens)
+            self._due[token] = (when, sock)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._watch, name="bakery-http-deadlines", daemon=True)
+                self._thread.start()
+            if when < self._next:  # later ones are seen when the thread wakes for an earlier one
+                self._next = when
+                self._cond.notify()
+        return token
+
+    def disarm(self, token: int) -> bool:
+        """True when the deadline had passed and the socket was shut down."""
+        with self._cond:
+            self._due.pop(token, None)
+            if token in self._fired:
+                self._fired.discard(token)
+                return True
+            return False
+
+    def _watch(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                for token, (when, sock) in list(self._due.items()):
+                    if when <= now:
+                        del self._due[token]
+                        self._fired.add(token)
+                        try:  # the plain socket's: an SSLSocket's own would drop its state under a reader
+                            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+                        except OSError:
+                            pass
+                self._next = min((when for when, _ in self._due.values()), default=float("inf"))
+                self._cond.wait(None if self._next == float("inf") else self._next - now)
+
+
+DEADLINES = _Watchdog()
+
+
 class ConnectionFailed(TransientError):
     """Refused, reset, timed out, a TLS failure, or a body cut short: nothing a retry cannot mend."""
 
@@ -43,8 +104,10 @@ class Response:
     """One answer, its body unread until asked for. Reading it whole gives its connection back for
     the next request; closing it early closes the connection."""
 
-    def __init__(self, raw: http.client.HTTPResponse, url: str, done, pace: tuple[float, float] = PACE) -> None:
+    def __init__(self, raw: http.client.HTTPResponse, url: str, done, pace: tuple[float, float] = PACE,
+                 sock: socket.socket | None = None) -> None:
         self.status_code = raw.status
+        self._sock = sock  # what the deadlines shut down (None: the pace is checked between reads only)
         self.headers = raw.headers  # case-insensitive, like requests'
         self.url = url
         self._raw, self._done = raw, done
@@ -59,11 +122,18 @@ class Response:
         grace, rate = self._pace
         while True:
             began = time.monotonic()
+            # the pace's time left bounds the read as a whole (a chunk's size line, its trailers)
+            token = DEADLINES.arm(self._sock, grace + self._received / rate - self._waited) if self._sock else None
             try:
-                piece = self._raw.read1(size)
-            except (OSError, http.client.HTTPException) as e:
+                piece, broke = self._raw.read1(size), None
+            except (OSError, http.client.HTTPException, ValueError) as e:  # ValueError: a read of a shut socket
+                piece, broke = b"", e
+            if token is not None and DEADLINES.disarm(token):  # whatever the read then said
                 self.close()
-                raise failure(e) from None
+                raise self._too_slow(time.monotonic() - began)
+            if broke is not None:
+                self.close()
+                raise failure(broke) from None
             if not piece:
                 if self._raw.length:  # the server closed before the length it announced: cut short
                     self._cut = True
@@ -71,13 +141,17 @@ class Response:
                     raise failure(http.client.IncompleteRead(b"", self._raw.length))
                 self.close()
                 return
-            self._waited += time.monotonic() - began
             self._received += len(piece)
-            if self._waited > grace + self._received / rate:
+            if self._waited + time.monotonic() - began > grace + self._received / rate:
                 self.close()
-                raise ConnectionFailed(f"too slow: under the {rate:.0f} bytes/s a body must average after its "
-                                       f"first {grace:g} s ({self._waited:.1f} s waited)")
+                raise self._too_slow(time.monotonic() - began)
+            self._waited += time.monotonic() - began
             yield piece
+
+    def _too_slow(self, this_read: float) -> ConnectionFailed:
+        grace, rate = self._pace
+        return ConnectionFailed(f"too slow: under the {rate:.0f} bytes/s a body must average after its first "
+                                f"{grace:g} s ({self._waited + this_read:.1f} s waited)")
 
     @property
     def content(self) -> bytes:
@@ -167,6 +241,7 @@ class Connections:
             if proxy.username is not None:
                 hdrs["Proxy-Authorization"] = _basic(proxy)
         conn = self._take(key) or self._open(key, proxy, timeout or self.timeout)
+        token, fired = None, False
         try:
             conn.putrequest(method, target, skip_host="Host" in hdrs, skip_accept_encoding=True)
             for name, value in hdrs.items():
@@ -177,11 +252,20 @@ class Connections:
                     not any(n.lower() == "content-length" for n in hdrs):
                 conn.putheader("Content-Length", "0")
             conn.endheaders(body)
-            raw = conn.getresponse()
+            # the status, interim answers and headers, all within one read timeout: not one per byte
+            token = DEADLINES.arm(conn.sock, (timeout or self.timeout)[1]) if conn.sock else None
+            try:
+                raw = conn.getresponse()
+            finally:
+                fired = token is not None and DEADLINES.disarm(token)
+            if fired:  # its end of headers may be the shut socket's end: no answer at all
+                raise ConnectionResetError("shut at its deadline")
         except (OSError, http.client.HTTPException, ValueError) as e:  # ValueError: CR/LF or non-Latin-1 in a header
             conn.close()
+            if fired:
+                raise ConnectionFailed(f"no whole answer's head within {(timeout or self.timeout)[1]:g} s") from None
             raise failure(e) from None
-        return Response(raw, url, lambda reusable: self._give_back(key, conn, reusable), self.pace)
+        return Response(raw, url, lambda reusable: self._give_back(key, conn, reusable), self.pace, conn.sock)
 
     def _open(self, key: tuple, proxy, timeout) -> http.client.HTTPConnection:
         scheme, host, port, address = key
