@@ -606,3 +606,27 @@ def test_a_compile_whose_out_the_watch_cannot_read_whole_is_stopped(toolchain, t
             "i=$((i+1)); done; head -c 1048576 /dev/zero > f; sleep 60")
     status, said = hip.run_compile(files, ROOT / "hip", deep, out)
     assert status == -9 and "cannot be read" in said, (status, said)
+
+
+def test_a_cache_entry_another_writer_finished_is_kept_only_when_it_holds_the_same_bytes(tmp_path):
+    """Two runs fill one entry at once (a fetched artifact and a compile here): the second kept the
+    first's whole entry whatever its bytes, and then recorded its own origin (registry, or compiled)
+    for bytes it had not used (found by review). Kept now only when the outputs are the same bytes."""
+    from bakery.files import atomic_dir
+
+    def entry(data: bytes) -> dict:
+        return {"k.so": hashlib.sha256(data).hexdigest()}
+
+    dest = tmp_path / "entry"
+    with atomic_dir(dest) as first:
+        (first / "k.so").write_bytes(b"theirs")
+        (first / "done.json").write_text(json.dumps({"sha256": entry(b"theirs")}))
+    theirs = dest.stat().st_ino
+    with atomic_dir(dest, keep=hip._same_outputs(entry(b"theirs"))) as same:
+        (same / "k.so").write_bytes(b"theirs")
+        (same / "done.json").write_text(json.dumps({"sha256": entry(b"theirs")}))
+    assert dest.stat().st_ino == theirs  # the same bytes: theirs stays, a reader of it never sees it go
+    with atomic_dir(dest, keep=hip._same_outputs(entry(b"ours"))) as other:
+        (other / "k.so").write_bytes(b"ours")
+        (other / "done.json").write_text(json.dumps({"sha256": entry(b"ours")}))
+    assert (dest / "k.so").read_bytes() == b"ours"  # other bytes: ours, which is what this run records

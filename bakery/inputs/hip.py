@@ -453,10 +453,16 @@ def _outputs_ok(out: Path) -> bool:
     return False
 
 
-def _kept(out: Path) -> bool:
-    """atomic_dir's keep: another writer's entry, whole, stays; one that is not is replaced (never
-    deleted here: a reader of it may be a moment behind its writer)."""
-    return _outputs_whole(out) is None
+def _same_outputs(sha256: dict):
+    """atomic_dir's keep: another writer's entry stays when it is whole and holds the very bytes this
+    one does (what this writer records as its origin, compiled or fetched, stays true); any other is
+    replaced (never deleted here: a reader of it may be a moment behind its writer)."""
+    def keep(out: Path) -> bool:
+        try:
+            return _outputs_whole(out) is None and json.loads((out / "done.json").read_text())["sha256"] == sha256
+        except (OSError, ValueError, KeyError):
+            return False
+    return keep
 
 
 @dataclass(frozen=True)
@@ -553,12 +559,14 @@ def _compile(recipe: Recipe, toolchain: str, image_id: str, out: Path, log) -> N
     if here:
         room_to_compile(out.parent)
     try:
-        with atomic_dir(out, keep=_kept) as tmp:  # two compiles at once: the first one's stays
+        made: dict = {}
+        with atomic_dir(out, keep=_same_outputs(made)) as tmp:  # two compiles at once: the first one's stays
             log(f"compiling hip/ for {recipe.arch} in {toolchain}")
             scratch = tmp / ".out"
             scratch.mkdir()
             run_toolchain(recipe, toolchain, script(recipe), scratch, log)
             outputs = take_outputs(scratch, expected_outputs(recipe), tmp)
+            made.update(outputs)
             shutil.rmtree(scratch)
             (tmp / "done.json").write_text(json.dumps({"toolchain_image": image_id, "sha256": outputs}))
     except EnvironmentProblem:
@@ -700,7 +708,7 @@ def fetch_artifact(registry, repo: str, key: str, dest: Path, trust, expected: s
         if names != set(config["sha256"]) or names != expected:
             raise IntegrityError(f"kernel artifact {ref}: its files {sorted(map(repr, names))[:8]} are not the ones "
                                  f"this recipe makes ({', '.join(sorted(expected))}) or its config names")
-    with atomic_dir(dest, keep=_kept) as tmp:
+    with atomic_dir(dest, keep=_same_outputs(config["sha256"])) as tmp:
         for layer in layers:
             data = registry.fetch_blob(repo, layer)  # checked against the layer's digest
             name = layer.annotations[TITLE]
