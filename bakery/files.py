@@ -124,6 +124,20 @@ def atomic_write(path: Path, data: bytes, *, durable: bool = False) -> None:
         out.write(data)
 
 
+def rewrite(path: Path, data: bytes) -> None:
+    """A file of the user's checkout replaced whole (a kill leaves the old bytes or the new), its mode
+    kept; a new one gets 0666 less the umask, as an editor's would (atomic_file's own is 0600)."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0o022)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    with atomic_file(path, durable=True) as out:
+        out.write(data)
+        os.fchmod(out.fileno(), mode)
+
+
 @contextmanager
 def atomic_dir(dest: Path, *, keep: Callable[[Path], bool] | None = None) -> Iterator[Path]:
     """A sibling folder to fill; on a clean exit it takes dest's place, on any exception it is

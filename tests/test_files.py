@@ -197,3 +197,28 @@ def test_a_writer_that_finds_the_name_taken_at_its_last_step_keeps_the_other_one
     with atomic_dir(dest, keep=lambda d: (d / "f").read_bytes() == b"theirs") as staging:
         (staging / "f").write_bytes(b"ours")
     assert (dest / "f").read_bytes() == b"theirs" and sorted(os.listdir(tmp_path)) == ["entry"]
+
+
+def test_what_lock_track_and_bump_write_in_the_checkout_keeps_the_users_modes(tmp_path):
+    """overlays.lock, the stock bytes, the ledger, base.yaml and the patches were written through a
+    temporary file of mode 0600, which then took their place: a checkout's files no longer readable
+    by others (as root, the sandbox's uid then cannot read them). Now: a file's mode stays, a new
+    one's is 0666 less the umask."""
+    import stat
+
+    from bakery.inputs import overlays
+    from bakery.release.track import bump, ledger
+
+    old = os.umask(0o022)
+    try:
+        overlays.write_lock(tmp_path / "overlays.lock", overlays.Lock.of("r@sha256:" + "0" * 64, []))
+        sha = overlays.store_stock(tmp_path, b"stock bytes")
+        ledger.write_ledger(tmp_path / "nightlies.yaml", ledger.Ledger("u", "m", ()))
+        (tmp_path / "base.yaml").write_text("image: x\n")
+        (tmp_path / "base.yaml").chmod(0o640)  # the user's choice, kept
+        bump.pin(tmp_path / "base.yaml", "r@sha256:" + "1" * 64, "m")
+    finally:
+        os.umask(old)
+    modes = {p: stat.S_IMODE((tmp_path / p).stat().st_mode)
+             for p in ("overlays.lock", f"stock/{sha}", "nightlies.yaml", "base.yaml")}
+    assert modes == {"overlays.lock": 0o644, f"stock/{sha}": 0o644, "nightlies.yaml": 0o644, "base.yaml": 0o640}, modes

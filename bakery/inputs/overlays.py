@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 
 from .. import schema
 from ..errors import InputError, IntegrityError
-from ..oci.layer import write_blob
+from ..files import rewrite
 from . import patch as patch_mod, proof_spec
 
 SITE = "/usr/local/lib/python3.12/dist-packages"
@@ -298,7 +298,7 @@ class Lock:
 
 
 def write_lock(path: Path, lock: Lock) -> None:
-    write_blob(path, json.dumps(lock.to_json(), indent=2, sort_keys=True).encode() + b"\n")
+    rewrite(path, json.dumps(lock.to_json(), indent=2, sort_keys=True).encode() + b"\n")
 
 
 def read_lock(path: Path) -> Lock:
@@ -394,7 +394,7 @@ def store_stock(folder: Path, data: bytes) -> str:
     sha = hashlib.sha256(data).hexdigest()
     path = folder / STOCK / sha
     if not (path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == sha):
-        write_blob(path, data)
+        rewrite(path, data)
     return sha
 
 

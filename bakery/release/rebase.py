@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..bake.pipeline import Options, base_files, open_base, probe_files
 from ..errors import BakeryError, InputError
+from ..files import rewrite
 from ..inputs import overlays as overlays_mod, patch as patch_mod
 from ..inputs.overlays import Overlay
 from ..project import Project
@@ -295,8 +296,8 @@ def _commit(project: Path, opts: Options, base_ref: str, rows: list[RebaseRow], 
             if old_sha and not any(sha == old_sha for sha, _, _ in o.ports):
                 port = folder / overlays_mod.PORTS / o.id / f"{old_sha}.patch"
                 port.parent.mkdir(parents=True, exist_ok=True)
-                port.write_bytes(o.patch_bytes)  # the old base's patch stays, chosen by its bytes
-            o.patch_path.write_bytes(patch_bytes)
+                rewrite(port, o.patch_bytes)  # the old base's patch stays, chosen by its bytes
+            rewrite(o.patch_path, patch_bytes)  # whole or not at all: a kill here is finished by a rerun
             o = dataclasses.replace(o, patch_bytes=patch_bytes)
         chosen = o.for_target(row.new_stock)
         entries.append(overlays_mod.Applied(chosen, new_sha, row.result, row.new_stock).lock_entry())
@@ -311,4 +312,4 @@ def _mark_fixed_upstream(registry: Path, overlay_id: str, base_ref: str) -> None
     end = len(text) if end < 0 else end
     block = re.sub(r"\n    status: required\n", f"\n    status: already-upstream\n    note: >-\n      fixed upstream in "
                    f"{base_ref} (its own code proves FIXED; found by invoke rebase)\n", text[start:end], count=1)
-    registry.write_text(text[:start] + block + text[end:])
+    rewrite(registry, (text[:start] + block + text[end:]).encode())

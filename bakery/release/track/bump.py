@@ -10,7 +10,7 @@ from pathlib import Path
 from ... import untrusted
 from ...base import spec as base_mod
 from ...errors import BUMPED, PORTING, InputError
-from ...oci.layer import write_blob
+from ...files import rewrite
 from ...oci.refs import Digest
 from ...project import Project
 from .ledger import CARRIED, NEEDS_PORTING, Ledger, Nightly, Tried, load_ledger, newest_first, write_ledger
@@ -101,7 +101,7 @@ def pin(spec_path: Path, image: str, mirror: str, nightly: Nightly | None = None
     text = re.sub(r"(?m)^image: .*$", f"image: {image}", text, count=1)
     text = re.sub(r"(?m)^mirror: .*$", f"mirror: {mirror}", text, count=1) if re.search(r"(?m)^mirror:", text) \
         else text.rstrip("\n") + f"\nmirror: {mirror}\n"
-    write_blob(spec_path, text.encode())
+    rewrite(spec_path, text.encode())
 
 
 def plain(text: str, limit: int) -> str:

@@ -13,7 +13,7 @@ import yaml
 from ... import schema
 from ...errors import InputError
 from ...inputs.overlays import BY_HAND
-from ...oci.layer import write_blob
+from ...files import rewrite
 from ...oci.refs import Digest
 
 
@@ -149,7 +149,7 @@ def write_ledger(path: Path, ledger: Ledger) -> bool:
     text = ledger_text(ledger).encode()
     if path.exists() and path.read_bytes() == text:
         return False
-    write_blob(path, text)
+    rewrite(path, text)
     return True
 
 
