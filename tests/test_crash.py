@@ -47,11 +47,15 @@ written left its staging name for good; the next writer now removes one no live 
 (tests/test_files.py). A bump killed after it moved the pin, before its ledger, made the next run
 say nothing new and record no try; killed after its lock (or the patches it ports), the next run
 recorded other statuses (ported (exact) for (offset)): it now records its outcome before the
-checkout changes and the next bump finishes a carried nightly newer than the pin
-(test_a_bump_killed_between_its_lock_and_its_pin_is_finished_when_run_again). `invoke reproduce
---workdir` killed (or failed) after its clone left source/ there, and the same command then failed
-at once (git would not clone into it; its line said `git -c`): it now removes its own source/ and
-build/ first (test_reproduce.py). Found in the tests, not the code: a record after a rerun differs
+checkout changes, marked `pinning` until the pin has moved, and the next bump finishes one so
+marked (test_a_bump_killed_between_its_lock_and_its_pin_is_finished_when_run_again; the mark,
+added after review, keeps a nightly pinned and rolled back by hand from being bumped again,
+test_track.py). `invoke reproduce --workdir` killed (or failed) after its clone left source/ there,
+and the same command then failed at once (git would not clone into it; its line said `git -c`): it
+now removes the source/ and build/ a rebuild left (its mark in the folder) first
+(test_reproduce.py). reproduce without --workdir, killed, left its temporary folder (the clone and a
+layout of the base's layers) for good: it is locked while it runs and the next reproduce removes it
+(test_reproduce.py's clean_rebuilds). Found in the tests, not the code: a record after a rerun differs
 from a clean run's only in what it says of the run (when, what its push moved, whether a kernel or
 verdict came from the cache a killed run filled), so those fields are left out of the comparison
 (RUN_ONLY, same_image); an image view a kill leaves is whole but may hold fewer paths (grown_view);
@@ -60,8 +64,7 @@ mirror); test_caches wrote two poisoned entries in place, through every hard lin
 cache, a sweep's start included (it now replaces them).
 Not covered here: the rebuild inside reproduce (another process, in the sandbox: the kill takes it
 with the group, and its own points are not counted); reproduce --attest (the workflow signs the
-outcome elsewhere); reproduce without --workdir, killed, leaves its temporary folder (the clone and
-a layout of the base's layers) for good.
+outcome elsewhere, with attest-rebuild; both attach as attest does, whose points are swept above).
 """
 
 from __future__ import annotations
