@@ -14,7 +14,7 @@ PROJECT = Path(__file__).resolve().parent
 sys.dont_write_bytecode = sys.dont_write_bytecode and sys.flags.dont_write_bytecode
 
 from bakery.cli import flags  # noqa: E402  (after the line above: bakery's .pyc are written)
-from bakery.cli.edge import reports_errors_for, say as _log  # noqa: E402
+from bakery.cli.edge import reports_errors_for, say as _log  # noqa: E402  (after it too, as flags)
 
 reports_errors = reports_errors_for(PROJECT)  # only there do errors become exit codes
 

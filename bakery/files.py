@@ -17,9 +17,10 @@ import shutil
 import stat
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO
 
 from . import crashpoint
 from .errors import EnvironmentProblem, InputError, IntegrityError

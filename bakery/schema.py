@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import json
+from pathlib import Path
 
 import yaml
 
 from .errors import InputError
-
 
 YAML_LIMIT = 4 << 20  # a checked-in YAML file is kilobytes
 

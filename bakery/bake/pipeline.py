@@ -12,7 +12,7 @@ import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
 from .. import untrusted
@@ -21,20 +21,33 @@ from ..base.filesystem import BaseFilesystem
 from ..base.layercache import LayerCache
 from ..base.scan import normalize
 from ..errors import BakeryError, EnvironmentProblem, InputError, IntegrityError
-from ..inputs import hip as hip_mod
-from ..inputs import image as image_mod
-from ..inputs import overlays as overlays_mod
-from ..inputs import tuning as tuning_mod
+from ..inputs import hip as hip_mod, image as image_mod, overlays as overlays_mod, tuning as tuning_mod
 from ..oci.layer import FileEntry, write_blob, write_layer
 from ..oci.refs import Descriptor, Reference
 from ..oci.registry import Registry
 from ..project import Project, cache_dir
 from ..proofs import gate, runner as prove_mod
 from ..trust import record as record_file
-from ..trust.record import (Artifact as ArtifactRecord, Base as BaseRecord, BuildRecord, DebPackage, Deleted,
-                            Distribution, File as FileRecord, Hashed, ImageSpec, Kernels, Layer as LayerRecord,
-                            LockPin, Manifest as ManifestRecord, OperatingSystem, Overlay as OverlayRecord, Source,
-                            Tuning, Verdict)
+from ..trust.record import (
+    Artifact as ArtifactRecord,
+    Base as BaseRecord,
+    BuildRecord,
+    DebPackage,
+    Deleted,
+    Distribution,
+    File as FileRecord,
+    Hashed,
+    ImageSpec,
+    Kernels,
+    Layer as LayerRecord,
+    LockPin,
+    Manifest as ManifestRecord,
+    OperatingSystem,
+    Overlay as OverlayRecord,
+    Source,
+    Tuning,
+    Verdict,
+)
 from . import record
 from .publish import Derived, push, write_layout
 
@@ -59,7 +72,7 @@ class Options:
     base_mirror: str | None = None  # with base: read that digest from this REGISTRY/REPO (a kept nightly)
 
     @classmethod
-    def from_flags(cls, project: Path, *, layout=None, out=None, lock=None, key=None, policy=None, **rest) -> "Options":
+    def from_flags(cls, project: Path, *, layout=None, out=None, lock=None, key=None, policy=None, **rest) -> Options:
         """From a task's flags, by name (strings as given; key: one release public key)."""
         as_path = lambda v: Path(v) if v else None  # noqa: E731
         return cls(project, layout=as_path(layout), out=as_path(out), lock=as_path(lock),
@@ -89,8 +102,8 @@ class Options:
             return None
 
         def trust(ref, what="kernel artifact") -> None:
-            from ..trust import verify
             from ..oci.store import RegistryStore
+            from ..trust import verify
 
             verify.require_signed(RegistryStore(ref, registry), ref, load(), what)
 
@@ -360,8 +373,8 @@ def check_attestable(rec: BuildRecord, subject: Reference) -> None:
     signed), fails here, before anything is pushed or tagged."""
     import base64
 
-    from ..trust import attest
     from ..oci.transport import DOCUMENT_LIMIT
+    from ..trust import attest
 
     try:
         BuildRecord.from_json(rec.to_json())  # what `invoke attest` will read
@@ -387,7 +400,7 @@ def overlay_records(project: Path, overlays: list, applied: list, proofs: dict, 
     # an audit record's probe, run on this base: the VEX says not_affected only where it holds
     probed = [o for o in overlays if not o.baked and o.probe]
     files = probe_files(fs, [c["path"] for o in probed for c in o.probe])  # as rebase reads them
-    audits = {o.id: dict(zip(("holds", "detail"), overlays_mod.probe_holds(o, files))) for o in probed}
+    audits = {o.id: dict(zip(("holds", "detail"), overlays_mod.probe_holds(o, files), strict=True)) for o in probed}
     out = []
     for o in overlays:
         a = by_id.get(o.id)
@@ -465,7 +478,7 @@ def build(opts: Options, log=print) -> tuple[Reference, BuildRecord]:
     """inputs -> base -> checked overlays -> kernels -> tuning -> layers -> config + manifest ->
     outputs -> build record."""
     project = opts.project.resolve()
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     revision, status = _git_started(project, "rev-parse", "HEAD"), _git_started(project, "status", "--porcelain")
     epoch = source_date_epoch(project)  # the three git processes run at once
     revision, dirty = revision(), bool(status())  # untracked files count: they can change the image
@@ -521,18 +534,18 @@ def build(opts: Options, log=print) -> tuple[Reference, BuildRecord]:
                      for p in input_files(project)),
         base=base_record(opened, dists),
         files=tuple(FileRecord(f.path, f.sha256, len(f.data), oct(f.mode), i)
-                    for i, l in enumerate(layers) for f in l.files),
+                    for i, layer in enumerate(layers) for f in layer.files),
         deleted=tuple(Deleted(d, i, "an extension module Python would import instead of an overlaid module"
                               if d.endswith(".so") else "stale bytecode of an overlaid module")
-                      for i, l in enumerate(layers)
-                      for d in l.deletions),
+                      for i, layer in enumerate(layers)
+                      for d in layer.deletions),
         overlays=overlay_records(project, overlays, applied, proofs, opened.fs, dists),
         verdicts=verdict_list,
         artifacts=tuple(ArtifactRecord.from_json(a.record(), f"artifacts[{i}]")
                         for i, a in enumerate(compiled.artifacts)),
         kernels=Kernels.from_json(compiled.record()),
         tuning=tuple(Tuning(t.name, t.path, t.sha256, t.rows, t.env, t.source.name) for t in tables),
-        layers=tuple(LayerRecord(l.descriptor, l.diff_id, l.comment) for l in layers),
+        layers=tuple(LayerRecord(layer.descriptor, layer.diff_id, layer.comment) for layer in layers),
         config=config_desc,
         manifest=ManifestRecord(derived.digest, image_mod.OCI_MANIFEST, len(manifest), notes),
         image=ImageSpec(spec.repository.name, dict(spec.env), tuple(spec.entrypoint), tuple(spec.cmd)),
@@ -543,7 +556,7 @@ def build(opts: Options, log=print) -> tuple[Reference, BuildRecord]:
         builder=record.builder(),
         tools=record.tools(),
         started=started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        finished=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),  # again once pushed
+        finished=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),  # again once pushed
         layer_downloads=opened.fs.cache.downloads,
     )
     # everything that can fail has run before the first push (a push writes the tag)
@@ -552,7 +565,7 @@ def build(opts: Options, log=print) -> tuple[Reference, BuildRecord]:
         push_one()
     pushed, outputs, stats = write_outputs(derived, opts, target, registries, opened.fs.cache.root / "blobs", log)
     rec = dataclasses.replace(rec, outputs=tuple(outputs), push=vars(stats) if stats else None,
-                              finished=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                              finished=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                               layer_downloads=opened.fs.cache.downloads)
     try:
         record_file.write(opts.out_dir / "build-record.json", rec)

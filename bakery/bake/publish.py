@@ -73,12 +73,12 @@ def push(derived: Derived, target: Reference, registries: dict) -> tuple[Referen
         reg.upload_blob(repo, desc, chunks)
         return desc.size
 
-    ours = [(l.descriptor, lambda p=l.path: iter([p.read_bytes()])) for l in derived.layers] + \
+    ours = [(layer.descriptor, lambda p=layer.path: iter([p.read_bytes()])) for layer in derived.layers] + \
         [(derived.config_descriptor, lambda: iter([derived.config]))]
     with ThreadPoolExecutor(PUSH_CONNECTIONS) as pool:
         based = [pool.submit(base_layer, d) for d in derived.base_layers]
         sent = [pool.submit(new_blob, d, chunks) for d, chunks in ours]
-        for desc, done in zip(derived.base_layers, based):
+        for desc, done in zip(derived.base_layers, based, strict=True):
             how = done.result()  # the first failure propagates; no manifest is written then
             setattr(stats, f"base_layers_{how}", getattr(stats, f"base_layers_{how}") + 1)
             stats.base_bytes_uploaded += desc.size if how == "copied" else 0

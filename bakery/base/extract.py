@@ -363,7 +363,7 @@ def apply_layers(indexes: list[dict], taken: list[dict], selection: Selection, r
     takes = selection.matcher()
     tree = _Tree(root)
     try:
-        for index, took in zip(indexes, taken):
+        for index, took in zip(indexes, taken, strict=True):
             # the engines make the folders a whiteout or an opaque marker lies in, given or not
             for folder in index["opaque"]:  # emptied of what lies below it in the layers under this one
                 if not takes(folder):

@@ -10,9 +10,9 @@ import bisect
 import fnmatch
 import re
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Iterable, Iterator
 
 from .. import untrusted
 from ..errors import IntegrityError
@@ -121,7 +121,7 @@ class BaseFilesystem:
         self._entries = 0
         self._places = Counter(d.digest for d in image.layers)  # a layer listed twice counts twice
         self._diff_ids = {}  # layer digest -> the diff_id the config lists for it
-        for desc, diff_id in zip(image.layers, self.diff_ids):
+        for desc, diff_id in zip(image.layers, self.diff_ids, strict=True):
             if self._diff_ids.setdefault(desc.digest, diff_id) != diff_id:
                 raise IntegrityError(f"base {image.ref}: layer {desc.digest} appears twice with different diff_ids "
                                      f"in its config; the image is corrupt or hostile")
@@ -196,7 +196,7 @@ class BaseFilesystem:
                     for d in todo]
             with ProcessPoolExecutor(min(len(todo), WORKERS), mp_context=multiprocessing.get_context("fork")) \
                     as pool:
-                for desc, (downloads, index, took) in zip(todo, pool.map(index_into_cache, jobs)):
+                for desc, (downloads, index, took) in zip(todo, pool.map(index_into_cache, jobs), strict=True):
                     self.cache.downloads += downloads
                     self.cache.remember(desc, self._checked(desc, index))
                     taken[desc.digest] = took

@@ -14,8 +14,9 @@ import sys
 import tarfile
 import threading
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 from ..errors import InputError, IntegrityError
 from ..oci.refs import Descriptor

@@ -14,8 +14,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from .. import project
-from .. import schema
+from .. import project, schema
 from ..engine import docker_client
 from ..errors import EnvironmentProblem, IntegrityError
 from ..oci.refs import Reference

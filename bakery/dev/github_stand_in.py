@@ -61,7 +61,7 @@ def ready_repo(settings, public_keys: dict[str, str], owner: str, name: str) -> 
     public keys' PEMs by role: what preflight must find nothing missing in."""
     return Repo(variables={var: public_keys[role] for var, role in settings.variables.items()},
                 environments={e.name: Environment(tags=[settings.tags], secrets=list(e.secrets),
-                                                  variables={v: "/data/hf/snapshot" for v in e.variables})
+                                                  variables=dict.fromkeys(e.variables, "/data/hf/snapshot"))
                               for e in settings.environments.values()},
                 tag_rulesets=[settings.tags], runners=[list(settings.mi300x_labels)],
                 group={"name": "mi300x", "visibility": "selected", "repositories": [f"{owner}/{name}"],
@@ -167,7 +167,7 @@ def certificate(folder: Path) -> tuple[Path, Path, Path]:
     from cryptography.x509.oid import NameOID
 
     folder.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bakery rehearsal CA (GitHub stand-in)")])
     ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
@@ -220,7 +220,7 @@ def graphql(state: State, query: str, variables: dict) -> dict:
         got = variables.get("input", {})
         number = 100 + len(state.issues) + 1
         issue = {"id": f"I_{number}", "number": number, "state": "OPEN", "title": got.get("title"), "body": got.get("body"),
-                 "labelNames": [n for n, l in state.labels.items() if l["node_id"] in (got.get("labelIds") or [])],
+                 "labelNames": [n for n, label in state.labels.items() if label["node_id"] in (got.get("labelIds") or [])],
                  "url": f"https://github.com/{state.owner}/{state.name}/issues/{number}"}
         state.issues.append(issue)
         return {"createIssue": {"issue": issue}}
@@ -255,7 +255,7 @@ def graphql(state: State, query: str, variables: dict) -> dict:
         found = [p for p in state.pulls if p["headRefName"] == head and (p["state"] == "OPEN" or not variables.get("states"))]
         repo["pullRequests"] = {"totalCount": len(found), "nodes": found, "pageInfo": {"hasNextPage": False, "endCursor": ""}}
     if "labels" in query:
-        repo["labels"] = {"nodes": [{"id": l["node_id"], "name": n} for n, l in state.labels.items()],
+        repo["labels"] = {"nodes": [{"id": label["node_id"], "name": n} for n, label in state.labels.items()],
                           "pageInfo": {"hasNextPage": False, "endCursor": ""}}
     data = {"repository": repo, "viewer": {"login": "rehearsal", "id": "U_1"}}
     return data
@@ -324,7 +324,7 @@ class GitHubStandIn:
         self.api = f"https://{self.host}/api/v3"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "GitHubStandIn":
+    def __enter__(self) -> GitHubStandIn:
         self.thread.start()
         return self
 

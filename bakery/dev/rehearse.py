@@ -495,7 +495,7 @@ class SignedUrlProxy:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "SignedUrlProxy":
+    def __enter__(self) -> SignedUrlProxy:
         self.thread.start()
         return self
 
@@ -831,10 +831,10 @@ def upstream_nightlies(project: Path, registry_host: str, log) -> tuple[str, dic
     0.26.0 fixture (the pin), nightly-b the 0.27.0 fixture built a day later."""
     from datetime import timedelta
 
-    from . import fixture
-    from ..release.track.ledger import parse_time
     from ..oci.refs import Descriptor, Reference
     from ..oci.registry import Registry
+    from ..release.track.ledger import parse_time
+    from . import fixture
 
     fixtures = project / "tests" / "fixture"
     a = fixture.build(fixtures / "fixture.yaml", registry_host, log=log)

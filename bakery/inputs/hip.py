@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import broker_client, schema
-from ..errors import EnvironmentProblem, InputError, IntegrityError
 from ..base.extract import Selection
+from ..errors import EnvironmentProblem, InputError, IntegrityError
 from ..files import atomic_dir, staging_dir
 from ..oci.layer import FileEntry
 from ..oci.refs import Reference
@@ -278,7 +278,7 @@ class Toolchain:
         return f"{self.compiler}{self.SEPARATOR}{self.image}"
 
     @classmethod
-    def parse(cls, text: str) -> "Toolchain":
+    def parse(cls, text: str) -> Toolchain:
         compiler, _, image = text.rpartition(cls.SEPARATOR)
         return cls(compiler, image)
 
@@ -704,7 +704,7 @@ def fetch_artifact(registry, repo: str, key: str, dest: Path, trust, expected: s
         layers = manifest.layers
         if config["key"] != key:
             raise IntegrityError(f"kernel artifact {ref} is for recipe {config['key']}, not {key}")
-        names = {l.annotations[TITLE] for l in layers}
+        names = {layer.annotations[TITLE] for layer in layers}
         if names != set(config["sha256"]) or names != expected:
             raise IntegrityError(f"kernel artifact {ref}: its files {sorted(map(repr, names))[:8]} are not the ones "
                                  f"this recipe makes ({', '.join(sorted(expected))}) or its config names")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from .. import schema
@@ -59,7 +59,7 @@ def load_spec(path: Path) -> ImageSpec:
 
 
 def rfc3339(epoch: int) -> str:
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def in_image_manifest(files: tuple[FileEntry, ...]) -> FileEntry:
@@ -89,9 +89,9 @@ def derive_config(base: Image, layers: list[Layer], spec: ImageSpec, epoch: int,
     run["Entrypoint"] = list(spec.entrypoint)
     run["Cmd"] = list(spec.cmd) or None
     run["Labels"] = {**(run.get("Labels") or {}), **dict(spec.labels), **notes}
-    cfg.setdefault("rootfs", {"type": "layers", "diff_ids": []})["diff_ids"] += [str(l.diff_id) for l in layers]
+    cfg.setdefault("rootfs", {"type": "layers", "diff_ids": []})["diff_ids"] += [str(layer.diff_id) for layer in layers]
     cfg["history"] = list(cfg.get("history") or []) + [
-        {"created": created, "created_by": f"bakery: {l.comment}", "comment": "bakery"} for l in layers]
+        {"created": created, "created_by": f"bakery: {layer.comment}", "comment": "bakery"} for layer in layers]
     return canonical_json(cfg, f"the config of base {base.ref}")
 
 
@@ -103,6 +103,6 @@ def derive_manifest(base: Image, config: Descriptor, layers: list[Layer], notes:
         "schemaVersion": 2,
         "mediaType": OCI_MANIFEST,
         "config": config.to_json(),
-        "layers": [d.to_json() for d in base_layers] + [l.descriptor.to_json() for l in layers],
+        "layers": [d.to_json() for d in base_layers] + [layer.descriptor.to_json() for layer in layers],
         "annotations": notes,
     })

@@ -70,7 +70,7 @@ class Overlay:
     def parsed(self) -> patch_mod.Patch:
         return patch_mod.parse(self.patch_bytes, str(self.patch_path))
 
-    def for_target(self, original: bytes | None) -> "Overlay":
+    def for_target(self, original: bytes | None) -> Overlay:
         """This overlay with the patch written for these target bytes: a port whose file is named
         by their sha256, else the main patch."""
         sha = hashlib.sha256(original).hexdigest() if original is not None else None
@@ -270,7 +270,7 @@ class Lock:
     overlays: tuple[LockEntry, ...]
 
     @classmethod
-    def of(cls, base_ref: str, entries) -> "Lock":
+    def of(cls, base_ref: str, entries) -> Lock:
         return cls(base_ref, tuple(sorted(entries, key=lambda e: e.id)))
 
     def entry(self, overlay_id: str) -> LockEntry | None:
@@ -280,7 +280,7 @@ class Lock:
         return {"schema": LOCK_SCHEMA, "base": self.base, "overlays": [e.to_json() for e in self.overlays]}
 
     @classmethod
-    def from_json(cls, doc: dict, where: Path) -> "Lock":
+    def from_json(cls, doc: dict, where: Path) -> Lock:
         """Checked on load: a lock someone edited into another shape is one clear error, not a KeyError."""
         def entry(e, i) -> LockEntry:
             keys = {"id", "target", "patch_sha256", "base_sha256", "result_sha256"}
@@ -486,7 +486,7 @@ def merge3(ours: bytes, old: bytes, new: bytes) -> tuple[bytes, int]:
 
     with tempfile.TemporaryDirectory(prefix="bakery-merge-") as tmp:
         paths = [Path(tmp) / n for n in ("ours", "old", "new")]
-        for path, data in zip(paths, (ours, old, new)):
+        for path, data in zip(paths, (ours, old, new), strict=True):
             path.write_bytes(data)
         done = subprocess.run(["git", "merge-file", "-p", "-L", "ours", "-L", "old base", "-L", "new base",
                                *map(str, paths)], capture_output=True)

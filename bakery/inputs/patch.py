@@ -52,7 +52,7 @@ def parse(data: bytes, where: str) -> Patch:
     if b"GIT binary patch" in data or re.search(rb"^Binary files .* differ$", data, re.M):
         raise InputError(f"{where}: is a binary patch; overlays must be text diffs")
     lines = data.splitlines(keepends=True)
-    headers = [i for i, l in enumerate(lines) if l.startswith(b"--- ") and i + 1 < len(lines)
+    headers = [i for i, line in enumerate(lines) if line.startswith(b"--- ") and i + 1 < len(lines)
                and lines[i + 1].startswith(b"+++ ")]
     if not headers:
         raise InputError(f"{where}: no unified diff header (--- / +++) found")
@@ -132,7 +132,7 @@ def unified_diff(old: bytes, new: bytes, path: str) -> bytes:
     """A unified diff with 3 lines of context, as `diff -u` writes it (rebase writes ported patches with it)."""
     import difflib
 
-    a = [l.decode("utf-8") for l in old.splitlines(keepends=True)]
-    b = [l.decode("utf-8") for l in new.splitlines(keepends=True)]
+    a = [line.decode("utf-8") for line in old.splitlines(keepends=True)]
+    b = [line.decode("utf-8") for line in new.splitlines(keepends=True)]
     text = "".join(difflib.unified_diff(a, b, f"a/{path}", f"b/{path}", n=3))
     return text.encode("utf-8")

@@ -185,7 +185,7 @@ class Response:
         raw.close()
         done(reusable)
 
-    def __enter__(self) -> "Response":
+    def __enter__(self) -> Response:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -21,7 +21,7 @@ class Manifest:
     annotations: dict = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, body: bytes, what: str, layer_limit: int | None = None) -> "Manifest":
+    def parse(cls, body: bytes, what: str, layer_limit: int | None = None) -> Manifest:
         """The manifest in body; `what` names it in the error. layer_limit: more layers than that is
         refused too (each would be fetched and checked)."""
         with malformed(what):
@@ -32,7 +32,7 @@ class Manifest:
             if layer_limit is not None and len(layers) > layer_limit:
                 raise ValueError(f"it lists {len(layers)} layers, past the {layer_limit} it may")
             try:
-                config, layers = Descriptor.from_json(doc["config"]), tuple(Descriptor.from_json(l) for l in layers)
+                config, layers = Descriptor.from_json(doc["config"]), tuple(Descriptor.from_json(layer) for layer in layers)
             except InputError as e:  # a descriptor without its digest or size: the document's fault
                 raise ValueError(str(e)) from None
             artifact_type, annotations = doc.get("artifactType"), doc.get("annotations") or {}

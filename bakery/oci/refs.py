@@ -23,14 +23,14 @@ class Digest:
     hex: str
 
     @classmethod
-    def parse(cls, text: str) -> "Digest":
+    def parse(cls, text: str) -> Digest:
         alg, sep, hexpart = text.partition(":")
         if not sep or alg not in _HEX or len(hexpart) != _HEX[alg] or not re.fullmatch(r"[0-9a-f]+", hexpart):
             raise InputError(f"not a digest: {text!r} (expected sha256:<64 lowercase hex>)")
         return cls(alg, hexpart)
 
     @classmethod
-    def of(cls, data: bytes) -> "Digest":
+    def of(cls, data: bytes) -> Digest:
         return cls("sha256", hashlib.sha256(data).hexdigest())
 
     def __str__(self) -> str:
@@ -48,11 +48,11 @@ class Descriptor:
     platform: dict | None = field(default=None, compare=False)
 
     @classmethod
-    def of(cls, media_type: str, data: bytes, annotations: dict | None = None) -> "Descriptor":
+    def of(cls, media_type: str, data: bytes, annotations: dict | None = None) -> Descriptor:
         return cls(media_type, Digest.of(data), len(data), dict(annotations or {}))
 
     @classmethod
-    def from_json(cls, obj: dict) -> "Descriptor":
+    def from_json(cls, obj: dict) -> Descriptor:
         try:
             return cls(obj["mediaType"], Digest.parse(obj["digest"]), int(obj["size"]),
                        dict(obj.get("annotations") or {}), obj.get("platform"))
@@ -87,7 +87,7 @@ class Reference:
     digest: Digest | None = None
 
     @classmethod
-    def parse(cls, text: str) -> "Reference":
+    def parse(cls, text: str) -> Reference:
         original = text.strip()
         if not original or any(c.isspace() for c in original):
             raise InputError(f"not an image reference: {text!r}")
@@ -113,7 +113,7 @@ class Reference:
         return cls(registry, repository, tag, digest)
 
     @classmethod
-    def parse_pinned(cls, text: str, what: str = "reference") -> "Reference":
+    def parse_pinned(cls, text: str, what: str = "reference") -> Reference:
         """Parse a reference that must carry a digest: tags move, digests do not."""
         ref = cls.parse(text)
         if ref.digest is None:
@@ -126,10 +126,10 @@ class Reference:
     def name(self) -> str:
         return f"{self.registry}/{self.repository}"
 
-    def with_digest(self, digest: Digest) -> "Reference":
+    def with_digest(self, digest: Digest) -> Reference:
         return Reference(self.registry, self.repository, None, digest)
 
-    def with_tag(self, tag: str | None) -> "Reference":
+    def with_tag(self, tag: str | None) -> Reference:
         return Reference(self.registry, self.repository, tag, None)
 
     def __str__(self) -> str:

@@ -6,16 +6,16 @@ import hashlib
 import json
 import time
 import urllib.parse
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from .. import untrusted
 from ..errors import IntegrityError, NotFound, RegistryError, TransientError
 from ..files import atomic_file, atomic_write
 from ..project import cache_dir
+from .http import ConnectionFailed
 from .progress import Progress
 from .refs import Descriptor, Digest, Reference
-from .http import ConnectionFailed
 from .transport import DOCUMENT_LIMIT, QUOTED_LIMIT, Transport
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"

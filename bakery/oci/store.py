@@ -11,8 +11,8 @@ import os
 import shutil
 import stat
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from ..errors import EnvironmentProblem, InputError, IntegrityError, NotFound, malformed
 from ..files import atomic_file

@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 import struct
 import zlib
-from typing import Iterator
+from collections.abc import Iterator
 
 BLOCK = 512
 REGULAR, AREGULAR, HARDLINK, SYMLINK, DIRECTORY, CONTIGUOUS = b"0", b"\0", b"1", b"2", b"5", b"7"

@@ -23,13 +23,12 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from .. import untrusted
+from .. import sandbox, untrusted
 from ..errors import EnvironmentProblem
 from ..files import canonical_json
 from ..inputs.proof_spec import ProofSpec
 from ..oci.layer import write_blob
 from ..project import cache_dir
-from .. import sandbox
 
 FIXED, BROKEN, CANNOT = "FIXED", "BROKEN", "CANNOT-PROVE"
 DEVICES = ("cpu", "cuda")  # cpu: Triton's interpreter; cuda: kernels compiled for the GPU torch sees (CUDA or ROCm)
@@ -101,7 +100,7 @@ def run(spec: ProofSpec, target: bytes, reads: dict[str, bytes], device: str = "
 
 
 def run_batch(spec: ProofSpec, targets: list[bytes], reads: dict[str, bytes], device: str = "cpu",
-              signed: "SignedVerdicts | None" = None, reprove: bool = False) -> list[Verdict]:
+              signed: SignedVerdicts | None = None, reprove: bool = False) -> list[Verdict]:
     """One proof on several versions of its target (stock and overlaid): from this machine's cache,
     else from `signed` (verdicts a release key signed), else run in one sandboxed process, which
     loads torch and Triton once and forks a run per target. `reprove` runs it whatever is cached."""
@@ -119,11 +118,11 @@ def run_batch(spec: ProofSpec, targets: list[bytes], reads: dict[str, bytes], de
                 _remember(keys[i], verdicts[i])
     todo = [i for i, v in enumerate(verdicts) if v is None]
     if todo:
-        for i, verdict in zip(todo, _execute(spec, [targets[i] for i in todo], reads, device)):
+        for i, verdict in zip(todo, _execute(spec, [targets[i] for i in todo], reads, device), strict=True):
             verdicts[i] = verdict
             if verdict.verdict != CANNOT:
                 _remember(keys[i], verdict)
-    return [dataclasses.replace(v, key=k) for v, k in zip(verdicts, keys)]
+    return [dataclasses.replace(v, key=k) for v, k in zip(verdicts, keys, strict=True)]
 
 
 def readable(spec: ProofSpec) -> list[Path]:
@@ -154,7 +153,7 @@ def _execute(spec: ProofSpec, targets: list[bytes], reads: dict[str, bytes], dev
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bakery-proof-") as tmp:
         names = [f"target{i}.py" for i in range(len(targets))] + [f"read{i}.py" for i in range(len(spec.reads))]
-        for name, data in zip(names, targets + [reads[p] for p in spec.reads]):
+        for name, data in zip(names, targets + [reads[p] for p in spec.reads], strict=True):
             (Path(tmp) / name).write_bytes(data)
         os.chmod(tmp, 0o755)  # the sandbox's uid reads them
         paths = [f"{sandbox.INPUTS}/{n}" for n in names]
@@ -208,7 +207,7 @@ def _measured(found, depth: int = 2) -> dict:
     return kept
 
 
-def run_many(jobs: dict, device: str = "cpu", signed: "SignedVerdicts | None" = None, reprove: bool = False) -> dict:
+def run_many(jobs: dict, device: str = "cpu", signed: SignedVerdicts | None = None, reprove: bool = False) -> dict:
     """{key: (spec, target bytes, reads)} -> {key: Verdict}: the targets of one proof together in one
     process, every proof at once (the cores are shared out by the kernel: how long each proof takes
     is not known before it runs, so no order of a queue would be better)."""
@@ -219,7 +218,7 @@ def run_many(jobs: dict, device: str = "cpu", signed: "SignedVerdicts | None" = 
     with ThreadPoolExecutor(max(1, len(groups))) as pool:
         futures = [(members, pool.submit(run_batch, spec, [t for _, t in members], reads, device, signed, reprove))
                    for spec, reads, members in groups.values()]
-        return {key: verdict for members, f in futures for (key, _), verdict in zip(members, f.result())}
+        return {key: verdict for members, f in futures for (key, _), verdict in zip(members, f.result(), strict=True)}
 
 
 # -- verdicts that travel: each one an OCI artifact beside the kernel artifact ------------------------

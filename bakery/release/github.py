@@ -188,7 +188,7 @@ def github_gaps(gh: GitHub, repository: str, settings: Settings) -> list[Gap]:
         for secret in env.secrets:
             if secret not in held:
                 gaps.append(Gap(f"environment {env.name} lacks its secret {secret}",
-                                f"add it there (not as a repository secret)"))
+                                "add it there (not as a repository secret)"))
         vars_held = {v.get("name") for v in ((gh.get(f"{path}/variables?per_page=100") or {}).get("variables") or [])}
         for variable in env.variables:
             if variable not in vars_held:
@@ -242,7 +242,7 @@ def _runner_gaps(gh: GitHub, repository: str, settings: Settings) -> list[Gap]:
 
     def online(runners) -> bool:
         return any(isinstance(r, dict) and r.get("status") == "online" and
-                   wanted <= {l.get("name") for l in r.get("labels") or [] if isinstance(l, dict)} for r in runners)
+                   wanted <= {label.get("name") for label in r.get("labels") or [] if isinstance(label, dict)} for r in runners)
 
     try:
         groups = (gh.get(f"/orgs/{owner}/actions/runner-groups?per_page=100") or {}).get("runner_groups") or []

@@ -27,7 +27,6 @@ from ..project import Project
 from ..proofs import gate, runner as prove
 
 
-
 class Outcome(enum.Enum):
     """What rebase made of one overlay on the new base (the value is what it prints)."""
     PROVEN = "proven"  # carried, and its proof says FIXED on the new base
@@ -171,7 +170,7 @@ def _write_porting_kit(folder: Path, overlay: Overlay, new: bytes, old: bytes | 
     command that re-runs the proof."""
     folder.mkdir(parents=True, exist_ok=True)
     read_names = [f"{i}-{Path(r).name}" for i, r in enumerate(overlay.proof.reads if overlay.proof else ())]
-    for r, name in zip(overlay.proof.reads if overlay.proof else (), read_names):  # numbered: names repeat
+    for r, name in zip(overlay.proof.reads if overlay.proof else (), read_names, strict=True):  # numbered: names repeat
         if files.get(r) is not None:
             (folder / "reads").mkdir(exist_ok=True)
             (folder / "reads" / name).write_bytes(files[r])

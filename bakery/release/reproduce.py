@@ -22,14 +22,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import broker_client
+from .. import broker_client, sandbox
+from ..errors import EnvironmentProblem, InputError, IntegrityError, malformed
 from ..inputs.hip import Toolchain
-from ..errors import EnvironmentProblem, IntegrityError, InputError, malformed
 from ..oci.refs import Descriptor, Digest, Reference
-from .. import sandbox
 from ..trust import provenance
 from . import broker
-
 
 OUTCOME_SCHEMA = "https://github.com/dsv4-mi300x/bakery/rebuild-outcome/v1"
 
@@ -247,7 +245,7 @@ def disarm(build: Path) -> None:
     root, its files are root's: a setuid-root binary left in the kept work folder)."""
     import stat
 
-    for folder, dirs, files in os.walk(build, followlinks=False):
+    for folder, _dirs, files in os.walk(build, followlinks=False):
         for name in files:
             path = os.path.join(folder, name)
             try:

@@ -19,8 +19,8 @@ import requests
 from .. import schema, untrusted
 from ..errors import EnvironmentProblem, InputError, SmokeFailure
 from ..trust import smoke_ledger
-
 from ..trust.provenance import TEST_RESULT_PREDICATE as TEST_RESULT
+
 SPEC_KEYS = {"model": str, "revision": str, "model_mount": str, "speculative": bool, "health_deadline_s": int,
              "shm_size": str, "vram_limit_bytes": int, "prefill_min_tokens": int, "regression": list}
 CASE_KEYS = {"prompt": str, "seed": int, "max_tokens": int, "temperature": float, "expected": str}
@@ -385,7 +385,7 @@ def watch(container, watcher: LogWatcher, poll: float = 1.0) -> None:
                 watcher.feed(line)
             code = container.attrs["State"]["ExitCode"]
             raise SmokeFailure(f"container exited (code {code}) before '{watcher.waiting_for}': "
-                               f"{' | '.join(l.strip() for l in lines[-3:])[:400]}")
+                               f"{' | '.join(line.strip() for line in lines[-3:])[:400]}")
         watcher.check_deadline()
         time.sleep(poll)
 
@@ -425,7 +425,7 @@ def run(image: str, spec: SmokeSpec, model_dir: Path, port: int = 8000, record: 
         container.remove(force=True)
     high = sampler.high or None
     return SmokeReport(image, spec.model, spec.revision, facts, started, number, workflow,
-                       tuple({"signal": n, "seconds": s, "line": l} for n, s, l in watcher.seen), healthy, http,
+                       tuple({"signal": n, "seconds": s, "line": line} for n, s, line in watcher.seen), healthy, http,
                        failure, high, spec.vram_limit_bytes, sampler.error if sampler.error and not high else None,
                        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), verdict(healthy, http, high, spec))
 

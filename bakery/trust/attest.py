@@ -31,7 +31,7 @@ def _config(layers: list[Descriptor]) -> bytes:
     """The minimal image config cosign writes for signature/attestation manifests."""
     return canonical_json({"architecture": "", "config": {}, "created": ZERO_TIME,
                            "history": [{"created": ZERO_TIME}], "os": "",
-                           "rootfs": {"type": "layers", "diff_ids": [str(l.digest) for l in layers]}})
+                           "rootfs": {"type": "layers", "diff_ids": [str(layer.digest) for layer in layers]}})
 
 
 def _manifest(store, layers: list[Descriptor], subject: Reference, artifact_type: str) -> bytes:
@@ -40,7 +40,7 @@ def _manifest(store, layers: list[Descriptor], subject: Reference, artifact_type
     config = store.put_blob(_config(layers), OCI_CONFIG)
     image = store.manifest(str(subject.digest))
     return canonical_json({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": artifact_type,
-                           "config": config.to_json(), "layers": [l.to_json() for l in layers],
+                           "config": config.to_json(), "layers": [layer.to_json() for layer in layers],
                            "subject": Descriptor(OCI_MANIFEST, subject.digest, len(image)).to_json()})
 
 
@@ -129,8 +129,8 @@ def attest(store, subject: Reference, record: BuildRecord, signer: sign.Signer, 
 def sign_verdict(entry: Verdict, signer: sign.Signer) -> dict:
     """A cosign signature on a proof verdict's artifact, only if it holds the verdict the build record
     says this build proved (its key and FIXED/BROKEN): later builds take it instead of proving."""
-    from ..proofs.runner import VERDICT_CONFIG, read_verdict
     from ..oci.store import RegistryStore
+    from ..proofs.runner import VERDICT_CONFIG, read_verdict
 
     artifact = entry.artifact
     if artifact.digest is None:
@@ -164,8 +164,8 @@ def sign_artifact(artifact: Reference, signer: sign.Signer, baked: tuple[Artifac
         raise InputError(f"kernel artifact {artifact} is not in its registry: build again with --push")
     if baked is not None:
         with malformed(f"kernel artifact {artifact}"):
-            held = {l.annotations["org.opencontainers.image.title"]: str(l.digest)
-                    for l in Manifest.parse(manifest, f"kernel artifact {artifact}").layers}
+            held = {layer.annotations["org.opencontainers.image.title"]: str(layer.digest)
+                    for layer in Manifest.parse(manifest, f"kernel artifact {artifact}").layers}
         names = {"toolchain.txt"} | {f"{a.name}{suffix}" for a in baked for suffix in (".so", ".schema")}
         differ = [a.name for a in baked if held.get(f"{a.name}.so") != f"sha256:{a.sha256}"]
         if not baked or differ or set(held) != names:

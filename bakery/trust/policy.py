@@ -68,8 +68,8 @@ ROLE_KEYS = {"keys": list, "threshold": int}
 def load_policy(path: Path, project: Path, keys: dict | None = None) -> Policy:
     """The verification policy. Its base defaults to the pin in image/base.yaml; keys given on the
     command line ({role: [public key file]}) are added to the policy's own."""
-    from . import keys as keys_mod
     from ..base.spec import load_spec
+    from . import keys as keys_mod
 
     doc = schema.load_yaml(path, POLICY_KEYS, required={"allowed_sources", "allowed_builders", "allowed_repositories"})
     for field_name in ("allowed_sources", "allowed_builders", "allowed_repositories"):

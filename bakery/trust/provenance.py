@@ -48,8 +48,8 @@ def predicate(record: BuildRecord) -> dict:
              for v in verdicts if v.origin == "registry"]
     byproducts = [{"name": a.path, "digest": {"sha256": a.sha256},
                    "annotations": {"arch": a.arch, "toolchain": a.toolchain}} for a in record.artifacts]
-    byproducts += [{"name": f"layer: {l.comment}", "digest": {"sha256": l.descriptor.digest.hex},
-                    "mediaType": l.descriptor.media_type} for l in record.layers]
+    byproducts += [{"name": f"layer: {layer.comment}", "digest": {"sha256": layer.descriptor.digest.hex},
+                    "mediaType": layer.descriptor.media_type} for layer in record.layers]
     # each baked overlay's proof: the code that judged it, and what it said on stock and overlaid bytes
     byproducts += [{"name": f"proof: {o.id}", "digest": {"sha256": o.proof["code_sha256"]},
                     "annotations": {"stock": o.proof["stock"], "overlaid": o.proof["overlaid"],

@@ -74,7 +74,7 @@ class Source(NamedTuple):
     SHAPE = {"repository": str, "revision": str, "dirty": bool, "source_date_epoch": int}
 
     @classmethod
-    def from_json(cls, obj) -> "Source":
+    def from_json(cls, obj) -> Source:
         return cls(**checked(obj, cls.SHAPE, "source"))
 
     def to_json(self) -> dict:
@@ -90,7 +90,7 @@ class Hashed(NamedTuple):
     SHAPE = {"path": str, "sha256": str}
 
     @classmethod
-    def from_json(cls, obj, where: str) -> "Hashed":
+    def from_json(cls, obj, where: str) -> Hashed:
         return cls(**checked(obj, cls.SHAPE, where))
 
     def to_json(self) -> dict:
@@ -109,7 +109,7 @@ class Distribution(NamedTuple):
     SHAPE = {"name": str, "version": str, "metadata": str, "sha256": str, "supplier": (str, OPTIONAL)}
 
     @classmethod
-    def from_json(cls, obj, where: str) -> "Distribution":
+    def from_json(cls, obj, where: str) -> Distribution:
         return cls(**checked(obj, cls.SHAPE, where))
 
     def to_json(self) -> dict:
@@ -126,7 +126,7 @@ class OperatingSystem(NamedTuple):
     SHAPE = {"id": str, "version_id": (str, OPTIONAL), "name": str, "path": str}
 
     @classmethod
-    def from_json(cls, obj) -> "OperatingSystem":
+    def from_json(cls, obj) -> OperatingSystem:
         return cls(**checked(obj, cls.SHAPE, "base.os"))
 
     def to_json(self) -> dict:
@@ -149,7 +149,7 @@ class DebPackage(NamedTuple):
              "maintainer": (str, OPTIONAL), "licenses": list, "status": str}
 
     @classmethod
-    def from_json(cls, obj, where: str) -> "DebPackage":
+    def from_json(cls, obj, where: str) -> DebPackage:
         fields = dict(checked(obj, cls.SHAPE, where))
         if not all(isinstance(x, str) for x in fields["licenses"]):
             raise InputError(f"build record: {where}.licenses must be a list of names")
@@ -180,7 +180,7 @@ class Base(NamedTuple):
              "python_distributions": list, "os": (dict, OPTIONAL), "debian_packages": list}
 
     @classmethod
-    def from_json(cls, obj) -> "Base":
+    def from_json(cls, obj) -> Base:
         checked(obj, cls.SHAPE, "base")
         manifest = checked(obj["manifest"], {"digest": str, "mediaType": str, "size": int}, "base.manifest")
         return cls(obj["name"], _pinned(obj["pinned"], "base.pinned"), obj["read_from"], obj["platform"],
@@ -216,7 +216,7 @@ class File(NamedTuple):
     SHAPE = {"path": str, "sha256": str, "size": int, "mode": str, "layer": int}
 
     @classmethod
-    def from_json(cls, obj, where: str) -> "File":
+    def from_json(cls, obj, where: str) -> File:
         return cls(**checked(obj, cls.SHAPE, where))
 
     def to_json(self) -> dict:
@@ -232,7 +232,7 @@ class Deleted(NamedTuple):
     SHAPE = {"path": str, "layer": int, "why": str}
 
     @classmethod
-    def from_json(cls, obj, where: str) -> "Deleted":
+    def from_json(cls, obj, where: str) -> Deleted:
         return cls(**checked(obj, cls.SHAPE, where))
 
     def to_json(self) -> dict:
@@ -266,7 +266,7 @@ class Overlay(NamedTuple):
              "audit": (dict, OPTIONAL)}
 
     @classmethod
-    def from_json(cls, obj, where: str) -> "Overlay":
+    def from_json(cls, obj, where: str) -> Overlay:
         fields = dict(checked(obj, cls.SHAPE, where))
         return cls(**{**fields, "platforms": tuple(fields["platforms"])})
 
@@ -292,7 +292,7 @@ class Verdict(NamedTuple):
                        "artifact": (str, OPTIONAL)}
 
     @classmethod
-    def from_json(cls, obj, where: str) -> "Verdict":
+    def from_json(cls, obj, where: str) -> Verdict:
         fields = dict(checked(obj, cls.SHAPE, where))
         artifact = _pinned(fields["artifact"], f"{where}.artifact") if fields["artifact"] else None
         return cls(**{**fields, "artifact": artifact})
@@ -318,7 +318,7 @@ class Artifact(NamedTuple):
                        "schema": list, "code_objects": list, "serves": list}
 
     @classmethod
-    def from_json(cls, obj, where: str) -> "Artifact":
+    def from_json(cls, obj, where: str) -> Artifact:
         f = checked(obj, cls.SHAPE, where)
         return cls(f["name"], f["path"], f["sha256"], f["arch"], f["toolchain"],
                    tuple(Hashed.from_json(s, f"{where}.sources[{i}]") for i, s in enumerate(f["sources"])),
@@ -339,7 +339,7 @@ class Kernels(NamedTuple):
     SHAPE = {"key": str, "origin": str, "artifact": (str, OPTIONAL)}
 
     @classmethod
-    def from_json(cls, obj) -> "Kernels":
+    def from_json(cls, obj) -> Kernels:
         f = checked(obj, cls.SHAPE, "kernels")
         return cls(f["key"], f["origin"], _pinned(f["artifact"], "kernels.artifact") if f["artifact"] else None)
 
@@ -359,7 +359,7 @@ class Tuning(NamedTuple):
     SHAPE = {"name": str, "path": str, "sha256": str, "rows": int, "env": (str, OPTIONAL), "source": str}
 
     @classmethod
-    def from_json(cls, obj, where: str) -> "Tuning":
+    def from_json(cls, obj, where: str) -> Tuning:
         return cls(**checked(obj, cls.SHAPE, where))
 
     def to_json(self) -> dict:
@@ -374,7 +374,7 @@ class Layer(NamedTuple):
     comment: str
 
     @classmethod
-    def from_json(cls, obj, where: str) -> "Layer":
+    def from_json(cls, obj, where: str) -> Layer:
         if not isinstance(obj, dict) or not isinstance(obj.get("diff_id"), str) \
                 or not isinstance(obj.get("comment"), str) \
                 or not set(obj) - {"annotations"} == {"mediaType", "digest", "size", "diff_id", "comment"}:
@@ -394,7 +394,7 @@ class Manifest(NamedTuple):
     annotations: dict
 
     @classmethod
-    def from_json(cls, obj) -> "Manifest":
+    def from_json(cls, obj) -> Manifest:
         f = checked(obj, {"digest": str, "mediaType": str, "size": int, "annotations": dict}, "manifest")
         return cls(_digest(f["digest"], "manifest.digest"), f["mediaType"], f["size"], f["annotations"])
 
@@ -411,7 +411,7 @@ class ImageSpec(NamedTuple):
     cmd: tuple[str, ...]
 
     @classmethod
-    def from_json(cls, obj) -> "ImageSpec":
+    def from_json(cls, obj) -> ImageSpec:
         f = checked(obj, {"repository": str, "env": dict, "entrypoint": list, "cmd": list}, "image")
         if not f["entrypoint"]:
             raise InputError("build record: image.entrypoint is empty: build again")
@@ -431,7 +431,7 @@ class LockPin(NamedTuple):
     SHAPE = {"path": str, "base": str, "sha256": str}
 
     @classmethod
-    def from_json(cls, obj) -> "LockPin":
+    def from_json(cls, obj) -> LockPin:
         return cls(**checked(obj, cls.SHAPE, "overlays_lock"))
 
     def to_json(self) -> dict:
@@ -446,7 +446,7 @@ class Builder(NamedTuple):
     SHAPE = {"id": str, "invocation": str}
 
     @classmethod
-    def from_json(cls, obj) -> "Builder":
+    def from_json(cls, obj) -> Builder:
         return cls(**checked(obj, cls.SHAPE, "builder"))
 
     def to_json(self) -> dict:
@@ -486,7 +486,7 @@ class BuildRecord:
                        "started": str, "finished": str, "layer_downloads": int}
 
     @classmethod
-    def from_json(cls, doc) -> "BuildRecord":
+    def from_json(cls, doc) -> BuildRecord:
         """Checked on load: a record of another shape is one input error naming the key, not a
         KeyError half-way through an SBOM."""
         checked(doc, cls.SHAPE, "the record")
@@ -512,7 +512,7 @@ class BuildRecord:
                 "deleted": [d.to_json() for d in self.deleted], "overlays": [o.to_json() for o in self.overlays],
                 "verdicts": [v.to_json() for v in self.verdicts],
                 "artifacts": [a.to_json() for a in self.artifacts], "kernels": self.kernels.to_json(),
-                "tuning": [t.to_json() for t in self.tuning], "layers": [l.to_json() for l in self.layers],
+                "tuning": [t.to_json() for t in self.tuning], "layers": [layer.to_json() for layer in self.layers],
                 "config": self.config.to_json(), "manifest": self.manifest.to_json(), "image": self.image.to_json(),
                 "outputs": list(self.outputs), "push": self.push, "overlays_lock": self.overlays_lock.to_json(),
                 "builder": self.builder.to_json(), "tools": self.tools, "started": self.started,

@@ -25,7 +25,6 @@ from collections import Counter
 from .. import untrusted
 from ..errors import IntegrityError
 from ..inputs.image import rfc3339
-
 from .provenance import SPDX_PREDICATE  # noqa: F401 (re-exported: the SBOM's statement type)
 from .record import BuildRecord, DebPackage, OperatingSystem
 

@@ -80,7 +80,9 @@ def cosign_signers(store, digest: Digest, role, policy) -> tuple[set[str], list[
         except (IntegrityError, ValueError, KeyError, TypeError) as e:
             reasons.append(f"unreadable signature: {e}")
             continue
-        keyids = _signers(role, lambda k: sign.check(k, signature, payload, "image signature"))
+        # _signers calls the check before the loop moves on; the defaults bind this layer's bytes all the same
+        keyids = _signers(role, lambda k, signature=signature, payload=payload:
+                          sign.check(k, signature, payload, "image signature"))
         if not keyids:
             reasons.append(f"not signed by a {role.name} key of the policy")
         elif signed_digest != str(digest):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
@@ -15,7 +15,6 @@ from ...errors import InputError
 from ...inputs.overlays import BY_HAND
 from ...files import rewrite
 from ...oci.refs import Digest
-
 
 CARRIED, NEEDS_PORTING = "carried", "needs porting"
 SAFE_VERSION = re.compile(r"[0-9A-Za-z.+_-]{1,100}")  # what a version may be, in the ledger and the report
@@ -162,7 +161,7 @@ def parse_time(text: str, where: str = "created") -> datetime:
     m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", text or "")
     stamp = m and m.group(1) + (f".{m.group(2)[:6]:0<6}" if m.group(2) else "") + m.group(3).replace("Z", "+00:00")
     try:
-        return datetime.fromisoformat(stamp).astimezone(timezone.utc)
+        return datetime.fromisoformat(stamp).astimezone(UTC)
     except (TypeError, ValueError, OverflowError):
         raise InputError(f"{where}: {str(text)[:60]!r} is not an RFC 3339 time") from None
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from ... import untrusted
@@ -14,7 +14,6 @@ from ...oci.refs import Digest, Reference
 from ...oci.registry import Registry
 from .ledger import Ledger, Nightly, Version, load_ledger, parse_time, write_ledger
 from .upstream import VERSION_FILES, list_tags, read_versions
-
 
 MAX_NEW = 30  # new digests one run copies: more is refused (narrow --tags), never a flood into the mirror
 FUTURE = timedelta(days=1)  # a config created later than this from now is not believed
@@ -124,7 +123,7 @@ def track(project: Path, upstream: str, mirror: str, pattern: str, ledger_path: 
             raise InputError(f"{what} names a repository (REGISTRY/REPO), not a tag or digest: {ref}")
     ledger = load_ledger(ledger_path, up.name, dest.name)
     registry = Registry(up.registry)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     listed, seen = resolve_tags(registry, up, pattern, platform, now, log)
     check_deletions(registry, up, ledger, set(listed), pattern)
     new = {s.digest for s in seen if ledger.find(s.digest) is None}

@@ -10,7 +10,6 @@ from ...errors import NotFound, RegistryError, malformed
 from ...oci.registry import Registry, pull
 from .ledger import Version
 
-
 SITE = "usr/local/lib/python3.12/dist-packages"  # where the ROCm image installs vLLM and AITER
 VERSION_FILES = {"vllm": f"{SITE}/vllm/_version.py", "aiter": f"{SITE}/aiter/_version.py"}
 PAGE = 100  # tags asked for per page
