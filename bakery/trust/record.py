@@ -65,21 +65,26 @@ def _pinned(text: str, where: str) -> Reference:
     return ref
 
 
+# each section's keys and their types, for checked (beside its class: a NamedTuple holds only fields)
+_SOURCE_SHAPE = {"repository": str, "revision": str, "dirty": bool, "source_date_epoch": int}
+
+
 class Source(NamedTuple):
     repository: str
     revision: str
     dirty: bool
     source_date_epoch: int
 
-    SHAPE = {"repository": str, "revision": str, "dirty": bool, "source_date_epoch": int}
-
     @classmethod
     def from_json(cls, obj) -> Source:
-        return cls(**checked(obj, cls.SHAPE, "source"))
+        return cls(**checked(obj, _SOURCE_SHAPE, "source"))
 
     def to_json(self) -> dict:
         return {"repository": self.repository, "revision": self.revision, "dirty": self.dirty,
                 "source_date_epoch": self.source_date_epoch}
+
+
+_HASHED_SHAPE = {"path": str, "sha256": str}
 
 
 class Hashed(NamedTuple):
@@ -87,14 +92,15 @@ class Hashed(NamedTuple):
     path: str
     sha256: str
 
-    SHAPE = {"path": str, "sha256": str}
-
     @classmethod
     def from_json(cls, obj, where: str) -> Hashed:
-        return cls(**checked(obj, cls.SHAPE, where))
+        return cls(**checked(obj, _HASHED_SHAPE, where))
 
     def to_json(self) -> dict:
         return {"path": self.path, "sha256": self.sha256}
+
+
+_DISTRIBUTION_SHAPE = {"name": str, "version": str, "metadata": str, "sha256": str, "supplier": (str, OPTIONAL)}
 
 
 class Distribution(NamedTuple):
@@ -106,14 +112,15 @@ class Distribution(NamedTuple):
     sha256: str
     supplier: str | None
 
-    SHAPE = {"name": str, "version": str, "metadata": str, "sha256": str, "supplier": (str, OPTIONAL)}
-
     @classmethod
     def from_json(cls, obj, where: str) -> Distribution:
-        return cls(**checked(obj, cls.SHAPE, where))
+        return cls(**checked(obj, _DISTRIBUTION_SHAPE, where))
 
     def to_json(self) -> dict:
         return self._asdict()
+
+
+_OPERATING_SYSTEM_SHAPE = {"id": str, "version_id": (str, OPTIONAL), "name": str, "path": str}
 
 
 class OperatingSystem(NamedTuple):
@@ -123,14 +130,16 @@ class OperatingSystem(NamedTuple):
     name: str
     path: str
 
-    SHAPE = {"id": str, "version_id": (str, OPTIONAL), "name": str, "path": str}
-
     @classmethod
     def from_json(cls, obj) -> OperatingSystem:
-        return cls(**checked(obj, cls.SHAPE, "base.os"))
+        return cls(**checked(obj, _OPERATING_SYSTEM_SHAPE, "base.os"))
 
     def to_json(self) -> dict:
         return self._asdict()
+
+
+_DEB_PACKAGE_SHAPE = {"name": str, "version": str, "arch": str, "source": str, "source_version": str,
+                      "maintainer": (str, OPTIONAL), "licenses": list, "status": str}
 
 
 class DebPackage(NamedTuple):
@@ -145,18 +154,20 @@ class DebPackage(NamedTuple):
     licenses: tuple[str, ...]
     status: str
 
-    SHAPE = {"name": str, "version": str, "arch": str, "source": str, "source_version": str,
-             "maintainer": (str, OPTIONAL), "licenses": list, "status": str}
-
     @classmethod
     def from_json(cls, obj, where: str) -> DebPackage:
-        fields = dict(checked(obj, cls.SHAPE, where))
+        fields = dict(checked(obj, _DEB_PACKAGE_SHAPE, where))
         if not all(isinstance(x, str) for x in fields["licenses"]):
             raise InputError(f"build record: {where}.licenses must be a list of names")
         return cls(**{**fields, "licenses": tuple(fields["licenses"])})
 
     def to_json(self) -> dict:
         return {**self._asdict(), "licenses": list(self.licenses)}
+
+
+_BASE_SHAPE = {"name": str, "pinned": str, "read_from": str, "platform": str,
+               "index_digest": (str, OPTIONAL), "manifest": dict, "config": dict, "layers": list,
+               "python_distributions": list, "os": (dict, OPTIONAL), "debian_packages": list}
 
 
 class Base(NamedTuple):
@@ -175,13 +186,9 @@ class Base(NamedTuple):
     os: OperatingSystem | None
     debian_packages: tuple[DebPackage, ...]
 
-    SHAPE = {"name": str, "pinned": str, "read_from": str, "platform": str,
-             "index_digest": (str, OPTIONAL), "manifest": dict, "config": dict, "layers": list,
-             "python_distributions": list, "os": (dict, OPTIONAL), "debian_packages": list}
-
     @classmethod
     def from_json(cls, obj) -> Base:
-        checked(obj, cls.SHAPE, "base")
+        checked(obj, _BASE_SHAPE, "base")
         manifest = checked(obj["manifest"], {"digest": str, "mediaType": str, "size": int}, "base.manifest")
         return cls(obj["name"], _pinned(obj["pinned"], "base.pinned"), obj["read_from"], obj["platform"],
                    _digest(obj["index_digest"], "base.index_digest") if obj["index_digest"] else None,
@@ -205,6 +212,9 @@ class Base(NamedTuple):
                 "debian_packages": [d.to_json() for d in self.debian_packages]}
 
 
+_FILE_SHAPE = {"path": str, "sha256": str, "size": int, "mode": str, "layer": int}
+
+
 class File(NamedTuple):
     """A file a layer of ours holds."""
     path: str
@@ -213,14 +223,15 @@ class File(NamedTuple):
     mode: str  # octal, as oct() writes it
     layer: int
 
-    SHAPE = {"path": str, "sha256": str, "size": int, "mode": str, "layer": int}
-
     @classmethod
     def from_json(cls, obj, where: str) -> File:
-        return cls(**checked(obj, cls.SHAPE, where))
+        return cls(**checked(obj, _FILE_SHAPE, where))
 
     def to_json(self) -> dict:
         return {"path": self.path, "sha256": self.sha256, "size": self.size, "mode": self.mode, "layer": self.layer}
+
+
+_DELETED_SHAPE = {"path": str, "layer": int, "why": str}
 
 
 class Deleted(NamedTuple):
@@ -229,14 +240,19 @@ class Deleted(NamedTuple):
     layer: int
     why: str
 
-    SHAPE = {"path": str, "layer": int, "why": str}
-
     @classmethod
     def from_json(cls, obj, where: str) -> Deleted:
-        return cls(**checked(obj, cls.SHAPE, where))
+        return cls(**checked(obj, _DELETED_SHAPE, where))
 
     def to_json(self) -> dict:
         return {"path": self.path, "layer": self.layer, "why": self.why}
+
+
+_OVERLAY_SHAPE = {"id": str, "target": str, "kind": str, "status": str, "baked": bool, "upstream": dict,
+                  "reason": str, "platforms": list, "patch": (str, OPTIONAL), "patch_sha256": (str, OPTIONAL),
+                  "proof": (dict, OPTIONAL), "base_sha256": (str, OPTIONAL), "result_sha256": (str, OPTIONAL),
+                  "result_sha1": (str, OPTIONAL), "owner": (dict, OPTIONAL), "defect": (dict, OPTIONAL),
+                  "audit": (dict, OPTIONAL)}
 
 
 class Overlay(NamedTuple):
@@ -259,15 +275,9 @@ class Overlay(NamedTuple):
     defect: dict | None  # {id, aliases}: the upstream defect overlays.yaml names (None: it names none)
     audit: dict | None  # {holds, detail}: an audit record's probe run on this base (None: it has none)
 
-    SHAPE = {"id": str, "target": str, "kind": str, "status": str, "baked": bool, "upstream": dict,
-             "reason": str, "platforms": list, "patch": (str, OPTIONAL), "patch_sha256": (str, OPTIONAL),
-             "proof": (dict, OPTIONAL), "base_sha256": (str, OPTIONAL), "result_sha256": (str, OPTIONAL),
-             "result_sha1": (str, OPTIONAL), "owner": (dict, OPTIONAL), "defect": (dict, OPTIONAL),
-             "audit": (dict, OPTIONAL)}
-
     @classmethod
     def from_json(cls, obj, where: str) -> Overlay:
-        fields = dict(checked(obj, cls.SHAPE, where))
+        fields = dict(checked(obj, _OVERLAY_SHAPE, where))
         return cls(**{**fields, "platforms": tuple(fields["platforms"])})
 
     def to_json(self) -> dict:
@@ -276,6 +286,10 @@ class Overlay(NamedTuple):
                 "patch": self.patch, "patch_sha256": self.patch_sha256, "proof": self.proof,
                 "base_sha256": self.base_sha256, "result_sha256": self.result_sha256, "result_sha1": self.result_sha1,
                 "owner": self.owner, "defect": self.defect, "audit": self.audit}
+
+
+_VERDICT_SHAPE = {"overlay": str, "side": str, "key": str, "verdict": str, "origin": str,
+                            "artifact": (str, OPTIONAL)}
 
 
 class Verdict(NamedTuple):
@@ -288,18 +302,19 @@ class Verdict(NamedTuple):
     origin: str
     artifact: Reference | None
 
-    SHAPE = {"overlay": str, "side": str, "key": str, "verdict": str, "origin": str,
-                       "artifact": (str, OPTIONAL)}
-
     @classmethod
     def from_json(cls, obj, where: str) -> Verdict:
-        fields = dict(checked(obj, cls.SHAPE, where))
+        fields = dict(checked(obj, _VERDICT_SHAPE, where))
         artifact = _pinned(fields["artifact"], f"{where}.artifact") if fields["artifact"] else None
         return cls(**{**fields, "artifact": artifact})
 
     def to_json(self) -> dict:
         return {"overlay": self.overlay, "side": self.side, "key": self.key, "verdict": self.verdict,
                 "origin": self.origin, "artifact": str(self.artifact) if self.artifact else None}
+
+
+_ARTIFACT_SHAPE = {"name": str, "path": str, "sha256": str, "arch": str, "toolchain": str, "sources": list,
+                             "schema": list, "code_objects": list, "serves": list}
 
 
 class Artifact(NamedTuple):
@@ -314,12 +329,9 @@ class Artifact(NamedTuple):
     code_objects: tuple[dict, ...]
     serves: tuple[dict, ...]  # {operator, function, overlay}
 
-    SHAPE = {"name": str, "path": str, "sha256": str, "arch": str, "toolchain": str, "sources": list,
-                       "schema": list, "code_objects": list, "serves": list}
-
     @classmethod
     def from_json(cls, obj, where: str) -> Artifact:
-        f = checked(obj, cls.SHAPE, where)
+        f = checked(obj, _ARTIFACT_SHAPE, where)
         return cls(f["name"], f["path"], f["sha256"], f["arch"], f["toolchain"],
                    tuple(Hashed.from_json(s, f"{where}.sources[{i}]") for i, s in enumerate(f["sources"])),
                    tuple(f["schema"]), tuple(f["code_objects"]), tuple(f["serves"]))
@@ -330,21 +342,25 @@ class Artifact(NamedTuple):
                 "schema": list(self.schema), "code_objects": list(self.code_objects), "serves": list(self.serves)}
 
 
+_KERNELS_SHAPE = {"key": str, "origin": str, "artifact": (str, OPTIONAL)}
+
+
 class Kernels(NamedTuple):
     """The kernel artifact: its recipe key, where the build got it, and its pushed reference."""
     key: str
     origin: str
     artifact: Reference | None
 
-    SHAPE = {"key": str, "origin": str, "artifact": (str, OPTIONAL)}
-
     @classmethod
     def from_json(cls, obj) -> Kernels:
-        f = checked(obj, cls.SHAPE, "kernels")
+        f = checked(obj, _KERNELS_SHAPE, "kernels")
         return cls(f["key"], f["origin"], _pinned(f["artifact"], "kernels.artifact") if f["artifact"] else None)
 
     def to_json(self) -> dict:
         return {"key": self.key, "origin": self.origin, "artifact": str(self.artifact) if self.artifact else None}
+
+
+_TUNING_SHAPE = {"name": str, "path": str, "sha256": str, "rows": int, "env": (str, OPTIONAL), "source": str}
 
 
 class Tuning(NamedTuple):
@@ -356,11 +372,9 @@ class Tuning(NamedTuple):
     env: str | None  # the AITER variable that names it; None: it lies in AITER's model_configs/
     source: str
 
-    SHAPE = {"name": str, "path": str, "sha256": str, "rows": int, "env": (str, OPTIONAL), "source": str}
-
     @classmethod
     def from_json(cls, obj, where: str) -> Tuning:
-        return cls(**checked(obj, cls.SHAPE, where))
+        return cls(**checked(obj, _TUNING_SHAPE, where))
 
     def to_json(self) -> dict:
         return {"name": self.name, "path": self.path, "sha256": self.sha256, "rows": self.rows, "env": self.env,
@@ -422,20 +436,24 @@ class ImageSpec(NamedTuple):
                 "cmd": list(self.cmd)}
 
 
+_LOCK_PIN_SHAPE = {"path": str, "base": str, "sha256": str}
+
+
 class LockPin(NamedTuple):
     """The overlays.lock the build was held to, by hash, and the base it pins."""
     path: str
     base: str
     sha256: str
 
-    SHAPE = {"path": str, "base": str, "sha256": str}
-
     @classmethod
     def from_json(cls, obj) -> LockPin:
-        return cls(**checked(obj, cls.SHAPE, "overlays_lock"))
+        return cls(**checked(obj, _LOCK_PIN_SHAPE, "overlays_lock"))
 
     def to_json(self) -> dict:
         return {"path": self.path, "base": self.base, "sha256": self.sha256}
+
+
+_BUILDER_SHAPE = {"id": str, "invocation": str}
 
 
 class Builder(NamedTuple):
@@ -443,11 +461,9 @@ class Builder(NamedTuple):
     id: str
     invocation: str
 
-    SHAPE = {"id": str, "invocation": str}
-
     @classmethod
     def from_json(cls, obj) -> Builder:
-        return cls(**checked(obj, cls.SHAPE, "builder"))
+        return cls(**checked(obj, _BUILDER_SHAPE, "builder"))
 
     def to_json(self) -> dict:
         return {"id": self.id, "invocation": self.invocation}
