@@ -11,7 +11,7 @@ from invoke import Exit, task
 PROJECT = Path(__file__).resolve().parent
 # invoke turns writing .pyc off for the whole run (for this file's sake), so bakery's modules were
 # compiled from source on every command; keep the interpreter's own setting (-B, PYTHONDONTWRITEBYTECODE)
-sys.dont_write_bytecode = sys.dont_write_bytecode and sys.flags.dont_write_bytecode
+sys.dont_write_bytecode = sys.dont_write_bytecode and bool(sys.flags.dont_write_bytecode)
 
 from bakery.cli import flags  # noqa: E402  (after the line above: bakery's .pyc are written)
 from bakery.cli.edge import reports_errors_for, say as _log  # noqa: E402  (after it too, as flags)
@@ -286,8 +286,9 @@ def reproduce(c, image, release_key=None, policy=None, toolchain=None, workdir=N
     from bakery.cli import release as cmd, render
 
     reproduced = cmd.reproduce(PROJECT, image, release_key, policy, toolchain, workdir, attest, key, outcome, log=_log)
-    if reproduced.attested_as:
-        _log(render.reproduced_attestation(reproduced))
+    attested = render.reproduced_attestation(reproduced)
+    if attested:
+        _log(attested)
     print(render.reproduced(reproduced))
     reproduced.check()
 

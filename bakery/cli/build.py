@@ -39,16 +39,19 @@ def mirror(project: Path, to: str | None, base: str | None, image: str | None, l
 
     if image:
         ref = Reference.parse_pinned(image, "--image")
+        dest_store: store.LayoutStore | store.RegistryStore
+        tag: str | None  # --to REGISTRY/REPO:TAG tags the copy
         if layout:
-            dest, where = store.LayoutStore(Path(layout), create=True), ref
+            dest_store, where, tag = store.LayoutStore(Path(layout), create=True), ref, "latest"
         elif to:
             target = Reference.parse(to)
-            dest, where = store.RegistryStore(target), Reference(target.registry, target.repository, None, ref.digest)
+            dest_store, where = store.RegistryStore(target), Reference(target.registry, target.repository, None,
+                                                                       ref.digest)
+            tag = target.tag
         else:
             raise InputError("--image needs --to REGISTRY/REPO or --layout DIR")
         log(f"mirroring {ref} with its signature and attestations to {layout or where.name}")
-        tag = "latest" if layout else Reference.parse(to).tag
-        mirror_mod.copy_signed(store.RegistryStore(ref), ref, dest, tag, log=log)
+        mirror_mod.copy_signed(store.RegistryStore(ref), ref, dest_store, tag, log=log)
         return f"{layout}:{ref.digest}" if layout else str(where)
     if not to:
         raise InputError("give --to REGISTRY/REPO (where to keep the pinned base)")

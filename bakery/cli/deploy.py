@@ -80,6 +80,7 @@ def deploy(project: Path, p: Plan) -> Path:
                                   list(p.allow), p.internal_tls)
         write_tree(p.k8s, files)
         return p.k8s
+    assert p.compose is not None  # plan() takes exactly one of --compose and --k8s
     out = p.compose.resolve()
     settings = {"BAKERY_IMAGE": p.image, "BAKERY_PROXY_IMAGE": p.proxy, "MODEL_SNAPSHOT": p.snapshot,
                 "BAKERY_DEPLOY_DIR": str(out)}

@@ -5,14 +5,18 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import BakeryError, InputError
 from ..project import Project
 
+if TYPE_CHECKING:  # imported by the commands when they run
+    from ..dev.rehearse import Outcome
+
 
 @dataclass(frozen=True)
 class Rehearsed:
-    outcome: object  # rehearse.Outcome
+    outcome: Outcome
     surprises: tuple[str, ...]
 
     def check(self) -> None:

@@ -5,9 +5,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..bake.pipeline import Options
 from ..errors import InputError, NotCarried, NotProven
+
+if TYPE_CHECKING:  # imported by the commands when they run
+    from ..proofs.runner import Verdict
 
 
 @dataclass(frozen=True)
@@ -15,7 +19,7 @@ class Proven:
     """What `invoke prove` found: each overlay's row on a base, or a porting kit's one verdict."""
     rows: tuple = ()  # rebase.ProofRow, a script-less proof shown as hardware-only
     device: str = "cpu"
-    kit: object = None  # runner.Verdict of a kit's ours.py
+    kit: Verdict | None = None  # of a kit's ours.py
 
     def check(self) -> None:
         """Raise unless everything is proven (the table is printed first, then this)."""

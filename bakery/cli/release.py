@@ -5,10 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import InputError, NotFound, NotReproduced
 from ..project import Project
 from .trust_flags import load_policy, role_keys
+
+if TYPE_CHECKING:  # the commands import these when they run
+    from ..oci.refs import Digest, Reference
+    from ..release.reproduce import Plan
+    from ..trust.verify import Report
 
 
 def keygen(out: str, role: str) -> tuple[Path, Path]:
@@ -61,8 +67,8 @@ def attach(image: str, envelope: str, key: str, role: str):
 @dataclass(frozen=True)
 class Verified:
     """A verification's report about one digest; check() raises unless every check held."""
-    ref: object
-    report: object
+    ref: Reference
+    report: Report
 
     def check(self) -> None:
         from ..trust import verify as verify_mod
@@ -103,15 +109,18 @@ def promote(project: Path, image: str, tag: str, key=None, smoke_key=None, polic
     report = verify_mod.verify(where, ref, rules, require_smoke=True, blobs=False, require_rebuilds=int(require_rebuilds),
                                smoke_run=smoke_run)
     verify_mod.require(report)
-    where.put_manifest(tag, where.manifest(str(ref.digest)))
+    body = where.manifest(str(ref.digest))
+    if body is None:  # verified a moment ago: deleted since
+        raise NotFound(f"{image} not found")
+    where.put_manifest(tag, body)
     return f"{ref.name}:{tag} -> {ref.digest}"
 
 
 @dataclass(frozen=True)
 class Reproduced:
-    ref: object
-    plan: object
-    digest: object
+    ref: Reference
+    plan: Plan
+    digest: Digest  # what the rebuild gave
     diffs: list = field(default_factory=list)
     work: Path | None = None
     attested_as: str | None = None  # the rebuilder's keyid, with --attest

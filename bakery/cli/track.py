@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import NOTHING_NEW, InputError
 from ..project import Project
+
+if TYPE_CHECKING:  # imported by the commands when they run
+    from ..release.track.bump import Bump
 
 
 @dataclass(frozen=True)
 class Bumped:
     """A bump's outcome: nothing new (result None), or one nightly tried, reported at report."""
-    result: object  # track.Bump | None
+    result: Bump | None
     report: Path | None = None
     kits: Path | None = None
     ledger: Path | None = None
@@ -50,7 +54,7 @@ def listing(project: Path, ledger=None) -> list[str]:
     from ..base import spec as base_mod
     from ..release.track.ledger import listing as run_listing, load_ledger
 
-    pinned = base_mod.load_spec(Project(project).base_yaml).image.digest
+    pinned = base_mod.load_spec(Project(project).base_yaml).image.pin
     return run_listing(load_ledger(Path(ledger) if ledger else Project(project).ledger), pinned)
 
 

@@ -62,7 +62,7 @@ def copy_signed(src, ref: Reference, dest, tag: str | None = None, log=print) ->
     if manifests[0][1] is None:
         raise InputError(f"{ref} is not in the source: check the digest")
     for suffix in ("sig", "att"):
-        name = signature_tag(ref.digest, suffix)
+        name = signature_tag(ref.pin, suffix)
         body = src.manifest(name)
         if body is None:
             raise InputError(f"{ref} has no {name}: sign and attest it (`invoke attest`) before mirroring")

@@ -123,6 +123,13 @@ class Reference:
         return ref
 
     @property
+    def pin(self) -> Digest:
+        """The digest of a reference that must carry one (as parse_pinned's do); else an input error."""
+        if self.digest is None:
+            raise InputError(f"{self} has no digest: pin it as NAME@sha256:<digest>")
+        return self.digest
+
+    @property
     def name(self) -> str:
         return f"{self.registry}/{self.repository}"
 

@@ -54,7 +54,7 @@ def bump(project: Path, ledger_path: Path, out: Path, nightly: str | None = None
         if chosen is None:
             raise InputError(f"{nightly} is not in {ledger_path}: `invoke track --list` shows the kept nightlies")
     else:
-        chosen = pending(ledger, spec.image.digest)
+        chosen = pending(ledger, spec.image.pin)
         if chosen is None:
             return None
     target = f"{ledger.upstream}@{chosen.digest}"
