@@ -520,7 +520,7 @@ def build(opts: Options, log=print) -> tuple[Reference, BuildRecord]:
         (spec.files + (manifest_entry,), "entrypoint, self-check and in-image manifest", ())], epoch, blobs)
 
     base = opened.image
-    notes = image_mod.annotations(opened.spec.image.name, base, spec, revision, epoch)
+    notes = image_mod.image_annotations(opened.spec.image.name, base, spec, revision, epoch)
     config = image_mod.derive_config(base, layers, spec, epoch, notes)
     config_desc = Descriptor.of(image_mod.OCI_CONFIG, config)
     manifest = image_mod.derive_manifest(base, config_desc, layers, notes)

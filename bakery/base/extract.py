@@ -221,6 +221,7 @@ def selected_size(fs: BaseFilesystem, selection: Selection) -> int | None:
     are counted twice, so the folder takes at most this); None while a layer has no index yet."""
     if not all(fs.cache.has_index(d) for d in fs.image.layers):
         return None
+    merged: dict[str, int]
     takes, merged = selection.matcher(), {}
     for desc in fs.image.layers:
         index = fs.cache.index(desc)

@@ -16,7 +16,7 @@ from pathlib import PurePosixPath
 
 from .. import untrusted
 from ..errors import IntegrityError
-from ..oci.refs import Descriptor
+from ..oci.refs import Descriptor, Digest
 from ..oci.registry import Registry
 from .layercache import LayerCache
 from .scan import WORKERS, folders_above, index_into_cache, normalize, scan_layer
@@ -120,7 +120,7 @@ class BaseFilesystem:
         self._counted: set = set()  # layers whose entries are in _entries
         self._entries = 0
         self._places = Counter(d.digest for d in image.layers)  # a layer listed twice counts twice
-        self._diff_ids = {}  # layer digest -> the diff_id the config lists for it
+        self._diff_ids: dict[Digest, str] = {}  # layer digest -> the diff_id the config lists for it
         for desc, diff_id in zip(image.layers, self.diff_ids, strict=True):
             if self._diff_ids.setdefault(desc.digest, diff_id) != diff_id:
                 raise IntegrityError(f"base {image.ref}: layer {desc.digest} appears twice with different diff_ids "
@@ -332,7 +332,7 @@ class BaseFilesystem:
                     by_layer.setdefault(hit[0], set()).add(target)
             for desc, want in by_layer.items():
                 self._index(desc, want)
-        out = {}
+        out: dict[str, BaseFile | None] = {}
         for p in sorted(wanted):
             hit = located[p]
             if hit is None:
@@ -362,7 +362,7 @@ class BaseFilesystem:
 
     def _glob_layers(self, pattern: str) -> list[str]:
         present: dict[str, bool] = {}
-        hidden_indexes = []
+        hidden_indexes: list[dict] = []
         matches = re.compile(fnmatch.translate(pattern)).match
         prefix = re.split(r"[*?\[]", pattern, maxsplit=1)[0]  # only paths under it can match
         for desc in reversed(self.image.layers):

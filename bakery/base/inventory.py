@@ -16,6 +16,7 @@ import posixpath
 import re
 from collections.abc import Iterator
 from pathlib import PurePosixPath
+from typing import Any
 
 from .. import untrusted
 from ..errors import IntegrityError
@@ -109,6 +110,7 @@ def stanzas(text: str, path: str) -> list[dict]:
     continuation lines are joined with newlines. Field names are case-insensitive (deb822(5)), so a
     name given twice in any case is refused, as is a line of only whitespace (dpkg ends a paragraph
     there, trivy does not)."""
+    fields: dict[str, Any]
     out, fields, last = [], {}, None
     for line in text.split("\n"):
         if not line:

@@ -163,7 +163,8 @@ class _LayerPipe:
     def __init__(self, chunks: Iterator[bytes], decode):
         self.chunks, self.decode = chunks, decode
         self.hasher = hashlib.sha256()
-        self.compressed, self.decoded = queue.Queue(DEPTH), queue.Queue(DEPTH)
+        self.compressed: queue.Queue[object] = queue.Queue(DEPTH)  # chunks, then _END or _Failed
+        self.decoded: queue.Queue[object] = queue.Queue(DEPTH)
         self.fetch_error: BaseException | None = None
         self.last = None  # _END or _Failed, once the caller has taken it
         self.stop = threading.Event()  # the caller reads no more: decode no further, but fetch to the end

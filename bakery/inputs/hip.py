@@ -391,6 +391,7 @@ def _overdrawn(folder: Path) -> str | None:
 
     if shutil.disk_usage(folder).free < RESERVE:
         return f"the disk under /out is down to {RESERVE >> 30} GiB free"
+    unreadable: list[OSError]
     total, seen, unreadable = 0, 0, []
     for here, dirs, names in os.walk(folder, onerror=unreadable.append):
         for name in dirs + names:

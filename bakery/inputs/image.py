@@ -68,7 +68,7 @@ def in_image_manifest(files: tuple[FileEntry, ...]) -> FileEntry:
     return FileEntry(MANIFEST_PATH, json.dumps(body, indent=1, sort_keys=True).encode() + b"\n")
 
 
-def annotations(base_name: str, base: Image, spec: ImageSpec, revision: str, epoch: int) -> dict:
+def image_annotations(base_name: str, base: Image, spec: ImageSpec, revision: str, epoch: int) -> dict:
     return {
         "org.opencontainers.image.base.name": base_name,
         "org.opencontainers.image.base.digest": str(base.manifest_digest),

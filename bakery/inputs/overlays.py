@@ -84,7 +84,7 @@ def load(path: Path) -> list[Overlay]:
     """Read and check overlays.yaml: keys, kinds, targets inside the package roots, patch files."""
     data = schema.load_yaml(path, {"overlays": list})
     seen: dict[str, str] = {}
-    out = []
+    out: list[Overlay] = []
     for i, entry in enumerate(data["overlays"] or []):
         where = f"{path}: overlays[{i}]"
         if not isinstance(entry, dict):

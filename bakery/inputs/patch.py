@@ -67,6 +67,8 @@ def parse(data: bytes, where: str) -> Patch:
             raise InputError(f"{where}: line {i + 1}: expected a hunk header '@@ -a,b +c,d @@'")
         old_count = int(m.group(2)) if m.group(2) is not None else 1
         new_count = int(m.group(4)) if m.group(4) is not None else 1
+        old: list[bytes]
+        new: list[bytes]
         old, new, i = [], [], i + 1
         while i < len(lines) and (len(old) < old_count or len(new) < new_count):
             line = lines[i]

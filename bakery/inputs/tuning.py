@@ -87,6 +87,7 @@ def validate(data: bytes, where: str) -> int:
 def load(directory: Path) -> list[Table]:
     """Read tuning/tuning.yaml and validate every table it lists."""
     spec = schema.load_yaml(directory / "tuning.yaml", {"tables": list})
+    tables: list[Table]
     tables, names = [], set()
     for i, entry in enumerate(spec["tables"] or []):
         where = f"{directory / 'tuning.yaml'}: tables[{i}]"

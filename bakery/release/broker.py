@@ -214,6 +214,7 @@ def _outputs(folder: Path) -> dict[str, str]:
     """{name: base64} of the regular files the compile left (it runs the base's code: no link
     followed, a capped count and size)."""
     os.chmod(folder, 0o700)
+    found: dict[str, str]
     found, total = {}, 0
     for entry in sorted(os.scandir(folder), key=lambda e: e.name)[:OUTPUT_FILES + 1]:
         info = entry.stat(follow_symlinks=False)

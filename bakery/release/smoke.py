@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,7 +52,7 @@ class LogWatcher:
 
     speculative: bool
     deadline_s: float
-    clock: callable = time.monotonic
+    clock: Callable[[], float] = time.monotonic
     started: float = field(default=0.0)
     seen: list = field(default_factory=list)  # (signal, seconds after start, line)
 

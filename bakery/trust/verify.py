@@ -305,6 +305,8 @@ def _provenance(prov: dict, manifest: bytes, policy, report: Report) -> None:
 
 def _rebuilds(rebuilds: list, ref: Reference, needed: int, report: Report) -> None:
     """At least `needed` distinct rebuilder keys attest a rebuild that gave this very digest."""
+    agreeing: set[str]
+    disagreeing: set[str]
     agreeing, disagreeing = set(), set()
     for signers, predicate in rebuilds:
         with malformed("a rebuild attestation"):
@@ -447,7 +449,7 @@ def summarize(spdx: dict, prov: dict | None) -> dict:
     def by(prefix):
         return [p for p in spdx["packages"] if p["SPDXID"].startswith(prefix)]
 
-    base = next((p for p in spdx["packages"] if p["SPDXID"] == "SPDXRef-Base"), {})
+    base: dict = next((p for p in spdx["packages"] if p["SPDXID"] == "SPDXRef-Base"), {})
     return {
         "base": f"{base.get('name')}@{base.get('versionInfo')}",
         "python": [f"{p['name']} {p.get('versionInfo')}" for p in by("SPDXRef-Python-")],

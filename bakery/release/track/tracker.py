@@ -140,7 +140,7 @@ def track(project: Path, upstream: str, mirror: str, pattern: str, ledger_path: 
 def merge(ledger: Ledger, seen: list[Seen], listed: set[str], mirrored: dict, pattern: str, described: dict,
           now: str, log) -> Ledger:
     """The ledger after this run: new digests added, tags moved or deleted recorded, never replaced."""
-    naming = {}  # digest -> the tags naming it now
+    naming: dict[Digest, list[str]] = {}  # digest -> the tags naming it now
     for s in seen:
         naming.setdefault(s.digest, []).append(s.tag)
     where = {s.tag: s.digest for s in seen}

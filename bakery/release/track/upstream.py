@@ -19,6 +19,7 @@ MAX_PAGES = 1000
 def list_tags(registry: Registry, repo: str, page: int = PAGE) -> list[str]:
     """Every tag of repo, following the `Link: <...>; rel="next"` pages; a page that breaks off, a
     link that leaves the listing, or a tag listed twice is an error, never a shorter list."""
+    tags: list[str]
     path, tags = f"/v2/{repo}/tags/list?n={page}", []
     for n in range(1, MAX_PAGES + 1):
         try:
