@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Any
 
 from ..errors import InputError, IntegrityError, malformed
 from ..files import canonical_json
@@ -41,15 +42,15 @@ def _manifest(store, layers: list[Descriptor], subject: Reference, artifact_type
     image = store.manifest(str(subject.digest))
     return canonical_json({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": artifact_type,
                            "config": config.to_json(), "layers": [layer.to_json() for layer in layers],
-                           "subject": Descriptor(OCI_MANIFEST, subject.digest, len(image)).to_json()})
+                           "subject": Descriptor(OCI_MANIFEST, subject.pin, len(image)).to_json()})
 
 
 def sign_image(store, subject: Reference, signer: sign.Signer) -> Digest:
-    payload = sign.simple_signing_payload(subject, subject.digest)
+    payload = sign.simple_signing_payload(subject, subject.pin)
     desc = store.put_blob(payload, SIMPLE_SIGNING)
     signature = base64.b64encode(signer.sign(payload)).decode()
     layer = Descriptor(desc.media_type, desc.digest, desc.size, {SIGNATURE_ANNOTATION: signature})
-    return store.put_manifest(signature_tag(subject.digest, "sig"), _manifest(store, [layer], subject, SIMPLE_SIGNING))
+    return store.put_manifest(signature_tag(subject.pin, "sig"), _manifest(store, [layer], subject, SIMPLE_SIGNING))
 
 
 def attach(store, subject: Reference, statements: dict[str, bytes], signer: sign.Signer) -> Digest:
@@ -61,7 +62,7 @@ def attach(store, subject: Reference, statements: dict[str, bytes], signer: sign
 def attach_envelopes(store, subject: Reference, envelopes: dict[str, bytes]) -> Digest:
     """Put signed DSSE envelopes ({predicateType: envelope}) into the .att manifest, replacing one of
     the same type and keeping the others (one statement per type: verify refuses two)."""
-    tag = signature_tag(subject.digest, "att")
+    tag = signature_tag(subject.pin, "att")
     existing = store.manifest(tag)
     layers = {}
     if existing:
@@ -86,7 +87,7 @@ def statement_of(envelope: bytes, subject: Reference, what: str) -> tuple[str, d
         statement = json.loads(payload)
         kind = statement["predicateType"]
         subjects = [s["digest"]["sha256"] for s in statement["subject"]]
-    if subject.digest.hex not in subjects:
+    if subject.pin.hex not in subjects:
         raise InputError(f"{what} is about sha256:{', '.join(map(str, subjects))}, not {subject.digest}")
     return kind, statement
 
@@ -117,7 +118,7 @@ def attest(store, subject: Reference, record: BuildRecord, signer: sign.Signer, 
                          f"pass the record of that build with --record")
     if store.manifest(str(subject.digest)) is None:
         raise InputError(f"{subject} is not in {getattr(store, 'path', subject.name)}: push it first")
-    written = {"signature": sign_image(store, subject, signer),
+    written: dict[str, Any] = {"signature": sign_image(store, subject, signer),
                "attestations": attach(store, subject, statements(subject, record), signer)}
     if record.kernels.artifact and sign_kernels:
         written["kernels"] = sign_artifact(record.kernels.artifact, signer, record.artifacts)
@@ -133,7 +134,7 @@ def sign_verdict(entry: Verdict, signer: sign.Signer) -> dict:
     from ..proofs.runner import VERDICT_CONFIG, read_verdict
 
     artifact = entry.artifact
-    if artifact.digest is None:
+    if artifact is None or artifact.digest is None:
         raise InputError(f"the build record names proof verdict {artifact} without a digest: build again")
     store = RegistryStore(artifact)
     manifest = store.manifest(str(artifact.digest))

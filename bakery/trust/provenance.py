@@ -19,7 +19,7 @@ BUILD_TYPE = "https://github.com/dsv4-mi300x/bakery/build/v1"
 
 def statement(subject: Reference, predicate_type: str, predicate: dict) -> bytes:
     """An in-toto Statement v1 about one image digest, serialized deterministically."""
-    body = {"_type": STATEMENT, "subject": [{"name": subject.name, "digest": {"sha256": subject.digest.hex}}],
+    body = {"_type": STATEMENT, "subject": [{"name": subject.name, "digest": {"sha256": subject.pin.hex}}],
             "predicateType": predicate_type, "predicate": predicate}
     return canonical_json(body)
 
@@ -27,7 +27,7 @@ def statement(subject: Reference, predicate_type: str, predicate: dict) -> bytes
 def predicate(record: BuildRecord) -> dict:
     """The SLSA v1 predicate: what was built from what, by whom; nothing recomputed."""
     src, base = record.source, record.base
-    deps = [{"uri": f"docker://{base.pinned}", "digest": {"sha256": base.pinned.digest.hex}, "name": "base image"},
+    deps = [{"uri": f"docker://{base.pinned}", "digest": {"sha256": base.pinned.pin.hex}, "name": "base image"},
             {"uri": f"git+{src.repository}@{src.revision}", "digest": {"gitCommit": src.revision},
              "name": "source"}]
     if base.manifest_digest != base.pinned.digest:  # the pin named an index: add the platform image
@@ -39,13 +39,13 @@ def predicate(record: BuildRecord) -> dict:
                  if not any(d.get("name") == s.path for d in deps)]
     kernels = record.kernels.artifact
     if kernels:  # the OCI artifact the baked .so files came from (or were pushed as)
-        deps.append({"uri": f"docker://{kernels.name}@{kernels.digest}", "digest": {"sha256": kernels.digest.hex},
+        deps.append({"uri": f"docker://{kernels.name}@{kernels.digest}", "digest": {"sha256": kernels.pin.hex},
                      "name": "kernel artifact"})
     # proof verdicts this build took, signed, instead of proving (the others it proved: byproducts)
     verdicts = [v for v in record.verdicts if v.artifact]
-    deps += [{"uri": f"docker://{v.artifact.name}@{v.artifact.digest}", "digest": {"sha256": v.artifact.digest.hex},
+    deps += [{"uri": f"docker://{v.artifact.name}@{v.artifact.digest}", "digest": {"sha256": v.artifact.pin.hex},
               "name": f"proof verdict: {v.overlay} ({v.side})", "annotations": {"verdict": v.verdict}}
-             for v in verdicts if v.origin == "registry"]
+             for v in verdicts if v.artifact and v.origin == "registry"]
     byproducts = [{"name": a.path, "digest": {"sha256": a.sha256},
                    "annotations": {"arch": a.arch, "toolchain": a.toolchain}} for a in record.artifacts]
     byproducts += [{"name": f"layer: {layer.comment}", "digest": {"sha256": layer.descriptor.digest.hex},
@@ -54,11 +54,11 @@ def predicate(record: BuildRecord) -> dict:
     byproducts += [{"name": f"proof: {o.id}", "digest": {"sha256": o.proof["code_sha256"]},
                     "annotations": {"stock": o.proof["stock"], "overlaid": o.proof["overlaid"],
                                     "script": o.proof["script"], "reason": o.proof["reason"]}}
-                   for o in record.overlays if o.baked and (o.proof or {}).get("code_sha256")]
+                   for o in record.overlays if o.baked and o.proof and o.proof.get("code_sha256")]
     byproducts += [{"uri": f"docker://{v.artifact.name}@{v.artifact.digest}",
-                    "digest": {"sha256": v.artifact.digest.hex},
+                    "digest": {"sha256": v.artifact.pin.hex},
                     "name": f"proof verdict: {v.overlay} ({v.side})", "annotations": {"verdict": v.verdict}}
-                   for v in verdicts if v.origin == "proven"]
+                   for v in verdicts if v.artifact and v.origin == "proven"]
     return {
         "buildDefinition": {
             "buildType": BUILD_TYPE,

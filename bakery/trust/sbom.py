@@ -187,7 +187,7 @@ def document(record: BuildRecord, image_name: str) -> bytes:
                                  download=f"git+{up['repo']}@{up['ref']}#{up['path']}",
                                  supplier=f"Organization: {up['repo']}",
                                  comment="the upstream file as found in the base"))
-        if o.patch_sha256:
+        if o.patch and o.patch_sha256:  # a build records both or neither
             packages.append(_package(patch_id, o.patch, revision, o.patch_sha256, "FILE", supplier=ours,
                                      comment=f"{o.kind}; {o.reason}"))
             rels.append((patch_id, "PATCH_APPLIED" if o.baked else "PATCH_FOR", upstream_id))
@@ -216,7 +216,7 @@ def document(record: BuildRecord, image_name: str) -> bytes:
             rels.append((image_id, "OTHER", upstream_id))
     kernels = record.kernels.artifact
     if kernels:
-        packages.append(_package("SPDXRef-KernelArtifact", kernels.name, str(kernels.digest), kernels.digest.hex,
+        packages.append(_package("SPDXRef-KernelArtifact", kernels.name, str(kernels.digest), kernels.pin.hex,
                                  "ARCHIVE", _oci_purl(kernels.name, str(kernels.digest)), supplier=ours,
                                  comment="the OCI artifact of the compiled kernels (kernels-<key>): compiled by this "
                                          "build and pushed, or taken from the registry under a release-key signature"))

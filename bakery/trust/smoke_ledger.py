@@ -54,7 +54,7 @@ def next_run() -> int:
     return doc["runs"]
 
 
-def remember(digest: str, spec_sha256: str, result: str, finished: str, run: int | None) -> None:
+def remember(digest: str, spec_sha256: str, result: object, finished: str, run: int | None) -> None:
     """Keep one result seen for (digest, spec): the smoke job after a run, verify after reading one."""
     doc = _ledger()
     seen = doc["results"].setdefault(f"{digest} {spec_sha256}", [])

@@ -8,6 +8,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .. import untrusted
 from ..errors import BakeryError, InputError, IntegrityError, malformed
@@ -98,8 +99,9 @@ def cosign_signers(store, digest: Digest, role, policy) -> tuple[set[str], list[
 def _signature(store, ref: Reference, policy, report: Report) -> None:
     """The cosign signature: signed by enough release keys, for this digest, naming an allowed repository."""
     role = policy.roles["release"]
-    found = cosign_signers(store, ref.digest, role, policy)
-    if not report.check(found is not None, f"signature manifest {signature_tag(ref.digest, 'sig')} present"):
+    found = cosign_signers(store, ref.pin, role, policy)
+    if not report.check(found is not None, f"signature manifest {signature_tag(ref.pin, 'sig')} present") \
+            or found is None:
         return
     signed_by, reasons = found
     ok = len(signed_by) >= role.threshold
@@ -118,8 +120,8 @@ def require_signed(store, ref: Reference, policy, what: str) -> None:
     remembered = _remembered_signers(path, decided_by)
     if remembered is not None and len(remembered) >= role.threshold:
         return
-    signed_by, reasons = cosign_signers(store, ref.digest, role, policy) or \
-        (set(), [f"it has no signature manifest {signature_tag(ref.digest, 'sig')}"])
+    signed_by, reasons = cosign_signers(store, ref.pin, role, policy) or \
+        (set(), [f"it has no signature manifest {signature_tag(ref.pin, 'sig')}"])
     if len(signed_by) < role.threshold:
         raise IntegrityError(f"{what} {ref} is signed by {len(signed_by)} of {role.threshold} required release "
                              f"key(s)" + (f" ({'; '.join(reasons)})" if reasons else ""))
@@ -218,9 +220,9 @@ def _open_statement(store, desc: Descriptor, policy) -> tuple[str, dict, set[str
 def _attestations(store, ref: Reference, policy, report: Report) -> dict:
     """{predicateType: predicate} of the statements about this digest, each signed by its role;
     two statements of one type are both refused (which one counts would be the pusher's choice)."""
-    tag = signature_tag(ref.digest, "att")
+    tag = signature_tag(ref.pin, "att")
     manifest = store.manifest(tag)
-    found: dict[str, dict] = {}
+    found: dict[str, Any] = {}  # a rebuild's: a list of (signers, predicate), one per rebuilder
     if not report.check(manifest is not None, f"attestation manifest {tag} present"):
         return found
     counts: dict[str, int] = {}
@@ -236,8 +238,8 @@ def _attestations(store, ref: Reference, policy, report: Report) -> dict:
         counts[kind] = counts.get(kind, 0) + 1
         with malformed(f"attestation {kind}"):
             subjects = [s["digest"].get("sha256") for s in statement.get("subject", [])]
-        if report.check(ref.digest.hex in subjects, f"attestation {kind} is about this digest"
-                        + ("" if ref.digest.hex in subjects else f" (it names sha256:{', '.join(map(str, subjects))})")):
+        if report.check(ref.pin.hex in subjects, f"attestation {kind} is about this digest"
+                        + ("" if ref.pin.hex in subjects else f" (it names sha256:{', '.join(map(str, subjects))})")):
             if kind == provenance.REBUILD_PREDICATE:  # one per rebuilder: counted by key, never one for all
                 found.setdefault(kind, []).append((signers, statement["predicate"]))
             else:
@@ -334,8 +336,8 @@ def verify(store, ref: Reference, policy, require_smoke: bool = False, blobs: bo
         return report
     if blobs:
         _step(report, f"image manifest {ref.digest}", _blobs, store, manifest, report, f"image manifest {ref.digest}")
-    _step(report, f"signature {signature_tag(ref.digest, 'sig')}", _signature, store, ref, policy, report)
-    found = _step(report, f"attestations {signature_tag(ref.digest, 'att')}", _attestations, store, ref, policy,
+    _step(report, f"signature {signature_tag(ref.pin, 'sig')}", _signature, store, ref, policy, report)
+    found = _step(report, f"attestations {signature_tag(ref.pin, 'att')}", _attestations, store, ref, policy,
                   report) or {}
     report.check(sbom.SPDX_PREDICATE in found, "SBOM (SPDX 2.3) attestation present and signed")
     vex_doc = found.get(provenance.VEX_PREDICATE)
@@ -367,7 +369,8 @@ def _smoke(smoke: dict | None, policy, report: Report, digest: str = "", run: st
     if not report.check(smoke is not None and smoke.get("result") == "PASSED" and compared > 0,
                         "a passing MI300X smoke attestation signed by a smoke key, its regression outputs compared"
                         + ("" if smoke else " (none attached, or not signed by a smoke key)")
-                        + (f" (result {smoke.get('result')}, {compared} outputs compared)" if smoke else "")):
+                        + (f" (result {smoke.get('result')}, {compared} outputs compared)" if smoke else "")) \
+            or smoke is None:
         return
     report.check(ran == policy.smoke_spec, f"the smoke ran the pinned spec {policy_mod.SMOKE_SPEC} "
                  f"sha256:{policy.smoke_spec}" + ("" if ran == policy.smoke_spec else
@@ -384,12 +387,12 @@ def _smoke(smoke: dict | None, policy, report: Report, digest: str = "", run: st
     if digest and isinstance(ran, str):
         from . import smoke_ledger
 
-        finished, run = _when(smoke)
-        later = smoke_ledger.later_failure(digest, ran, finished, run)
+        finished, run_number = _when(smoke)
+        later = smoke_ledger.later_failure(digest, ran, finished, run_number)
         report.check(later is None, "no later FAILED result for this digest and spec in this machine's smoke ledger"
                      + (f" (this PASSED finished {finished[:20]}; a FAILED finished {later['finished']}: an older "
                         f"result was put back over it)" if later else ""))
-        smoke_ledger.remember(digest, ran, smoke.get("result"), finished, run)
+        smoke_ledger.remember(digest, ran, smoke.get("result"), finished, run_number)
 
 
 def _remember_failure(ref: Reference, smoke) -> None:

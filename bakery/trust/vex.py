@@ -16,6 +16,7 @@ with its aliases; one it does not name is named by the overlay in this project's
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from ..inputs.image import rfc3339
 from .record import BuildRecord, Overlay
@@ -37,7 +38,7 @@ def _vulnerability(o: Overlay, repository: str) -> dict:
 
 
 def _product(o: Overlay, image_purl: str) -> dict:
-    product = {"@id": image_purl, "identifiers": {"purl": image_purl}}
+    product: dict[str, Any] = {"@id": image_purl, "identifiers": {"purl": image_purl}}
     owner = o.owner
     if owner:
         purl = pypi_purl(owner["distribution"], owner["version"])
