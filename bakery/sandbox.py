@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,9 +173,9 @@ def seccomp_filter() -> bytes:
                                  f"machine is {os.uname().machine}")
     ld_w_abs, jeq_k, jge_k, jgt_k, jset_k, and_k, ret_k = 0x20, 0x15, 0x35, 0x25, 0x45, 0x54, 0x06
     allow, errno, kill, no_family = 0x7FFF0000, 0x00050000 | EPERM, 0x80000000, 0x00050000 | EAFNOSUPPORT
-    # (code, k, label taken, label not taken): labels resolve to relative jumps below
-    prog = [(ld_w_abs, 4), (jeq_k, AUDIT_ARCH_X86_64, None, "kill"),  # seccomp_data.arch
-            (ld_w_abs, 0), (jge_k, X32_BIT, "eperm", None)]  # seccomp_data.nr
+    # (code, k, label taken, label not taken), or a label: labels resolve to relative jumps below
+    prog: list[tuple | str] = [(ld_w_abs, 4), (jeq_k, AUDIT_ARCH_X86_64, None, "kill"),  # seccomp_data.arch
+                               (ld_w_abs, 0), (jge_k, X32_BIT, "eperm", None)]  # seccomp_data.nr
     prog += [(jeq_k, nr, "eperm", None) for nr in sorted(REFUSED.values())]
     prog += [(jeq_k, CLONE3, "enosys", None), (jeq_k, CLONE, "clone", None), (jeq_k, SOCKET, "family", None),
              (jeq_k, SOCKETPAIR, "family", None)]
@@ -272,7 +273,7 @@ def _check_bwrap(bwrap: str) -> None:
 
 
 def command(argv: list[str], readable: list[Path], inputs: Path | None, status_fd: int | None = None,
-            env: dict | None = None, devices: list[str] = (), writable: list[Path] = (),
+            env: dict | None = None, devices: Sequence[str] = (), writable: Sequence[Path] = (),
             seccomp_fd: int | None = None, root: Path | None = None, mounts: tuple[Mount, ...] = (),
             init: bool = False) -> list[str]:
     """The bwrap command line that runs argv in the sandbox; `inputs` appears at /inputs; `env` adds
@@ -502,7 +503,7 @@ def _process_cap(limits: Limits):
                 time.sleep(0.1)
 
 
-def _hand_over(readable: list[Path], writable: list[Path], inputs: Path | None, ours: bool = True) -> None:
+def _hand_over(readable: list[Path], writable: Sequence[Path], inputs: Path | None, ours: bool = True) -> None:
     """Run by root, the code is the host's uid 65534: what it reads must be readable by others (a
     clear error now, not a proof failing on a Permission denied), what it writes its own. `ours`:
     it is shown our Python (not in a root of its own)."""
@@ -553,7 +554,7 @@ def _nested(argv: list[str], inputs: Path | None, env: dict | None) -> tuple[lis
 
 
 def run(argv: list[str], readable: list[Path], inputs: Path | None, limits: Limits | float,
-        env: dict | None = None, devices: list[str] = (), writable: list[Path] = (), root: Path | None = None,
+        env: dict | None = None, devices: Sequence[str] = (), writable: Sequence[Path] = (), root: Path | None = None,
         mounts: tuple[Mount, ...] = (), stop=None, init: bool = False) -> subprocess.CompletedProcess:
     """argv in the sandbox (its paths as the sandbox sees them): its exit status and the tail of its
     stdout and stderr as text. A sandbox that does not stand up is this machine's problem, not a

@@ -18,10 +18,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .. import sandbox, untrusted
 from ..errors import EnvironmentProblem
@@ -29,6 +31,9 @@ from ..files import canonical_json
 from ..inputs.proof_spec import ProofSpec
 from ..oci.layer import write_blob
 from ..project import cache_dir
+
+if TYPE_CHECKING:  # a type only: the registry's modules load when a build pushes
+    from ..oci.registry import Registry
 
 FIXED, BROKEN, CANNOT = "FIXED", "BROKEN", "CANNOT-PROVE"
 DEVICES = ("cpu", "cuda")  # cpu: Triton's interpreter; cuda: kernels compiled for the GPU torch sees (CUDA or ROCm)
@@ -110,19 +115,23 @@ def run_batch(spec: ProofSpec, targets: list[bytes], reads: dict[str, bytes], de
     if missing:
         return [Verdict(CANNOT, f"the base has no {', '.join(missing)}, which the proof reads")] * len(targets)
     keys = [cache_key(spec, t, reads, device) for t in targets]
-    verdicts = [None] * len(keys) if reprove else [_cached(k) for k in keys]
+    verdicts: list[Verdict | None] = [None] * len(keys) if reprove else [_cached(k) for k in keys]
     if signed is not None and not reprove:
         for i in [i for i, v in enumerate(verdicts) if v is None]:
-            verdicts[i] = signed.fetch(keys[i])
-            if verdicts[i] is not None:
-                _remember(keys[i], verdicts[i])
+            fetched = verdicts[i] = signed.fetch(keys[i])
+            if fetched is not None:
+                _remember(keys[i], fetched)
     todo = [i for i, v in enumerate(verdicts) if v is None]
     if todo:
         for i, verdict in zip(todo, _execute(spec, [targets[i] for i in todo], reads, device), strict=True):
             verdicts[i] = verdict
             if verdict.verdict != CANNOT:
                 _remember(keys[i], verdict)
-    return [dataclasses.replace(v, key=k) for v, k in zip(verdicts, keys, strict=True)]
+    out = []
+    for v, k in zip(verdicts, keys, strict=True):
+        assert v is not None  # each was cached, fetched or run just now
+        out.append(dataclasses.replace(v, key=k))
+    return out
 
 
 def readable(spec: ProofSpec) -> list[Path]:
@@ -195,7 +204,7 @@ def _measured(found, depth: int = 2) -> dict:
     deep) such mappings; the rest is dropped."""
     if not isinstance(found, dict):
         return {}
-    kept = {}
+    kept: dict[str, Any] = {}
     for name, value in list(found.items())[:32]:
         key = untrusted.safe(name, "json", 64)
         if isinstance(value, (bool, int, float)) or value is None:
@@ -266,10 +275,10 @@ class SignedVerdicts:
     """Verdicts in REGISTRY/REPO (the build's push target) under proof-<key>, taken only where the
     release keys signed the artifact's digest (`trust(ref)` raises otherwise): the kernel artifact's
     rule, except that one refused is not an error: the proof runs here instead."""
-    registry: object
+    registry: Registry
     repository: str
-    trust: object
-    log: object = print
+    trust: Callable[[Any, str], object]  # (REF@DIGEST, what) -> raises unless signed
+    log: Callable[[str], object] = print
 
     def fetch(self, key: str) -> Verdict | None:
         from ..errors import AuthError, IntegrityError, NotFound, RegistryError, TransientError
