@@ -10,6 +10,7 @@ import hashlib
 import os
 import re
 import subprocess
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -210,12 +211,12 @@ def probe_files(fs: BaseFilesystem, paths) -> dict:
     found = fs.read(paths) if paths else {}
     above = {p: [str(a) for a in PurePosixPath(normalize(p)).parents if str(a) != "."] for p in paths}
     kinds = fs.kinds({a for folders in above.values() for a in folders})
-    out = {}
+    out: dict[str, bytes | str | None] = {}
     for p in paths:
         f = found.get(normalize(p))
-        through = next((a for a in above[p] if kinds.get(a) and kinds[a][0] != "dir"), None)
+        through = next(((a, k[0]) for a in above[p] if (k := kinds.get(a)) and k[0] != "dir"), None)
         if through:
-            out[p] = f"under a {kinds[through][0]} (/{untrusted.safe(through)})"
+            out[p] = f"under a {through[1]} (/{untrusted.safe(through[0])})"
         elif f is not None:
             out[p] = f.data if f.kind in ("file", "hardlink") else f"a {f.kind}"
         else:
@@ -284,12 +285,13 @@ def overlay_proofs(base: OpenBase, applied: list, log=print, signed: prove_mod.S
         if spec.script is None:
             out[a.overlay.id] = {"hardware": spec.hardware}
             continue
+        assert stock is not None and overlaid is not None  # judged proven by its script: both sides ran
         out[a.overlay.id] = {"script": str(spec.script.name), "code_sha256": spec.code_sha256,
                              "stock": stock.verdict, "overlaid": overlaid.verdict, "reason": overlaid.reason}
     return out, [(overlay, side, verdicts[(overlay, side)]) for overlay, side in sorted(verdicts)]
 
 
-def verdict_records(verdicts: list, remote) -> tuple[tuple[Verdict, ...], list]:
+def verdict_records(verdicts: list, remote) -> tuple[tuple[Verdict, ...], list[Callable[[], object]]]:
     """Each verdict as the record names it, and the pushes of those proven here (to `remote`, the
     push target, where the sign job signs what the record names and later builds take them)."""
     records, pushes = [], []
@@ -326,7 +328,7 @@ def python_distributions(fs: BaseFilesystem) -> list[Distribution]:
                 raise IntegrityError(f"the base's /{untrusted.safe(path)} is {len(f.data)} bytes, past "
                                      f"{METADATA_LIMIT}: not a METADATA file; refused")
             meta = email.parser.BytesParser().parsebytes(f.data, headersonly=True)
-            fields = {"supplier": supplier(meta, path)}
+            who, fields = supplier(meta, path), {}
             for field, pattern in (("Name", DIST_NAME), ("Version", DIST_VERSION)):
                 value = meta.get(field)
                 if not isinstance(value, str) or not pattern.fullmatch(value):
@@ -334,7 +336,8 @@ def python_distributions(fs: BaseFilesystem) -> list[Distribution]:
                     raise IntegrityError(f"the base's /{untrusted.safe(path)} has {field}: {said}, not a distribution "
                                          f"{field.lower()}: the base is refused (its SBOM could not name it)")
                 fields[field.lower()] = value
-            dists.append(Distribution(fields["name"], fields["version"], "/" + path, f.sha256, fields["supplier"]))
+            assert f.sha256 is not None  # a regular file read with its bytes
+            dists.append(Distribution(fields["name"], fields["version"], "/" + path, f.sha256, who))
     return dists
 
 
@@ -491,7 +494,7 @@ def build(opts: Options, log=print) -> tuple[Reference, BuildRecord]:
     remote = (registries.get(target.registry) or registries.setdefault(target.registry, Registry(target.registry)),
               target.repository) if target else None
     trust = opts.kernel_trust(remote[0]) if remote else None
-    signed = prove_mod.SignedVerdicts(remote[0], remote[1], trust, log) if trust else None
+    signed = prove_mod.SignedVerdicts(remote[0], remote[1], trust, log) if remote and trust else None
     dists = python_distributions(opened.fs)
     overlays, applied, stale, (proofs, verdicts) = checked_overlays(project, opts, opened, log, signed)
     verdict_list, verdict_pushes = verdict_records(verdicts, remote)

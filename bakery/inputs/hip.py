@@ -13,6 +13,7 @@ import shutil
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -472,7 +473,7 @@ class Compiled:
     key: str  # recipe, sources and toolchain
     origin: str  # "cache" (this machine's), "registry" (the artifact) or "compiled"
     artifact: Reference | None  # the OCI artifact holding these outputs, when a registry was given
-    push: object = None  # with defer_push: pushes the artifact (nothing to push: None)
+    push: Callable[[], object] | None = None  # with defer_push: pushes the artifact (nothing to push: None)
 
     def record(self) -> dict:
         return {"key": self.key, "origin": self.origin, "artifact": str(self.artifact) if self.artifact else None}

@@ -84,7 +84,7 @@ def prove_base(opts: Options, log=print) -> list[ProofRow]:
     base = open_base(project, opts.base, log)
     registered = [o for o in overlays_mod.load(Project(project).overlays_yaml) if o.proof]
     files = _reads(base, registered)
-    jobs = {}
+    jobs: dict[tuple[str, str], tuple | None] = {}  # None: the patch does not apply
     for o in registered:
         stock = files.get(o.target)
         if stock is None:
@@ -145,7 +145,7 @@ def _decide(overlay: Overlay, new: bytes | None, old: bytes | None, files: dict,
     tried = []
     for how, result in found:
         if spec is None or spec.script is None:  # nothing here can check it: only bytes a person wrote
-            why = spec.hardware if spec else "the overlay has no proof"
+            why = (spec.hardware or "no proof runs here") if spec else "the overlay has no proof"
             if how not in (overlays_mod.EXACT, overlays_mod.KNOWN_PORT):
                 tried.append(f"{how}: not taken, no proof runs here ({why}), so only the patch or a committed "
                              f"port applied exactly may carry it")
@@ -201,10 +201,11 @@ def prove_kit(project: Path, folder: Path) -> prove.Verdict:
     if spec is None or spec.script is None:
         raise InputError(f"{overlay.id} has no proof that runs here ({spec.hardware if spec else 'none registered'}): "
                          f"check ours.py on the hardware")
-    reads = {}
+    reads = {}  # one not kept is missing: the proof says so (CANNOT-PROVE)
     for i, path in enumerate(spec.reads):
         kept = folder / "reads" / f"{i}-{Path(path).name}"
-        reads[path] = kept.read_bytes() if kept.is_file() else None
+        if kept.is_file():
+            reads[path] = kept.read_bytes()
     return prove.run(spec, (folder / "ours.py").read_bytes(), reads)
 
 
@@ -285,13 +286,16 @@ def _commit(project: Path, opts: Options, base_ref: str, rows: list[RebaseRow], 
         o = row.overlay
         old = old_lock.entry(o.id) if old_lock else None
         old_sha = old.base_sha256 if old else None
+        assert row.new_stock is not None  # every row here was carried or fixed upstream: it has the new bytes
         new_sha = overlays_mod.store_stock(folder, row.new_stock)
         if row.status == FIXED_UPSTREAM:
             _mark_fixed_upstream(folder / "overlays.yaml", o.id, base_ref)
             log(f"  {o.id}: fixed upstream in {base_ref}: recorded as already-upstream, no longer baked")
             continue
+        assert row.result is not None  # carried: the overlaid bytes for the new base
         patch_bytes = patch_mod.unified_diff(row.new_stock, row.result, o.relative)
         if row.status.how != overlays_mod.EXACT and o.for_target(row.new_stock) is o:
+            assert o.patch_path is not None and o.patch_bytes is not None  # a carried overlay bakes a patch
             if old_sha and not any(sha == old_sha for sha, _, _ in o.ports):
                 port = folder / overlays_mod.PORTS / o.id / f"{old_sha}.patch"
                 port.parent.mkdir(parents=True, exist_ok=True)
