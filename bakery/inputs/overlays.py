@@ -67,8 +67,20 @@ class Overlay:
     def patch_sha256(self) -> str | None:
         return hashlib.sha256(self.patch_bytes).hexdigest() if self.patch_bytes is not None else None
 
+    @property
+    def patch_data(self) -> bytes:
+        """The patch's bytes: only a baked overlay (status required) has one."""
+        if self.patch_bytes is None:
+            raise InputError(f"overlay {self.id!r} has no patch")
+        return self.patch_bytes
+
+    @property
+    def patch_name(self) -> str:
+        """The patch file's name, for messages."""
+        return self.patch_path.name if self.patch_path else "(no patch)"
+
     def parsed(self) -> patch_mod.Patch:
-        return patch_mod.parse(self.patch_bytes, str(self.patch_path))
+        return patch_mod.parse(self.patch_data, str(self.patch_path))
 
     def for_target(self, original: bytes | None) -> Overlay:
         """This overlay with the patch written for these target bytes: a port whose file is named
@@ -166,13 +178,13 @@ def _check_port(folder: Path, port: Overlay, sha: str) -> None:
     _check_patch_names_target(port)
     stock = read_stock(folder, sha)
     if stock is None:
-        raise InputError(f"overlay {port.id!r}: port {port.patch_path.name} names target bytes {sha} that "
+        raise InputError(f"overlay {port.id!r}: port {port.patch_name} names target bytes {sha} that "
                          f"{folder / STOCK} does not hold: an unknown base; add them with `invoke lock --base "
                          f"REF@DIGEST` on that base, or delete the port")
     try:
         patch_mod.apply(port.parsed(), stock)
     except patch_mod.PatchConflict as e:
-        raise IntegrityError(f"overlay {port.id!r}: port {port.patch_path.name} does not apply exactly to the bytes "
+        raise IntegrityError(f"overlay {port.id!r}: port {port.patch_name} does not apply exactly to the bytes "
                              f"it is named for ({e}): its name must be the sha256 of the target it was written "
                              f"against") from None
 
@@ -238,7 +250,7 @@ def _check_patch_names_target(overlay: Overlay) -> None:
     new_file = overlay.kind == "new-file"
     expected_old = "/dev/null" if new_file else overlay.relative
     if p.old_path != expected_old or p.new_path != overlay.relative:
-        raise InputError(f"overlay {overlay.id!r}: patch {overlay.patch_path.name} touches "
+        raise InputError(f"overlay {overlay.id!r}: patch {overlay.patch_name} touches "
                          f"{p.new_path if p.new_path != '/dev/null' else p.old_path}, not its target "
                          f"{overlay.relative}")
 
@@ -318,8 +330,8 @@ class Applied:
         return hashlib.sha256(self.result).hexdigest()
 
     def lock_entry(self) -> LockEntry:
-        return LockEntry(self.overlay.id, self.overlay.target, self.overlay.patch_sha256, self.base_sha256,
-                         self.result_sha256)
+        patch_sha256 = hashlib.sha256(self.overlay.patch_data).hexdigest()  # a baked overlay's patch
+        return LockEntry(self.overlay.id, self.overlay.target, patch_sha256, self.base_sha256, self.result_sha256)
 
 
 def _base_bytes(overlay: Overlay, found) -> bytes | None:
@@ -349,7 +361,7 @@ def apply_all(overlays: list[Overlay], base_files: dict) -> list[Applied]:
         try:
             result, _ = patch_mod.apply(o.parsed(), original or b"")
         except patch_mod.PatchConflict as e:
-            raise IntegrityError(f"overlay {o.id!r}: patch {o.patch_path.name} does not apply exactly to "
+            raise IntegrityError(f"overlay {o.id!r}: patch {o.patch_name} does not apply exactly to "
                                  f"{o.target} ({e}); run `invoke rebase --base REF@DIGEST` and refresh the patch") from None
         applied.append(Applied(o, hashlib.sha256(original).hexdigest() if original is not None else None, result,
                                original))
@@ -505,7 +517,7 @@ def candidates(overlay: Overlay, new: bytes, old: bytes | None) -> tuple[list[tu
         if all(result != r for _, r in found):
             found.append((how, result))
 
-    patches = [(None, overlay.patch_path, overlay.patch_bytes)] + list(overlay.ports)
+    patches = [(None, overlay.patch_path, overlay.patch_data)] + list(overlay.ports)
     for allow_offset in (False, True):  # every patch exactly (a port written for these bytes fits), then moved
         for n, (_, path, data) in enumerate(patches):
             try:

@@ -37,7 +37,7 @@ class ProofSpec:
         return h.hexdigest()
 
 
-def load_spec(entry: dict, folder: Path, where: str) -> ProofSpec | None:
+def load_spec(entry: dict | None, folder: Path, where: str) -> ProofSpec | None:
     """overlays.yaml's `proof:` value: {script, reads, uses} or {hardware: reason}."""
     if entry is None:
         return None
