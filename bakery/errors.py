@@ -104,7 +104,7 @@ def foreign(e: BaseException) -> BakeryError | None:
     if isinstance(e, requests.RequestException):
         return TransientError(f"{type(e).__name__}: {str(e)[:300]}; retry")
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return EnvironmentProblem(disk_full(e.filename, e.strerror))
+        return EnvironmentProblem(disk_full(e.filename, e.strerror or "No space left on device"))
     if isinstance(e, PermissionError):
         return EnvironmentProblem(f"permission denied: {e.filename}")
     return None

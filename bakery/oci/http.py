@@ -269,6 +269,7 @@ class Connections:
 
     def _open(self, key: tuple, proxy, timeout) -> http.client.HTTPConnection:
         scheme, host, port, address = key
+        conn: http.client.HTTPConnection
         try:
             if self.unix_socket:
                 conn = UnixConnection(self.unix_socket, timeout[0])
@@ -287,8 +288,8 @@ class Connections:
             else:
                 conn = http.client.HTTPConnection(host, port, timeout=timeout[0])
             if address and not (proxy or self.unix_socket):  # http.client's hook for making its socket
-                conn._create_connection = lambda _, *rest, **named: socket.create_connection((address, port), *rest,
-                                                                                              **named)
+                conn._create_connection = (  # type: ignore[attr-defined]  # http.client's own hook: not in typeshed
+                    lambda _, *rest, **named: socket.create_connection((address, port), *rest, **named))
             conn.connect()  # under the connect timeout; sending and each read get the longer one
             conn.sock.settimeout(timeout[1])
         except (OSError, http.client.HTTPException, ValueError) as e:
@@ -337,7 +338,8 @@ def _proxy_for(scheme: str, url: str) -> urllib.parse.SplitResult | None:
 
     proxies = urllib.request.getproxies_environment()
     chosen = proxies.get(scheme) or proxies.get("all")
-    if not chosen or urllib.request.proxy_bypass_environment(urllib.parse.urlsplit(url).netloc, proxies):
+    if not chosen or urllib.request.proxy_bypass_environment(  # type: ignore[attr-defined]  # public, not in typeshed
+            urllib.parse.urlsplit(url).netloc, proxies):
         return None
     if "://" not in chosen:
         chosen = "http://" + chosen

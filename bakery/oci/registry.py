@@ -53,10 +53,10 @@ class Registry:
         a digest reference read from this registry and repository before, and verified then, is
         answered from this machine's copy, verified again (its bytes are what the digest names)."""
         kept = _kept_path("manifests", self.name, ref.repository, ref.digest) if cached and ref.digest else None
-        if kept is not None:
+        if kept is not None and ref.digest is not None:
             body = _read_kept(kept, ref.digest, None)
             media_type = _own_media_type(body) if body is not None else None
-            if media_type:
+            if body is not None and media_type:
                 return body, media_type, ref.digest
         where = str(ref.digest or ref.tag or "latest")
         resp = self.transport.request("GET", f"/v2/{ref.repository}/manifests/{where}",

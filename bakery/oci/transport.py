@@ -190,7 +190,7 @@ def judge_hop(registry: tuple[str, str, int | None], url: str, private_ok: bool 
         addresses = [ipaddress.ip_address(host.strip("[]"))]
     except ValueError:
         try:
-            addresses = [ipaddress.ip_address(a[4][0].split("%")[0]) for a in
+            addresses = [ipaddress.ip_address(str(a[4][0]).split("%")[0]) for a in
                          socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
         except (OSError, UnicodeError, ValueError):
             return Hop(f"{shown}, which does not resolve")
@@ -361,7 +361,7 @@ class Transport:
         them past the limit is not waited for: a registry that keeps saying "later" ends the command
         (not a TransientError, which an upload would start over on)."""
         asked, delay = asked_wait(resp), retry_delay(resp, attempt)
-        if asked is not None and waited + delay > self.wait_limit:
+        if asked is not None and resp is not None and waited + delay > self.wait_limit:  # asked: resp said so
             raise RegistryError(f"{what}: {self.registry} kept asking us to wait (HTTP {resp.status_code}, "
                                 f"Retry-After): {waited:.0f} s waited and {asked:.0f} s more asked, past the "
                                 f"{self.wait_limit:g} s one request waits in all ({WAIT_LIMIT_ENV}); try again later")
