@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import Literal
 
 from .. import untrusted
 from ..errors import IntegrityError
@@ -272,11 +273,11 @@ class BaseFilesystem:
         """A kept file's bytes; its size instead where that is past limit (its bytes are not read);
         None where they are not cached (or were bad, and dropped)."""
         size = self.cache.stored_size(sha) if limit is not None else None
-        if size is not None and size > limit:
+        if size is not None and limit is not None and size > limit:  # size: only asked for with a limit
             return size
         return self.cache.content(sha)
 
-    def _from_view(self, path: str, limit: int | None = None) -> BaseFile | None | bool:
+    def _from_view(self, path: str, limit: int | None = None) -> BaseFile | None | Literal[False]:
         """The view's answer for `path` (None: absent), or False where it has none or the file's
         cached bytes are gone or bad."""
         if path not in self.view["paths"]:

@@ -34,6 +34,7 @@ def load_spec(path: Path, override: str | None = None, override_mirror: str | No
     data = schema.load_yaml(path, BASE_KEYS, required={"image", "platform"})
     if data["platform"].count("/") != 1:
         raise InputError(f"{path}: platform must look like os/arch, e.g. linux/amd64")
+    where: str | Path
     if override:
         image, mirror_text, where = Reference.parse_pinned(override, "--base"), override_mirror, "the mirror"
     else:

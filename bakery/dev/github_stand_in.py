@@ -18,6 +18,7 @@ import json
 import re
 import ssl
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -79,7 +80,7 @@ class State:
     issues: list[dict] = field(default_factory=list)
     labels: dict[str, dict] = field(default_factory=dict)
     repo: Repo = field(default_factory=Repo)
-    run_jobs: object = None  # () -> [{"name", "status"}] of the run being watched
+    run_jobs: Callable[[], list[dict]] | None = None  # [{"name", "status"}] of the run being watched
     cancelled: list[str] = field(default_factory=list)  # run ids a caller asked to cancel
 
 
@@ -242,9 +243,9 @@ def graphql(state: State, query: str, variables: dict) -> dict:
         return {"repository": {"hasIssuesEnabled": True},
                 "search": {"issueCount": len(found), "nodes": found, "pageInfo": {"hasNextPage": False, "endCursor": ""}}}
     if "IssueByNumber" in query:  # issue edit N
-        issue = next((i for i in state.issues if i["number"] == variables.get("number")), None)
-        return {"repository": {"hasIssuesEnabled": True, "issue": issue and {
-            "__typename": "Issue", **{k: issue[k] for k in ("id", "number", "title", "body", "url")}}}}
+        found_issue = next((i for i in state.issues if i["number"] == variables.get("number")), None)
+        return {"repository": {"hasIssuesEnabled": True, "issue": found_issue and {
+            "__typename": "Issue", **{k: found_issue[k] for k in ("id", "number", "title", "body", "url")}}}}
     if "RepositoryResolveMetadataIDs" in query:  # label names -> node ids, one alias each
         wanted = re.findall(r'(\w+): label\(name:"([^"]*)"\)', query)
         return {"repository": {alias: {"id": state.labels[name]["node_id"], "name": name}

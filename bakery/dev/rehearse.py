@@ -71,7 +71,7 @@ class Job:
     result: str = "not run"  # success, failure, skipped, not run
     seconds: float = 0.0
     started: float = 0.0  # the time of its first line in act's log
-    usage: object = None  # runner.Usage: its disks' peaks, its processes' users
+    usage: runner.Usage | None = None  # its disks' peaks, its processes' users
     budget: float | None = None  # its timeout-minutes, in seconds
 
     def over_budget(self) -> list[str]:

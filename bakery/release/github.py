@@ -82,7 +82,7 @@ def await_runner(gh: GitHub, repository: str, run_id: str, job: str, minutes: fl
     started = clock()
     while True:
         found = gh.get(path)
-        jobs = found.get("jobs") if isinstance(found, dict) and isinstance(found.get("jobs"), list) else []
+        jobs = found["jobs"] if isinstance(found, dict) and isinstance(found.get("jobs"), list) else []
         status = next((str(j.get("status")) for j in jobs if isinstance(j, dict) and j.get("name") == job), None)
         if status in STARTED:
             log(f"{job}: {status}: a runner took it")

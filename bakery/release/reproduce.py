@@ -303,10 +303,10 @@ class _Chunks(io.RawIOBase):
 
     def readinto(self, out) -> int:
         while not self.rest:
-            self.rest = next(self.chunks, None)
-            if self.rest is None:
-                self.rest = b""
+            piece = next(self.chunks, None)
+            if piece is None:
                 return 0
+            self.rest = piece
         n = min(len(out), len(self.rest))
         out[:n], self.rest = self.rest[:n], self.rest[n:]
         return n

@@ -210,7 +210,8 @@ class VramSampler(threading.Thread):
 
     def __init__(self, read=vram_used_bytes, every: float = 2.0):
         super().__init__(daemon=True)
-        self.read, self.every, self.high, self.error = read, every, 0, None
+        self.error: str | None = None
+        self.read, self.every, self.high = read, every, 0
         self.stop = threading.Event()
 
     def run(self):

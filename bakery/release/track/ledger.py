@@ -159,7 +159,9 @@ def newest_first(ledger: Ledger) -> list[Nightly]:
 def parse_time(text: str, where: str = "created") -> datetime:
     """RFC 3339 as image configs write it (nanoseconds included), as an aware UTC datetime."""
     m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", text or "")
-    stamp = m and m.group(1) + (f".{m.group(2)[:6]:0<6}" if m.group(2) else "") + m.group(3).replace("Z", "+00:00")
+    if m is None:
+        raise InputError(f"{where}: {str(text)[:60]!r} is not an RFC 3339 time")
+    stamp = m.group(1) + (f".{m.group(2)[:6]:0<6}" if m.group(2) else "") + m.group(3).replace("Z", "+00:00")
     try:
         return datetime.fromisoformat(stamp).astimezone(UTC)
     except (TypeError, ValueError, OverflowError):

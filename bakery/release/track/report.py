@@ -54,7 +54,7 @@ def report(result: Bump, kits: Path) -> str:
 REPORT_LIMIT = 60000  # a pull request's body holds 65536 characters
 
 
-def escaped(text: str) -> str:
+def escaped(text: object) -> str:
     """A Markdown table cell of someone else's text: no row breaks, no HTML, no code, no mentions or
     issue links, URL-shaped ones included (a `Closes #1` in a PR body would close an issue on merge)."""
     return untrusted.safe(text, "markdown", 600)

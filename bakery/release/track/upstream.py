@@ -41,9 +41,10 @@ def list_tags(registry: Registry, repo: str, page: int = PAGE) -> list[str]:
                                 + (f"holds {bad[:80]!r}, not a tag" if bad is not None else "repeats tags")
                                 + "; nothing recorded (the registry is broken or hostile)")
         tags += listed
-        path = _next_page(resp.headers.get("Link"), registry, repo)
-        if path is None:
+        next_path = _next_page(resp.headers.get("Link"), registry, repo)
+        if next_path is None:
             return tags
+        path = next_path
     raise RegistryError(f"the tag list of {registry.name}/{repo} goes on past {MAX_PAGES} pages: refused")
 
 
