@@ -23,8 +23,10 @@ import re
 import shutil
 import stat
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, overload
 
 from ..errors import EnvironmentProblem, IntegrityError
 from ..files import staging_dir
@@ -44,7 +46,7 @@ class Selection:
     def key(self) -> str:
         return hashlib.sha256(json.dumps([SCHEMA, sorted(self.exclude)]).encode()).hexdigest()
 
-    def matcher(self):
+    def matcher(self) -> Callable[[str], bool]:
         """path -> is it taken (compiled once)."""
         if not self.exclude:
             return lambda path: True
@@ -59,7 +61,7 @@ class Sink:
 
     def __init__(self, selection: Selection, blobs: Path):
         self.selection, self.blobs = selection, blobs
-        self._wants = None
+        self._wants: Callable[[str], bool] | None = None
 
     def __getstate__(self):
         return {"selection": self.selection, "blobs": self.blobs, "_wants": None}
@@ -153,6 +155,7 @@ def _fill(fs: BaseFilesystem, selection: Selection, dest: Path, tmp: Path) -> No
         blobs = tmp / "blobs"
         blobs.mkdir()
         taken = fs.prefetch(Sink(selection, blobs))
+        assert taken is not None  # with a sink, prefetch says what it took from each layer
         fs.check_layers()
         fs.check_merge()
         files, total = apply_layers([fs._index(d, set()) for d in fs.image.layers], taken, selection, tmp / "root",
@@ -263,6 +266,11 @@ class _Tree:
         for _, fd in self.stack:
             os.close(fd)
         self.stack = []
+
+    @overload
+    def parent(self, path: str, make: Literal[True] = True) -> tuple[int, str]: ...
+    @overload
+    def parent(self, path: str, make: bool) -> tuple[int, str] | None: ...
 
     def parent(self, path: str, make: bool = True) -> tuple[int, str] | None:
         """(an fd of the folder `path` lies in, its last name), making missing folders (0755), or

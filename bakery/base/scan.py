@@ -14,15 +14,18 @@ import sys
 import tarfile
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import InputError, IntegrityError
 from ..oci.refs import Descriptor
 from ..oci.registry import Registry
 from ..oci.tarscan import TarError, TarReader
 from .layercache import LayerCache
+
+if TYPE_CHECKING:  # zstandard is imported only for a zstd layer
+    from zstandard import ZstdDecompressionReader
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
@@ -119,7 +122,8 @@ def _gunzip(pieces: Iterator[bytes]) -> Iterator[bytes]:
 def _unzstd(pieces: Iterator[bytes]) -> Iterator[bytes]:
     import zstandard  # only a zstd layer pays for it
 
-    reader = zstandard.ZstdDecompressor().stream_reader(_Pieces(lambda: next(pieces, b"")), read_across_frames=True)
+    source = _Pieces(lambda: next(pieces, b""))
+    reader = zstandard.ZstdDecompressor().stream_reader(source, read_across_frames=True)  # type: ignore[arg-type]  # reads only read(n)
     while piece := reader.read(PIECE):
         yield piece
 
@@ -160,13 +164,13 @@ class _LayerPipe:
     The diff_id is the sha256 of everything decoded, the tar's end padding that the reader leaves
     unread included. The blob's digest is checked when stream_blob ends; `finish` waits for it."""
 
-    def __init__(self, chunks: Iterator[bytes], decode):
+    def __init__(self, chunks: Generator[bytes, None, None], decode):
         self.chunks, self.decode = chunks, decode
         self.hasher = hashlib.sha256()
         self.compressed: queue.Queue[object] = queue.Queue(DEPTH)  # chunks, then _END or _Failed
         self.decoded: queue.Queue[object] = queue.Queue(DEPTH)
         self.fetch_error: BaseException | None = None
-        self.last = None  # _END or _Failed, once the caller has taken it
+        self.last: object = None  # _END or _Failed, once the caller has taken it
         self.stop = threading.Event()  # the caller reads no more: decode no further, but fetch to the end
         self.cancel = threading.Event()  # nobody wants the rest: fetch no further either
         self.threads = [threading.Thread(target=self._fetch, daemon=True, name="layer-fetch"),
@@ -209,6 +213,7 @@ class _LayerPipe:
                 return
             if isinstance(item, _Failed):
                 raise _Upstream()
+            assert isinstance(item, bytes)  # all else the fetch puts is _END or _Failed
             if item:  # b"" would read as the end downstream
                 yield item
 
@@ -226,6 +231,7 @@ class _LayerPipe:
             else:
                 self._put(self.decoded, _END, self.stop)
         except _Upstream:
+            assert self.fetch_error is not None  # kept before the fetch put its _Failed
             self._put(self.decoded, _Failed(self.fetch_error), self.stop)
         except BaseException as e:  # not decodable: the caller raises it, once the digest was checked
             self._put(self.decoded, _Failed(e), self.stop)
@@ -245,6 +251,7 @@ class _LayerPipe:
         if item is _END:
             self.last = item
             return b""
+        assert isinstance(item, bytes)  # _decode puts pieces, _END or _Failed
         return item
 
     def finish(self) -> str:
@@ -272,7 +279,7 @@ class _LayerPipe:
         self.cancel.set()
 
 
-def decompressed(media_type: str, raw) -> io.IOBase:
+def decompressed(media_type: str, raw) -> io.IOBase | ZstdDecompressionReader:
     if "zstd" in media_type:
         import zstandard
 
@@ -287,7 +294,7 @@ def decompressed(media_type: str, raw) -> io.IOBase:
 class Scanned(NamedTuple):
     """What one pass over a layer gave: its index, {path: sha256} of the files kept in the cache,
     and {path: blob name} of those the sink took (a toolchain's files, base/extract.py)."""
-    index: dict
+    index: dict  # type: ignore[assignment]  # the field hides tuple.index, which nothing calls
     found: dict[str, str]
     taken: dict[str, str]
 

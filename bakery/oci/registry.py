@@ -6,7 +6,7 @@ import hashlib
 import json
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 from .. import untrusted
@@ -110,7 +110,7 @@ class Registry:
         resp = self.transport.request("HEAD", f"/v2/{repo}/blobs/{digest}", scopes=pull(repo), ok=(200, 404))
         return resp.status_code == 200
 
-    def stream_blob(self, repo: str, desc: Descriptor, label: str | None = None) -> Iterator[bytes]:
+    def stream_blob(self, repo: str, desc: Descriptor, label: str | None = None) -> Generator[bytes, None, None]:
         """Yield a blob's bytes; raise IntegrityError at the end if digest or size is wrong."""
         resp = self.transport.request("GET", f"/v2/{repo}/blobs/{desc.digest}", scopes=pull(repo),
                                       stream=True, ok=(200, 404))
