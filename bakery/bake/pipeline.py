@@ -75,7 +75,7 @@ class Options:
     @classmethod
     def from_flags(cls, project: Path, *, layout=None, out=None, lock=None, key=None, policy=None, **rest) -> Options:
         """From a task's flags, by name (strings as given; key: one release public key)."""
-        as_path = lambda v: Path(v) if v else None  # noqa: E731
+        as_path = lambda v: Path(v) if v else None  # noqa: E731 (one line, used four times below)
         return cls(project, layout=as_path(layout), out=as_path(out), lock=as_path(lock),
                    keys=(Path(key),) if key else (), policy=as_path(policy), **rest)
 

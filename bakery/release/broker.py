@@ -97,10 +97,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server's names)
         self._route("GET")
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:  # noqa: N802 (http.server's names)
         self._route("HEAD")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:  # noqa: N802 (http.server's names)
         self._route("POST")
 
     def _route(self, method: str) -> None:
