@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import multiprocessing
+import os
 import resource
 import sys
 import tempfile
@@ -288,4 +288,4 @@ def main(names: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main([a for a in sys.argv[1:]])
+    main(sys.argv[1:])

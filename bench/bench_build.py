@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bakery.dev import fixture, stack  # noqa: E402
+from bakery.dev import fixture, stack  # noqa: E402 (after sys.path names the project)
 
 
 def timed(cmd: list[str], env: dict | None = None, cwd: Path | None = None) -> tuple[float, str]:
@@ -82,7 +82,7 @@ def main() -> None:
             tar.extractall(context / "files", filter=lambda m, path: m if not Path(m.name).name.startswith(".wh.")
                            else None)
     (context / "Dockerfile").write_text(f"FROM {base}\nCOPY files/ /\n")
-    base_sizes = {l["digest"].split(":")[1][:12]: l["size"] for l in rec["base"]["layers"]}
+    base_sizes = {layer["digest"].split(":")[1][:12]: layer["size"] for layer in rec["base"]["layers"]}
     cold_docker, base_bytes_docker = docker_way(base, f"{registry}/bench/docker-{stamp}:1", context, base_sizes, True)
     warm_docker, _ = docker_way(base, f"{registry}/bench/docker-{stamp}:2", context, base_sizes, False)
     # reproducibility: the same Dockerfile built again without cache, versus our rebuild (after the

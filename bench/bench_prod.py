@@ -34,11 +34,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bakery.base import spec as base_mod
-from bakery.dev import fixture, stack  # noqa: E402
-from bakery.errors import NotFound  # noqa: E402
-from bakery.oci.refs import Reference  # noqa: E402
-from bakery.oci.registry import Registry  # noqa: E402
+from bakery.base import spec as base_mod  # noqa: E402 (after sys.path names the project)
+from bakery.dev import fixture, stack  # noqa: E402 (after sys.path names the project)
+from bakery.errors import NotFound  # noqa: E402 (after sys.path names the project)
+from bakery.oci.refs import Reference  # noqa: E402 (after sys.path names the project)
+from bakery.oci.registry import Registry  # noqa: E402 (after sys.path names the project)
 
 SPEC = ROOT / "tests" / "fixture" / "fixture.yaml"
 SITE = "usr/local/lib/python3.12/dist-packages"
@@ -166,7 +166,7 @@ def main() -> None:
     # this machine's speed drifts by 10-20% from minute to minute: the floor and the cold build are
     # timed in pairs, three times, and the median pair's ratio is the one reported
     pairs = []
-    for i in range(ROUNDS):
+    for _ in range(ROUNDS):
         floor_s, floor_bytes = floor(base)
         shutil.rmtree(cache, ignore_errors=True)
         # build alone: Docker neither proves nor compiles (the release build above compiled them)
@@ -211,7 +211,7 @@ def main() -> None:
     fence.write_text(fence.read_text() + "# (bench) changed\n")
     changed_d = docker_way(base, f"{registry}/bench/prod-docker-{stamp}:3", context, False)
 
-    sizes = [l["size"] for l in rec["base"]["layers"]]
+    sizes = [layer["size"] for layer in rec["base"]["layers"]]
     taken = sum(v["origin"] == "registry" for v in rec_fresh["verdicts"])
     print(f"base: {len(sizes)} layers, {sum(sizes) / 2**30:.2f} GiB compressed (largest {max(sizes) / 2**30:.2f} GiB)")
     print(f"floor (fetch + sha256 + gunzip every base layer once, one thread): {floor_s:6.2f}s "
@@ -229,7 +229,7 @@ def main() -> None:
     print(f"one overlay changed: `invoke lock` before the build (applies, proves the changed overlay, pins) "
           f"{lock_s:.2f}s; the build then finds its verdict cached")
     rec_changed = json.loads((work / "out-changed" / "build-record.json").read_text())
-    same_layers = sum(a["digest"] == b["digest"] for a, b in zip(rec["layers"], rec_changed["layers"]))
+    same_layers = sum(a["digest"] == b["digest"] for a, b in zip(rec["layers"], rec_changed["layers"], strict=True))
     print(f"one overlay changed: {len(rec['layers']) - same_layers} of our {len(rec['layers'])} layers changed; "
           f"uploaded {rec_changed['push']['new_bytes_uploaded']} bytes (layers + config), base layers "
           f"{rec_changed['push']['base_bytes_uploaded']}")

@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bakery.dev import fixture, stack  # noqa: E402
-from bakery.bake.pipeline import base_files, open_base, overlay_inputs, overlay_proofs  # noqa: E402
+from bakery.bake.pipeline import base_files, open_base, overlay_inputs, overlay_proofs  # noqa: E402 (after sys.path names the project)
+from bakery.dev import fixture, stack  # noqa: E402 (after sys.path names the project)
 
 
 def by_hand(applied, files, work: Path) -> tuple[float, dict]:

@@ -23,9 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bakery.dev import fixture, stack
-from bakery.release import reproduce  # noqa: E402
-from bakery.oci.refs import Reference  # noqa: E402
+from bakery.dev import fixture, stack  # noqa: E402 (after sys.path names the project)
+from bakery.oci.refs import Reference  # noqa: E402 (after sys.path names the project)
+from bakery.release import reproduce  # noqa: E402 (after sys.path names the project)
 
 RUNS = 2
 IDENTITY = {"GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@example.com", "GIT_COMMITTER_NAME": "bench",

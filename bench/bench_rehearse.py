@@ -21,7 +21,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bakery.dev import rehearse  # noqa: E402
+from bakery.dev import rehearse  # noqa: E402 (after sys.path names the project)
 
 
 def command_seconds(outcome: rehearse.Outcome, workflow: Path) -> dict[str, float]:

@@ -29,10 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bakery.dev import fixture, rehearse, stack  # noqa: E402
-from bakery.errors import NotFound  # noqa: E402
-from bakery.oci.refs import Reference  # noqa: E402
-from bakery.oci.registry import Registry  # noqa: E402
+from bakery.dev import fixture, rehearse, stack  # noqa: E402 (after sys.path names the project)
+from bakery.errors import NotFound  # noqa: E402 (after sys.path names the project)
+from bakery.oci.refs import Reference  # noqa: E402 (after sys.path names the project)
+from bakery.oci.registry import Registry  # noqa: E402 (after sys.path names the project)
 
 SPEC = ROOT / "tests" / "fixture" / "fixture.yaml"
 GIB = int(next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--gib=")), "10"))

@@ -19,9 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bakery.inputs import overlays, proof_spec
-from bakery import sandbox  # noqa: E402
-from bakery.proofs import runner as prove  # noqa: E402
+from bakery import sandbox  # noqa: E402 (after sys.path names the project)
+from bakery.inputs import overlays, proof_spec  # noqa: E402 (after sys.path names the project)
+from bakery.proofs import runner as prove  # noqa: E402 (after sys.path names the project)
 
 RUNS = 3
 

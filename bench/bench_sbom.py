@@ -28,13 +28,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import bench_prod  # noqa: E402  (reads --gib)
-from bakery.base import inventory, spec as base_mod  # noqa: E402
-from bakery.base.filesystem import BaseFilesystem  # noqa: E402
-from bakery.base.layercache import LayerCache  # noqa: E402
-from bakery.bake import pipeline  # noqa: E402
-from bakery.dev import stack  # noqa: E402
-from bakery.oci.refs import Reference  # noqa: E402
-from bakery.oci.registry import Registry  # noqa: E402
+from bakery.bake import pipeline  # noqa: E402 (after sys.path names the project)
+from bakery.base import inventory, spec as base_mod  # noqa: E402 (after sys.path names the project)
+from bakery.base.filesystem import BaseFilesystem  # noqa: E402 (after sys.path names the project)
+from bakery.base.layercache import LayerCache  # noqa: E402 (after sys.path names the project)
+from bakery.dev import stack  # noqa: E402 (after sys.path names the project)
+from bakery.oci.refs import Reference  # noqa: E402 (after sys.path names the project)
+from bakery.oci.registry import Registry  # noqa: E402 (after sys.path names the project)
 
 ROUNDS = 3
 

@@ -20,8 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bakery.inputs import overlays
-from bakery.proofs import runner as prove  # noqa: E402
+from bakery.inputs import overlays  # noqa: E402 (after sys.path names the project)
+from bakery.proofs import runner as prove  # noqa: E402 (after sys.path names the project)
 
 SITE = "/usr/local/lib/python3.12/dist-packages/"
 WHEELS = Path(os.environ.get("WHEELS", Path.home() / ".cache" / "bakery" / "wheels"))

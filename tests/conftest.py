@@ -13,14 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from support import copy_project, invoke
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from support import copy_project, invoke  # noqa: E402
-
-from bakery.dev import fixture as fixture_mod  # noqa: E402
-from bakery.dev import stack  # noqa: E402
-
+from bakery.dev import fixture as fixture_mod, stack  # noqa: E402 (after sys.path names the project)
 
 # a test that takes one of these needs the engine and a registry: marked `stack`, so the rest runs
 # alone in seconds (`invoke test --fast`); a file that reaches the stack otherwise says so itself

@@ -43,7 +43,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import requests
 
-
 STATUSES = ("500", "502", "503", "429")
 WRONG_DIGEST = "sha256:" + hashlib.sha256(b"not what was sent").hexdigest()
 

@@ -80,7 +80,7 @@ def invoke(project: Path, *args: str, env: dict | None = None, cwd: Path | None 
 
 
 def last_line(result: subprocess.CompletedProcess) -> str:
-    lines = [l for l in result.stdout.splitlines() if l.strip()]
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
     assert lines, f"no stdout; stderr:\n{result.stderr}"
     return lines[-1]
 

@@ -42,7 +42,7 @@ class Service(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:  # noqa: N802 (http.server's names)
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
         call = self.path[len(SERVICE):]
         wanted = body.get("nameFilter") or body.get("name_filter")  # a StringValue: a plain string in JSON
@@ -65,7 +65,7 @@ class Service(BaseHTTPRequestHandler):
             return self._json(200, {"ok": True, "artifactId": "1"})
         return self._json(404, {"code": "not_found", "msg": call})
 
-    def do_PUT(self) -> None:  # noqa: N802
+    def do_PUT(self) -> None:  # noqa: N802 (http.server's names)
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         self.send_response(201)
         self.send_header("Content-Length", "0")

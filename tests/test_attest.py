@@ -12,14 +12,11 @@ import subprocess
 
 import pytest
 
-from bakery.trust import attest as attest_mod, keys, sign
-from bakery.trust import record as record_file
+from bakery.inputs import overlays as overlays_mod
 from bakery.oci.refs import Descriptor, Digest, Reference
 from bakery.oci.registry import OCI_MANIFEST, Registry
 from bakery.oci.store import RegistryStore, signature_tag
-
-from bakery.inputs import overlays as overlays_mod
-
+from bakery.trust import attest as attest_mod, keys, record as record_file, sign
 from support import ROOT, dev_policy, invoke, last_line
 
 COSIGN = ROOT / ".tools" / "bin" / "cosign"
@@ -203,8 +200,8 @@ def test_cosign_accepts_signature_and_every_attestation(signed, keypair):
 def envelopes(registry, ref) -> dict:
     reg = Registry(registry)
     body, _, _ = reg.get_manifest(Reference(registry, ref.repository, signature_tag(ref.digest, "att")))
-    return {l["annotations"]["predicateType"]: reg.fetch_blob(ref.repository, Descriptor.from_json(l))
-            for l in json.loads(body)["layers"]}
+    return {layer["annotations"]["predicateType"]: reg.fetch_blob(ref.repository, Descriptor.from_json(layer))
+            for layer in json.loads(body)["layers"]}
 
 
 def test_securesystemslib_verifies_our_dsse(signed, keypair, other_keypair, registry):
@@ -252,7 +249,7 @@ def test_sbom_and_provenance_carry_each_overlay_proof(signed, registry):
     """The signed statements say, per baked overlay, which proof code judged it and what it said."""
     ref, _ = signed["a"]
     found = envelopes(registry, ref)
-    predicate = lambda kind: json.loads(base64.b64decode(json.loads(found[kind])["payload"]))["predicate"]  # noqa: E731
+    predicate = lambda kind: json.loads(base64.b64decode(json.loads(found[kind])["payload"]))["predicate"]  # noqa: E731 (one line, used twice below)
     code = {o.id: o.proof.code_sha256 for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml")
             if o.baked and o.proof.script}
     proofs = {b["name"].removeprefix("proof: "): b for b in predicate("https://slsa.dev/provenance/v1")["runDetails"]
@@ -379,7 +376,7 @@ def test_tamper_attestation_missing(signed, keypair, policy, registry, predicate
     tag = signature_tag(ref_b.digest, "att")
     good = reg.get_manifest(Reference(registry, ref_b.repository, tag))[0]
     manifest = json.loads(good)
-    manifest["layers"] = [l for l in manifest["layers"] if l["annotations"]["predicateType"] != predicate]
+    manifest["layers"] = [layer for layer in manifest["layers"] if layer["annotations"]["predicateType"] != predicate]
     reg.put_manifest(ref_b.repository, tag, json.dumps(manifest).encode(), OCI_MANIFEST)
     try:
         expect_failure(signed["project"], ref_b, keypair[1], policy, says)

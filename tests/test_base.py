@@ -10,7 +10,6 @@ from bakery.base import spec as base_mod
 from bakery.errors import InputError
 from bakery.oci.refs import Descriptor, Reference
 from bakery.oci.registry import OCI_INDEX, Registry
-
 from support import ROOT
 
 

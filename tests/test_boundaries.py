@@ -19,11 +19,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from bakery.bake import pipeline as build
 from bakery import untrusted
+from bakery.bake import pipeline as build
 from bakery.errors import IntegrityError
 from bakery.oci.refs import Reference
-
 from support import invoke, last_line
 from test_errors import one_clear_line
 from test_overlays import docker_base
@@ -163,9 +162,8 @@ def test_a_long_text_is_capped_and_says_how_much_was_cut():
 def test_an_image_file_from_outside_the_project_is_refused(tmp_path):
     """image.yaml's files[].src: the shipped one loads (the control); an absolute path, a '..' or a
     link out of image/ would bake a file of the building host."""
-    from bakery.inputs import image
     from bakery.errors import InputError
-
+    from bakery.inputs import image
     from support import ROOT
 
     spec = tmp_path / "image"
@@ -230,7 +228,7 @@ class Trickle:
             def log_message(self, *args):
                 pass
 
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):  # noqa: N802 (http.server's names)
                 import time
 
                 self.send_response(200)
@@ -253,9 +251,8 @@ def test_a_transfer_slower_than_its_deadline_is_given_up(monkeypatch):
     only after the whole blob had come: each read waited for a megabyte)."""
     import time
 
-    from bakery.oci import registry as registry_mod
-    from bakery.oci import transport
     from bakery.errors import TransientError
+    from bakery.oci import registry as registry_mod, transport
     from bakery.oci.refs import Descriptor
 
     blob = b"x" * 40

@@ -10,7 +10,6 @@ import pytest
 from bakery.dev import stack
 from bakery.oci.refs import Reference
 from bakery.oci.registry import Registry
-
 from support import docker, invoke, last_line
 
 
@@ -95,7 +94,7 @@ def test_record_lists_every_input_and_output_by_digest(built, fixture_base):
     assert {"/usr/local/bin/bakery-entrypoint", "/usr/local/bin/bakery-selfcheck",
             "/etc/bakery/manifest.json"} <= paths
     assert all(len(f["sha256"]) == 64 for f in record["files"])
-    assert all(l["digest"].startswith("sha256:") and l["diff_id"].startswith("sha256:") for l in record["layers"])
+    assert all(layer["digest"].startswith("sha256:") and layer["diff_id"].startswith("sha256:") for layer in record["layers"])
     assert {i["path"] for i in record["inputs"]} >= {"image/image.yaml", "image/base.yaml"}
     assert record["config"]["digest"].startswith("sha256:")
     assert record["tools"]["zlib"]

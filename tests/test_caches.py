@@ -25,7 +25,7 @@ def warm(project, fixture_base):
 def rebuild(project, fixture_base, *extra) -> tuple[str, list[str]]:
     result = invoke(project, "build", "--base", str(fixture_base), *extra)
     assert result.returncode == 0, result.stderr
-    return last_line(result), [l for l in result.stderr.splitlines() if l.startswith("warning:")]
+    return last_line(result), [line for line in result.stderr.splitlines() if line.startswith("warning:")]
 
 
 def poison(path: Path, data: bytes | None = None) -> None:

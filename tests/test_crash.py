@@ -74,12 +74,11 @@ import json
 import os
 import re
 import subprocess
-import uuid
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
-
 import requests
 
 from bakery.errors import BUMPED, NOTHING_NEW

@@ -9,8 +9,12 @@ import subprocess
 import pytest
 import yaml
 
+import test_tamper
 from support import ROOT, dev_policy, invoke
-from test_tamper import clone, drop_predicate, honest, keyargs, tamper_keys, TEST_RESULT  # noqa: F401 (fixtures)
+from test_tamper import TEST_RESULT, clone, drop_predicate, keyargs
+
+# test_tamper's fixtures, bound here so that pytest finds them for this module's tests
+honest, tamper_keys = test_tamper.honest, test_tamper.tamper_keys
 
 CADDY = "docker.io/library/caddy@sha256:" + "b" * 64
 VALIDATE = ROOT / ".venv" / "bin" / "kubernetes-validate"

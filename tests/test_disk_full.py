@@ -85,7 +85,6 @@ from bakery.errors import foreign
 from bakery.files import atomic_dir, atomic_file
 from bakery.oci.refs import Reference
 from bakery.oci.registry import Registry
-
 from support import copy_project, dev_policy, invoke, last_line, tags
 from test_attest import PASSWORD
 
@@ -98,7 +97,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small disk
 def one_clear_line(result) -> str:
     """The failure as the user sees it: one `error:` line, nothing after it, no traceback."""
     assert "Traceback" not in result.stderr, result.stderr
-    errors = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, result.stderr
     assert result.stderr.rstrip().endswith(errors[0]), result.stderr  # not followed by a log's lines
     return errors[0]
@@ -424,7 +423,6 @@ def test_a_rebuilds_clone_on_a_full_disk_names_the_disk(small_disk, tmp_path):
 def toolchain_files(toolchain):
     """The toolchain's files in this machine's cache (taken out once; a compile reads them)."""
     from bakery.inputs import hip
-
     from support import ROOT
 
     root = hip.toolchain_files(toolchain, hip.load(ROOT / "hip").toolchain, CACHE / "toolchains", log=lambda m: None)

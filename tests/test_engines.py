@@ -25,7 +25,6 @@ from bakery.base.filesystem import BaseFilesystem
 from bakery.base.layercache import LayerCache
 from bakery.errors import IntegrityError
 from bakery.oci.registry import Registry
-
 from support import containerd_view, docker_export, podman_views, push_image, tree_of
 from test_layer_rules import REFUSED, layer
 from test_toolchain_root import busybox_layer, comparable, root_of, tar
@@ -209,7 +208,7 @@ GROUND = {
     "a name twice, spelled two ways": NO_BUILDER, "a file before the link over its folder": NO_BUILDER,
     "a whiteout of what the layer gives": NO_BUILDER, "an AUFS name": NO_BUILDER,
     "a name out of the root": NO_BUILDER,
-} | {case: APART for case in ACROSS}
+} | dict.fromkeys(ACROSS, APART)
 
 
 @pytest.fixture(scope="module")

@@ -9,15 +9,14 @@ import pytest
 
 from bakery.oci.refs import Reference
 from bakery.oci.registry import Registry
-
-from support import ROOT, invoke
 from proxy import FaultyProxy
+from support import ROOT, invoke
 
 
 def one_clear_line(result) -> str:
     assert result.returncode != 0
     assert "Traceback" not in result.stderr, result.stderr
-    errors = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, result.stderr
     return errors[0]
 
@@ -134,9 +133,9 @@ def shown_inert(result) -> str:
 
     line = one_clear_line(result)
     out = result.stdout + result.stderr
-    assert not [l for l in out.splitlines() if l.lstrip().startswith("::")], out
+    assert not [line for line in out.splitlines() if line.lstrip().startswith("::")], out
     assert not [c for c in out if c != "\n" and unicodedata.category(c) in ("Cc", "Cf")], ascii(out)
-    assert not [l for l in out.splitlines() if "forged" in l and not l.startswith("error:")], out
+    assert not [line for line in out.splitlines() if "forged" in line and not line.startswith("error:")], out
     return line
 
 

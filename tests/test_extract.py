@@ -17,7 +17,6 @@ from bakery.base.filesystem import BaseFilesystem
 from bakery.base.layercache import LayerCache
 from bakery.oci.refs import Descriptor, Reference
 from bakery.oci.registry import OCI_MANIFEST, Registry
-
 from support import docker
 
 SITE = "usr/local/lib/python3.12/dist-packages"
@@ -218,8 +217,8 @@ def test_layer_streams_decode_as_gzipfile_reads_them_and_a_bad_digest_is_named_f
     import pytest
     import zstandard
 
-    from bakery.errors import IntegrityError
     from bakery.base.scan import scan_layer
+    from bakery.errors import IntegrityError
 
     raw = tar_layer([(f"d/f{i}", os.urandom(i * 300)) for i in range(40)] + [("d/x", b"wanted")])
     diff_id = f"sha256:{hashlib.sha256(raw).hexdigest()}"

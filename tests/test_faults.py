@@ -80,7 +80,6 @@ import pytest
 import requests
 
 from bakery.oci.refs import Reference
-
 from proxy import Fault, FaultyProxy
 from support import ROOT, copy_project, invoke, last_line, tags
 
@@ -94,7 +93,7 @@ ALWAYS = 1000  # times: a fault that never clears
 
 def one_error_line(result) -> str:
     assert "Traceback" not in result.stderr, result.stderr
-    errors = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, result.stderr
     return errors[0]
 

@@ -22,14 +22,13 @@ import zstandard
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from bakery.base import spec as base_mod
-from bakery.errors import BakeryError
 from bakery.base.filesystem import BaseFilesystem
 from bakery.base.layercache import LayerCache
+from bakery.errors import BakeryError
 from bakery.oci.refs import Reference
 from bakery.oci.registry import OCI_INDEX, OCI_MANIFEST, Registry
-
-from support import invoke
 from proxy import FaultyProxy
+from support import invoke
 
 SITE = "usr/local/lib/python3.12/dist-packages"
 PATHS = [f"{SITE}/vllm/v1/kv_offload/cpu/gpu_worker.py", f"{SITE}/vllm/envs.py", "etc/os-release"]
@@ -189,8 +188,8 @@ def signed_image(registry, fixture_base, fixture_lock, tmp_path_factory):
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_verifying_against_hostile_signatures_fails_checks_never_crashes(hostile, signed_image, data):
-    from bakery.trust import policy as policy_mod, verify
     from bakery.oci.store import RegistryStore, signature_tag
+    from bakery.trust import policy as policy_mod, verify
 
     project, ref, pub, policy_path = signed_image
     upstream = Registry(ref.registry)
@@ -230,7 +229,7 @@ def test_a_cut_or_lying_response_is_one_clean_line_and_leaves_nothing(registry, 
     if result.returncode == 0:  # a lie the checks could see through (the digest still matched)
         return
     assert "Traceback" not in result.stderr, result.stderr
-    errors = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and result.returncode in (2, 3, 4, 5, 6), result.stderr
     assert not (project / "out" / "build-record.json").exists()
     assert not Registry(registry).manifest_exists("fuzz/cut", Reference.parse("x@sha256:" + "0" * 64).digest)

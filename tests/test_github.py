@@ -20,7 +20,6 @@ from bakery.dev import github_stand_in as stand_in
 from bakery.errors import AuthError, EnvironmentProblem
 from bakery.release import github, settings as settings_mod
 from bakery.trust import keys
-
 from support import ROOT, copy_project, invoke
 
 OWNER, NAME, TOKEN = "dsv4-mi300x", "bakery", "t0ken"
@@ -138,7 +137,7 @@ def test_gaps_exit_with_their_code_and_a_bad_token_is_one_line(ready_project, gh
     result = invoke(ready_project, "preflight", "--repository", f"{OWNER}/{NAME}", "--api", gh.api,
                     env={"GITHUB_TOKEN": TOKEN})
     assert result.returncode == github.NOT_READY
-    assert [l for l in result.stdout.splitlines() if l.startswith("missing: ")] == \
+    assert [line for line in result.stdout.splitlines() if line.startswith("missing: ")] == \
         [f"missing: {g}" for g in gaps(ready_project, gh)] and len(result.stdout.splitlines()) == 2
     denied = invoke(ready_project, "preflight", "--repository", f"{OWNER}/{NAME}", "--api", gh.api,
                     env={"GITHUB_TOKEN": "wrong"})

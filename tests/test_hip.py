@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from bakery.inputs import hip
 from bakery.errors import InputError, IntegrityError
-
+from bakery.inputs import hip
 from support import ROOT, cold_compile_cache, dev_policy, docker, invoke, last_line
 
 KERNELS = ["swiglu_clamp_bf16_kernel", "topk_topp_mask_f32_kernel"]
@@ -87,7 +86,7 @@ def test_fixed_cuid_makes_object_names_irrelevant(compiled, toolchain, tmp_path)
     build tree gives other bytes. With the recipe's fixed -cuid the library does not change."""
     recipe, artifact, _ = compiled
     fixed = hip.script(recipe)
-    unfixed = "\n".join(l.replace("-cuid=", "-D_no_cuid=") for l in fixed.splitlines())
+    unfixed = "\n".join(line.replace("-cuid=", "-D_no_cuid=") for line in fixed.splitlines())
 
     def build(shell: str, name: str) -> bytes:
         out = tmp_path / name
@@ -250,10 +249,10 @@ def trusting(project: Path, keys: Path, base) -> list[str]:
 
 def test_kernels_travel_as_a_signed_oci_artifact_and_need_no_engine(project, registry, fixture_base, pinned_toolchain,
                                                                     release_keys, tmp_path):
-    from bakery.trust import provenance, sbom
-    from bakery.trust.record import BuildRecord
     from bakery.oci.refs import Reference
     from bakery.oci.registry import Registry
+    from bakery.trust import provenance, sbom
+    from bakery.trust.record import BuildRecord
 
     env = {"BAKERY_TOOLCHAIN": pinned_toolchain}
     first = invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/travel/img:1", env=env)
@@ -263,7 +262,7 @@ def test_kernels_travel_as_a_signed_oci_artifact_and_need_no_engine(project, reg
     assert kernels["artifact"].startswith(f"{registry}/travel/img@sha256:")
     body, _, digest = Registry(registry).get_manifest(Reference(registry, "travel/img", f"kernels-{kernels['key']}"))
     assert kernels["artifact"].endswith(str(digest))
-    layers = {l["annotations"]["org.opencontainers.image.title"]: l["digest"] for l in json.loads(body)["layers"]}
+    layers = {layer["annotations"]["org.opencontainers.image.title"]: layer["digest"] for layer in json.loads(body)["layers"]}
     assert layers["_C_stable_libtorch.so"] == "sha256:" + record["artifacts"][0]["sha256"]
     # the provenance and the SBOM name the artifact by digest
     typed = BuildRecord.from_json(record)
@@ -307,9 +306,9 @@ def test_without_a_release_key_the_registrys_artifact_is_not_used(project, regis
 def test_a_signed_but_inconsistent_kernel_artifact_is_refused(project, registry, fixture_base, pinned_toolchain,
                                                               release_keys, tmp_path):
     """Even under a release-key signature, every file must match the sha256 the artifact's config records."""
-    from bakery.trust import attest as attest_mod, keys, sign
     from bakery.oci.refs import Descriptor, Reference
     from bakery.oci.registry import OCI_MANIFEST, Registry
+    from bakery.trust import attest as attest_mod, keys, sign
 
     env = {"BAKERY_TOOLCHAIN": pinned_toolchain}
     assert invoke(project, "build", "--base", str(fixture_base), "--push", f"{registry}/travel/evil:1",
@@ -318,7 +317,7 @@ def test_a_signed_but_inconsistent_kernel_artifact_is_refused(project, registry,
     reg = Registry(registry)
     body, _, _ = reg.get_manifest(Reference(registry, "travel/evil", f"kernels-{key}"))
     doc = json.loads(body)
-    so = next(l for l in doc["layers"] if l["annotations"]["org.opencontainers.image.title"].endswith(".so"))
+    so = next(layer for layer in doc["layers"] if layer["annotations"]["org.opencontainers.image.title"].endswith(".so"))
     evil = reg.fetch_blob("travel/evil", Descriptor.from_json(so)) + b"\0trojan"
     desc = Descriptor.of(so["mediaType"], evil)
     reg.upload_blob("travel/evil", desc, lambda: iter([evil]))
@@ -397,7 +396,7 @@ def test_a_toolchain_that_leaves_a_link_in_out_reads_nothing_of_the_host(toolcha
     hostile = f"{toolchain.split('/')[0]}/bakery/hostile-toolchain:test"
     docker("build", "-q", "-t", hostile, str(tmp_path / "ctx"))
     result = invoke(ROOT, "compile", "--toolchain", pushed(hostile), env={"BAKERY_CACHE": str(tmp_path / "cache")})
-    errors = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 5 and len(errors) == 1, result.stderr
     assert "compile output toolchain.txt is not a regular file" in errors[0]
     assert "cHVzaDp0b2tlbg" not in result.stdout + result.stderr

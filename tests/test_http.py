@@ -35,7 +35,7 @@ from bakery.oci.transport import Transport, origin
 
 def _certificates(folder: Path, names: list[str]) -> tuple[Path, Path, Path]:
     """(CA certificate, leaf certificate, leaf key): a CA made here and a leaf for `names` it signed."""
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bakery test CA")])
     ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
@@ -340,7 +340,7 @@ def test_a_body_cut_short_of_its_length_is_a_connection_failure_and_its_connecti
     with _Server(_Short) as server:
         conns = Connections()
         with pytest.raises(ConnectionFailed, match="IncompleteRead"):
-            conns.send("GET", f"http://127.0.0.1:{server.server_address[1]}/x", {}, None).content
+            conns.send("GET", f"http://127.0.0.1:{server.server_address[1]}/x", {}, None).content  # noqa: B018 (reading it raises)
         assert not any(conns._idle.values())
 
 
@@ -416,7 +416,8 @@ class _Trap(BaseHTTPRequestHandler):
 
     def setup(self):
         super().setup()
-        self.server.hits.append("%s:%d" % self.server.server_address[:2])
+        host, port = self.server.server_address[:2]
+        self.server.hits.append(f"{host}:{port}")
 
     def do_GET(self):
         self.send_response(200)
@@ -514,7 +515,7 @@ def _redirects_in_this_namespace(folder: Path) -> None:
                     other = lan.encode() + b" gets no blob of ours"
                     try:
                         Registry(pushed.host).upload_blob("base/pushed", Descriptor.of("application/octet-stream",
-                                                                                      other), lambda: iter([other]))
+                                                                                      other), lambda other=other: iter([other]))
                         seen.setdefault("uploads", {})[lan] = "uploaded"
                     except BakeryError as e:
                         seen.setdefault("uploads", {})[lan] = f"{type(e).__name__}: {e}"

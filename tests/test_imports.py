@@ -25,7 +25,6 @@ from bakery.inputs import overlays as overlays_mod
 from bakery.oci.refs import Descriptor, Reference
 from bakery.oci.registry import OCI_MANIFEST, Registry
 from bakery.trust import record as record_mod, sbom
-
 from support import copy_project, docker, invoke, last_line
 from test_toolchain_root import tar
 
@@ -225,7 +224,7 @@ def test_a_package_of_the_overlaid_modules_name_refuses_the_base(registry, fixtu
     assert said["file"] == f"/{FOLDER}/{NAME}/__init__.py", said  # the control: Python takes the package
     for task in ("lock", "build"):  # neither locks nor builds over it
         done = invoke(project, task, "--base", str(packaged), "--lock", str(tmp_path / "overlays.lock"))
-        errors = [l for l in done.stderr.splitlines() if l.startswith("error:")]
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
         assert done.returncode == 5 and len(errors) == 1 and "Python would import that package" in errors[0], \
             done.stderr
 

@@ -115,7 +115,7 @@ def test_a_kept_stream_that_is_not_exactly_ours_for_this_tar_is_dropped(tmp_path
     again = write_layer(FILES, 7, tmp_path / "b", "t", kept=kept)
     assert again.descriptor == first.descriptor and again.path.read_bytes() == first.path.read_bytes()
     assert entry.read_bytes() == first.path.read_bytes()  # made again
-    warnings = [l for l in capsys.readouterr().err.splitlines() if l.startswith("warning:")]
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "gzip cache entry" in warnings[0]
 
 
@@ -135,5 +135,5 @@ def test_a_kept_entry_that_is_not_a_plain_small_file_is_ignored_with_a_warning(t
         entry.write_bytes(first.path.read_bytes() + bytes(1 << 20))
     again = write_layer(FILES, 7, tmp_path / "b", "t", kept=kept)
     assert again.descriptor == first.descriptor and again.path.read_bytes() == first.path.read_bytes()
-    warnings = [l for l in capsys.readouterr().err.splitlines() if l.startswith("warning:")]
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert warnings and all("gzip cache entry" in w or "could not keep" in w for w in warnings)

@@ -22,7 +22,7 @@ GOOD = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+
 def test_a_manifest_gives_its_config_layers_and_artifact_type():
     m = Manifest.parse(json.dumps(GOOD).encode(), "manifest x")
     assert str(m.config.digest) == DIGEST and m.config.size == 2
-    assert [l.annotations["org.opencontainers.image.title"] for l in m.layers] == ["a.so", "a.so"]
+    assert [layer.annotations["org.opencontainers.image.title"] for layer in m.layers] == ["a.so", "a.so"]
     assert m.blobs == (m.config, *m.layers)
     assert (m.artifact_type, m.annotations) == ("application/vnd.example", {"k": "v"})
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from bakery.dev import stack
 from bakery.oci.registry import Registry
-
 from support import invoke, last_line
 
 

@@ -20,7 +20,6 @@ from support import NODE_FLAGS, PODMAN, ROOT, invoke, last_line, podman_node
 from test_attest import PASSWORD
 
 
-
 @pytest.fixture(scope="module")
 def node_image() -> str:
     return podman_node()

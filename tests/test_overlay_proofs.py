@@ -17,11 +17,10 @@ from pathlib import Path
 import pytest
 
 from bakery.base import spec as base_mod
-from bakery.inputs import overlays as overlays_mod, patch as patch_mod, proof_spec
-from bakery.proofs import runner as prove
 from bakery.base.filesystem import BaseFilesystem
+from bakery.inputs import overlays as overlays_mod, patch as patch_mod, proof_spec
 from bakery.oci.registry import Registry
-
+from bakery.proofs import runner as prove
 from support import ROOT, invoke
 
 pytest.importorskip("torch", reason="the overlay proofs need CPU torch (pip install -e '.[test]')")

@@ -10,11 +10,10 @@ import sys
 
 import pytest
 
-from bakery.inputs import overlays as overlays_mod
 from bakery.errors import InputError
+from bakery.inputs import overlays as overlays_mod
 from bakery.inputs.patch import unified_diff
 from bakery.oci.refs import Reference
-
 from support import ROOT, docker, invoke, last_line, push_image
 from test_errors import one_clear_line
 
@@ -230,9 +229,7 @@ def test_rebase_026_to_027_end_to_end_without_the_old_base(project, fixture_base
     record = json.loads((project / "out" / "build-record.json").read_text())
     proofs = {o["id"]: o["proof"] for o in record["overlays"] if o["baked"]}
     assert {k: (v.get("stock"), v.get("overlaid")) for k, v in proofs.items() if "script" in v} == \
-        {k: ("BROKEN", "FIXED") for k in ("mxfp4-bitmatrix-padding-mask", "cpu-kv-transfer-fence",
-                                          "fnuz-indexer-cache-writer", "exact-swiglu-clamp-kernel",
-                                          "independent-draft-gumbel", "deterministic-sampler-topk-topp")}
+        dict.fromkeys(("mxfp4-bitmatrix-padding-mask", "cpu-kv-transfer-fence", "fnuz-indexer-cache-writer", "exact-swiglu-clamp-kernel", "independent-draft-gumbel", "deterministic-sampler-topk-topp"), ("BROKEN", "FIXED"))
     assert all(len(v.get("code_sha256", "x" * 64)) == 64 for v in proofs.values())
 
 
@@ -315,8 +312,8 @@ def test_rebase_retires_an_overlay_that_upstream_fixed(project, registry, fixtur
 @pytest.fixture
 def versions_dir(registry, fixture_base, tmp_path):
     from bakery.base import spec as base_mod
-    from bakery.inputs import patch as patch_mod
     from bakery.base.filesystem import BaseFilesystem
+    from bakery.inputs import patch as patch_mod
     from bakery.oci.registry import Registry
 
     reg = Registry(registry)

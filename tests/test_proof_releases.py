@@ -19,7 +19,6 @@ import pytest
 from bakery.dev import fixture as fixture_mod
 from bakery.inputs import overlays as overlays_mod
 from bakery.proofs import runner as prove
-
 from support import ROOT
 
 pytest.importorskip("torch", reason="the overlay proofs need CPU torch (pip install -e '.[test]')")

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from bakery.release import reproduce
 from bakery.errors import EnvironmentProblem
 from bakery.oci.refs import Reference
+from bakery.release import reproduce
 
 SECRETS = {"BAKERY_KEY_PASSWORD": "rebuilder-password", "BAKERY_REBUILDER_SIGNING_KEY": "-----BEGIN ENCRYPTED"}
 

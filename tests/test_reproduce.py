@@ -221,10 +221,10 @@ def test_a_release_that_baked_a_poisoned_kernel_artifact_is_not_reproduced(setup
     rebuilder compiles hip/ itself, so its .so differs, and it says which file."""
     import json
 
-    from bakery.trust import attest as attest_mod, keys, sign
     from bakery.oci.refs import Descriptor, Digest, Reference
     from bakery.oci.registry import OCI_MANIFEST, Registry
     from bakery.oci.store import RegistryStore
+    from bakery.trust import attest as attest_mod, keys, sign
     from support import cold_compile_cache
 
     ref, _ = clean

@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 
 from bakery import sandbox
-from bakery.proofs import runner as prove
-from bakery.inputs import proof_spec
 from bakery.errors import EnvironmentProblem
-
+from bakery.inputs import proof_spec
+from bakery.proofs import runner as prove
 from support import ROOT
 
 SECRETS = {"GITHUB_TOKEN": "ghs_secret", "BAKERY_REGISTRY_PASSWORD": "hunter2", "BAKERY_KEY_PASSWORD": "pw",

@@ -30,7 +30,6 @@ from bakery.errors import IntegrityError
 from bakery.oci.refs import Reference
 from bakery.trust import record, sbom
 from bakery.trust.record import DebPackage, OperatingSystem
-
 from support import ROOT, invoke, last_line
 
 VENV = ROOT / ".venv" / "bin"
@@ -246,7 +245,7 @@ def test_license_names_are_the_ones_a_copyright_file_states():
 
 def test_purls_are_written_as_the_purl_spec_says():
     debian = OperatingSystem("debian", "12", "Debian GNU/Linux", "/etc/os-release")
-    deb = lambda name, version, source, source_version, arch="amd64": DebPackage(  # noqa: E731
+    deb = lambda name, version, source, source_version, arch="amd64": DebPackage(  # noqa: E731 (one line, used four times below)
         name, version, arch, source, source_version, None, (), "/var/lib/dpkg/status")
     assert sbom.deb_purl(debian, deb("libstdc++6", "12.2.0-14+deb12u1", "gcc-12", "12.2.0-14+deb12u1")) == \
         "pkg:deb/debian/libstdc%2B%2B6@12.2.0-14%2Bdeb12u1?arch=amd64&distro=debian-12&upstream=gcc-12"
@@ -419,8 +418,9 @@ def copyright_texts(ref: Reference, where: Path) -> dict:
 # -- VEX ----------------------------------------------------------------------------------------
 
 def test_the_vex_is_openvex_an_independent_parser_reads():
-    from bakery.trust import vex
     from vexipy import Document
+
+    from bakery.trust import vex
 
     rec = record.read(RECORD)
     name = Reference.parse(rec.outputs[0]["reference"]).name

@@ -12,7 +12,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from bakery.release import smoke
-
 from support import ROOT, dev_policy, docker, invoke, last_line
 
 LOGS = ROOT / "tests" / "data" / "vllm-logs"
@@ -39,7 +38,7 @@ def test_no_mi300x_here_says_so_in_one_line(tmp_path):
     snapshot.mkdir()
     result = invoke(ROOT, "smoke", "127.0.0.1:5000/x/y@sha256:" + "a" * 64, "--model-dir", str(snapshot))
     assert result.returncode == 6
-    assert [l for l in result.stderr.splitlines() if l.strip()] == [
+    assert [line for line in result.stderr.splitlines() if line.strip()] == [
         "error: no MI300X here: /dev/kfd does not exist (no AMD GPU driver on this host); "
         "run invoke smoke on an MI300X host"]
 
@@ -260,10 +259,9 @@ def test_production_launch_on_the_fixture_image(project, registry, fixture_base,
 
 def test_smoke_attestation_gates_verify(tmp_path, registry, fixture_base, fixture_lock):
     """A passing report signed onto the digest satisfies --require-smoke; a failing one does not."""
-    from bakery.trust import keys, sign
     from bakery.oci.refs import Reference
     from bakery.oci.store import RegistryStore
-
+    from bakery.trust import keys, sign
     from support import copy_project
 
     project = copy_project(tmp_path / "p", fixture_lock)

@@ -20,17 +20,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bakery.trust import attest as attest_mod, keys, provenance, sign
-from bakery.trust.record import BuildRecord
-from bakery.inputs import hip
-from bakery.release import smoke
 from bakery.errors import IntegrityError
+from bakery.inputs import hip
 from bakery.oci.refs import Descriptor, Digest, Reference
 from bakery.oci.registry import OCI_MANIFEST, Registry
 from bakery.oci.store import RegistryStore, signature_tag
-
-from support import ROOT, cold_compile_cache, copy_project, dev_policy, invoke, last_line
+from bakery.release import smoke
+from bakery.trust import attest as attest_mod, keys, provenance, sign
+from bakery.trust.record import BuildRecord
 from proxy import FaultyProxy
+from support import ROOT, cold_compile_cache, copy_project, dev_policy, invoke, last_line
 
 PASSWORD = {"BAKERY_KEY_PASSWORD": "pw"}
 FENCE_ID = "cpu-kv-transfer-fence"
@@ -277,7 +276,7 @@ def test_build_refuses(case, mutate, code, check, tmp_path, registry, basic_regi
         for undo in ctx["cleanup"]:
             undo()
     assert "Traceback" not in result.stderr, result.stderr
-    errors = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == code and len(errors) == 1 and check in errors[0], result.stderr
     assert not (project / "out" / "build-record.json").exists()
     assert all(check() for check in ctx["after"])
@@ -337,7 +336,7 @@ def put_att(ref: Reference, doc: dict) -> None:
 def drop_predicate(kind):
     def mutate(h, ref, ctx):
         _, doc, _ = att_layers(ref)
-        doc["layers"] = [l for l in doc["layers"] if l["annotations"]["predicateType"] != kind]
+        doc["layers"] = [layer for layer in doc["layers"] if layer["annotations"]["predicateType"] != kind]
         put_att(ref, doc)
     return mutate
 
@@ -373,7 +372,7 @@ def add_layer(ref: Reference, envelope: bytes, annotation: str, replace: str | N
     layer = Descriptor(attest_mod.DSSE, desc.digest, desc.size,
                        {attest_mod.SIGNATURE_ANNOTATION: "", "predicateType": annotation}).to_json()
     if replace:
-        doc["layers"] = [l for l in doc["layers"] if l["annotations"]["predicateType"] != replace]
+        doc["layers"] = [layer for layer in doc["layers"] if layer["annotations"]["predicateType"] != replace]
     doc["layers"].append(layer)
     put_att(ref, doc)
 
@@ -390,7 +389,7 @@ def smoke_key_stands_in_for_the_provenance(h, ref, ctx):
     """Issue 17's second forgery: the key on the runner that executes the candidate replaces the SLSA
     provenance with its own statement of it, annotated as a smoke result."""
     _, doc, _ = att_layers(ref)
-    layer = next(l for l in doc["layers"] if l["annotations"]["predicateType"] == SLSA)
+    layer = next(layer for layer in doc["layers"] if layer["annotations"]["predicateType"] == SLSA)
     env = json.loads(Registry(ref.registry).fetch_blob(ref.repository, Descriptor.from_json(layer)))
     statement = base64.b64decode(env["payload"])
     add_layer(ref, sign.envelope(h["signers"]["smoke"], statement), TEST_RESULT, replace=SLSA)
@@ -400,7 +399,7 @@ def second_statement(kind: str, signer: str, edit):
     """A second, validly signed statement of a type already there: which one counts may not be chosen."""
     def mutate(h, ref, ctx):
         _, doc, _ = att_layers(ref)
-        layer = next(l for l in doc["layers"] if l["annotations"]["predicateType"] == kind)
+        layer = next(layer for layer in doc["layers"] if layer["annotations"]["predicateType"] == kind)
         env = json.loads(Registry(ref.registry).fetch_blob(ref.repository, Descriptor.from_json(layer)))
         statement = json.loads(base64.b64decode(env["payload"]))
         edit(statement["predicate"])
@@ -411,7 +410,7 @@ def second_statement(kind: str, signer: str, edit):
 def envelope_payload_swapped(h, ref, ctx):
     """The provenance's payload rewritten (base changed), the old signature kept."""
     reg, doc, tag = att_layers(ref)
-    layer = next(l for l in doc["layers"] if l["annotations"]["predicateType"] == SLSA)
+    layer = next(layer for layer in doc["layers"] if layer["annotations"]["predicateType"] == SLSA)
     env = json.loads(reg.fetch_blob(ref.repository, Descriptor.from_json(layer)))
     statement = json.loads(base64.b64decode(env["payload"]))
     statement["predicate"]["buildDefinition"]["externalParameters"]["base"] = "docker.io/evil/base@sha256:" + "5" * 64
@@ -477,7 +476,7 @@ def older_passed_restored(h, ref, ctx):
     """Issue 28: a registry writer, with no key, puts the smoke key's PASSED envelope back after a
     FAILED that this machine's verify has seen (both real envelopes of the smoke key)."""
     reg, doc, _ = att_layers(ref)
-    passed = next(Descriptor.from_json(l) for l in doc["layers"] if l["annotations"]["predicateType"] == TEST_RESULT)
+    passed = next(Descriptor.from_json(layer) for layer in doc["layers"] if layer["annotations"]["predicateType"] == TEST_RESULT)
     envelope = reg.fetch_blob(ref.repository, passed)
     smoke.attach_report(RegistryStore(ref), ref, honest_report(ref, result="FAILED", failed=["vram"], run=7,
                                                                finished="2026-12-01T10:00:00Z"),
@@ -679,7 +678,7 @@ def test_attach_pushes_a_smoke_result_that_verifies(honest, tmp_path):
 def provenance_by_smoke_key(h, ref) -> bytes:
     """The smoke key's own statement of the provenance type, for ref (the sabotage of issue 17's review)."""
     _, doc, _ = att_layers(ref)
-    layer = next(l for l in doc["layers"] if l["annotations"]["predicateType"] == SLSA)
+    layer = next(layer for layer in doc["layers"] if layer["annotations"]["predicateType"] == SLSA)
     env = json.loads(Registry(ref.registry).fetch_blob(ref.repository, Descriptor.from_json(layer)))
     return sign.envelope(h["signers"]["smoke"], base64.b64decode(env["payload"]))
 
@@ -704,7 +703,7 @@ def test_attach_refuses_what_would_not_verify(what, code, check, honest, tmp_pat
     (tmp_path / "smoke.dsse").write_bytes(envelope)
     refused = invoke(honest["project"], "attach", str(ref), "--envelope", str(tmp_path / "smoke.dsse"),
                      "--key", str(honest["root"] / "k" / "smoke.pub"))
-    errors = [l for l in refused.stderr.splitlines() if l.startswith("error:")]
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert refused.returncode == code and len(errors) == 1 and check in errors[0], refused.stderr
     assert att_layers(ref)[1] == before  # nothing attached
 

@@ -20,9 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from bakery.base import spec as base_mod
-from bakery.errors import IntegrityError
 from bakery.base.layercache import LayerCache
 from bakery.base.scan import scan_layer
+from bakery.errors import IntegrityError
 from bakery.oci.registry import Registry
 from bakery.oci.tarscan import TarError, TarReader
 
@@ -207,7 +207,7 @@ def pax_member(*headers: bytes, name: str = "f", data: bytes = b"0123456789") ->
         info.type, info.size, info.mode = kind, size, 0o644
         return info.tobuf(tarfile.USTAR_FORMAT)
 
-    pad = lambda b: b + b"\0" * (-len(b) % 512)  # noqa: E731
+    pad = lambda b: b + b"\0" * (-len(b) % 512)  # noqa: E731 (one line, used below)
     out = b"".join(header("PaxHeaders/f", b"x", len(r)) + pad(r) for r in headers)
     return out + header(name, b"0", len(data)) + pad(data) + b"\0" * 1024
 
@@ -243,7 +243,7 @@ def gnu_long(kind: bytes, payload: bytes, name: str = "usr/lib/python3/dist-pack
         info.type, info.size, info.mode, info.linkname = kind, size, 0o644, link
         return info.tobuf(tarfile.GNU_FORMAT)
 
-    pad = lambda b: b + b"\0" * (-len(b) % 512)  # noqa: E731
+    pad = lambda b: b + b"\0" * (-len(b) % 512)  # noqa: E731 (one line, used below)
     return header("././@LongLink", kind, len(payload)) + pad(payload) + header(name, b"2", 0, "/tmp/evil") + \
         b"\0" * 1024
 

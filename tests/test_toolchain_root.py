@@ -25,7 +25,6 @@ from bakery.errors import EnvironmentProblem, IntegrityError
 from bakery.inputs import hip
 from bakery.oci.refs import Reference
 from bakery.oci.registry import Registry
-
 from support import ROOT, docker_export, invoke, push_image, tree_of
 
 ENGINES_OWN = {"dev", "proc", "sys", ".dockerenv", "etc/hostname", "etc/hosts", "etc/resolv.conf", "etc/mtab"}
@@ -48,7 +47,10 @@ def tar(*members) -> bytes:
     return out.getvalue()
 
 
-def root_of(ref, tmp_path, selection=extract.Selection()) -> extract.Root:
+EVERYTHING = extract.Selection()  # no path left out
+
+
+def root_of(ref, tmp_path, selection=EVERYTHING) -> extract.Root:
     registry = Registry(ref.registry)
     fs = BaseFilesystem(registry, base_mod.resolve(registry, ref, "linux/amd64"), LayerCache(tmp_path / "cache"))
     return extract.toolchain_root(fs, selection, tmp_path / "toolchains", log=lambda m: None)
@@ -157,7 +159,7 @@ def test_the_disk_it_needs_is_said_then_guarded(registry, toolchain, compiled_wi
             extract.toolchain_root(fs, selection, small / "toolchains", log=lambda m: None)
         assert [p.name for p in (small / "toolchains").iterdir()] == []  # the partial folder is gone
         result = invoke(ROOT, "disk", "--toolchain", toolchain, env={"BAKERY_CACHE": str(small)})
-        errors = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert result.returncode == 6 and len(errors) == 1 and "GiB free" in errors[0], result.stderr
     finally:
         subprocess.run(["umount", str(small)], check=True)

@@ -7,22 +7,21 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from pathlib import Path
 import uuid
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import yaml
 
-from support import copy_project, invoke, last_line
-from proxy import FaultyProxy
-
-from bakery.errors import BUMPED, NOTHING_NEW, PORTING
-from bakery.release.track import bump as bump_mod, ledger as ledger_mod, report as report_mod, tracker, upstream
 from bakery.dev.rehearse import tag_image as put_tag
+from bakery.errors import BUMPED, NOTHING_NEW, PORTING
 from bakery.oci.refs import Descriptor, Digest, Reference
 from bakery.oci.registry import Registry
+from bakery.release.track import bump as bump_mod, ledger as ledger_mod, report as report_mod, tracker, upstream
+from proxy import FaultyProxy
+from support import copy_project, invoke, last_line
 
 
 @pytest.fixture
@@ -165,7 +164,7 @@ def one_line_no_change(project, result, before, *words):
     lines = result.stderr.strip().splitlines()
     line = lines[-1]  # progress above it; the error is one line, last, with no traceback
     assert line.startswith("error: ") and all(w in line for w in words), result.stderr
-    assert sum(l.startswith(("error", "Traceback")) for l in lines) == 1, result.stderr
+    assert sum(layer.startswith(("error", "Traceback")) for layer in lines) == 1, result.stderr
     ledger_file = project / "image" / "nightlies.yaml"
     assert (ledger_file.read_bytes() if ledger_file.exists() else None) == before
     assert changed_paths(project) <= ({"image/nightlies.yaml"} if before else set())
@@ -244,7 +243,7 @@ def test_an_upstream_platform_reaches_the_log_inert(pinned_project, nightlies):
     done = run_track(pinned_project, n, "--no-bump")
     assert done.returncode == 0, done.stderr
     assert "nightly-odd: not kept (an image for linux/arm64\\x1b]0;owned\\x07\\x0a::add-mask::secret" in done.stderr
-    assert "\x1b" not in done.stderr and not any(l.lstrip().startswith("::") for l in done.stderr.splitlines())
+    assert "\x1b" not in done.stderr and not any(line.lstrip().startswith("::") for line in done.stderr.splitlines())
 
 
 def test_bump_never_retires_an_overlay_on_the_base_s_own_word(pinned_project, nightlies, fixture_base, tmp_path):
@@ -252,9 +251,8 @@ def test_bump_never_retires_an_overlay_on_the_base_s_own_word(pinned_project, ni
     `invoke rebase`, but an unattended bump must not (a base's code runs inside its own proof and
     could print FIXED). Exit 11, overlays.yaml and the lock as they were, the report says why."""
     from bakery.base import spec as base_mod
-    from bakery.inputs import overlays as overlays_mod, patch as patch_mod
     from bakery.base.filesystem import BaseFilesystem
-
+    from bakery.inputs import overlays as overlays_mod, patch as patch_mod
     from support import ROOT, docker
 
     n, reg = nightlies, nightlies["registry"]
@@ -288,9 +286,9 @@ def test_the_report_carries_no_markup_from_the_base():
     row = SimpleNamespace(overlay=overlay, status="ported (exact), proven", detail=hostile, carried=True)
     text = report_mod.report(bump_mod.Bump(nightly, "reg/u", [row], True, [hostile, "```"], "reg/u@sha256:" + "0" * 64),
                         Path("out/rebase"))
-    table = [l for l in text.splitlines() if l.startswith("| cpu-kv")]
+    table = [line for line in text.splitlines() if line.startswith("| cpu-kv")]
     assert len(table) == 1 and len(re.findall(r"(?<!\\)\|", table[0])) == 5, table
-    fence = next(l for l in text.splitlines() if l.startswith("```"))
+    fence = next(line for line in text.splitlines() if line.startswith("```"))
     assert len(fence) > 3 and text.count("\n" + fence + "\n") == 2  # longer than any run of backticks inside
     outside, log, rest = text.split("\n" + fence + "\n")
     for bad in ("<!--", "Closes #1", "@org", "](http", "\r"):

@@ -8,9 +8,8 @@ import shutil
 
 import pytest
 
-from bakery.inputs import tuning
 from bakery.errors import InputError
-
+from bakery.inputs import tuning
 from support import ROOT, docker, invoke, last_line
 
 BPRESHUFFLE = ROOT / "tuning" / "dsv4-mi300x-a8w8-blockscale-bpreshuffle-ck.prefill-m2688.csv"
@@ -20,7 +19,7 @@ BLOCKSCALE = ROOT / "tests" / "data" / "tuning" / "dsv4-a8w8-blockscale-tuned-ge
 def gfx942_rows(path) -> bytes:
     """The rows of a published table that are for MI300X (it also carries gfx950 rows)."""
     lines = path.read_text().splitlines()
-    return ("\n".join([lines[0]] + [l for l in lines[1:] if l.startswith("gfx942,304,")]) + "\n").encode()
+    return ("\n".join([lines[0]] + [layer for layer in lines[1:] if layer.startswith("gfx942,304,")]) + "\n").encode()
 
 
 def test_real_tables_validate():
@@ -34,7 +33,7 @@ def test_published_table_with_rows_for_another_gpu_is_refused_with_the_count():
 
 
 def test_older_header_without_gfx_and_libtype():
-    rows = [l for l in BPRESHUFFLE.read_text().splitlines()[1:]]
+    rows = BPRESHUFFLE.read_text().splitlines()[1:]
     old = [",".join(tuning.OLD_HEADER)] + [",".join(f for i, f in enumerate(r.split(",")) if i not in (0, 5))
                                            for r in rows]
     assert tuning.validate(("\n".join(old) + "\n").encode(), "old") == len(rows)

@@ -11,16 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from bakery.trust import attest as attest_mod, keys, provenance, sign
-from bakery.trust import record as record_file
-from bakery.trust.record import BuildRecord
-from bakery.proofs import runner as prove
+import test_hip
 from bakery.errors import IntegrityError
 from bakery.oci.refs import Reference
 from bakery.oci.registry import OCI_MANIFEST, Registry
-
+from bakery.proofs import runner as prove
+from bakery.trust import attest as attest_mod, keys, provenance, record as record_file, sign
+from bakery.trust.record import BuildRecord
 from support import invoke, last_line
-from test_hip import PASSWORD, pinned_toolchain, release_keys, trusting  # noqa: F401 (fixtures)
+from test_hip import PASSWORD, trusting
+
+# test_hip's fixtures, bound here so that pytest finds them for this module's tests
+pinned_toolchain, release_keys = test_hip.pinned_toolchain, test_hip.release_keys
 
 
 def without_verdicts(where: Path) -> Path:

@@ -12,13 +12,12 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from support import ROOT, dev_policy
-
-from bakery.trust import attest, keys, policy as policy_mod, sign, verify
 from bakery.errors import IntegrityError
 from bakery.oci.refs import Descriptor, Reference
 from bakery.oci.registry import OCI_MANIFEST, Registry, verified_dir
 from bakery.oci.store import RegistryStore
+from bakery.trust import attest, keys, policy as policy_mod, sign, verify
+from support import ROOT, dev_policy
 
 PIN = "127.0.0.1:5000/verified/base@sha256:" + "0" * 64
 

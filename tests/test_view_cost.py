@@ -39,7 +39,7 @@ def base_of(indexes: list[dict]) -> BaseFilesystem:
     for n, index in enumerate(indexes):
         index.setdefault("whiteouts", []), index.setdefault("opaque", []), index.setdefault("files", {})
         index["diff_id"] = "sha256:" + f"{n:064x}"
-    by_digest = dict(zip((d.digest for d in descs), indexes))
+    by_digest = dict(zip((d.digest for d in descs), indexes, strict=True))
     image = mock.Mock(layers=descs, config={"rootfs": {"diff_ids": [i["diff_id"] for i in indexes]}}, ref="hostile",
                       manifest_digest="sha256:" + "f" * 64)
     cache = mock.Mock(index=lambda d: by_digest[d.digest], view=lambda digest: {"paths": {}, "globs": {}})
@@ -91,7 +91,7 @@ def test_the_merge_check_runs_in_lines_proportional_to_what_the_layers_name():
     layers.insert(0, {"entries": {f"w/{i:04d}": ["file", 0, 0o644, ""] for i in range(2000)}})
     layers.append({"entries": {}, "whiteouts": [f"w/{i:04d}" for i in range(2000)]})
     fs = base_of(layers)
-    named = sum(len(l["entries"]) + len(l["whiteouts"]) for l in layers)
+    named = sum(len(layer["entries"]) + len(layer["whiteouts"]) for layer in layers)
     ran = lines_run(fs.check_merge)
     assert fs.view["merge_checked"]
     assert ran <= 25 * named, (ran, named)

@@ -175,7 +175,7 @@ def test_sparse_mla_prefill_block_h_64_is_no_less_accurate_than_16(manifest, rou
     for name in ("stock", "overlaid"):
         prefill = _prefill(folder / f"{name}.py")
 
-        def call():
+        def call(prefill=prefill):
             return prefill(q, kv, indices, indptr, scale, sink, NOPE, ROPE)
 
         error = (call().double() - want).abs()

@@ -239,13 +239,13 @@ def median_ms(fn, src: torch.Tensor, iters: int = 200) -> float:
         fn(buf)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for s, e in zip(starts, ends):
+    for s, e in zip(starts, ends, strict=True):
         buf.copy_(src)
         s.record()
         fn(buf)
         e.record()
     torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
+    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
     return times[len(times) // 2]
 
 
@@ -280,14 +280,14 @@ def test_timing_against_stock_vllm(libs):
             x, k, p = make(batch, seed=100 + batch)
             path = "triton" if batch >= 8 else "torch"
 
-            def run_stock(b):
+            def run_stock(b, k=k, p=p):
                 return stock.apply_top_k_top_p(b, k, p)
 
             ev = {"stock": median_ms(run_stock, x)}
             dev = {"stock": device_ms(run_stock, x)}
             for th in THREADS:
-                ev[th] = median_ms(lambda b, lib=libs[th]: masked(lib, b, k, p), x)
-                dev[th] = device_ms(lambda b, lib=libs[th]: masked(lib, b, k, p), x)
+                ev[th] = median_ms(lambda b, lib=libs[th], k=k, p=p: masked(lib, b, k, p), x)
+                dev[th] = device_ms(lambda b, lib=libs[th], k=k, p=p: masked(lib, b, k, p), x)
             ours = masked(libs[1024], x.clone(), k, p)  # equal to the reference (tests above)
             theirs = stock.apply_top_k_top_p(x.clone(), k, p)
             same_rows = (bits(ours) == bits(theirs)).all(-1)

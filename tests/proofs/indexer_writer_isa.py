@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "overlays" / "proof
 import _proof as lift  # noqa: E402  (the overlay proofs' helper)
 
 os.environ.pop("TRITON_INTERPRET", None)  # set by the helper for CPU proofs: here Triton compiles for real
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+import triton  # noqa: E402  (after TRITON_INTERPRET is unset)
+from triton.backends.compiler import GPUTarget  # noqa: E402  (after TRITON_INTERPRET is unset)
+from triton.compiler import ASTSource  # noqa: E402  (after TRITON_INTERPRET is unset)
 
 KERNEL = "_fused_kv_compress_norm_rope_insert_indexer_attn"
 # the launcher's argument types for DeepSeek V4's indexer (head 128, one float32 scale per token)
@@ -43,12 +43,12 @@ def kernel(path: str):
 
 def main() -> None:
     path, arch, fp8_max = sys.argv[1], sys.argv[2], float(sys.argv[3])
-    constants = dict(HEAD_SIZE=128, TRITON_BLOCK_SIZE=128, STATE_WIDTH=256, COMPRESS_RATIO=4, OVERLAP=True,
-                     ROPE_HEAD_DIM=64, FP8_MAX=fp8_max, QUANT_BLOCK=128, TOKEN_STRIDE=128, SCALE_DIM=4,
-                     KV_BLOCK_STRIDE=64 * 132)
+    constants = {"HEAD_SIZE": 128, "TRITON_BLOCK_SIZE": 128, "STATE_WIDTH": 256, "COMPRESS_RATIO": 4, "OVERLAP": True,
+                 "ROPE_HEAD_DIM": 64, "FP8_MAX": fp8_max, "QUANT_BLOCK": 128, "TOKEN_STRIDE": 128, "SCALE_DIM": 4,
+                 "KV_BLOCK_STRIDE": 64 * 132}
     if len(sys.argv) > 4:  # the overlaid kernel's flags
         constants.update(FNUZ=sys.argv[4] == "1", PRESHUFFLE=sys.argv[5] == "1")
-    signature = dict(SIGNATURE, **{name: "constexpr" for name in constants})
+    signature = dict(SIGNATURE, **dict.fromkeys(constants, "constexpr"))
     compiled = triton.compile(ASTSource(kernel(path), signature, constexprs=constants),
                               target=GPUTarget("hip", arch, 64), options={"num_warps": 1})
     asm = compiled.asm["amdgcn"]
