@@ -16,11 +16,10 @@ import threading
 import zlib
 from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ..errors import InputError, IntegrityError
 from ..oci.refs import Descriptor
-from ..oci.registry import Registry
 from ..oci.tarscan import TarError, TarReader
 from .layercache import LayerCache
 
@@ -299,7 +298,13 @@ class Scanned(NamedTuple):
     taken: dict[str, str]
 
 
-def scan_layer(registry: Registry, repo: str, desc: Descriptor, wanted: set[str],
+class BlobSource(Protocol):
+    """What a layer is read from: a Registry, or anything that streams a blob as it does."""
+
+    def stream_blob(self, repo: str, desc: Descriptor, label: str | None = None) -> Generator[bytes, None, None]: ...
+
+
+def scan_layer(registry: BlobSource, repo: str, desc: Descriptor, wanted: set[str],
                cache: LayerCache, keep: tuple[str, ...] = (), sink=None) -> Scanned:
     """Stream one layer: list everything in it, keep the contents of `wanted` regular files
     and of those matching a `keep` pattern (files known to be needed later, e.g. dist-info), and
