@@ -58,7 +58,7 @@ def plain(p: reproduce.Plan, work: Path) -> float:
     env.update({"SOURCE_DATE_EPOCH": str(p.epoch), "BAKERY_CACHE": str(work / "cache")})
     done = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(source), "build", "--base", p.base,
                            "--layout", str(work / "layout"), "--out", str(work / "out"), "--recompile",
-                           "--toolchain", p.toolchain], cwd=source, env=env, capture_output=True, text=True)
+                           *(["--toolchain", p.toolchain] if p.toolchain else [])], cwd=source, env=env, capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"the plain rebuild failed:\n{done.stderr[-2000:]}")
     return time.monotonic() - start
@@ -79,7 +79,7 @@ def main() -> None:
     try:
         p = revision(work, base, toolchain)
         assert Reference.parse(p.base).digest
-        times = {"plain": [], "boxed": []}
+        times: dict[str, list[float]] = {"plain": [], "boxed": []}
         for i in range(RUNS):
             times["plain"].append(plain(p, work / f"plain-{i}"))
             times["boxed"].append(boxed(p, work / f"boxed-{i}"))

@@ -99,6 +99,7 @@ def main() -> None:
         print(f"rehearsal: {total:.0f} s in all; over budget: {outcome.over_budget() or 'nothing'}")
         seconds, added = docker_pull(base)
         build = outcome.jobs["build"]
+        assert build.usage is not None, "the build job's disks were not sampled"
         print(f"docker pull of the base (the compile's way before): {seconds:.1f} s, {added / 1e9:.2f} GB added "
               f"under Docker's data root; the build job's peak on /mnt: {build.usage.peak['/mnt'] / 1e9:.2f} GB "
               f"({added / max(build.usage.peak['/mnt'], 1):.2f}x less)")

@@ -56,7 +56,7 @@ def main() -> None:
             copy = Path(tmp) / "input0.py"
             copy.write_bytes(target.read_bytes())
             Path(tmp).chmod(0o755)
-            times = {"plain": [], "boxed": []}
+            times: dict[str, list[float]] = {"plain": [], "boxed": []}
             for _ in range(RUNS):
                 times["plain"].append(plain(spec, copy))
                 times["boxed"].append(boxed(spec, copy))

@@ -73,6 +73,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bakery-bench-sbom-"))
     base = bench_prod.stand_in_base(registry, work)
     registered = pipeline.registered_overlays(ROOT)
+    assert registered is not None, "overlays/overlays.yaml does not load: invoke build says why"
     now = pipeline.needed_files(ROOT, registered)
     before = tuple(p for p in now if p not in inventory.PATTERNS and p != pipeline.DIST_RECORD)
     targets = [o.target for o in registered]

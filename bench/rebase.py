@@ -26,7 +26,7 @@ def invoke(project: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
 
 
 def statuses(stdout: str) -> Counter:
-    counts = Counter()
+    counts: Counter[str] = Counter()
     for line in stdout.splitlines()[1:]:
         words = line.split()
         if "yes" in words:

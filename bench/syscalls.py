@@ -34,7 +34,9 @@ SKIPPED_CACHES = {"proofs", "hip"}  # what makes a warm run skip the work measur
 def filtered_calls(trace: Path) -> collections.Counter:
     """{name: count} of the calls made by processes under a seccomp filter, from `strace -f` output
     (a call another process interrupts is written in two lines: its start, then its resumption)."""
-    filtered, pending, counts = set(), {}, collections.Counter()
+    filtered: set[int] = set()
+    pending: dict[int, str] = {}  # pid: the start of its unfinished call
+    counts: collections.Counter[str] = collections.Counter()
     with open(trace, errors="replace") as lines:
         for line in lines:
             m = LINE.match(line.rstrip())
