@@ -38,6 +38,7 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -71,16 +72,18 @@ class _QuietServer(ThreadingHTTPServer):
 
 class FaultyProxy:
     def __init__(self, upstream: str, faults: list[tuple[str, str, str]], overrides: dict | None = None,
-                 location_host: str | None = None, script: list[Fault] = (), stall_s: float = 3.0,
+                 location_host: str | None = None, script: Sequence[Fault] = (), stall_s: float = 3.0,
                  trickle_every: float = 0.25, trickle_for: float = 10.0):
-        self.upstream, self.faults, self.seen = upstream, list(faults), []
+        self.upstream, self.faults = upstream, list(faults)
+        self.seen: list[tuple[str, str]] = []  # (method, path), per request
         self.script, self.matched = list(script), [0] * len(script)
-        self.stall_s, self.events = stall_s, []
+        self.stall_s = stall_s
+        self.events: list[tuple[float, str, str, str | None]] = []  # (when, method, path, the fault's action)
         self.trickle_every, self.trickle_for = trickle_every, trickle_for
         self._lock = threading.Lock()
         self.overrides = dict(overrides or {})
         self.location_host = location_host  # where upload Locations point (default: this proxy)
-        self.authorization = []  # (method, path, the Authorization header or None), per request
+        self.authorization: list[tuple[str, str, str | None]] = []  # (method, path, the Authorization header or None), per request
         self.sent = 0  # bytes of override bodies written before the client stopped reading
         proxy = self
 
@@ -95,7 +98,7 @@ class FaultyProxy:
                 body = self.rfile.read(length) if length else None
                 scripted = proxy._scripted(self.command, self.path)
                 proxy.seen.append((self.command, self.path))
-                proxy.events.append((time.monotonic(), self.command, self.path, scripted and scripted.action))
+                proxy.events.append((time.monotonic(), self.command, self.path, scripted.action if scripted else None))
                 proxy.authorization.append((self.command, self.path, self.headers.get("Authorization")))
                 if scripted:
                     return self._scripted(scripted, body)

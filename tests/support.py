@@ -3,6 +3,7 @@ Fixtures live in conftest.py; tests import these from here, never from conftest.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -124,7 +125,7 @@ def push_image(registry: str, repo: str, layers: list[bytes], config: dict | Non
     for raw in layers:
         blob = gzip.compress(raw, mtime=0)
         desc = Descriptor.of("application/vnd.oci.image.layer.v1.tar+gzip", blob)
-        reg.upload_blob(repo, desc, lambda b=blob: iter([b]))
+        reg.upload_blob(repo, desc, functools.partial(iter, [blob]))
         descs.append(desc)
     cfg = json.dumps(config).encode()
     cfg_desc = Descriptor.of("application/vnd.oci.image.config.v1+json", cfg)
@@ -182,7 +183,8 @@ def tar_view(stream) -> dict[str, tuple]:
     import hashlib
     import tarfile
 
-    found, data_of = {}, {}
+    found: dict[str, tuple[str, str | None, bool]] = {}
+    data_of: dict[str, str] = {}
     with tarfile.open(fileobj=stream, mode="r|") as tar:
         for m in tar:
             path = m.name.strip("/")
@@ -195,7 +197,9 @@ def tar_view(stream) -> dict[str, tuple]:
             elif m.issym():
                 found[path] = ("symlink", m.linkname, False)
             elif m.isfile():
-                digest = hashlib.sha256(tar.extractfile(m).read()).hexdigest()
+                member = tar.extractfile(m)
+                assert member is not None  # a regular file's
+                digest = hashlib.sha256(member.read()).hexdigest()
                 data_of[path] = digest
                 found[path] = ("file", digest, bool(m.mode & 0o111))
             elif m.islnk():
@@ -239,7 +243,7 @@ def podman_views(registry: str, refs: dict, where: Path) -> dict[str, dict[str, 
         for n, name in names.items())
     docker("run", "--rm", *NODE_FLAGS, "-v", f"{conf}:/etc/containers/registries.conf.d/50-test.conf:ro",
            "-v", f"{out}:/roots", podman_node(), "sh", "-c", script + "true")
-    views = {}
+    views: dict[str, dict[str, tuple] | None] = {}
     for n, name in names.items():
         if not (out / f"{n}.tar").exists():
             views[name] = None
@@ -254,7 +258,7 @@ def tree_of(root: Path) -> dict[str, tuple]:
     import hashlib
     import stat
 
-    found = {}
+    found: dict[str, tuple[str, str | None, bool]] = {}
     for folder, dirs, names in os.walk(root):
         for name in dirs + names:
             full = Path(folder) / name

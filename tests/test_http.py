@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import ipaddress
 import json
 import os
@@ -18,6 +19,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -73,7 +75,7 @@ def tls_registry(tmp_path_factory, registry):
     config = yaml.safe_load(stack.registry_config(port, folder / "data"))
     config["http"]["tls"] = {"certificate": str(cert), "key": str(key)}
     (folder / "config.yml").write_text(yaml.safe_dump(config))
-    binary = shutil.which("docker-registry") or shutil.which("registry")
+    binary = _registry_binary()
     with open(folder / "registry.log", "ab") as log:
         server = subprocess.Popen([binary, "serve", str(folder / "config.yml")], stdout=log, stderr=log)
     try:
@@ -158,9 +160,26 @@ def test_a_certificate_for_another_name_is_refused(tmp_path, monkeypatch):
             Connections().send("GET", f"https://127.0.0.1:{server.server_address[1]}/", {}, None)
 
 
+def _registry_binary() -> str:
+    binary = shutil.which("docker-registry") or shutil.which("registry")
+    if binary is None:
+        pytest.fail("docker-registry is not installed: run scripts/bootstrap.sh")
+    return binary
+
+
+class _Recording(ThreadingHTTPServer):
+    """A test server and what its handlers record: client ports (_Answer), the proxied requests
+    (_ForwardProxy), the addresses a trap was reached at (_Trap); and the blob a _Blob serves."""
+    ports: list[int]
+    seen: list[tuple[str, str, str | None]]
+    hits: list[str]
+    blob: bytes
+
+
 class _Answer(BaseHTTPRequestHandler):
     """A small answer to anything; each request's client port recorded (one port, one connection)."""
     protocol_version = "HTTP/1.1"
+    server: _Recording
     body = b"x" * 100_000
 
     def log_message(self, *args):
@@ -179,13 +198,13 @@ class _Answer(BaseHTTPRequestHandler):
 
 class _Server:
     def __init__(self, handler, tls=None, address=("127.0.0.1", 0)):
-        self.server = ThreadingHTTPServer(address, handler)
+        self.server = _Recording(address, handler)
         self.server.ports, self.server.seen = [], []
         if tls is not None:
             self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
         self.port = self.server.server_address[1]
 
-    def __enter__(self):
+    def __enter__(self) -> _Recording:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self.server
 
@@ -231,6 +250,7 @@ class _ForwardProxy(BaseHTTPRequestHandler):
     """A forward proxy: CONNECT tunnels, and plain requests by their absolute URL. Records
     (method, target, Proxy-Authorization)."""
     protocol_version = "HTTP/1.1"
+    server: _Recording
 
     def log_message(self, *args):
         pass
@@ -262,6 +282,7 @@ class _ForwardProxy(BaseHTTPRequestHandler):
 
         self.server.seen.append((self.command, self.path, self.headers.get("Proxy-Authorization")))
         url = urllib.parse.urlsplit(self.path)
+        assert url.hostname, self.path  # a forward proxy is asked by absolute URL
         conn = http.client.HTTPConnection(url.hostname, url.port)
         headers = {k: v for k, v in self.headers.items() if k.lower() != "proxy-authorization"}
         conn.request(self.command, url.path + (f"?{url.query}" if url.query else ""), headers=headers)
@@ -410,13 +431,14 @@ class _Trap(BaseHTTPRequestHandler):
     arrives, before a byte is read (a TLS handshake reaches it as much as a GET does); a GET gets
     the secret."""
     protocol_version = "HTTP/1.1"
+    server: _Recording
 
     def log_message(self, *args):
         pass
 
     def setup(self):
         super().setup()
-        host, port = self.server.server_address[:2]
+        host, port = self.connection.getsockname()[:2]  # the address the trap was reached at
         self.server.hits.append(f"{host}:{port}")
 
     def do_GET(self):
@@ -429,6 +451,7 @@ class _Trap(BaseHTTPRequestHandler):
 class _Blob(BaseHTTPRequestHandler):
     """A blob store: the server's `blob` for any GET."""
     protocol_version = "HTTP/1.1"
+    server: _Recording
 
     def log_message(self, *args):
         pass
@@ -459,9 +482,10 @@ def _redirects_in_this_namespace(folder: Path) -> None:
     port = _free_port()
     (folder / "config.yml").write_text(stack.registry_config(port, folder / "data"))
     with open(folder / "registry.log", "ab") as log:
-        server = subprocess.Popen([shutil.which("docker-registry") or shutil.which("registry"), "serve",
+        server = subprocess.Popen([_registry_binary(), "serve",
                                    str(folder / "config.yml")], stdout=log, stderr=log)
-    seen, hits = {}, []
+    seen: dict[str, Any] = {}
+    hits: list[str] = []
     try:
         _wait_for(port)
         registry = f"127.0.0.1:{port}"
@@ -515,7 +539,7 @@ def _redirects_in_this_namespace(folder: Path) -> None:
                     other = lan.encode() + b" gets no blob of ours"
                     try:
                         Registry(pushed.host).upload_blob("base/pushed", Descriptor.of("application/octet-stream",
-                                                                                      other), lambda other=other: iter([other]))
+                                                                                      other), functools.partial(iter, [other]))
                         seen.setdefault("uploads", {})[lan] = "uploaded"
                     except BakeryError as e:
                         seen.setdefault("uploads", {})[lan] = f"{type(e).__name__}: {e}"

@@ -48,10 +48,12 @@ def make_signing_material(directory: Path) -> tuple[Path, Path]:
 
 class TokenServer:
     def __init__(self, key_path: Path, cert_path: Path, service: str, issuer: str, users: dict, port: int):
-        self.key = serialization.load_pem_private_key(key_path.read_bytes(), None)
+        key = serialization.load_pem_private_key(key_path.read_bytes(), None)
+        assert isinstance(key, ec.EllipticCurvePrivateKey), key_path  # the tokens are ES256
+        self.key = key
         self.cert_der = x509.load_pem_x509_certificate(cert_path.read_bytes()).public_bytes(serialization.Encoding.DER)
         self.service, self.issuer, self.users = service, issuer, users
-        self.requests = []
+        self.requests: list[tuple[str | None, list[str]]] = []  # (user, scopes), per token asked for
         server = self
 
         class Handler(BaseHTTPRequestHandler):
