@@ -14,6 +14,7 @@ from support import ROOT, invoke
 def _tasks() -> list[str]:
     """Every task tasks.py defines, as invoke names them: a new task is checked without an edit here."""
     spec = importlib.util.spec_from_file_location("tasks_under_test", ROOT / "tasks.py")
+    assert spec is not None and spec.loader is not None  # a .py file's, which it is
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return sorted(Collection.from_module(module).task_names)

@@ -31,10 +31,12 @@ SEPARATOR = re.compile(r"\s(?:&&|\|\||\||;)\s")
 def contexts() -> dict[str, ParserContext]:
     """Each task's parser context by name and alias, as invoke builds them for `invoke --help TASK`."""
     spec = importlib.util.spec_from_file_location("tasks_for_docs", ROOT / "tasks.py")
+    assert spec is not None and spec.loader is not None  # a .py file's, which it is
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    by_name = {}
+    by_name: dict[str, ParserContext] = {}
     for ctx in Collection.from_module(module).to_contexts():
+        assert ctx.name is not None  # a task's context is named
         for name in (ctx.name, *ctx.aliases):
             by_name[name] = ctx
     return by_name
@@ -59,7 +61,7 @@ def commands(text: str) -> list[str]:
     ending in a backslash, or followed by an indented one, goes on), then the inline code."""
     found = []
     for block in FENCE.findall(text):
-        lines = []
+        lines: list[str] = []
         for line in block.splitlines():
             line = re.sub(r"(^|\s)#.*$", "", line).rstrip()  # a shell comment
             if lines and (lines[-1].endswith("\\") or (line[:1].isspace() and line.strip())):

@@ -190,6 +190,7 @@ def test_python_glue_falls_back_without_the_extension():
     """On a machine without the compiled library (or on CPU tensors) the glue uses PyTorch."""
     torch = pytest.importorskip("torch")
     spec = importlib.util.spec_from_file_location("glue", ROOT / "hip" / "bakery_kernels" / "__init__.py")
+    assert spec is not None and spec.loader is not None  # a .py file's, which it is
     glue = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(glue)
     assert glue.HAVE_EXTENSION is False
@@ -425,9 +426,12 @@ def test_each_operator_serves_a_vllm_function_through_a_baked_overlay():
                                          for n in ast.walk(entry)), (op, "the glue does not call the operator")
             parts = use.function.split(".")
             cut = next(i for i in range(len(parts), 0, -1) if overlay.target.endswith("/".join(parts[:i]) + ".py"))
-            stock = overlays_mod.read_stock(ROOT / "overlays", lock.entry(overlay.id).base_sha256)
+            entry_of = lock.entry(overlay.id)
+            assert entry_of is not None and entry_of.base_sha256, (overlay.id, "not in overlays.lock")
+            stock = overlays_mod.read_stock(ROOT / "overlays", entry_of.base_sha256)
+            assert stock is not None, (overlay.id, "its stock bytes are not stored")
             tree = ast.parse(patch_mod.apply(overlay.for_target(stock).parsed(), stock)[0])
-            scope = tree
+            scope: ast.AST = tree
             for name in parts[cut:]:
                 scope = next(n for n in ast.walk(scope) if isinstance(n, (ast.ClassDef, ast.FunctionDef))
                              and n.name == name)
@@ -442,7 +446,7 @@ def test_a_build_records_only_what_its_overlays_make_served():
     recipe = hip.load(ROOT / "hip")
     both = {"deterministic-sampler-topk-topp", "exact-swiglu-clamp-kernel"}
     assert hip.served(recipe, both, log=lambda m: None) == recipe
-    said = []
+    said: list[str] = []
     only_swiglu = hip.served(recipe, {"exact-swiglu-clamp-kernel"}, log=said.append)
     assert [u.overlay for u in only_swiglu.extensions[0].serves] == ["exact-swiglu-clamp-kernel"]
     assert len(said) == 1 and "only through overlay deterministic-sampler-topk-topp" in said[0]

@@ -20,10 +20,14 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="needs torch")
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = pytest.importorskip("torch", reason="needs torch")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here (runs on the lent H200)"),
               pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc here (runs on the lent H200)")]
@@ -42,6 +46,7 @@ def package():
     shutil.copy(ROOT / "hip" / "bakery_kernels" / "__init__.py", folder / "__init__.py")
     cc = torch.cuda.get_device_capability()
     torch_lib = Path(torch.__file__).parent / "lib"
+    assert cpp_extension.CUDA_HOME, "no CUDA toolkit found"
     cuda_lib = Path(cpp_extension.CUDA_HOME) / "lib64"
     includes = [f"-I{p}" for p in cpp_extension.include_paths()]
     subprocess.run(["nvcc", "-O3", f"-arch=sm_{cc[0]}{cc[1]}", "-DBAKERY_TK_THREADS=512", "-x", "cu", "-Xcompiler",
@@ -53,6 +58,7 @@ def package():
                     f"-L{cuda_lib}", "-ltorch", "-ltorch_cpu", "-lc10", "-lcudart", f"-Wl,-rpath,{torch_lib}",
                     "-o", str(folder / "_C_stable_libtorch.so")], check=True)
     spec = importlib.util.spec_from_file_location("bakery_kernels", folder / "__init__.py")
+    assert spec is not None and spec.loader is not None  # a .py file's, which it is
     module = importlib.util.module_from_spec(spec)
     sys.modules["bakery_kernels"] = module
     spec.loader.exec_module(module)

@@ -27,6 +27,7 @@ def proof_module():
     os.environ["BAKERY_PROOF_DEVICE"] = "cuda"
     sys.path.insert(0, str(PROOFS))  # its helper, _proof.py
     spec = importlib.util.spec_from_file_location("fnuz_indexer_cache", PROOFS / "fnuz_indexer_cache.py")
+    assert spec is not None and spec.loader is not None  # a .py file's, which it is
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -22,6 +22,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -71,7 +72,10 @@ def write_inputs() -> None:
     print(f"wrote {INPUTS}: carry out/gpu-proofs to the GPU machine")
 
 
-torch = pytest.importorskip("torch", reason="needs torch")
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = pytest.importorskip("torch", reason="needs torch")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here (runs on the lent H200)")]
 

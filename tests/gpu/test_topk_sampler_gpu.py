@@ -23,10 +23,14 @@ import sys
 import tempfile
 import types
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="needs torch")
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = pytest.importorskip("torch", reason="needs torch")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here (runs on the lent H200)"),
               pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc here (runs on the lent H200)")]
@@ -39,6 +43,7 @@ THREADS = (1024, 512)
 
 def load(name: str, path: Path):
     spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None  # a .py file's, which it is
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
@@ -209,19 +214,20 @@ def stock_sampler():
         sys.modules[name] = m
         return m
 
-    for name in ("vllm", "vllm.config", "vllm.utils", "vllm.v1", "vllm.v1.sample", "vllm.v1.sample.ops"):
+    envs = module("vllm.envs", VLLM_USE_FLASHINFER_SAMPLER=False, VLLM_XPU_USE_SAMPLER_KERNEL=False,
+                  is_set=lambda name: False)
+    module("vllm", __path__=[], envs=envs)
+    for name in ("vllm.config", "vllm.utils", "vllm.v1", "vllm.v1.sample", "vllm.v1.sample.ops"):
         module(name, __path__=[])
-    sys.modules["vllm"].envs = module("vllm.envs", VLLM_USE_FLASHINFER_SAMPLER=False, VLLM_XPU_USE_SAMPLER_KERNEL=False,
-                                      is_set=lambda name: False)
     module("vllm._aiter_ops", rocm_aiter_ops=types.SimpleNamespace(is_enabled=lambda: False))
     module("vllm.config.model", LogprobsMode=enum.Enum("LogprobsMode", "RAW_LOGITS RAW_LOGPROBS PROCESSED_LOGITS "
                                                                       "PROCESSED_LOGPROBS"))
     module("vllm.logger", init_logger=logging.getLogger)
-    cpu_arch = enum.Enum("CpuArchEnum", "X86 ARM POWERPC S390X RISCV OTHER")
+    CpuArchEnum = enum.Enum("CpuArchEnum", "X86 ARM POWERPC S390X RISCV OTHER")
     platform = types.SimpleNamespace(is_cpu=lambda: False, is_cuda=lambda: True, is_rocm=lambda: False,
                                      is_xpu=lambda: False, get_device_capability=torch.cuda.get_device_capability,
-                                     get_cpu_architecture=lambda: cpu_arch.X86)
-    module("vllm.platforms", CpuArchEnum=cpu_arch, current_platform=platform)
+                                     get_cpu_architecture=lambda: CpuArchEnum.X86)
+    module("vllm.platforms", CpuArchEnum=CpuArchEnum, current_platform=platform)
     module("vllm.triton_utils", HAS_TRITON=True, tl=tl, triton=triton)
     module("vllm.utils.math_utils", next_power_of_2=lambda n: 1 if n < 1 else 1 << (n - 1).bit_length())
     module("vllm.utils.platform_utils",
@@ -283,8 +289,8 @@ def test_timing_against_stock_vllm(libs):
             def run_stock(b, k=k, p=p):
                 return stock.apply_top_k_top_p(b, k, p)
 
-            ev = {"stock": median_ms(run_stock, x)}
-            dev = {"stock": device_ms(run_stock, x)}
+            ev: dict[str | int, float] = {"stock": median_ms(run_stock, x)}  # by the stock path or our threads
+            dev: dict[str | int, float] = {"stock": device_ms(run_stock, x)}
             for th in THREADS:
                 ev[th] = median_ms(lambda b, lib=libs[th], k=k, p=p: masked(lib, b, k, p), x)
                 dev[th] = device_ms(lambda b, lib=libs[th], k=k, p=p: masked(lib, b, k, p), x)
