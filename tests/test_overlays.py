@@ -182,6 +182,13 @@ def test_lock_refuses_an_overlay_its_proof_finds_broken(project, fixture_base):
 GUMBEL = f"{SITE}/vllm/v1/worker/gpu/spec_decode/speculator.py"
 
 
+def base_bytes(fs, path: str) -> bytes:
+    """A regular file of the base that the test knows is there."""
+    found = fs.read([path])[path.lstrip("/")]
+    assert found is not None and found.data is not None, path
+    return found.data
+
+
 def lock_ids(lock: dict) -> set:
     return {e["id"] for e in lock["overlays"]}
 
@@ -319,7 +326,7 @@ def versions_dir(registry, fixture_base, tmp_path):
     reg = Registry(registry)
     fs = BaseFilesystem(reg, base_mod.resolve(reg, fixture_base, "linux/amd64"))
     o = next(o for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml") if o.id == "independent-draft-gumbel")
-    stock = fs.read([o.target])[o.target.lstrip("/")].data
+    stock = base_bytes(fs, o.target)
     (tmp_path / "independent-draft-gumbel.patched.py").write_bytes(patch_mod.apply(o.parsed(), stock)[0])
     return tmp_path
 
@@ -377,9 +384,8 @@ def test_stale_bytecode_cannot_shadow_an_overlay(project, registry, fixture_base
 
     reg = Registry(registry)
     fs = BaseFilesystem(reg, base_mod.resolve(reg, fixture_base, "linux/amd64"))
-    source = fs.read([PYC_MODULE])[PYC_MODULE.lstrip("/")].data
-    pyc_path = PYC_MODULE.replace("proton_opts.py", "__pycache__/proton_opts.cpython-311.pyc")
-    pyc = fs.read([pyc_path])[pyc_path.lstrip("/")].data
+    source = base_bytes(fs, PYC_MODULE)
+    pyc = base_bytes(fs, PYC_MODULE.replace("proton_opts.py", "__pycache__/proton_opts.cpython-311.pyc"))
     mtime, size = struct.unpack("<II", pyc[8:16])
     assert size == len(source)
     # a same-size value change, like block_h = 16 -> 64
@@ -487,7 +493,8 @@ def test_a_file_absent_probe_holds_only_where_python_finds_nothing(registry, tmp
                  if any(c.get("file") == "absent" for c in o.probe))
     path = next(c["path"] for c in gluon.probe if c.get("file") == "absent").lstrip("/")
     folder, stem = path.rsplit("/", 1)[0], path.rsplit("/", 1)[1][:-3]
-    cases = {
+    # (the layer's members: name, kind, bytes or link target, mode; what the probe says, None if it holds)
+    cases: dict[str, tuple[list[tuple[str, str, str | bytes, int]], str | None]] = {
         "link": ([(path, "symlink", "elsewhere.py", 0o777)], "a symlink"),
         "folder": ([(path, "dir", b"", 0o755), (f"{path}/x", "file", b"", 0o644)], "a dir"),
         "link above": ([(folder, "symlink", "/opt/real", 0o777), (f"opt/real/{stem}.py", "file", b"code", 0o644)],
@@ -513,7 +520,8 @@ def test_the_committed_lock_reads_into_a_lock_and_writes_back_byte_identical(tmp
 
     committed = ROOT / "overlays" / "overlays.lock"
     lock = read_lock(committed)
-    assert isinstance(lock, Lock) and lock.entry("cpu-kv-transfer-fence").target.endswith("/gpu_worker.py")
+    fence = lock.entry("cpu-kv-transfer-fence")
+    assert isinstance(lock, Lock) and fence is not None and fence.target.endswith("/gpu_worker.py")
     write_lock(tmp_path / "again.lock", lock)
     assert (tmp_path / "again.lock").read_bytes() == committed.read_bytes()
 

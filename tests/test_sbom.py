@@ -63,7 +63,7 @@ class Files:
         self.files = files
 
     def read(self, paths, limit=None):  # as BaseFilesystem.read: past limit, the size and no bytes
-        out = {}
+        out: dict[str, SimpleNamespace | None] = {}
         for p in paths:
             f = self.files.get(p)
             if isinstance(f, tuple):
@@ -220,7 +220,8 @@ def test_os_release_is_read_where_os_release_5_says():
     assert inventory.operating_system(link) == {"id": "debian", "version_id": "12", "name": "Debian GNU/Linux",
                                                 "path": "/usr/lib/os-release"}
     both = Files({"etc/os-release": b"ID='ubuntu'\nVERSION_ID=\"22.04\"\n", "usr/lib/os-release": b"ID=debian\n"})
-    assert inventory.operating_system(both)["id"] == "ubuntu"
+    found = inventory.operating_system(both)
+    assert found is not None and found["id"] == "ubuntu"
     assert inventory.operating_system(Files({})) is None
     with pytest.raises(IntegrityError, match="not what os-release"):
         inventory.operating_system(Files({"etc/os-release": b"ID=Debian Linux\n"}))
@@ -339,7 +340,7 @@ def test_each_overlaid_file_is_a_modified_file_of_its_distribution(recorded):
         assert (sbom._id("Patch", o.id), "PATCH_APPLIED", sbom._id("Upstream", o.id)) in rels
         assert f"RECORD of vllm 0.26.0 gives sha256 {o.base_sha256}" in f["comment"] and "no longer matches" in \
             f["comment"]
-        assert o.owner["record_sha256"] == o.base_sha256 != o.result_sha256
+        assert o.owner is not None and o.owner["record_sha256"] == o.base_sha256 != o.result_sha256
 
 
 # -- syft against the pushed image --------------------------------------------------------------
@@ -429,13 +430,16 @@ def test_the_vex_is_openvex_an_independent_parser_reads():
     assert str(parsed.context) == "https://openvex.dev/ns/v0.2.0" and parsed.version == 1
     by_overlay = {}
     for s in json.loads(raw)["statements"]:
-        by_overlay[re.search(r"(?:overlay|audit record) ([a-z0-9-]+)", s["impact_statement"]).group(1)] = s
+        named = re.search(r"(?:overlay|audit record) ([a-z0-9-]+)", s["impact_statement"])
+        assert named, s["impact_statement"]
+        by_overlay[named.group(1)] = s
     image = f"pkg:oci/{name.rsplit('/', 1)[-1]}@{str(rec.manifest.digest).replace(':', '%3A')}"
     for o in rec.overlays:
         s = by_overlay.get(o.id)
         if o.status == "superseded":
             assert s is None
             continue
+        assert s is not None, o.id
         assert [p["@id"].split("?")[0] for p in s["products"]] == [image]
         if o.owner:  # the distribution whose RECORD lists the target
             assert s["products"][0]["subcomponents"][0]["identifiers"]["purl"] == \
@@ -493,6 +497,7 @@ def test_verify_takes_a_vex_only_about_this_image(change, says):
     if change:
         doc["statements"][0]["products"][0] = change(doc["statements"][0]["products"][0],
                                                      str(rec.manifest.digest).replace(":", "%3A"))
-    said = []
-    verify._vex(doc, ref, SimpleNamespace(check=lambda ok, what: said.append((ok, what)) or ok))
+    report = verify.Report()
+    verify._vex(doc, ref, report)
+    said = report.checks
     assert said[0][0] == (change is None) and says in said[0][1]
