@@ -52,7 +52,7 @@ class Service(BaseHTTPRequestHandler):
                 return self._json(409, {"code": "already_exists", "msg": "an artifact with this name already exists "
                                                                          "on the workflow run"})
             self.names.add(name)
-            port = self.server.server_address[1]
+            port = self.connection.getsockname()[1]  # this server's
             return self._json(200, {"ok": True, "signedUploadUrl": f"http://127.0.0.1:{port}/blob/{name}?sig=x"})
         if call == "FinalizeArtifact":
             return self._json(200, {"ok": True, "artifactId": "1"})

@@ -251,7 +251,7 @@ def test_sbom_and_provenance_carry_each_overlay_proof(signed, registry):
     found = envelopes(registry, ref)
     predicate = lambda kind: json.loads(base64.b64decode(json.loads(found[kind])["payload"]))["predicate"]  # noqa: E731 (one line, used twice below)
     code = {o.id: o.proof.code_sha256 for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml")
-            if o.baked and o.proof.script}
+            if o.baked and o.proof and o.proof.script}
     proofs = {b["name"].removeprefix("proof: "): b for b in predicate("https://slsa.dev/provenance/v1")["runDetails"]
               ["byproducts"] if b["name"].startswith("proof: ")}
     assert {k: b["digest"]["sha256"] for k, b in proofs.items()} == code
@@ -446,7 +446,7 @@ def test_mirroring_an_unsigned_image_is_refused_and_tags_nothing(signed, mirror_
     ref = Reference.parse(last_line(built))
     result = invoke(signed["project"], "mirror", "--image", str(ref), "--to", f"{mirror_registry}/unsigned/x:1")
     assert result.returncode == 2 and "has no sha256-" in result.stderr and "invoke attest" in result.stderr
-    assert Registry(mirror_registry).manifest_exists("unsigned/x", ref.digest) is False
+    assert Registry(mirror_registry).manifest_exists("unsigned/x", ref.pin) is False
 
 
 def test_provenance_binds_builder_source_and_a_clean_checkout(signed, keypair, registry, fixture_base, tmp_path):
@@ -460,7 +460,7 @@ def test_provenance_binds_builder_source_and_a_clean_checkout(signed, keypair, r
     assert rec["builder"]["id"] == "local" and rec["source"]["dirty"] is True
     assert rec["source"]["repository"] != "https://github.com/dsv4-mi300x/bakery"  # not a constant any more
     assert verify(signed["project"], ref, keypair[1], dev_policy(tmp_path / "dev.yaml", fixture_base)).returncode == 0
-    cases = [
+    cases: list[tuple[dict, str]] = [
         ({"allow_dirty": False}, "FAIL built from a checkout with uncommitted or untracked changes"),
         ({"allowed_builders": ["https://github.com/dsv4-mi300x/bakery/.github/workflows/release.yml@refs/tags/v*"]},
          "FAIL builder local is an allowed builder (a build from elsewhere"),

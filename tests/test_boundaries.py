@@ -170,7 +170,9 @@ def test_an_image_file_from_outside_the_project_is_refused(tmp_path):
     shutil.copytree(ROOT / "image", spec)
     original = (spec / "image.yaml").read_text()
     assert image.load_spec(spec / "image.yaml").files  # the control
-    src = re.search(r"src: (\S+)", original).group(1)
+    named = re.search(r"src: (\S+)", original)
+    assert named, original
+    src = named.group(1)
     secret = tmp_path / "host-secret"
     secret.write_text("BAKERY_KEY_PASSWORD=hunter2")
     (spec / "link").symlink_to(secret)

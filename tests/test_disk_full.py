@@ -243,7 +243,7 @@ def assert_whole(cache: Path, out: Path | None, clean: Clean, only_builds: bool 
 def assert_tagged(registry: str, target: str, digest: str) -> None:
     """The tag names the digest the build printed, by the registry's own answer."""
     ref = Reference.parse(target)
-    assert tags(registry, ref.repository).get(ref.tag) == digest
+    assert ref.tag and tags(registry, ref.repository).get(ref.tag) == digest
 
 
 # -- A: a full disk ----------------------------------------------------------------------------------

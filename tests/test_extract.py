@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import json
@@ -9,6 +10,7 @@ import os
 import subprocess
 import tarfile
 import time
+from collections.abc import Sequence
 
 import pytest
 
@@ -23,7 +25,7 @@ SITE = "usr/local/lib/python3.12/dist-packages"
 WORKER = f"{SITE}/vllm/v1/kv_offload/cpu/gpu_worker.py"
 
 
-def tar_layer(entries: list[tuple[str, bytes | None]]) -> bytes:
+def tar_layer(entries: Sequence[tuple[str, bytes | None]]) -> bytes:
     """A test-made layer; None content means a directory."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -59,7 +61,7 @@ def whiteout_image(registry, fixture_base):
     for raw in (layer1, layer2):
         blob = gzip.compress(raw, mtime=0)
         desc = Descriptor.of("application/vnd.oci.image.layer.v1.tar+gzip", blob)
-        reg.upload_blob(repo, desc, lambda b=blob: iter([b]))
+        reg.upload_blob(repo, desc, functools.partial(iter, [blob]))
         layers.append(desc)
         config["rootfs"]["diff_ids"].append(str(Descriptor.of("", raw).digest))
     for d in base.layers:
@@ -94,7 +96,8 @@ def test_whiteouts_and_opaque_dirs_match_docker(registry, whiteout_image, tmp_pa
     truth = in_container(whiteout_image, paths)
     assert truth[WORKER] is None and truth[f"{SITE}/vllm/envs.py"] is not None  # the case is real
     assert {p: (f.sha256 if f else None) for p, f in ours.items()} == truth
-    assert ours[f"{SITE}/vllm/envs.py"].data == b"REPLACED = 2\n"
+    envs = ours[f"{SITE}/vllm/envs.py"]
+    assert envs and envs.data == b"REPLACED = 2\n"
 
 
 def test_rm_in_a_docker_build_is_honoured(registry, fixture_base, tmp_path):
@@ -132,7 +135,7 @@ def test_zstd_layers(registry, fixture_base, tmp_path):
     gimage = base_mod.resolve(reg, fixture_base, "linux/amd64")
     a = BaseFilesystem(reg, zimage, LayerCache(tmp_path / "z")).read([WORKER])[WORKER]
     b = BaseFilesystem(reg, gimage, LayerCache(tmp_path / "g")).read([WORKER])[WORKER]
-    assert a.data == b.data and b"wait_stream" in a.data
+    assert a and b and a.data and a.data == b.data and b"wait_stream" in a.data
 
 
 def test_warm_cache_downloads_nothing(registry, fixture_base, tmp_path):
@@ -189,8 +192,9 @@ def test_symlinks_are_reported_as_such(registry, fixture_base, tmp_path):
     reg = Registry(registry)
     fs = BaseFilesystem(reg, base_mod.resolve(reg, fixture_base, "linux/amd64"), LayerCache(tmp_path))
     found = fs.read(["usr/bin/python3", "bin"])
-    assert found["usr/bin/python3"].kind == "symlink"
-    assert found["bin"].kind == "symlink"  # bookworm's merged /usr
+    python, bin_ = found["usr/bin/python3"], found["bin"]
+    assert python and python.kind == "symlink"
+    assert bin_ and bin_.kind == "symlink"  # bookworm's merged /usr
 
 
 class _Blob:

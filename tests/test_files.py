@@ -66,6 +66,7 @@ def test_what_a_killed_writer_left_is_removed_by_the_next_and_a_live_writers_is_
     holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); "
                                "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)", str(live)],
                               stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None  # piped
     try:
         assert holder.stdout.readline().strip() == "held"
         with atomic_dir(tmp_path / "entry") as staging:

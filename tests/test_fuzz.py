@@ -232,7 +232,7 @@ def test_a_cut_or_lying_response_is_one_clean_line_and_leaves_nothing(registry, 
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and result.returncode in (2, 3, 4, 5, 6), result.stderr
     assert not (project / "out" / "build-record.json").exists()
-    assert not Registry(registry).manifest_exists("fuzz/cut", Reference.parse("x@sha256:" + "0" * 64).digest)
+    assert not Registry(registry).manifest_exists("fuzz/cut", Reference.parse("x@sha256:" + "0" * 64).pin)
     from bakery.errors import NotFound
 
     with pytest.raises(NotFound):

@@ -31,13 +31,15 @@ HARDWARE = ProofSpec(None, hardware="needs an MI300X LDS")
      "is there; run `invoke prove`"),
 ])
 def test_one_rule_with_one_wording(spec, stock, overlaid, proven, says):
-    from types import SimpleNamespace
-
+    from bakery.inputs.overlays import Overlay
     from bakery.release.rebase import ProofRow
 
     judged = gate.judge(spec, stock, overlaid)
     assert judged.proven is proven
     assert (judged.message("o") if not proven else "") == says
     # invoke prove's and rebase's table rows hold to the same rule; an audit record is never held
-    assert ProofRow(SimpleNamespace(baked=True, proof=spec), stock, overlaid).ok is proven
-    assert ProofRow(SimpleNamespace(baked=False, proof=spec), stock, None).ok is True
+    def overlay(status: str) -> Overlay:
+        return Overlay("o", "/o.py", {}, None, None, "fix", "", status, (), proof=spec)
+
+    assert ProofRow(overlay("required"), stock, overlaid).ok is proven
+    assert ProofRow(overlay("not-applicable"), stock, None).ok is True

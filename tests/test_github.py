@@ -84,6 +84,11 @@ def _env(repo, name="release"):
     return repo.environments[name]
 
 
+def _registered_to_the_repository(r) -> None:
+    r.repo_runners.append(r.runners.pop())
+    r.group = None
+
+
 # each: how a repository falls short, and words its one line must carry
 SHORTFALLS = {
     "a public key missing": (lambda r: r.variables.pop("BAKERY_SMOKE_PUBLIC_KEY"),
@@ -109,8 +114,7 @@ SHORTFALLS = {
     "no MI300X runner": (lambda r: r.runners.clear(), "no online runner has the labels self-hosted, linux, x64, mi300x"),
     "a runner without the label": (lambda r: r.runners.__setitem__(0, ["self-hosted", "linux", "x64"]),
                                    "no online runner has the labels"),
-    "the runner registered to the repository": (lambda r: (r.repo_runners.append(r.runners.pop()),
-                                                           setattr(r, "group", None)),
+    "the runner registered to the repository": (_registered_to_the_repository,
                                                 "registered to the repository itself, where any workflow can reach it"),
     "a runner group open to any workflow": (lambda r: r.group.update(workflows=[]),
                                             "is open to more than dsv4-mi300x/bakery's release.yml"),
@@ -162,7 +166,7 @@ def test_a_workflow_naming_a_secret_outside_its_scope_stops_preflight(ready_proj
 def watch(gh, statuses: list, minutes: float = 0.002):
     """await_runner against the stand-in, the smoke job's status taken from `statuses` one poll at a
     time (the last one repeats)."""
-    seen = []
+    seen: list = []
 
     def jobs():
         status = statuses[min(len(seen), len(statuses) - 1)]

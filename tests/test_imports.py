@@ -11,6 +11,7 @@ and makes vllm's METADATA a hard link whose target a later layer replaces."""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import io
@@ -130,7 +131,7 @@ def with_layers(registry: str, base: Reference, raws: list[bytes], repo: str) ->
     for raw in raws:
         blob = gzip.compress(raw, mtime=0)
         desc = Descriptor.of("application/vnd.oci.image.layer.v1.tar+gzip", blob)
-        reg.upload_blob(repo, desc, lambda b=blob: iter([b]))
+        reg.upload_blob(repo, desc, functools.partial(iter, [blob]))
         config["rootfs"]["diff_ids"].append(str(Descriptor.of("", raw).digest))
         layers.append(desc.to_json())
     cfg = json.dumps(config).encode()

@@ -50,7 +50,8 @@ def scan(raw: bytes, tmp_path):
     return scan_layer(Served(raw), "test/r", desc, set(), LayerCache(tmp_path / "cache")), desc
 
 
-REFUSED = {
+# {case: (the layer's members: name, kind, bytes or link target[, mode]; what the refusal says)}
+REFUSED: dict[str, tuple[list[tuple], str]] = {
     "a name twice": ([("a", "file", b"1"), ("a", "file", b"2")], "names 'a' twice"),
     "a name twice, spelled two ways": ([("a/b", "file", b"1"), ("/a//b", "file", b"2")], "names 'a/b' twice"),
     "a folder the layer then makes a file": ([("d", "dir", ""), ("d/x", "file", b"x"), ("d", "file", b"f")],

@@ -29,7 +29,7 @@ def imported(path: Path, source: str | None = None) -> set[str]:
     """Every bakery module or package this file imports, as an absolute name (`from . import x`
     names x; `from .x import y` names x, whose layer y shares)."""
     package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
-    found = set()
+    found: set[str] = set()
     for node in ast.walk(ast.parse(source if source is not None else path.read_text())):
         if isinstance(node, ast.ImportFrom):
             if node.level:

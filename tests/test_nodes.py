@@ -113,7 +113,9 @@ def pulls(registry, fixture_base, fixture_lock, keys, node_image, tmp_path_facto
               ("policy.json", "registries.d/bakery.yaml", "bakery-keys", "registries.conf.d/50-test-registry.conf")]
     run = subprocess.run(["docker", "run", "--rm", *NODE_FLAGS, *[a for m in mounts for a in ("-v", m)],
                           node_image, "sh", "-c", script], capture_output=True, text=True, timeout=900)
-    results, name, lines = {}, None, []
+    results: dict[str | None, tuple[int, str]] = {}  # by case: (exit code, what it printed)
+    name: str | None = None
+    lines: list[str] = []
     for line in run.stdout.splitlines():
         if line.startswith("=== rc "):
             results[name] = (int(line.split()[-1]), "\n".join(lines))

@@ -49,6 +49,7 @@ def test_each_overlay_is_broken_on_stock_and_fixed_overlaid(table, overlay):
 @pytest.mark.slow
 def test_the_prove_table_names_the_check_behind_each_verdict(table):
     gumbel = next(o for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml") if o.id == "independent-draft-gumbel")
+    assert gumbel.proof and gumbel.proof.script
     assert table["independent-draft-gumbel"][2:4] == [gumbel.proof.script.name, "(cpu)"]
     assert table["sparse-mla-prefill-bh64"][2] == "hardware"
 
@@ -69,7 +70,9 @@ def versions(registry, fixture_base, tmp_path_factory):
     out = tmp_path_factory.mktemp("versions")
     paths = {}
     for o in overlays:
-        stock = found[o.target.lstrip("/")].data
+        target = found[o.target.lstrip("/")]
+        assert target and target.data, o.target
+        stock = target.data
         patched, _ = patch_mod.apply(o.parsed(), stock)
         (out / f"{o.id}.stock.py").write_bytes(stock)
         (out / f"{o.id}.patched.py").write_bytes(patched)
@@ -78,7 +81,9 @@ def versions(registry, fixture_base, tmp_path_factory):
 
 
 def spec_of(overlay_id: str) -> proof_spec.ProofSpec:
-    return next(o.proof for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml") if o.id == overlay_id)
+    spec = next(o.proof for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml") if o.id == overlay_id)
+    assert spec is not None, (overlay_id, "has no proof")
+    return spec
 
 
 # -- CANNOT-PROVE is never a pass --------------------------------------------------------------------
@@ -185,7 +190,7 @@ def test_the_verdict_cache_key_covers_every_project_file_the_proof_executes(tmp_
     import shutil
 
     declared = spec_of("exact-swiglu-clamp-kernel")
-    assert ROOT / "hip" / "bakery_kernels" / "__init__.py" in declared.code
+    assert ROOT / "hip" / "bakery_kernels" / "__init__.py" in declared.code and declared.script
     (tmp_path / "overlays" / "proofs").mkdir(parents=True)
     (tmp_path / "hip" / "bakery_kernels").mkdir(parents=True)
     for path in declared.code:
@@ -224,7 +229,9 @@ def reads(registry, fixture_base):
     reg = Registry(registry)
     fs = BaseFilesystem(reg, base_mod.resolve(reg, fixture_base, "linux/amd64"))
     paths = [r for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml") if o.proof for r in o.proof.reads]
-    return {p: f.data for p, f in ((p, fs.read([p])[p.lstrip("/")]) for p in paths)}
+    found = {p: fs.read([p])[p.lstrip("/")] for p in paths}
+    assert all(f and f.data is not None for f in found.values()), found
+    return {p: f.data for p, f in found.items() if f and f.data is not None}
 
 
 @pytest.mark.slow

@@ -37,7 +37,7 @@ EXPECTED_ON_NEWEST = {
 
 
 def required() -> dict:
-    return {o.id: o for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml") if o.baked and o.proof.script}
+    return {o.id: o for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml") if o.baked and o.proof and o.proof.script}
 
 
 @pytest.fixture(scope="module")

@@ -115,7 +115,7 @@ def test_any_other_path_is_403(proxy, path):
 @pytest.mark.slow
 def test_vllm_sees_only_the_canonical_path(proxy, asked, canonical):
     """A spelling Caddy cleans to match an allowed path reaches vLLM as that path, query kept."""
-    seen = []
+    seen: list[str] = []
     assert get(proxy, asked, seen=seen)[0] == 200 and seen == [canonical]
 
 

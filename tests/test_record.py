@@ -49,7 +49,7 @@ def test_its_digests_and_references_are_values():
     rec = record.read(RECORD)
     assert rec.manifest.digest.hex == raw()["manifest"]["digest"].split(":")[1]
     assert rec.base.pinned.digest == rec.base.index_digest != rec.base.manifest_digest
-    assert rec.kernels.artifact.digest is not None
+    assert rec.kernels.artifact and rec.kernels.artifact.digest is not None
     assert {v.origin for v in rec.verdicts if v.artifact} == {"registry", "proven"}
 
 

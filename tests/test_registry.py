@@ -356,7 +356,7 @@ def test_a_redirect_with_an_endless_body_is_followed_without_reading_it(registry
 
 
 class NoSend(Connections):
-    def send(self, method, url, headers, body, timeout=None):
+    def send(self, method, url, headers, body, timeout=None, address=None):
         raise AssertionError(f"sent a request to {url}")
 
 
@@ -425,7 +425,7 @@ def test_a_token_no_header_can_carry_is_refused_in_one_line(token):
             if self.path.startswith("/token"):
                 body, status, headers = json.dumps({"token": token}).encode(), 200, {}
             else:
-                realm = f"http://127.0.0.1:{self.server.server_address[1]}/token"
+                realm = f"http://127.0.0.1:{self.connection.getsockname()[1]}/token"
                 body, status = b"{}", 401
                 headers = {"WWW-Authenticate": f'Bearer realm="{realm}",service="x"'}
             self.send_response(status)

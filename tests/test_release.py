@@ -153,8 +153,10 @@ def test_the_signing_job_runs_no_base_code_from_a_fresh_hash_locked_venv():
     assert pins and not {"torch", "triton", "numpy"} & {n for n, _ in pins}
     release = (ROOT / "requirements" / "release.txt").read_text()
     for name, version in pins:
-        block = re.search(rf"^{re.escape(name)}=={re.escape(version)} \\\n((?:\s+--hash=sha256:\w+(?: \\)?\n)+)",
-                          sign_lock, re.M).group(1)
+        pinned = re.search(rf"^{re.escape(name)}=={re.escape(version)} \\\n((?:\s+--hash=sha256:\w+(?: \\)?\n)+)",
+                           sign_lock, re.M)
+        assert pinned, (name, version, "not pinned with hashes")
+        block = pinned.group(1)
         for digest in re.findall(r"sha256:(\w+)", block):
             assert digest in release, (name, version, digest)
 
@@ -393,7 +395,7 @@ def test_invoke_rehearse_says_when_a_run_did_not_stop_where_it_must():
     def outcome(*results):
         log = [json.dumps({"jobID": j, "time": "2026-12-01T10:00:00Z", "jobResult": r})
                for j, r in zip(rehearse.RELEASE_JOBS, results, strict=False)]  # the jobs past them did not run
-        return rehearse.Outcome("release", rehearse.job_table(log, rehearse.RELEASE_JOBS), None, None)
+        return rehearse.Outcome("release", rehearse.job_table(log, rehearse.RELEASE_JOBS), Path("act.log"), Path("."))
 
     stopped_at_smoke = outcome("success", "success", "success", "success", "success", "failure")
     assert stopped_at_smoke.surprises("smoke") == []
@@ -416,9 +418,10 @@ def test_the_smoke_stand_in_script_imports_what_exists():
     from bakery.dev.rehearse import STAND_IN
 
     code = STAND_IN.split("<<'PY'\n", 1)[1].rsplit("\nPY", 1)[0].replace("{{", "{").replace("}}", "}")
-    found = [n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.ImportFrom) and n.module.startswith("bakery")]
+    found = [n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("bakery")]
     assert found
     for node in found:
+        assert node.module  # as found above
         module = importlib.import_module(node.module)
         for alias in node.names:
             assert hasattr(module, alias.name) or importlib.util.find_spec(f"{node.module}.{alias.name}"), \

@@ -8,6 +8,7 @@ provenance's source repository), as the release workflow builds from a tag.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import subprocess
@@ -245,7 +246,7 @@ def test_a_release_that_baked_a_poisoned_kernel_artifact_is_not_reproduced(setup
         if layer["annotations"]["org.opencontainers.image.title"].endswith(".so"):
             data = registry.fetch_blob(repo, Descriptor.from_json(layer)) + b"\0poisoned after signing"
             desc = Descriptor.of("application/octet-stream", data, layer["annotations"])
-            registry.upload_blob(repo, desc, lambda d=data: iter([d]))
+            registry.upload_blob(repo, desc, functools.partial(iter, [data]))
             layer.update(desc.to_json())
             config["sha256"][layer["annotations"]["org.opencontainers.image.title"]] = hashlib.sha256(data).hexdigest()
             poisoned = layer["annotations"]["org.opencontainers.image.title"]

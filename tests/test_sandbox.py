@@ -115,6 +115,7 @@ def test_real_proofs_run_in_the_sandbox(tmp_path, monkeypatch):
     lock = json.loads((ROOT / "overlays" / "overlays.lock").read_text())
     stock = {e["id"]: ROOT / "overlays" / "stock" / e["base_sha256"] for e in lock["overlays"] if e["base_sha256"]}
     swiglu = next(o for o in overlays.load(ROOT / "overlays" / "overlays.yaml") if o.id == "exact-swiglu-clamp-kernel")
+    assert swiglu.proof is not None
     verdict = prove.run(swiglu.proof, stock[swiglu.id].read_bytes(), {})
     assert verdict.verdict == prove.BROKEN, verdict.reason  # it imports hip/bakery_kernels and torch inside
 
@@ -340,7 +341,9 @@ ROOMY = sandbox.Limits(seconds=60, processes=4096)
 def test_as_root_the_sandbox_counts_against_its_callers_own_task_limit(tmp_path):
     """A caller held to 40 tasks (a CI job's cgroup, say) cannot run code that starts 120 through
     the sandbox: its pids group is made below the caller's, not at the hierarchy's root."""
-    held = sandbox._own_pids_group() / f"bakery-test-{os.urandom(4).hex()}"
+    own = sandbox._own_pids_group()
+    assert own is not None  # else skipped above
+    held = own / f"bakery-test-{os.urandom(4).hex()}"
     held.mkdir()
     try:
         (held / "pids.max").write_text("40")
@@ -471,6 +474,7 @@ def test_a_killed_runs_cgroup_is_removed_by_the_next_run():
     """A run SIGKILLed leaves its empty group (its `finally` never runs); the next run removes the ones
     empty for longer than a group is ever empty while in use, and no other."""
     root = sandbox._own_pids_group()
+    assert root is not None  # else skipped above
     abandoned, just_made = (root / f"bakery-sandbox-test{os.urandom(4).hex()}" for _ in range(2))
     abandoned.mkdir()
     just_made.mkdir()  # as a run's own is between its mkdir and its shell joining it
@@ -682,7 +686,9 @@ def test_a_bubblewrap_found_only_on_the_callers_path_runs(tmp_path, monkeypatch)
     is started by its full path, not looked up again on the sandbox's own PATH."""
     carried = tmp_path / "bin"
     carried.mkdir()
-    shutil.copy(shutil.which("bwrap"), carried / "bwrap-carried")
+    bwrap = shutil.which("bwrap")
+    assert bwrap, "no bwrap: run scripts/bootstrap.sh"
+    shutil.copy(bwrap, carried / "bwrap-carried")
     monkeypatch.setenv("PATH", f"{carried}:{os.environ['PATH']}")
     monkeypatch.setattr(sandbox, "BWRAP", "bwrap-carried")
     assert sandbox.run([sys.executable, "-c", "print('ran')"], [], None, 60).stdout.strip() == "ran"

@@ -324,7 +324,7 @@ def clone(h, name: str) -> Reference:
 
 def att_layers(ref: Reference) -> tuple[Registry, dict, str]:
     reg = Registry(ref.registry)
-    tag = signature_tag(ref.digest, "att")
+    tag = signature_tag(ref.pin, "att")
     return reg, json.loads(reg.get_manifest(Reference(ref.registry, ref.repository, tag))[0]), tag
 
 
@@ -595,7 +595,8 @@ def keyargs(h) -> list[str]:
 @pytest.mark.parametrize("case, mutate, policy, require_smoke, code, check", VERIFY_CASES,
                          ids=[c[0] for c in VERIFY_CASES])
 def test_verify_refuses(case, mutate, policy, require_smoke, code, check, honest, tmp_path):
-    ref, ctx = clone(honest, slug(case)), {"cleanup": [], "after": []}
+    ref = clone(honest, slug(case))
+    ctx: dict[str, list] = {"cleanup": [], "after": []}
     try:
         ref = (mutate(honest, ref, ctx) if mutate else None) or ref
         policy_path = (policy or policy_with())(honest, tmp_path / "policy.yaml")

@@ -258,6 +258,7 @@ def test_bump_never_retires_an_overlay_on_the_base_s_own_word(pinned_project, ni
     n, reg = nightlies, nightlies["registry"]
     o = next(o for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml") if o.id == "independent-draft-gumbel")
     stock = BaseFilesystem(reg, base_mod.resolve(reg, fixture_base, "linux/amd64")).read([o.target])[o.target.lstrip("/")]
+    assert stock and stock.data, o.target
     (tmp_path / "ctx").mkdir()
     (tmp_path / "ctx" / "speculator.py").write_bytes(patch_mod.apply(o.parsed(), stock.data)[0])
     (tmp_path / "ctx" / "Dockerfile").write_text(f"FROM {fixture_base}\nCOPY speculator.py {o.target}\n")

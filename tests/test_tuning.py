@@ -71,7 +71,9 @@ def test_aiter_packaged_table_for_other_gpus_is_refused(registry, fixture_base):
 
     reg = Registry(registry)
     path = "usr/local/lib/python3.12/dist-packages/aiter/configs/a8w8_blockscale_bpreshuffle_tuned_gemm.csv"
-    data = BaseFilesystem(reg, base_mod.resolve(reg, fixture_base, "linux/amd64")).read([path])[path].data
+    found = BaseFilesystem(reg, base_mod.resolve(reg, fixture_base, "linux/amd64")).read([path])[path]
+    assert found and found.data, path
+    data = found.data
     with pytest.raises(InputError, match="cu_num 256"):
         tuning.validate(data, "aiter")
 

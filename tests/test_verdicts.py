@@ -160,7 +160,7 @@ def test_a_verdict_whose_parts_are_gone_is_proven_here_not_fatal(registry):
     key = "ef" * 32
     _, push = prove.verdict_artifact(reg, repo, prove.Verdict("BROKEN", "the defect is there", key=key))
     push()
-    said = []
+    said: list[str] = []
 
     def deleted(ref, what):
         raise NotFound(f"blob of the signature of {ref} is gone")

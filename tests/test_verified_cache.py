@@ -8,6 +8,7 @@ import json
 import shutil
 import uuid
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -134,8 +135,13 @@ def test_a_document_kept_by_digest_is_checked_again_when_read(registry, tmp_path
     kept[0].write_bytes(body.replace(b"schemaVersion", b"schemaVersioN"))  # no longer the digest's bytes
     sent = []
     original = reg.transport.request
-    reg.transport.request = lambda method, path, **kw: sent.append((method, path)) or original(method, path, **kw)
-    assert reg.get_manifest(ref, cached=True) == (body, media_type, digest)
+
+    def counted(method, path, **kw):
+        sent.append((method, path))
+        return original(method, path, **kw)
+
+    with mock.patch.object(reg.transport, "request", counted):
+        assert reg.get_manifest(ref, cached=True) == (body, media_type, digest)
     assert sent == [("GET", f"/v2/{ref.repository}/manifests/{ref.digest}")]  # fetched again, verified
     assert kept[0].read_bytes() == body  # and kept again
     sent.clear()

@@ -72,7 +72,7 @@ def test_a_glob_reads_only_the_paths_under_its_prefix_in_each_layer():
     layers = [{"entries": {f"usr/lib/x{n}/f{i:06d}": ["file", 0, 0o644, ""] for i in range(20_000)} |
                {f"zz/m{n}.py": ["file", 0, 0o644, ""]}} for n in range(4)]
     fs = base_of(layers)
-    counted = {}
+    counted: dict[str, CountedPaths] = {}
 
     def sorted_paths(desc, index):
         return counted.setdefault(desc.digest, CountedPaths(sorted(index["entries"])))
@@ -87,7 +87,7 @@ def test_the_merge_check_runs_in_lines_proportional_to_what_the_layers_name():
     """300 layers of three names each under one folder none of them gives, and 2,000 paths whited out
     by the last: one pass bottom up runs under two dozen lines a name; each layer checked against every
     layer below it would run the loop over the layers below 45,000 times."""
-    layers = [{"entries": {f"d/f{n}-{i}": ["file", 0, 0o644, ""] for i in range(3)}} for n in range(300)]
+    layers: list[dict] = [{"entries": {f"d/f{n}-{i}": ["file", 0, 0o644, ""] for i in range(3)}} for n in range(300)]
     layers.insert(0, {"entries": {f"w/{i:04d}": ["file", 0, 0o644, ""] for i in range(2000)}})
     layers.append({"entries": {}, "whiteouts": [f"w/{i:04d}" for i in range(2000)]})
     fs = base_of(layers)

@@ -96,6 +96,7 @@ def _proven(overlay_id: str, manifest: dict):
     folder = INPUTS / overlay_id
     reads = {path: (folder / f"read{i}.py").read_bytes() for i, path in enumerate(manifest[overlay_id])}
     targets = [(folder / name).read_bytes() for name in ("stock.py", "overlaid.py")]
+    assert o.proof is not None, overlay_id
     return prove.run_batch(o.proof, targets, reads, device="cuda")
 
 
