@@ -89,9 +89,11 @@ def demo(c):
 
 @task(help=flags.TEST)
 def test(c, k=None, x=False, rehearsal=False, fast=False, sweep=False):
-    """Run the test suite against the real engine and registry (started if need be)."""
+    """Check the code with ruff and mypy, then run the test suite against the real engine and registry."""
     from bakery.cli import dev as cmd
 
+    if not k and (failed := cmd.check(PROJECT)):  # -k picks tests to run: the checks are for the whole suite
+        raise Exit(failed, code=1)
     raise Exit(code=subprocess.run(cmd.pytest_argv(k, x, rehearsal, fast, sweep), cwd=PROJECT).returncode)
 
 

@@ -50,3 +50,47 @@ def test_help_after_the_task_name_shows_help_and_runs_nothing():
     for name in ("verify", "policy", "reproduce", "prove", "build"):
         result = invoke(ROOT, name, "--help")
         assert result.returncode == 0 and "Usage: inv[oke] [--core-opts] " + name in result.stdout, result.stderr
+
+
+def test_invoke_test_checks_with_ruff_and_mypy_both_and_names_which_found_something():
+    """issue 41: the suite runs only on clean code; both checkers run whatever the first finds, so one
+    run lists every finding, and the one line names the checkers that found something."""
+    from subprocess import CompletedProcess
+
+    from bakery.cli import dev
+
+    assert [name for name, _ in dev.checks_argv()] == ["ruff", "mypy"]
+    assert all(argv[1:3] in (["-m", "ruff"], ["-m", "mypy"]) for _, argv in dev.checks_argv())
+
+    def runs(*codes):
+        ran = []
+
+        def run(argv, cwd):
+            ran.append((argv[2], cwd))
+            return CompletedProcess(argv, codes[len(ran) - 1])
+
+        return ran, run
+
+    ran, run = runs(0, 0)
+    assert dev.check(ROOT, run) is None and ran == [("ruff", ROOT), ("mypy", ROOT)]
+    ran, run = runs(1, 0)
+    said = dev.check(ROOT, run)
+    assert said and said.startswith("error: ruff found problems") and len(ran) == 2
+    ran, run = runs(1, 1)
+    assert (dev.check(ROOT, run) or "").startswith("error: ruff and mypy found problems")
+
+
+@pytest.mark.slow
+def test_invoke_test_stops_on_a_finding_before_any_test_runs(tmp_path):
+    """A copy of the project with one lint finding (an unused import) and one type error: `invoke
+    test --fast` lists both and ends in one line, exit 1, no test collected."""
+    from support import copy_project
+
+    project = copy_project(tmp_path / "project")
+    errors = project / "bakery" / "errors.py"
+    errors.write_text(errors.read_text() + '\n\nimport os  # unused\n\nPLANTED: int = "not an int"\n')
+    result = invoke(project, "test", "--fast")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "F401" in result.stdout and "bakery/errors.py" in result.stdout and "[assignment]" in result.stdout
+    assert result.stderr.strip().splitlines()[-1].startswith("error: ruff and mypy found problems")
+    assert "collected" not in result.stdout and "passed" not in result.stdout

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,6 +47,26 @@ def rehearse(project: Path, workflow="release", drill=None, smoke_stand_in=False
     else:
         raise InputError(f"--workflow {workflow}: release or nightly")
     return Rehearsed(outcome, tuple(surprises))
+
+
+# what `invoke test` runs before the suite (issue 41): each checker over the files and with the rules
+# pyproject.toml gives it
+CHECKS = (("ruff", ["-m", "ruff", "check"]), ("mypy", ["-m", "mypy"]))
+
+
+def checks_argv() -> list[tuple[str, list[str]]]:
+    """Each check's name and command line, as a list (run with this interpreter, in the project)."""
+    return [(name, [sys.executable, *args]) for name, args in CHECKS]
+
+
+def check(project: Path, run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> str | None:
+    """Run ruff and mypy over the project, both whatever the first finds, their findings printed as
+    they give them; None when both are clean, else one line saying which found something."""
+    failed = [name for name, argv in checks_argv() if run(argv, cwd=project).returncode]
+    if not failed:
+        return None
+    return (f"error: {' and '.join(failed)} found problems (listed above); the tests run once the code "
+            f"is clean (`ruff check --fix` sorts imports and fixes what it can)")
 
 
 def pytest_argv(k: str | None, x: bool, rehearsal: bool, fast: bool = False, sweep: bool = False) -> list[str]:

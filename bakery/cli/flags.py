@@ -24,7 +24,8 @@ TOOLCHAIN = {"registry": "registry host:port to push the stand-in toolchain to (
 FIXTURE = {"registry": "registry host:port to push the fixture to (default: the local stack's)",
            "vllm": "vLLM release to build it from: 0.26.0 (default) or 0.27.0, the nightly's two neighbours"}
 
-TEST = {"k": "only tests matching this pytest -k expression", "x": "stop at the first failure",
+TEST = {"k": "only tests matching this pytest -k expression (ruff and mypy, which run first otherwise, are left out)",
+        "x": "stop at the first failure",
         "rehearsal": "also run the workflow rehearsals under act (tests/test_rehearse.py: minutes each; CI runs them)",
         "fast": "only the quick tests that need no Docker engine or registry (about 20 s; nothing is started)",
         "sweep": "also run the full crash and registry-fault sweeps (issue 40; tests marked sweep: minutes)"}
