@@ -319,12 +319,13 @@ def test_a_nightly_rolled_back_by_hand_is_not_bumped_again_but_one_a_kill_left_u
     run must not move the pin back (it did, each night, when every carried nightly newer than the pin
     counted as a bump stopped before its pin). Only the ledger's `pinning` mark, written before the
     checkout changes and cleared once the pin has moved, says a bump was stopped in between."""
-    def entry(name, seen, tried=None):
+    def entry(name, seen, tried=None) -> ledger_mod.Nightly:
         return ledger_mod.Nightly(Digest.of(name.encode()), None, seen, ledger_mod.Version("1", None),
                                   ledger_mod.Version("1", None), "m@x", seen, (name,), tried=tried)
     rolled_back_to = entry("old", "2026-11-01T00:00:00Z")
     rejected = entry("rejected", "2026-11-02T00:00:00Z", ledger_mod.Tried(ledger_mod.CARRIED, {"a": "carried"}))
     assert bump_mod.pending(ledger_mod.Ledger("u", "m", (rolled_back_to, rejected)), rolled_back_to.digest) is None
+    assert rejected.tried is not None
     stopped = replace(rejected, tried=replace(rejected.tried, pinning=True))
     ledger_ = ledger_mod.Ledger("u", "m", (rolled_back_to, stopped))
     assert bump_mod.pending(ledger_, rolled_back_to.digest) is stopped

@@ -240,7 +240,12 @@ def asked_wait(resp: Response | None) -> float | None:
     """The seconds a 429's or 503's Retry-After asks for (seconds or an HTTP date); None without one."""
     if resp is None or resp.status_code not in (429, 503):
         return None
-    said = (resp.headers.get("Retry-After") or "").strip()
+    return retry_after_seconds(resp.headers.get("Retry-After") or "")
+
+
+def retry_after_seconds(header: str) -> float | None:
+    """A Retry-After's seconds (a number of them, or an HTTP date from now); None if it is neither."""
+    said = header.strip()
     if said.isascii() and said.isdigit():  # "²" is a digit to isdigit, and not to float
         return float(said)
     try:

@@ -68,6 +68,7 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     problems: list[str]
 
     def server_bind(self) -> None:
+        assert isinstance(self.server_address, str)  # serve() names the socket by its path
         with unix_name(self.server_address) as name:  # a long work folder's path is past AF_UNIX's limit
             self.socket.bind(name)
 
@@ -120,8 +121,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except BakeryError as e:  # a refusal (a redirect not followed, a login missing): the same each time
             self._refuse(e)
         except Exception as e:  # a bug of ours, or the machine (a full disk): one answer, not a dropped connection
-            if isinstance(foreign(e), EnvironmentProblem):
-                self._refuse(foreign(e))
+            if isinstance(problem := foreign(e), EnvironmentProblem):
+                self._refuse(problem)
             elif getattr(self, "_begun", False):  # an answer under way takes nothing more (it would read as its bytes)
                 self.close_connection = True
             else:

@@ -66,7 +66,7 @@ def bump(project: Path, ledger_path: Path, out: Path, nightly: str | None = None
         proof_log.append(line)
         log(line)
 
-    recorded = []
+    recorded: list[Nightly] = []  # the chosen nightly as the ledger last got it
 
     def record(rows: list, carried: bool, pinning: bool = False) -> None:
         """The outcome in the ledger; carried, before the checkout changes (the lock, then the pin), marked
