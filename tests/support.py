@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def copy_project(dest: Path, lock: bytes | None = None) -> Path:
     """A copy of this checkout (with .git, without outputs) somewhere else, locked to `lock`."""
-    ignore = shutil.ignore_patterns("out", ".venv", ".tools", "__pycache__", ".pytest_cache", "*.egg-info")
+    ignore = shutil.ignore_patterns("out", ".venv", ".tools", "__pycache__", ".pytest_cache", "*.egg-info", ".mypy_cache",
+                                    ".ruff_cache")
     shutil.copytree(ROOT, dest, ignore=ignore, symlinks=True)
     if (dest / ".git").is_file():
         # a linked worktree's .git names the shared repository: a test's commit or `git remote` in
