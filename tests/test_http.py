@@ -693,7 +693,7 @@ def _gives_up_in(seconds: float, exchange) -> ConnectionFailed:
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
     worker.join(seconds)
-    assert ended and ended[0] is not None, "still held after %.0f s" % seconds if not ended else "no failure"
+    assert ended and ended[0] is not None, f"still held after {seconds:.0f} s" if not ended else "no failure"
     return ended[0]
 
 

@@ -12,8 +12,8 @@ import yaml
 
 from ... import schema
 from ...errors import InputError
-from ...inputs.overlays import BY_HAND
 from ...files import rewrite
+from ...inputs.overlays import BY_HAND
 from ...oci.refs import Digest
 
 CARRIED, NEEDS_PORTING = "carried", "needs porting"
