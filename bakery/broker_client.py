@@ -1,5 +1,5 @@
 """Inside a rebuild's sandbox: how the code being rebuilt asks the broker outside (broker.py) for
-the base's bytes and the compile. Used by transport.py and hip.py when BAKERY_BROKER_SOCKET is set;
+the base's bytes and the compile. Used by transport.py and hip_compile.py when BAKERY_BROKER_SOCKET is set;
 it knows nothing of the server's rules, only the socket.
 """
 
@@ -69,7 +69,7 @@ def ask(method: str, path: str, body: dict | None = None, timeout: float = 3600)
 
 
 def compile_outside(toolchain: str, shell: str, out: Path) -> tuple[int, str]:
-    """hip.run_compile's answer, from the broker: the outputs written into out here, inside."""
+    """hip_compile.run_compile's answer, from the broker: the outputs written into out here, inside."""
     answer = ask("POST", "/bakery/compile", {"toolchain": toolchain, "shell": shell})
     for name, data in answer["files"].items():
         if "/" in name or name in (".", ".."):

@@ -205,18 +205,18 @@ def tasks(_: int) -> str:
 def _toolchain_files():
     """The stand-in toolchain's files (the stack up, the image built or found, its folder cached)."""
     from bakery.dev import fixture, stack
-    from bakery.inputs import hip
+    from bakery.inputs import hip, hip_compile
     from bakery.project import cache_dir
 
     image = fixture.toolchain(ROOT / "hip" / "toolchain", ROOT / "tests" / "fixture" / "fixture.yaml", stack.up(),
                               log=lambda m: None)
-    return hip.toolchain_files(image, hip.load(ROOT / "hip").toolchain, cache_dir(create=True) / "toolchains",
+    return hip_compile.toolchain_files(image, hip.load(ROOT / "hip").toolchain, cache_dir(create=True) / "toolchains",
                                log=lambda m: None)
 
 
 def compile_out(_: int) -> str:
     """A compile (the toolchain's own code) that writes to /out, the host's disk, as fast as it can."""
-    from bakery.inputs import hip
+    from bakery.inputs import hip_compile
 
     files = _toolchain_files()
     with tempfile.TemporaryDirectory() as tmp:
@@ -224,34 +224,34 @@ def compile_out(_: int) -> str:
         out.mkdir(mode=0o777)
         out.chmod(0o777)
         fill = "i=0; while :; do head -c 268435456 /dev/zero > /out/f$i || exit 1; i=$((i+1)); done"
-        status, said = hip.run_compile(files, ROOT / "hip", fill, out)
+        status, said = hip_compile.run_compile(files, ROOT / "hip", fill, out)
         written = sum(os.lstat(os.path.join(d, n)).st_blocks * 512 for d, _, names in os.walk(out) for n in names)
-    return f"exit {status}, {written / 2**30:.2f} GiB on disk when stopped (cap {hip.OUT_LIMIT >> 30} GiB): {said[:60]}"
+    return f"exit {status}, {written / 2**30:.2f} GiB on disk when stopped (cap {hip_compile.OUT_LIMIT >> 30} GiB): {said[:60]}"
 
 
 def compile_log(_: int) -> str:
     """A compile that prints without end: the log is a file capped like any other, read as its tail."""
-    from bakery.inputs import hip
+    from bakery.inputs import hip_compile
 
     files = _toolchain_files()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out"
         out.mkdir(mode=0o777)
         out.chmod(0o777)
-        status, said = hip.run_compile(files, ROOT / "hip", "yes 'a line of a compiler gone mad'", out)
+        status, said = hip_compile.run_compile(files, ROOT / "hip", "yes 'a line of a compiler gone mad'", out)
     return f"exit {status} (its stdout reached the 1 GiB a file may be), {len(said):,} characters of log kept"
 
 
 def compile_memory(_: int) -> str:
     """A compile that asks for more address space than a process may have (16 GiB)."""
-    from bakery.inputs import hip
+    from bakery.inputs import hip_compile
 
     files = _toolchain_files()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out"
         out.mkdir(mode=0o777)
         out.chmod(0o777)
-        status, said = hip.run_compile(files, ROOT / "hip", "python3 -c 'x = bytearray(20 << 30)'", out)
+        status, said = hip_compile.run_compile(files, ROOT / "hip", "python3 -c 'x = bytearray(20 << 30)'", out)
     return f"exit {status}: {said.splitlines()[-1][:60] if said else ''}"
 
 

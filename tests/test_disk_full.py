@@ -48,7 +48,7 @@ Results (`invoke test --sweep` runs every case; * marks the ones in CI's sample,
 Fixes, each with the test here that fails without it:
   1. files.atomic_file/atomic_dir name the folder on ENOSPC/EDQUOT; errors.disk_full words it
      (test_a_write_that_fills_the_disk_names_its_folder).
-  2. hip._compile checks the 1 GiB its watch keeps free before and after the sandbox runs
+  2. hip_compile._compile checks the 1 GiB its watch keeps free before and after the sandbox runs
      (test_a_compile_on_a_full_disk_says_where_in_one_line).
   3. extract.keep_free: the toolchain store refused before streaming, named by its cache folder
      (test_the_toolchain_store_on_a_full_disk_names_the_cache_not_its_work_folder).
@@ -422,10 +422,10 @@ def test_a_rebuilds_clone_on_a_full_disk_names_the_disk(small_disk, tmp_path):
 @pytest.fixture
 def toolchain_files(toolchain):
     """The toolchain's files in this machine's cache (taken out once; a compile reads them)."""
-    from bakery.inputs import hip
+    from bakery.inputs import hip, hip_compile
     from support import ROOT
 
-    root = hip.toolchain_files(toolchain, hip.load(ROOT / "hip").toolchain, CACHE / "toolchains", log=lambda m: None)
+    root = hip_compile.toolchain_files(toolchain, hip.load(ROOT / "hip").toolchain, CACHE / "toolchains", log=lambda m: None)
     return root.path.parent.parent
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bakery.errors import InputError, IntegrityError
-from bakery.inputs import hip
+from bakery.inputs import device_code, hip, hip_compile, hip_outputs
 from support import ROOT, cold_compile_cache, dev_policy, docker, invoke, last_line
 
 KERNELS = ["swiglu_clamp_bf16_kernel", "topk_topp_mask_f32_kernel"]
@@ -31,11 +31,11 @@ def two_compiles(toolchain, tmp_path_factory):
     from bakery.project import cache_dir
 
     recipe = hip.load(ROOT / "hip")
-    hip.toolchain_files(toolchain, recipe.toolchain, cache_dir(create=True) / "toolchains",
+    hip_compile.toolchain_files(toolchain, recipe.toolchain, cache_dir(create=True) / "toolchains",
                         log=lambda m: None)  # taken out once before, not by both compiles at once
     caches = [tmp_path_factory.mktemp("hip-cache") for _ in range(2)]
     with ThreadPoolExecutor(2) as pool:
-        done = list(pool.map(lambda c: hip.compile_recipe(recipe, toolchain, c, log=lambda m: None), caches))
+        done = list(pool.map(lambda c: hip_compile.compile_recipe(recipe, toolchain, c, log=lambda m: None), caches))
     return recipe, done, caches
 
 
@@ -68,11 +68,11 @@ def test_it_loads_in_cpu_torch_and_registers_its_operators(compiled):
 def test_wrong_arch_or_missing_kernel_fails(compiled):
     _, artifact, _ = compiled
     with pytest.raises(IntegrityError, match="is for gfx942, the recipe asks for gfx90a"):
-        hip.check_device_code(artifact.data, "gfx90a", KERNELS)
+        device_code.check_device_code(artifact.data, "gfx90a", KERNELS)
     with pytest.raises(IntegrityError, match="lacks kernel.s. flash_attention_kernel"):
-        hip.check_device_code(artifact.data, "gfx942", KERNELS + ["flash_attention_kernel"])
+        device_code.check_device_code(artifact.data, "gfx942", KERNELS + ["flash_attention_kernel"])
     with pytest.raises(IntegrityError, match="no .hip_fatbin"):
-        hip.check_device_code((ROOT / ".venv" / "bin" / "python3").resolve().read_bytes(), "gfx942", KERNELS)
+        device_code.check_device_code((ROOT / ".venv" / "bin" / "python3").resolve().read_bytes(), "gfx942", KERNELS)
 
 
 def test_two_compiles_are_bit_identical(two_compiles):
@@ -91,7 +91,7 @@ def test_fixed_cuid_makes_object_names_irrelevant(compiled, toolchain, tmp_path)
     def build(shell: str, name: str) -> bytes:
         out = tmp_path / name
         out.mkdir()
-        hip.run_toolchain(recipe, toolchain, shell, out, log=lambda m: None)
+        hip_compile.run_toolchain(recipe, toolchain, shell, out, log=lambda m: None)
         return (out / "_C_stable_libtorch.so").read_bytes()
 
     def elsewhere(shell: str) -> str:  # the same compile with other object names
@@ -481,20 +481,20 @@ def test_a_compile_that_fills_the_hosts_disk_under_out_is_stopped(toolchain, tmp
     so what it can write is the cap plus a quarter second's writing."""
     from bakery.project import cache_dir
 
-    files = hip.toolchain_files(toolchain, hip.load(ROOT / "hip").toolchain, cache_dir(create=True) / "toolchains",
+    files = hip_compile.toolchain_files(toolchain, hip.load(ROOT / "hip").toolchain, cache_dir(create=True) / "toolchains",
                                 log=lambda m: None)
-    monkeypatch.setattr(hip, "OUT_LIMIT", 8 << 20)
+    monkeypatch.setattr(hip_compile, "OUT_LIMIT", 8 << 20)
     out = tmp_path / "out"
     out.mkdir()
     out.chmod(0o777)  # the compile's uid writes here, as run_toolchain's folders allow
     # a MiB each 20 ms: the watch (every 0.25 s) stops it a few MiB past the cap, not at the 400 MiB
     fill = "i=0; while [ $i -lt 400 ]; do head -c 1048576 /dev/zero > /out/f$i; sleep 0.02; i=$((i+1)); done"
-    status, said = hip.run_compile(files, ROOT / "hip", fill, out)
+    status, said = hip_compile.run_compile(files, ROOT / "hip", fill, out)
     assert status == -9 and "under /out" in said, (status, said)
     assert sum(f.stat().st_size for f in out.iterdir()) < 64 << 20
     (tmp_path / "ok").mkdir(mode=0o777)
     (tmp_path / "ok").chmod(0o777)
-    status, said = hip.run_compile(files, ROOT / "hip", "head -c 1048576 /dev/zero > /out/one", tmp_path / "ok")
+    status, said = hip_compile.run_compile(files, ROOT / "hip", "head -c 1048576 /dev/zero > /out/one", tmp_path / "ok")
     assert status == 0, said  # the control: within the cap
 
 
@@ -502,7 +502,7 @@ def toolchain_root(toolchain):
     """The toolchain's files as every compile runs over them (extracted once into this machine's cache)."""
     from bakery.project import cache_dir
 
-    return hip.toolchain_files(toolchain, hip.load(ROOT / "hip").toolchain, cache_dir(create=True) / "toolchains",
+    return hip_compile.toolchain_files(toolchain, hip.load(ROOT / "hip").toolchain, cache_dir(create=True) / "toolchains",
                                log=lambda m: None)
 
 
@@ -529,17 +529,17 @@ def test_a_compile_that_prints_past_the_limits_is_stopped_and_only_its_tail_come
     out.chmod(0o777)
     tracemalloc.start()
     try:
-        status, said = hip.run_compile(files, ROOT / "hip", FLOOD, out)
+        status, said = hip_compile.run_compile(files, ROOT / "hip", FLOOD, out)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     # the shell's status is its last pipeline's: head, killed at the cap of stderr's file
     assert status == 128 + signal.SIGXFSZ, (status, said[-300:])
-    assert len(said) <= hip.LOG_LIMIT, len(said)
+    assert len(said) <= hip_compile.LOG_LIMIT, len(said)
     assert "stderr-0123456789" in said[-100:], said[-100:]  # the tail: what it printed last
     # held here: the two files' tails (1 MiB each, read by seek), their text and the joined tail; not
     # the 16 MiB the files hold, nor the 128 MiB printed
-    assert peak < 8 * hip.LOG_LIMIT, f"{peak} bytes held to read back {len(said)} characters"
+    assert peak < 8 * hip_compile.LOG_LIMIT, f"{peak} bytes held to read back {len(said)} characters"
 
 
 def test_the_rebuild_broker_answers_at_most_its_log_limit_of_a_flooding_compile(toolchain, registry, tmp_path,
@@ -588,10 +588,10 @@ def test_a_compile_that_allocates_past_its_memory_limit_fails(toolchain, tmp_pat
     out = tmp_path / "out"
     out.mkdir(mode=0o777)
     out.chmod(0o777)
-    status, said = hip.run_compile(files, ROOT / "hip", ALLOCATE, out)
+    status, said = hip_compile.run_compile(files, ROOT / "hip", ALLOCATE, out)
     assert status == 0 and said == str(512 << 20), (status, said)
     monkeypatch.setattr(sandbox, "COMPILE", dataclasses.replace(sandbox.COMPILE, memory=256 << 20))
-    status, said = hip.run_compile(files, ROOT / "hip", ALLOCATE, out)
+    status, said = hip_compile.run_compile(files, ROOT / "hip", ALLOCATE, out)
     assert status != 0 and "MemoryError" in said, (status, said[-300:])
 
 
@@ -600,14 +600,14 @@ def test_a_compile_whose_out_the_watch_cannot_read_whole_is_stopped(toolchain, t
     a walk by path: the watch fails closed and stops the compile."""
     from bakery.project import cache_dir
 
-    files = hip.toolchain_files(toolchain, hip.load(ROOT / "hip").toolchain, cache_dir(create=True) / "toolchains",
+    files = hip_compile.toolchain_files(toolchain, hip.load(ROOT / "hip").toolchain, cache_dir(create=True) / "toolchains",
                                 log=lambda m: None)
     out = tmp_path / "out"
     out.mkdir()
     out.chmod(0o777)
     deep = ("cd /out; d=$(printf 'a%.0s' $(seq 250)); i=0; while [ $i -lt 20 ]; do mkdir $d && cd $d; "
             "i=$((i+1)); done; head -c 1048576 /dev/zero > f; sleep 60")
-    status, said = hip.run_compile(files, ROOT / "hip", deep, out)
+    status, said = hip_compile.run_compile(files, ROOT / "hip", deep, out)
     assert status == -9 and "cannot be read" in said, (status, said)
 
 
@@ -625,11 +625,11 @@ def test_a_cache_entry_another_writer_finished_is_kept_only_when_it_holds_the_sa
         (first / "k.so").write_bytes(b"theirs")
         (first / "done.json").write_text(json.dumps({"sha256": entry(b"theirs")}))
     theirs = dest.stat().st_ino
-    with atomic_dir(dest, keep=hip._same_outputs(entry(b"theirs"))) as same:
+    with atomic_dir(dest, keep=hip_outputs.same_outputs(entry(b"theirs"))) as same:
         (same / "k.so").write_bytes(b"theirs")
         (same / "done.json").write_text(json.dumps({"sha256": entry(b"theirs")}))
     assert dest.stat().st_ino == theirs  # the same bytes: theirs stays, a reader of it never sees it go
-    with atomic_dir(dest, keep=hip._same_outputs(entry(b"ours"))) as other:
+    with atomic_dir(dest, keep=hip_outputs.same_outputs(entry(b"ours"))) as other:
         (other / "k.so").write_bytes(b"ours")
         (other / "done.json").write_text(json.dumps({"sha256": entry(b"ours")}))
     assert (dest / "k.so").read_bytes() == b"ours"  # other bytes: ours, which is what this run records

@@ -275,14 +275,14 @@ def test_a_compile_the_revision_leaves_running_ends_with_the_rebuild(hostile, tm
     import signal
     import time
 
-    from bakery.inputs import hip
+    from bakery.inputs import hip_compile
 
     plan = revision_with(tmp_path, hostile[0], LEFT_RUNNING)
 
-    original = hip.run_compile
+    original = hip_compile.run_compile
     before = sleepers()
     with monkeypatch.context() as m:  # the control: a compile the broker does not stop outlives the rebuild
-        m.setattr(hip, "run_compile", lambda files, src, shell, out, stop=None: original(files, src, shell, out))
+        m.setattr(hip_compile, "run_compile", lambda files, src, shell, out, stop=None: original(files, src, shell, out))
         with pytest.raises(EnvironmentProblem, match="exit 3"):
             reproduce.rebuild(plan, tmp_path / "control", None, log=lambda m: None)
         time.sleep(2)

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from bakery.errors import IntegrityError
-from bakery.inputs import hip
+from bakery.inputs import hip, hip_compile, kernel_artifact
 from bakery.oci.refs import Descriptor, Digest, Reference
 from bakery.oci.registry import OCI_MANIFEST, Registry
 from bakery.oci.store import RegistryStore, signature_tag
@@ -200,7 +200,7 @@ def forged_kernel_artifact(signer: str | None):
     the build is given the release key and a cold compile cache (so it would take the artifact)."""
     def mutate(p, ctx):
         recipe, cache = hip.load(p / "hip"), Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery"))
-        key = hip.compile_recipe(recipe, os.environ["BAKERY_TOOLCHAIN"], cache / "hip", log=lambda m: None).key
+        key = hip_compile.compile_recipe(recipe, os.environ["BAKERY_TOOLCHAIN"], cache / "hip", log=lambda m: None).key
         outputs = p.parent / "forged-kernels"
         shutil.copytree(cache / "hip" / key[:24], outputs)
         so = outputs / "_C_stable_libtorch.so"
@@ -208,7 +208,7 @@ def forged_kernel_artifact(signer: str | None):
         done = json.loads((outputs / "done.json").read_text())
         done["sha256"]["_C_stable_libtorch.so"] = hashlib.sha256(so.read_bytes()).hexdigest()
         (outputs / "done.json").write_text(json.dumps(done))
-        artifact = hip.push_artifact(Registry(ctx["registry"]), ctx["repo"], key, outputs)
+        artifact = kernel_artifact.push_artifact(Registry(ctx["registry"]), ctx["repo"], key, outputs)
         if signer:
             attest_mod.sign_artifact(artifact, ctx["keys"]["signers"][signer])
         ctx["env"]["BAKERY_CACHE"] = str(cold_compile_cache(p.parent))

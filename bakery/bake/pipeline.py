@@ -22,7 +22,7 @@ from ..base.filesystem import BaseFilesystem
 from ..base.layercache import LayerCache
 from ..base.scan import normalize
 from ..errors import BakeryError, EnvironmentProblem, InputError, IntegrityError
-from ..inputs import hip as hip_mod, image as image_mod, overlays as overlays_mod, tuning as tuning_mod
+from ..inputs import hip as hip_mod, hip_compile, image as image_mod, overlays as overlays_mod, tuning as tuning_mod
 from ..oci.layer import FileEntry, write_blob, write_layer
 from ..oci.refs import Descriptor, Reference
 from ..oci.registry import Registry
@@ -489,7 +489,7 @@ def build(opts: Options, log=print) -> tuple[Reference, BuildRecord]:
     target = push_target(opts)
     opened = open_base(project, opts.base, log)
     toolchain = opts.toolchain_for(opened.spec)
-    hip_mod.toolchain_identity(toolchain)  # pinned by digest, or refused before the proofs run
+    hip_compile.toolchain_identity(toolchain)  # pinned by digest, or refused before the proofs run
     registries = {opened.spec.source.registry: opened.registry}
     remote = (registries.get(target.registry) or registries.setdefault(target.registry, Registry(target.registry)),
               target.repository) if target else None
@@ -501,7 +501,7 @@ def build(opts: Options, log=print) -> tuple[Reference, BuildRecord]:
     overlay_files = tuple(FileEntry(a.overlay.target, a.result) for a in applied)
 
     recipe = hip_mod.served(hip_mod.load(project / "hip"), {a.overlay.id for a in applied}, log)
-    compiled = hip_mod.compile_recipe(recipe, toolchain, cache_dir(create=True) / "hip", log, remote, trust,
+    compiled = hip_compile.compile_recipe(recipe, toolchain, cache_dir(create=True) / "hip", log, remote, trust,
                                       opts.recompile, defer_push=True)
     kernel_files = hip_mod.files(recipe, compiled.artifacts)
     tables = tuning_mod.load(Project(project).tuning)

@@ -127,7 +127,7 @@ def compile(project: Path, toolchain: str | None, verify: bool, registry: str | 
     import hashlib
 
     from ..base import spec as base_mod
-    from ..inputs import hip
+    from ..inputs import hip, hip_compile
     from ..oci.refs import Reference
     from ..oci.registry import Registry
 
@@ -138,8 +138,10 @@ def compile(project: Path, toolchain: str | None, verify: bool, registry: str | 
     trust = kernel_trust(project, key, policy, remote[0]) if remote else None
     if verify:
         return Compiled(tuple((sha, name) for name, sha in
-                              hip.verify_outputs(recipe, tools, cache_dir(create=True) / "hip", log, remote, trust)), True)
-    compiled = hip.compile_recipe(recipe, tools, cache_dir(create=True) / "hip", log=log, remote=remote, trust=trust)
+                              hip_compile.verify_outputs(recipe, tools, cache_dir(create=True) / "hip", log, remote,
+                                                         trust)), True)
+    compiled = hip_compile.compile_recipe(recipe, tools, cache_dir(create=True) / "hip", log=log, remote=remote,
+                                          trust=trust)
     return Compiled(tuple((hashlib.sha256(a.data).hexdigest(), a.dest) for a in compiled.artifacts), False,
                     compiled.origin, str(compiled.artifact) if compiled.artifact else None, tuple(compiled.artifacts))
 
@@ -161,7 +163,7 @@ def kernels_cached(project: Path, spec, unless_cached_in: str, key: str | None, 
                    log) -> tuple[str, str] | None:
     """(REPO, TAG) of a kernel artifact for this recipe that a release key signed, or None (said
     why in the log): a build that finds one never pulls the base to compile."""
-    from ..inputs import hip
+    from ..inputs import hip, hip_compile, kernel_artifact
     from ..oci.refs import Reference
     from ..oci.registry import Registry
 
@@ -169,7 +171,7 @@ def kernels_cached(project: Path, spec, unless_cached_in: str, key: str | None, 
     registry = Registry(where.registry)
     trust = kernel_trust(project, key, policy, registry)
     tools = os.environ.get("BAKERY_TOOLCHAIN") or str(spec.source)
-    tag = hip.artifact_tag(hip.load(Project(project).hip).key(hip.toolchain_identity(tools)))
+    tag = kernel_artifact.artifact_tag(hip.load(Project(project).hip).key(hip_compile.toolchain_identity(tools)))
     try:
         _, _, digest = registry.get_manifest(Reference(where.registry, where.repository, tag))
         if trust is None:

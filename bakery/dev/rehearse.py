@@ -776,17 +776,17 @@ def _hook(home: Path, folder: str, what: str) -> None:
 def _push_unsigned_kernels(project: Path, stage: Stage, log) -> None:
     """kernels-<key> in the image repository before the build, compiled here and pushed with push
     rights only: no release key signed it."""
-    from ..inputs import hip
+    from ..inputs import hip, hip_compile, kernel_artifact
     from ..oci.registry import Registry
 
     host, user, password = stage.registry
     recipe = hip.load(stage.repo / "hip")
     cache = stage.work / "kernels-cache"
-    compiled = hip.compile_recipe(recipe, stage.toolchain or str(stage.base), cache, log=log)
+    compiled = hip_compile.compile_recipe(recipe, stage.toolchain or str(stage.base), cache, log=log)
     repo = stage.image_repo.split("/", 1)[1]
     with _environ(BAKERY_REGISTRY_USER=user, BAKERY_REGISTRY_PASSWORD=password, BAKERY_REGISTRY_HOSTS=host):
-        hip.push_artifact(Registry(host), repo, compiled.key, cache / compiled.key[:24])
-    log(f"pushed an unsigned {hip.artifact_tag(compiled.key)} to {stage.image_repo}")
+        kernel_artifact.push_artifact(Registry(host), repo, compiled.key, cache / compiled.key[:24])
+    log(f"pushed an unsigned {kernel_artifact.artifact_tag(compiled.key)} to {stage.image_repo}")
 
 
 def fresh(work: Path) -> Path:

@@ -8,12 +8,12 @@ one Unix socket, served here by our code, bound into the sandbox:
   registry and repository only, by digest only; fetched with this machine's credentials, which
   never cross (the code inside checks every digest itself, as it does against a registry);
 - the compile: POST /bakery/compile {"toolchain", "shell"}: the shell runs as every build's
-  compile does (hip.run_compile: over the toolchain's own files, in the sandbox, no network, the
+  compile does (hip_compile.run_compile: over the toolchain's own files, in the sandbox, no network, the
   sources read-only, the compile's limits), in the one toolchain this rebuild was given, over the
   revision's hip/ folder as we name it, never as the request does; the outputs come back in the
   answer (regular files, capped), so we write nothing into a folder the sandbox controls.
 
-Anything else is refused (403). The client side (broker_client.py, used by transport.py and hip.py) takes this path when the
+Anything else is refused (403). The client side (broker_client.py, used by transport.py and hip_compile.py) takes this path when the
 sandbox sets BAKERY_BROKER_SOCKET.
 """
 
@@ -184,7 +184,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         grant = self.server.grant
         if toolchain != grant.toolchain:
             return self._answer(403, f"this rebuild compiles in {grant.toolchain}, not {toolchain[:100]}".encode())
-        from ..inputs import hip
+        from ..inputs import hip, hip_compile
         from ..project import cache_dir
 
         with self.server.compiling:  # one at a time, COMPILES in all
@@ -193,13 +193,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.server.compiles += 1
             # the revision's recipe says which of the toolchain's files a compile reads (a hostile one can only
             # ask for more of them, within the disk the extraction keeps free); we take them out, outside
-            files = hip.toolchain_files(toolchain, hip.load(grant.hip).toolchain, cache_dir(create=True) / "toolchains",
+            files = hip_compile.toolchain_files(toolchain, hip.load(grant.hip).toolchain, cache_dir(create=True) / "toolchains",
                                         log=lambda m: None)
             with tempfile.TemporaryDirectory(prefix="bakery-broker-") as out:
-                hip.room_to_compile(Path(tempfile.gettempdir()), TMPDIR_ELSEWHERE)  # named: `out` goes with it
-                status, logs = hip.run_compile(files, grant.hip, shell, Path(out), stop=self.server.over)
+                hip_compile.room_to_compile(Path(tempfile.gettempdir()), TMPDIR_ELSEWHERE)  # named: `out` goes with it
+                status, logs = hip_compile.run_compile(files, grant.hip, shell, Path(out), stop=self.server.over)
                 if status != 0:  # stopped by the watch as the disk filled, or the compiler's write failed
-                    hip.room_to_compile(Path(tempfile.gettempdir()), TMPDIR_ELSEWHERE)
+                    hip_compile.room_to_compile(Path(tempfile.gettempdir()), TMPDIR_ELSEWHERE)
                 found = _outputs(Path(out))
         self._answer(200, json.dumps({"status": status, "logs": logs[-LOG_LIMIT:], "files": found}).encode())
 

@@ -1,0 +1,88 @@
+"""Device code checked without a GPU: a compiled extension's .hip_fatbin offload bundle read as
+ELF, each AMDGPU code object for the recipe's arch and carrying the recipe's kernels. Pure: bytes in,
+what was found (or IntegrityError) out."""
+
+from __future__ import annotations
+
+import struct
+
+from ..errors import IntegrityError
+
+# EF_AMDGPU_MACH values (LLVM's ELF.h) of the archs a recipe may name.
+ARCHS = {"gfx90a": 0x3F, "gfx940": 0x40, "gfx941": 0x4B, "gfx942": 0x4C, "gfx950": 0x4F}
+EM_AMDGPU = 224
+BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
+
+
+def _sections(elf: bytes) -> dict[str, tuple[int, int, int, int]]:
+    """{name: (type, offset, size, link)} of an ELF64 little-endian file."""
+    if elf[:4] != b"\x7fELF" or elf[4] != 2 or elf[5] != 1:
+        raise IntegrityError("not a 64-bit little-endian ELF file")
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
+    strtab = headers[shstrndx]
+    names = elf[strtab[4]:strtab[4] + strtab[5]]
+    out = {}
+    for h in headers:
+        name = names[h[0]:names.index(b"\0", h[0])].decode()
+        out[name] = (h[1], h[4], h[5], h[6])
+    return out
+
+
+def _symbols(elf: bytes) -> set[str]:
+    secs = _sections(elf)
+    found = set()
+    for table, strings in ((".symtab", ".strtab"), (".dynsym", ".dynstr")):
+        if table not in secs or strings not in secs:
+            continue
+        _, off, size, _ = secs[table]
+        _, soff, ssize, _ = secs[strings]
+        strs = elf[soff:soff + ssize]
+        for i in range(0, size, 24):
+            name_off, = struct.unpack_from("<I", elf, off + i)
+            if name_off:
+                found.add(strs[name_off:strs.index(b"\0", name_off)].decode())
+    return found
+
+
+def code_objects(shared_object: bytes) -> dict[str, bytes]:
+    """{bundle entry id: code object} from a host object's .hip_fatbin offload bundle."""
+    secs = _sections(shared_object)
+    if ".hip_fatbin" not in secs:
+        raise IntegrityError("no .hip_fatbin section: the library carries no HIP device code")
+    _, off, size, _ = secs[".hip_fatbin"]
+    bundle = shared_object[off:off + size]
+    if not bundle.startswith(BUNDLE_MAGIC):
+        raise IntegrityError(".hip_fatbin is not a clang offload bundle")
+    count, = struct.unpack_from("<Q", bundle, 24)
+    entries, pos = {}, 32
+    for _ in range(count):
+        e_off, e_size, id_len = struct.unpack_from("<QQQ", bundle, pos)
+        ident = bundle[pos + 24:pos + 24 + id_len].decode()
+        pos += 24 + id_len
+        entries[ident] = bundle[e_off:e_off + e_size]
+    return entries
+
+
+def check_device_code(shared_object: bytes, arch: str, kernels: list[str]) -> list[dict]:
+    """Every AMDGPU code object must be for `arch` and define every kernel; returns what was found."""
+    found = []
+    for ident, blob in code_objects(shared_object).items():
+        if not ident.startswith("hip"):
+            continue  # the host entry of the bundle
+        machine, = struct.unpack_from("<H", blob, 0x12)
+        flags, = struct.unpack_from("<I", blob, 0x30)
+        if machine != EM_AMDGPU:
+            raise IntegrityError(f"device code object {ident} is not an AMDGPU ELF (e_machine {machine})")
+        if flags & 0xFF != ARCHS[arch]:
+            named = {v: k for k, v in ARCHS.items()}.get(flags & 0xFF, hex(flags & 0xFF))
+            raise IntegrityError(f"device code object {ident} is for {named}, the recipe asks for {arch}")
+        symbols = _symbols(blob)
+        missing = [k for k in kernels if k not in symbols or f"{k}.kd" not in symbols]
+        if missing:
+            raise IntegrityError(f"device code object {ident} lacks kernel(s) {', '.join(missing)}")
+        found.append({"bundle_entry": ident, "mach": hex(flags & 0xFF), "kernels": sorted(kernels)})
+    if not found:
+        raise IntegrityError(f"no AMDGPU code object for {arch} in the library")
+    return found
