@@ -27,7 +27,7 @@ FIXTURE = {"registry": "registry host:port to push the fixture to (default: the 
 TEST = {"k": "only tests matching this pytest -k expression (ruff and mypy, which run first otherwise, are left out)",
         "x": "stop at the first failure",
         "rehearsal": "also run the workflow rehearsals under act (tests/test_rehearse.py: minutes each; CI runs them)",
-        "fast": "only the quick tests that need no Docker engine or registry (about 20 s; nothing is started)",
+        "fast": "only the quick tests that need no Docker engine or registry (about a minute; nothing is started)",
         "sweep": "also run the full crash and registry-fault sweeps (issue 40; tests marked sweep: minutes)"}
 
 LOCK = {"base": "base image REF@sha256:DIGEST, overriding image/base.yaml",
