@@ -39,6 +39,12 @@ ABANDONED_AFTER = 60  # seconds unchanged and unlocked: a staging name no live w
 _swept: set[Path] = set()  # folders this process has cleared of abandoned staging names
 
 
+def is_staging(name: str) -> bool:
+    """A name atomic_file, atomic_dir or staging_dir gives what it fills (.partial-X, .NAME.partial-X):
+    a writer's, live or killed, never an entry; a reader listing a folder passes over it."""
+    return name.startswith(".") and ".partial-" in name
+
+
 def _hold(fd: int) -> None:
     """Mark a staging file or folder as being filled: the lock goes with the process, a kill included."""
     fcntl.flock(fd, fcntl.LOCK_EX)

@@ -329,6 +329,8 @@ def test_a_nightly_rolled_back_by_hand_is_not_bumped_again_but_one_a_kill_left_u
     stopped = replace(rejected, tried=replace(rejected.tried, pinning=True))
     ledger_ = ledger_mod.Ledger("u", "m", (rolled_back_to, stopped))
     assert bump_mod.pending(ledger_, rolled_back_to.digest) is stopped
+    # stopped after it moved the pin, before the record's mark was cleared: the pin itself is finished
+    assert bump_mod.pending(ledger_, stopped.digest) is stopped
     path = tmp_path / "nightlies.yaml"  # the mark survives the file, and is absent once cleared
     ledger_mod.write_ledger(path, ledger_)
     assert "pinning: true" in path.read_text() and ledger_mod.load_ledger(path).find(stopped.digest) == stopped

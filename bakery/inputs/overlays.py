@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 
 from .. import schema
 from ..errors import InputError, IntegrityError
-from ..files import rewrite
+from ..files import is_staging, rewrite
 from . import patch as patch_mod, proof_spec
 
 SITE = "/usr/local/lib/python3.12/dist-packages"
@@ -193,6 +193,8 @@ def _ports(folder: Path, overlay_id: str, where: str) -> tuple:
     """The overlay's ports: one patch per target version, named by that version's sha256."""
     ports = []
     for path in sorted((folder / PORTS / overlay_id).glob("*")):
+        if is_staging(path.name):
+            continue  # a rebase's write in progress, or one a kill stopped (the next write removes it)
         sha = path.name.removesuffix(".patch")
         if not path.name.endswith(".patch") or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
             raise InputError(f"{where}: port {path} must be named <sha256 of the target it applies to>.patch")
@@ -428,7 +430,8 @@ def check_stock(folder: Path, lock: Lock, lock_path: Path) -> None:
     """The build's check of the stored stock bytes: every file is named by its sha256, and every
     locked target's stock bytes are there."""
     for path in sorted((folder / STOCK).glob("*")):
-        read_stock(folder, path.name)
+        if not is_staging(path.name):  # a write in progress, or one a kill stopped
+            read_stock(folder, path.name)
     for entry in lock.overlays:
         if entry.base_sha256 and read_stock(folder, entry.base_sha256) is None:
             raise IntegrityError(f"overlay {entry.id!r}: {lock_path} names stock bytes {entry.base_sha256} "

@@ -17,10 +17,12 @@ from .ledger import CARRIED, NEEDS_PORTING, Ledger, Nightly, Tried, load_ledger,
 
 
 def pending(ledger: Ledger, pinned: Digest) -> Nightly | None:
-    """The newest kept nightly, newer than the pin, not yet tried, or carried by a bump stopped before it
-    moved the pin (it is finished); None: nothing new. One that was pinned and then rolled back by hand
-    stays tried: the ledger marks only the moment between the record and the pin."""
+    """The nightly a bump stopped between its record and its last write left marked `pinning` (it is
+    finished), else the newest kept nightly newer than the pin and not yet tried; None: nothing new.
+    One that was pinned and then rolled back by hand stays tried: the mark lasts only that moment."""
     pin = ledger.find(pinned)
+    if pin is not None and pin.tried is not None and pin.tried.pinning:
+        return pin  # stopped after it moved the pin, before its record said so: finished first
     newer = [n for n in newest_first(ledger) if n is not pin and (pin is None or n.order > pin.order) and
              (n.tried is None or n.tried.pinning)]
     return newer[0] if newer else None
