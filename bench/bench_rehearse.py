@@ -21,10 +21,10 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bakery.dev import rehearse  # noqa: E402 (after sys.path names the project)
+from bakery.dev import act_jobs, rehearse, rehearse_nightly  # noqa: E402 (after sys.path names the project)
 
 
-def command_seconds(outcome: rehearse.Outcome, workflow: Path) -> dict[str, float]:
+def command_seconds(outcome: act_jobs.Outcome, workflow: Path) -> dict[str, float]:
     """{job: seconds spent in its steps that run `invoke`}, from act's per-step execution times."""
     jobs = yaml.safe_load(workflow.read_text())["jobs"]
     commands = {(job, step["name"]) for job, spec in jobs.items() for step in spec["steps"]
@@ -41,7 +41,7 @@ def command_seconds(outcome: rehearse.Outcome, workflow: Path) -> dict[str, floa
     return spent
 
 
-def report(name: str, outcome: rehearse.Outcome, wall: float, workflow: Path) -> None:
+def report(name: str, outcome: act_jobs.Outcome, wall: float, workflow: Path) -> None:
     spent = command_seconds(outcome, workflow)
     print(f"\n## {name}: {wall:.0f} s wall")
     print(f"{'job':<16} {'result':<9} {'job s':>7} {'invoke s':>9}")
@@ -58,7 +58,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-rehearse-"))
     runs = {"release": lambda: rehearse.release(ROOT, work / "no-mi300x", log=lambda m: None),
             "stand-in": lambda: rehearse.release(ROOT, work / "stand-in", log=lambda m: None, smoke="stand-in"),
-            "nightly": lambda: rehearse.nightly(ROOT, work / "nightly", log=lambda m: None)}
+            "nightly": lambda: rehearse_nightly.nightly(ROOT, work / "nightly", log=lambda m: None)}
     for name, go in runs.items():
         if args.only and name != args.only:
             continue

@@ -672,7 +672,7 @@ def track_scene(ground):
     """Upstream's two nightlies (the pin's 0.26.0 fixture, and 0.27.0 a day later); a checkout pinned
     to the first; a clean `invoke track` (mirror both, record them, bump onto the second: exit 10)
     from the ground's start, and its trace."""
-    from bakery.dev.rehearse import upstream_nightlies
+    from bakery.dev.rehearse_nightly import upstream_nightlies
 
     root, registry = ground["root"], ground["registry"]
     upstream, nightly = upstream_nightlies(ground["project"], registry, log=lambda m: None)

@@ -530,7 +530,7 @@ def test_a_build_and_track_into_one_repository_at_once(clean, registry, fixture_
     the same cache: both finish, and the repository holds the build's tag and every mirrored digest."""
     import uuid
 
-    from bakery.dev.rehearse import tag_image
+    from bakery.dev.rehearse_nightly import tag_image
 
     reg = Registry(registry)
     name = f"{registry}/both-{uuid.uuid4().hex[:8]}"

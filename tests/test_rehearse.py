@@ -21,7 +21,7 @@ import sys
 import pytest
 import yaml
 
-from bakery.dev import rehearse
+from bakery.dev import act_jobs, rehearsal_stage, rehearse, rehearse_nightly, runner
 from bakery.oci.refs import Reference
 from bakery.oci.registry import Registry
 from bakery.trust import policy, provenance
@@ -38,13 +38,13 @@ def rehearsals(tmp_path_factory, registry):
     return tmp_path_factory.mktemp("rehearsals")
 
 
-def run(rehearsals, name: str, **kwargs) -> rehearse.Outcome:
+def run(rehearsals, name: str, **kwargs) -> act_jobs.Outcome:
     outcome = rehearse.release(ROOT, rehearsals / name, log=lambda m: None, **kwargs)
     print(f"\n{name}\n{outcome.table()}")
     return outcome
 
 
-def job_log(outcome: rehearse.Outcome, job: str) -> str:
+def job_log(outcome: act_jobs.Outcome, job: str) -> str:
     lines = []
     for line in outcome.log.read_text().splitlines():
         try:
@@ -56,24 +56,24 @@ def job_log(outcome: rehearse.Outcome, job: str) -> str:
     return "\n".join(lines)
 
 
-def registry_env(outcome: rehearse.Outcome) -> dict:
+def registry_env(outcome: act_jobs.Outcome) -> dict:
     host, user, password = outcome.extra["stage"].registry
     return {"BAKERY_REGISTRY_HOSTS": host, "BAKERY_REGISTRY_USER": user, "BAKERY_REGISTRY_PASSWORD": password}
 
 
-def tag_digest(outcome: rehearse.Outcome, tag: str) -> str | None:
+def tag_digest(outcome: act_jobs.Outcome, tag: str) -> str | None:
     """What the rehearsal registry's image repository says `tag` is, or None."""
     from bakery.errors import NotFound
 
     stage = outcome.extra["stage"]
-    with rehearse._environ(**registry_env(outcome)):
+    with rehearsal_stage.scoped_environ(**registry_env(outcome)):
         try:
             return str(Registry(stage.registry[0]).get_manifest(Reference.parse(f"{stage.image_repo}:{tag}"))[2])
         except NotFound:
             return None
 
 
-def assert_stopped_at(outcome: rehearse.Outcome, job: str) -> None:
+def assert_stopped_at(outcome: act_jobs.Outcome, job: str) -> None:
     """`job` failed, every job before it in the chain succeeded, nothing after it ran, no tag moved."""
     order = list(rehearse.RELEASE_JOBS)
     results = {name: j.result for name, j in outcome.jobs.items()}
@@ -115,7 +115,7 @@ def test_the_rebuild_matched_and_every_job_ran_as_the_runner_within_its_budget(n
     assert f"reproduced {no_mi300x.image}" in job_log(no_mi300x, "rebuild")
     for name in ("build", "rebuild"):
         job = no_mi300x.jobs[name]
-        assert rehearse.runner.UID in job.usage.users and job.usage.peak["/mnt"] > 1 << 30, no_mi300x.table()
+        assert runner.UID in job.usage.users and job.usage.peak["/mnt"] > 1 << 30, no_mi300x.table()
         assert "Unpacking bubblewrap" in job_log(no_mi300x, name) or name == "rebuild"
         assert "cache: /mnt/bakery/cache" in job_log(no_mi300x, name)
     assert all(0 not in j.usage.users for n, j in no_mi300x.jobs.items() if n in ("sign", "attest-rebuild")), \
@@ -257,13 +257,13 @@ def test_an_unknown_drill_is_one_line_and_exit_2(tmp_path):
 
 @pytest.fixture(scope="module")
 def nightly_carried(rehearsals):
-    outcome = rehearse.nightly(ROOT, rehearsals / "nightly", log=lambda m: None)
+    outcome = rehearse_nightly.nightly(ROOT, rehearsals / "nightly", log=lambda m: None)
     print(f"\nnightly\n{outcome.table()}")
     return outcome
 
 
 def origin_file(outcome, branch: str, path: str) -> str:
-    return rehearse.git("show", f"{branch}:{path}", cwd=outcome.extra["stage"].origin)
+    return rehearsal_stage.git("show", f"{branch}:{path}", cwd=outcome.extra["stage"].origin)
 
 
 def test_the_nightly_mirrors_both_carries_and_proves_and_proposes_one_pull_request(nightly_carried):
@@ -278,7 +278,7 @@ def test_the_nightly_mirrors_both_carries_and_proves_and_proposes_one_pull_reque
     assert pin["image"] == f"{n.extra['upstream']}@{newest}" and pin["mirror"] == n.extra["vars"]["NIGHTLY_MIRROR"]
     ledger = yaml.safe_load(origin_file(n, branch, "image/nightlies.yaml"))
     assert {e["digest"] for e in ledger["nightlies"]} == set(n.extra["tags"].values())
-    changed = rehearse.git("diff", "--name-only", "main", branch, cwd=n.extra["stage"].origin).split()
+    changed = rehearsal_stage.git("diff", "--name-only", "main", branch, cwd=n.extra["stage"].origin).split()
     assert {"image/base.yaml", "image/nightlies.yaml", "overlays/overlays.lock"} <= set(changed)
     assert all(p.startswith(("image/base.yaml", "image/nightlies.yaml", "overlays/")) for p in changed)
     # one pull request, from that branch, its body the bump's report, asked with the job's token
@@ -297,7 +297,7 @@ def test_the_nightly_mirrors_both_carries_and_proves_and_proposes_one_pull_reque
 
 @pytest.fixture(scope="module")
 def nightly_porting(rehearsals):
-    outcome = rehearse.nightly(ROOT, rehearsals / "needs-porting", log=lambda m: None, porting=True)
+    outcome = rehearse_nightly.nightly(ROOT, rehearsals / "needs-porting", log=lambda m: None, porting=True)
     print(f"\nneeds-porting\n{outcome.table()}")
     return outcome
 
@@ -306,7 +306,7 @@ def test_a_nightly_that_needs_porting_offers_the_ledger_and_opens_one_issue(nigh
     n = nightly_porting
     assert all(j.result == "success" for j in n.jobs.values()), n.table()
     assert sorted(n.extra["branches"]) == ["main", "nightly/ledger"]
-    changed = rehearse.git("diff", "--name-only", "main", "nightly/ledger", cwd=n.extra["stage"].origin).split()
+    changed = rehearsal_stage.git("diff", "--name-only", "main", "nightly/ledger", cwd=n.extra["stage"].origin).split()
     assert changed == ["image/nightlies.yaml"]  # the pin and the overlays as they were
     github = n.extra["github"]
     assert [p["title"] for p in github.pulls] == ["nightly: record the nightlies kept in the mirror"]

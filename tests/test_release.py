@@ -348,28 +348,28 @@ def test_tools_are_there():
 # -- the rehearsal's own parts (the rehearsals themselves: tests/test_rehearse.py) ------------------------
 
 def test_the_vendored_actions_are_the_pinned_ones_and_a_changed_byte_is_refused(tmp_path):
-    from bakery.dev import rehearse
+    from bakery.dev import act
     from bakery.errors import IntegrityError
 
     pinned = set(re.findall(r"uses: (actions/[\w-]+@[0-9a-f]{40})", WORKFLOW.read_text() + NIGHTLY.read_text()))
-    args = rehearse.vendored_actions(ROOT)
+    args = act.vendored_actions(ROOT)
     served = {a.split("=", 1)[0] for a in args if a != "--local-repository"}
     assert served == pinned  # exactly the commits the workflows pin, no more
     copy = tmp_path / "p"
-    shutil.copytree(ROOT / rehearse.ACTIONS, copy / rehearse.ACTIONS)
-    bundle = copy / rehearse.ACTIONS / "checkout" / "dist" / "index.js"
+    shutil.copytree(ROOT / act.ACTIONS, copy / act.ACTIONS)
+    bundle = copy / act.ACTIONS / "checkout" / "dist" / "index.js"
     bundle.write_bytes(bundle.read_bytes().replace(b"core.getInput", b"core.getInpvt", 1))
     with pytest.raises(IntegrityError, match="checkout: dist/index.js is .* VENDORED.json says"):
-        rehearse.vendored_actions(copy)
-    shutil.copy2(ROOT / rehearse.ACTIONS / "checkout" / "dist" / "index.js", bundle)
-    rehearse.vendored_actions(copy)  # restored: accepted
-    (copy / rehearse.ACTIONS / "setup-python" / "dist" / "setup" / "extra.js").write_text("require('x')\n")
+        act.vendored_actions(copy)
+    shutil.copy2(ROOT / act.ACTIONS / "checkout" / "dist" / "index.js", bundle)
+    act.vendored_actions(copy)  # restored: accepted
+    (copy / act.ACTIONS / "setup-python" / "dist" / "setup" / "extra.js").write_text("require('x')\n")
     with pytest.raises(IntegrityError, match="setup-python: dist/setup/extra.js is not in VENDORED.json"):
-        rehearse.vendored_actions(copy)
+        act.vendored_actions(copy)
 
 
 def test_the_smoke_stand_in_replaces_one_step_and_the_job_table_reads_acts_log():
-    from bakery.dev import rehearse
+    from bakery.dev import act, act_jobs, rehearse
 
     stood = yaml.safe_load(rehearse.with_smoke_stand_in(WORKFLOW.read_text(), "echo stand-in"))
     committed = yaml.safe_load(WORKFLOW.read_text())
@@ -383,19 +383,19 @@ def test_the_smoke_stand_in_replaces_one_step_and_the_job_table_reads_acts_log()
            json.dumps({"jobID": "build", "time": "2026-12-01T10:01:30Z", "jobResult": "success"}),
            json.dumps({"jobID": "sign", "time": "2026-12-01T10:01:31Z", "jobResult": "failure"}),
            json.dumps({"jobID": "promote", "time": "2026-12-01T10:01:31Z", "msg": "skipped: if was false"})]
-    jobs = rehearse.job_table(log, ("build", "sign", "smoke", "promote"))
+    jobs = act_jobs.job_table(log, ("build", "sign", "smoke", "promote"))
     assert [(j.result, j.seconds) for j in jobs.values()] == [("success", 90.0), ("failure", 0.0), ("not run", 0.0),
                                                              ("skipped", 0.0)]
-    assert rehearse.dotenv({"K": 'a "pem"\nline2\\'}) == 'K="a \\"pem\\"\\nline2\\\\"\n'
+    assert act.dotenv({"K": 'a "pem"\nline2\\'}) == 'K="a \\"pem\\"\\nline2\\\\"\n'
 
 
 def test_invoke_rehearse_says_when_a_run_did_not_stop_where_it_must():
-    from bakery.dev import rehearse
+    from bakery.dev import act_jobs, rehearse
 
     def outcome(*results):
         log = [json.dumps({"jobID": j, "time": "2026-12-01T10:00:00Z", "jobResult": r})
                for j, r in zip(rehearse.RELEASE_JOBS, results, strict=False)]  # the jobs past them did not run
-        return rehearse.Outcome("release", rehearse.job_table(log, rehearse.RELEASE_JOBS), Path("act.log"), Path("."))
+        return act_jobs.Outcome("release", act_jobs.job_table(log, rehearse.RELEASE_JOBS), Path("act.log"), Path("."))
 
     stopped_at_smoke = outcome("success", "success", "success", "success", "success", "failure")
     assert stopped_at_smoke.surprises("smoke") == []

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bakery.dev.rehearse import tag_image as put_tag
+from bakery.dev.rehearse_nightly import tag_image as put_tag
 from bakery.errors import BUMPED, NOTHING_NEW, PORTING
 from bakery.oci.refs import Descriptor, Digest, Reference
 from bakery.oci.registry import Registry

@@ -13,7 +13,7 @@ from ..errors import BakeryError, InputError
 from ..project import Project
 
 if TYPE_CHECKING:  # imported by the commands when they run
-    from ..dev.rehearse import Outcome
+    from ..dev.act_jobs import Outcome
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Rehearsed:
 
 def rehearse(project: Path, workflow="release", drill=None, smoke_stand_in=False, work=None,
              log=lambda m: None) -> Rehearsed:
-    from ..dev import rehearse as rehearse_mod
+    from ..dev import rehearse as rehearse_mod, rehearse_nightly
 
     where = Path(work) if work else Project(project).out / "rehearsal"
     if workflow == "release":
@@ -42,7 +42,7 @@ def rehearse(project: Path, workflow="release", drill=None, smoke_stand_in=False
     elif workflow == "nightly":
         if drill not in (None, "needs-porting"):
             raise InputError(f"--drill {drill}: the nightly workflow's is needs-porting")
-        outcome = rehearse_mod.nightly(project, where / (drill or "nightly"), log, porting=drill == "needs-porting")
+        outcome = rehearse_nightly.nightly(project, where / (drill or "nightly"), log, porting=drill == "needs-porting")
         surprises = outcome.surprises(None, () if drill else ("porting",))
     else:
         raise InputError(f"--workflow {workflow}: release or nightly")
