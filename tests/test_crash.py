@@ -560,7 +560,7 @@ def promote_scene(attest_scene):
     smoke key signed, and the release tag on another image: what promote finds; its clean run's trace."""
     from bakery.oci.refs import Reference
     from bakery.oci.store import RegistryStore
-    from bakery.release import smoke
+    from bakery.release import smoke_report
     from bakery.trust import keys, sign
 
     s, keydir = attest_scene, attest_scene["attest_root"] / "keys"
@@ -578,7 +578,7 @@ def promote_scene(attest_scene):
         del os.environ["BAKERY_KEY_PASSWORD"]
     passing = {"image": str(ref), "result": "PASSED", "passed": ["health", "http", "regression", "vram"],
                "failed": [], "regression_compared": 4, "host": {"gfx_arch": "gfx942", "compute_units": 304}}
-    smoke.attach_report(RegistryStore(ref), ref, passing, (s["project"] / "provenance" / "smoke.yaml").read_bytes(),
+    smoke_report.attach_report(RegistryStore(ref), ref, passing, (s["project"] / "provenance" / "smoke.yaml").read_bytes(),
                         signer)
     old = tiny_image(s["registry"], repo)
     scene = {**s, "promote_repo": repo, "smoke_pub": keydir / "smoke.pub", "old": old, "before": tags(s["registry"], repo)}

@@ -11,11 +11,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from bakery.release import smoke
+from bakery.errors import SmokeFailure
+from bakery.release import smoke, smoke_log, smoke_report, smoke_spec
 from support import ROOT, dev_policy, docker, invoke, last_line
 
 LOGS = ROOT / "tests" / "data" / "vllm-logs"
-SPEC = smoke.load_spec(ROOT / "provenance" / "smoke.yaml")
+SPEC = smoke_spec.load_spec(ROOT / "provenance" / "smoke.yaml")
 
 
 class FakeClock:
@@ -26,8 +27,8 @@ class FakeClock:
         return self.now
 
 
-def replay(name: str, speculative: bool = True, deadline: float = 900, clock=None) -> smoke.LogWatcher:
-    watcher = smoke.LogWatcher(speculative, deadline, **({"clock": clock} if clock else {}))
+def replay(name: str, speculative: bool = True, deadline: float = 900, clock=None) -> smoke_log.LogWatcher:
+    watcher = smoke_log.LogWatcher(speculative, deadline, **({"clock": clock} if clock else {}))
     for line in (LOGS / name).read_text().splitlines():
         watcher.feed(line)
     return watcher
@@ -80,12 +81,12 @@ def test_host_facts_from_kfd_topology(tmp_path):
 def test_healthy_start_in_order_with_benign_aiter_lines():
     watcher = replay("healthy.log")
     assert watcher.healthy
-    assert [s[0] for s in watcher.seen] == [n for n, _ in smoke.HEALTH]
+    assert [s[0] for s in watcher.seen] == [n for n, _ in smoke_log.HEALTH]
 
 
 def test_without_speculation_the_dspark_line_is_not_needed():
     assert replay("no-speculation.log", speculative=False).healthy
-    with pytest.raises(smoke.SmokeFailure, match="'GPU KV cache sized' came before 'DSpark draft loaded'"):
+    with pytest.raises(SmokeFailure, match="'GPU KV cache sized' came before 'DSpark draft loaded'"):
         replay("no-speculation.log", speculative=True)
 
 
@@ -96,7 +97,7 @@ def test_without_speculation_the_dspark_line_is_not_needed():
     ("http-500.log", "HTTP 5xx"),
 ])
 def test_real_problems_fail_fast(log, message):
-    with pytest.raises(smoke.SmokeFailure, match=message):
+    with pytest.raises(SmokeFailure, match=message):
         replay(log)
 
 
@@ -106,7 +107,7 @@ def test_deadline():
     clock.now = 599
     watcher.check_deadline()
     clock.now = 601
-    with pytest.raises(smoke.SmokeFailure, match="not healthy after 600s: still waiting for 'model loaded'"):
+    with pytest.raises(SmokeFailure, match="not healthy after 600s: still waiting for 'model loaded'"):
         watcher.check_deadline()
 
 
@@ -156,7 +157,7 @@ ANSWERS = {"Calculate 17 * 23": " 391", "The capital": " Paris.", "def fib": " r
            "List three": " 101, 103, 107"}
 
 
-def spec_with_expected(answers=ANSWERS) -> smoke.SmokeSpec:
+def spec_with_expected(answers=ANSWERS) -> smoke_spec.SmokeSpec:
     return dataclasses.replace(SPEC, regression=tuple(
         dataclasses.replace(case, expected=next(v for k, v in answers.items() if case.prompt.startswith(k)))
         for case in SPEC.regression))
@@ -168,26 +169,26 @@ def test_http_checks_pass_and_report(tmp_path):
     http = smoke.http_checks(smoke.Service(server.url, spec.model), spec, record=False)
     assert http.arithmetic == "391" and http.prefill["prompt_tokens"] > 4000
     assert {r["status"] for r in http.regression} == {"same"}
-    assert smoke.verdict(True, http, 199_900_000_000, spec).result == "PASSED"
-    over = smoke.verdict(True, http, 201_000_000_000, spec)
+    assert smoke_report.verdict(True, http, 199_900_000_000, spec).result == "PASSED"
+    over = smoke_report.verdict(True, http, 201_000_000_000, spec)
     assert (over.result, over.failed) == ("FAILED", ("vram",))
-    assert smoke.verdict(False, None, 1, spec).failed == ("health", "http", "regression")
+    assert smoke_report.verdict(False, None, 1, spec).failed == ("health", "http", "regression")
 
 
 def test_http_checks_fail_on_wrong_answer_5xx_or_changed_output():
     spec = spec_with_expected()
-    with pytest.raises(smoke.SmokeFailure, match="answered '392', not 391"):
+    with pytest.raises(SmokeFailure, match="answered '392', not 391"):
         smoke.Service(StandInVllm({**ANSWERS, "Calculate 17 * 23": " 392"}).url, spec.model).arithmetic()
-    with pytest.raises(smoke.SmokeFailure, match="HTTP 500"):
+    with pytest.raises(SmokeFailure, match="HTTP 500"):
         smoke.Service(StandInVllm(ANSWERS, fail_completions=True).url, spec.model).arithmetic()
     changed = smoke.http_checks(smoke.Service(StandInVllm({**ANSWERS, "The capital": " Lyon."}).url, spec.model),
                                 spec, record=False)
     assert [r["status"] for r in changed.regression].count("differs") == 1
-    assert smoke.verdict(True, changed, 1, spec).failed == ("regression",)
+    assert smoke_report.verdict(True, changed, 1, spec).failed == ("regression",)
     # nothing recorded yet (the committed state): not a pass until recorded on MI300X
     unrecorded = smoke.http_checks(smoke.Service(StandInVllm(ANSWERS).url, SPEC.model), SPEC, record=False)
     assert {r["status"] for r in unrecorded.regression} == {"unrecorded"}
-    judged = smoke.verdict(True, unrecorded, 1, SPEC)
+    judged = smoke_report.verdict(True, unrecorded, 1, SPEC)
     assert judged.result == "FAILED" and judged.compared == 0
 
 
@@ -195,7 +196,7 @@ def test_a_served_images_error_text_is_one_inert_line():
     """The image under test answers a 5xx in words of its choosing: a line of them starting with
     `::` is a workflow command on GitHub (the smoke job's log), an escape sequence acts on a terminal."""
     hostile = b"boom\n::error::the smoke passed\x1b[2J\xe2\x80\xae"
-    with pytest.raises(smoke.SmokeFailure) as failed:
+    with pytest.raises(SmokeFailure) as failed:
         smoke.Service(StandInVllm(ANSWERS, fail_completions=hostile).url, SPEC.model).arithmetic()
     said = str(failed.value)
     assert "HTTP 500" in said and "the smoke passed" in said, said  # the control: its words are there, quoted
@@ -204,11 +205,11 @@ def test_a_served_images_error_text_is_one_inert_line():
 
 def test_a_recording_run_is_recorded_never_passed():
     recording = smoke.http_checks(smoke.Service(StandInVllm(ANSWERS).url, SPEC.model), SPEC, record=True)
-    judged = smoke.verdict(True, recording, 1, SPEC)
+    judged = smoke_report.verdict(True, recording, 1, SPEC)
     assert (judged.result, judged.failed, judged.compared) == ("RECORDED", (), 0)
     compared = smoke.http_checks(smoke.Service(StandInVllm(ANSWERS).url, SPEC.model), spec_with_expected(),
                                  record=False)
-    judged = smoke.verdict(True, compared, 1, SPEC)
+    judged = smoke_report.verdict(True, compared, 1, SPEC)
     assert judged.result == "PASSED" and judged.compared == len(SPEC.regression)
 
 
@@ -218,7 +219,7 @@ def test_vram_from_rocm_smi_json(tmp_path):
                     '"VRAM Total Used Memory (B)": "199912345678"}}\'\n')
     fake.chmod(0o755)
     assert smoke.vram_used_bytes((str(fake),)) == 199912345678
-    with pytest.raises(smoke.SmokeFailure, match="cannot read VRAM"):
+    with pytest.raises(SmokeFailure, match="cannot read VRAM"):
         smoke.vram_used_bytes(("/nonexistent/rocm-smi",))
 
 
@@ -286,7 +287,7 @@ def test_smoke_attestation_gates_verify(tmp_path, registry, fixture_base, fixtur
     r = Reference.parse(ref)
     spec_bytes = (project / "provenance" / "smoke.yaml").read_bytes()
     failing = {"image": ref, "result": "FAILED", "passed": ["health"], "failed": ["vram"]}
-    smoke.attach_report(RegistryStore(r), r, failing, spec_bytes, signer)
+    smoke_report.attach_report(RegistryStore(r), r, failing, spec_bytes, signer)
     assert invoke(project, *args).returncode == 5
     promote = ["promote", ref, "--tag", "v0.0.1", *keyargs, "--policy", str(policy)]
     refused = invoke(project, *promote)
@@ -294,16 +295,16 @@ def test_smoke_attestation_gates_verify(tmp_path, registry, fixture_base, fixtur
     # a PASSED that compared nothing (what a first recording run used to sign) is refused
     hollow = {"image": ref, "result": "PASSED", "passed": ["health", "http", "regression", "vram"], "failed": [],
               "regression_compared": 0}
-    smoke.attach_report(RegistryStore(r), r, hollow, spec_bytes, signer)
+    smoke_report.attach_report(RegistryStore(r), r, hollow, spec_bytes, signer)
     refused = invoke(project, *args)
     assert refused.returncode == 5 and "(result PASSED, 0 outputs compared)" in refused.stdout
     passing = {"image": ref, "result": "PASSED", "passed": ["health", "http", "regression", "vram"], "failed": [],
                "regression_compared": 4, "host": {"gfx_arch": "gfx942", "compute_units": 304}}
     # the build's release key may not vouch for the MI300X result: only a smoke key may
-    smoke.attach_report(RegistryStore(r), r, passing, spec_bytes, release_signer)
+    smoke_report.attach_report(RegistryStore(r), r, passing, spec_bytes, release_signer)
     refused = invoke(project, *args)
     assert refused.returncode == 5 and "test-result/v0.1 signed by 0 of 1 required smoke key(s)" in refused.stdout
-    smoke.attach_report(RegistryStore(r), r, passing, spec_bytes, signer)
+    smoke_report.attach_report(RegistryStore(r), r, passing, spec_bytes, signer)
     ok = invoke(project, *args)
     assert ok.returncode == 0, ok.stdout
     promoted = invoke(project, *promote)
@@ -316,15 +317,15 @@ def test_smoke_attestation_gates_verify(tmp_path, registry, fixture_base, fixtur
     this_run = ["promote", ref, "--tag", "v0.0.2", *keyargs, "--policy", str(policy), "--smoke-run", "o/r#2"]
     other = invoke(project, *this_run)
     assert other.returncode == 5 and "the smoke result is from workflow run o/r#2 (it says None" in other.stderr
-    smoke.attach_report(RegistryStore(r), r, {**passing, "workflow_run": "o/r#1"}, spec_bytes, signer)
+    smoke_report.attach_report(RegistryStore(r), r, {**passing, "workflow_run": "o/r#1"}, spec_bytes, signer)
     other = invoke(project, *this_run)
     assert other.returncode == 5 and "(it says o/r#1: a result of another run" in other.stderr
-    smoke.attach_report(RegistryStore(r), r, {**passing, "workflow_run": "o/r#2"}, spec_bytes, signer)
+    smoke_report.attach_report(RegistryStore(r), r, {**passing, "workflow_run": "o/r#2"}, spec_bytes, signer)
     assert invoke(project, *this_run).returncode == 0
     # the SBOM and provenance attestations survived the smoke attestation being added
     assert "ok   SBOM (SPDX 2.3) attestation present and signed" in ok.stdout
     with pytest.raises(Exception, match="is about"):
-        smoke.attach_report(RegistryStore(r), r, {**passing, "image": "other@sha256:" + "1" * 64}, spec_bytes, signer)
+        smoke_report.attach_report(RegistryStore(r), r, {**passing, "image": "other@sha256:" + "1" * 64}, spec_bytes, signer)
 
 
 @pytest.mark.parametrize("edit, says", [
@@ -344,6 +345,6 @@ def test_a_smoke_spec_of_another_shape_is_one_input_error(tmp_path, edit, says):
     assert edit[0] in text
     (tmp_path / "smoke.yaml").write_text(text.replace(edit[0], edit[1], 1))
     with pytest.raises(InputError) as e:
-        smoke.load_spec(tmp_path / "smoke.yaml")
+        smoke_spec.load_spec(tmp_path / "smoke.yaml")
     assert says in str(e.value)
     assert SPEC.regression[0].expected is None and SPEC.vram_limit_bytes == 200_500_000_000  # the control

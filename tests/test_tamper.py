@@ -25,7 +25,7 @@ from bakery.inputs import hip, hip_compile, kernel_artifact
 from bakery.oci.refs import Descriptor, Digest, Reference
 from bakery.oci.registry import OCI_MANIFEST, Registry
 from bakery.oci.store import RegistryStore, signature_tag
-from bakery.release import smoke
+from bakery.release import smoke_report
 from bakery.trust import attest as attest_mod, keys, provenance, sign
 from bakery.trust.record import BuildRecord
 from proxy import FaultyProxy
@@ -303,7 +303,7 @@ def honest(registry, fixture_base, fixture_lock, tamper_keys, tmp_path_factory):
     ref = Reference.parse(last_line(built))
     assert invoke(project, "attest", str(ref), "--key", str(root / "k" / "release.key"), env=PASSWORD).returncode == 0
     record = json.loads((project / "out" / "build-record.json").read_text())
-    smoke.attach_report(RegistryStore(ref), ref, honest_report(ref), SPEC, tamper_keys["signers"]["smoke"])
+    smoke_report.attach_report(RegistryStore(ref), ref, honest_report(ref), SPEC, tamper_keys["signers"]["smoke"])
     return {"project": project, "root": root, "ref": ref, "record": record, "signers": tamper_keys["signers"],
             "base": fixture_base}
 
@@ -360,7 +360,7 @@ def reattest(record_edit=None, signer="release", smoke_signer=None, smoke_report
         attest_mod.attest(RegistryStore(ref), ref, BuildRecord.from_json(record), h["signers"][signer],
                           sign_kernels=False)
         if smoke_signer:
-            smoke.attach_report(RegistryStore(ref), ref, honest_report(ref, **(smoke_report or {})), spec,
+            smoke_report.attach_report(RegistryStore(ref), ref, honest_report(ref, **(smoke_report or {})), spec,
                                 h["signers"][smoke_signer])
     return mutate
 
@@ -381,7 +381,7 @@ def release_key_forges_a_smoke_result(h, ref, ctx):
     """Issue 17's first forgery: no MI300X ran; the release key signs a PASSED test result that
     compared outputs, and its layer is annotated as another type (the one the release key may sign)."""
     drop_predicate(TEST_RESULT)(h, ref, ctx)
-    statement = smoke.statement(ref, honest_report(ref), SPEC)
+    statement = smoke_report.statement(ref, honest_report(ref), SPEC)
     add_layer(ref, sign.envelope(h["signers"]["release"], statement), "https://example.com/scan/v1")
 
 
@@ -478,7 +478,7 @@ def older_passed_restored(h, ref, ctx):
     reg, doc, _ = att_layers(ref)
     passed = next(Descriptor.from_json(layer) for layer in doc["layers"] if layer["annotations"]["predicateType"] == TEST_RESULT)
     envelope = reg.fetch_blob(ref.repository, passed)
-    smoke.attach_report(RegistryStore(ref), ref, honest_report(ref, result="FAILED", failed=["vram"], run=7,
+    smoke_report.attach_report(RegistryStore(ref), ref, honest_report(ref, result="FAILED", failed=["vram"], run=7,
                                                                finished="2026-12-01T10:00:00Z"),
                         SPEC, h["signers"]["smoke"])
     seen = invoke(h["project"], "verify", str(ref), *keyargs(h), "--policy",
@@ -661,7 +661,7 @@ def test_the_release_key_signs_no_kernel_artifact_but_the_one_the_image_baked(ho
 
 def smoke_envelope(h, ref, signer="smoke") -> bytes:
     """What `invoke smoke --attest --envelope FILE` writes on the MI300X runner."""
-    return sign.envelope(h["signers"][signer], smoke.statement(ref, honest_report(ref), SPEC))
+    return sign.envelope(h["signers"][signer], smoke_report.statement(ref, honest_report(ref), SPEC))
 
 
 def test_attach_pushes_a_smoke_result_that_verifies(honest, tmp_path):

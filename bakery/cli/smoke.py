@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..errors import InputError, SmokeFailure
 from ..project import Project
-from ..release.smoke import SmokeReport
+from ..release.smoke_report import SmokeReport
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ def smoke(project: Path, image: str, model_dir: str, port=8000, report=None, rec
     from ..oci import store
     from ..oci.layer import write_blob
     from ..oci.refs import Reference
-    from ..release import smoke as smoke_mod
+    from ..release import smoke as smoke_mod, smoke_report, smoke_spec
     from ..trust import keys, sign, smoke_ledger
 
     ref = Reference.parse_pinned(image, "image")
@@ -40,7 +40,7 @@ def smoke(project: Path, image: str, model_dir: str, port=8000, report=None, rec
         raise InputError("--record and --attest together: a recording run is not a verdict; record, review and "
                          "commit the outputs in provenance/smoke.yaml, then run again with --attest")
     spec_path = Project(project).smoke_spec
-    spec = smoke_mod.load_spec(spec_path)
+    spec = smoke_spec.load_spec(spec_path)
     result = smoke_mod.run(str(ref), spec, Path(model_dir), int(port), record, log=log)
     smoke_ledger.remember(str(ref.digest), hashlib.sha256(spec_path.read_bytes()).hexdigest(), result.result,
                           result.finished, result.run)  # a later verify here refuses an older PASSED
@@ -52,9 +52,9 @@ def smoke(project: Path, image: str, model_dir: str, port=8000, report=None, rec
     if attest:
         signer = sign.Signer(keys.load_private(Path(key) if key else None, keys.SMOKE_KEY_ENV))
         if envelope:
-            write_blob(Path(envelope), sign.envelope(signer, smoke_mod.statement(ref, result.to_json(), spec_path.read_bytes())))
+            write_blob(Path(envelope), sign.envelope(signer, smoke_report.statement(ref, result.to_json(), spec_path.read_bytes())))
             attested = f"envelope {envelope}"
         else:
-            smoke_mod.attach_report(store.RegistryStore(ref), ref, result.to_json(), spec_path.read_bytes(), signer)
+            smoke_report.attach_report(store.RegistryStore(ref), ref, result.to_json(), spec_path.read_bytes(), signer)
             attested = "attached"
     return Smoked(ref, result, out, attested)

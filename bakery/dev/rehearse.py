@@ -139,18 +139,18 @@ STAND_IN = """\
 import json, sys
 from pathlib import Path
 from bakery.oci.refs import Reference
-from bakery.release import smoke
+from bakery.release import smoke_report
 from bakery.trust import keys, sign
 ref, result = Reference.parse_pinned(sys.argv[1], "image"), sys.argv[2]
 passed = result == "PASSED"
 report = {{"image": str(ref), "result": result, "stand_in": "no MI300X: the rehearsal's stand-in report",
           "passed": ["health", "http", "regression", "vram"] if passed else ["health"],
           "failed": [] if passed else ["vram"], "regression_compared": 4,
-          "host": {{"gfx_arch": "gfx942", "compute_units": 304}}, "workflow_run": smoke.workflow_run()}}
+          "host": {{"gfx_arch": "gfx942", "compute_units": 304}}, "workflow_run": smoke_report.workflow_run()}}
 Path("smoke-report.json").write_text(json.dumps(report, indent=2, sort_keys=True))
 signer = sign.Signer(keys.load_private(None, keys.SMOKE_KEY_ENV))
 spec = Path("provenance/smoke.yaml").read_bytes()
-Path("smoke.dsse").write_bytes(sign.envelope(signer, smoke.statement(ref, report, spec)))
+Path("smoke.dsse").write_bytes(sign.envelope(signer, smoke_report.statement(ref, report, spec)))
 print(result, ref)
 sys.exit(0 if passed else 7)
 PY"""

@@ -1,6 +1,8 @@
 """`invoke smoke`: run the image on an MI300X the production way and gate it on what a healthy
-service shows. Only the launch needs the GPU; log watching, HTTP checks and the report are plain
-code, tested here on recorded log streams and a local stand-in server."""
+service shows. This module is the run's I/O: the hardware, the container, its HTTP API and VRAM.
+Only the launch needs the GPU; what the run is judged against is plain code, tested on recorded log
+streams and a local stand-in server: the spec (smoke_spec.py), the start's log (smoke_log.py), the
+verdict and the signed report (smoke_report.py)."""
 
 from __future__ import annotations
 
@@ -11,129 +13,16 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
 
-from .. import schema, untrusted
+from .. import untrusted
 from ..errors import EnvironmentProblem, InputError, SmokeFailure
 from ..trust import smoke_ledger
-from ..trust.provenance import TEST_RESULT_PREDICATE as TEST_RESULT
-
-SPEC_KEYS = {"model": str, "revision": str, "model_mount": str, "speculative": bool, "health_deadline_s": int,
-             "shm_size": str, "vram_limit_bytes": int, "prefill_min_tokens": int, "regression": list}
-CASE_KEYS = {"prompt": str, "seed": int, "max_tokens": int, "temperature": float, "expected": str}
-
-# The healthy start, in order, as the production deployment logs it; the DSpark line only with speculation.
-HEALTH = [
-    ("model loaded", re.compile(r"Model loading took [\d.]+ GiB")),
-    ("DSpark draft loaded", re.compile(r"DSpark draft model loaded: \d+ params")),
-    ("GPU KV cache sized", re.compile(r"GPU KV cache size: [\d,]+ tokens")),
-    ("max concurrency", re.compile(r"Maximum concurrency for [\d,]+ tokens per request: [\d.]+x")),
-    ("CPU-KV mmap created", re.compile(r"Created mmap file /dev/shm/vllm_offload_\S*\.mmap")),
-    ("graph capture started", re.compile(r"Capturing CUDA graphs \([^)]*\bFULL\)")),
-    ("graph capture finished", re.compile(r"Graph capturing finished .*took [\d.]+ GiB")),
-    ("startup complete", re.compile(r"Application startup complete")),
-]
-FAILURES = [
-    ("HSA error", re.compile(r"HSA_STATUS_ERROR\w*")),
-    ("out of memory", re.compile(r"out of memory|OutOfMemoryError|\bOOM\b", re.I)),
-    ("Python traceback", re.compile(r"Traceback \(most recent call last\)")),
-    ("HTTP 5xx", re.compile(r'"\s*(?:GET|POST|PUT|DELETE) \S+ HTTP/[\d.]+"\s+5\d\d\b')),
-]
-BENIGN = [re.compile(r"not found tuned config.*will use default config")]  # AITER, informational
-
-
-@dataclass
-class LogWatcher:
-    """Feed it log lines; it knows whether the start is healthy, still going, or failed."""
-
-    speculative: bool
-    deadline_s: float
-    clock: Callable[[], float] = time.monotonic
-    started: float = field(default=0.0)
-    seen: list = field(default_factory=list)  # (signal, seconds after start, line)
-
-    def __post_init__(self):
-        self.started = self.clock()
-        self.expected = [(n, r) for n, r in HEALTH if self.speculative or n != "DSpark draft loaded"]
-
-    @property
-    def waiting_for(self) -> str | None:
-        return self.expected[len(self.seen)][0] if len(self.seen) < len(self.expected) else None
-
-    @property
-    def healthy(self) -> bool:
-        return self.waiting_for is None
-
-    def feed(self, line: str) -> None:
-        if any(b.search(line) for b in BENIGN):
-            return
-        for name, pattern in FAILURES:
-            if pattern.search(line):
-                raise SmokeFailure(f"{name} while waiting for {self.waiting_for or 'nothing'}: {line.strip()[:300]}")
-        for i, (name, pattern) in enumerate(self.expected):
-            if pattern.search(line):
-                if i < len(self.seen):
-                    return  # a repeat (graph capture logs per size): fine
-                if i > len(self.seen):
-                    raise SmokeFailure(f"health signal '{name}' came before '{self.waiting_for}': the start "
-                                       f"is not the healthy sequence")
-                self.seen.append((name, round(self.clock() - self.started, 1), line.strip()))
-                return
-
-    def check_deadline(self) -> None:
-        if not self.healthy and self.clock() - self.started > self.deadline_s:
-            raise SmokeFailure(f"not healthy after {self.deadline_s:.0f}s: still waiting for '{self.waiting_for}'")
-
-
-@dataclass(frozen=True)
-class Case:
-    """One regression prompt; expected: the output recorded on an MI300X (None: not recorded yet)."""
-    prompt: str
-    seed: int
-    max_tokens: int
-    temperature: float = 0.0
-    expected: str | None = None
-
-
-@dataclass(frozen=True)
-class SmokeSpec:
-    """provenance/smoke.yaml: the model, how the service starts, and what a healthy one shows."""
-    model: str
-    revision: str
-    model_mount: str
-    speculative: bool
-    health_deadline_s: int
-    shm_size: str
-    vram_limit_bytes: int
-    prefill_min_tokens: int
-    regression: tuple[Case, ...]
-
-
-def load_spec(path: Path) -> SmokeSpec:
-    raw = schema.load_yaml(path, SPEC_KEYS)
-    for key, kind in SPEC_KEYS.items():  # load_yaml lets null through for any key; a spec has none
-        if raw[key] is None or (kind is int and isinstance(raw[key], bool)):
-            raise InputError(f"{path}: {key} must be a {kind.__name__}")
-    cases = []
-    for i, case in enumerate(raw["regression"]):
-        where = f"{path}: regression[{i}]"
-        if not isinstance(case, dict):
-            raise InputError(f"{where} must be a mapping")
-        temperature = case.get("temperature", 0.0)
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-            raise InputError(f"{where}: temperature must be a number")
-        case = {**case, "temperature": float(temperature)}
-        schema.check_keys(case, CASE_KEYS, where, required={"prompt", "seed", "max_tokens"})
-        for key in ("prompt", "seed", "max_tokens"):  # check_keys lets null through, and a bool is an int
-            if case[key] is None or isinstance(case[key], bool):
-                raise InputError(f"{where}: {key} must be a {CASE_KEYS[key].__name__}")
-        cases.append(Case(**case))
-    return SmokeSpec(**{**raw, "regression": tuple(cases)})
-
+from .smoke_log import LogWatcher
+from .smoke_report import HttpChecks, SmokeReport, verdict, workflow_run
+from .smoke_spec import Case, SmokeSpec
 
 # -- HTTP checks --------------------------------------------------------------------------------------
 
@@ -195,6 +84,14 @@ class Service:
         return results
 
 
+def http_checks(service: Service, spec: SmokeSpec, record: bool) -> HttpChecks:
+    """The checks after a healthy start."""
+    return HttpChecks(service.models(), service.arithmetic().strip(), service.prefill(spec.prefill_min_tokens),
+                      tuple(service.regression(spec.regression, record)))
+
+
+# -- VRAM ------------------------------------------------------------------------------------------------
+
 def vram_used_bytes(command: tuple[str, ...] = ("rocm-smi", "--showmeminfo", "vram", "--json")) -> int:
     """Used VRAM summed over the cards rocm-smi reports."""
     try:
@@ -221,88 +118,6 @@ class VramSampler(threading.Thread):
             except SmokeFailure as e:
                 self.error = str(e)
             self.stop.wait(self.every)
-
-
-@dataclass(frozen=True)
-class HttpChecks:
-    """What the service answered after a healthy start."""
-    models: str
-    arithmetic: str
-    prefill: dict  # prompt_tokens, seconds, tokens_per_s
-    regression: tuple[dict, ...]  # prompt, seed, text, status: same | differs | unrecorded | recorded
-
-
-def http_checks(service: Service, spec: SmokeSpec, record: bool) -> HttpChecks:
-    """The checks after a healthy start."""
-    return HttpChecks(service.models(), service.arithmetic().strip(), service.prefill(spec.prefill_min_tokens),
-                      tuple(service.regression(spec.regression, record)))
-
-
-@dataclass(frozen=True)
-class Verdict:
-    result: str  # PASSED | FAILED | RECORDED
-    passed: tuple[str, ...]
-    failed: tuple[str, ...]
-    compared: int  # regression outputs compared with a committed expectation
-
-
-def verdict(healthy: bool, http: HttpChecks | None, vram_high_water: int | None, spec: SmokeSpec) -> Verdict:
-    """PASSED only if every check holds and every regression output was compared with a committed
-    expectation (and matched); a recording run is RECORDED, never PASSED."""
-    cases = http.regression if http else ()
-    recorded = any(r["status"] == "recorded" for r in cases)
-    regression_ok = bool(cases) and (all(r["status"] == "recorded" for r in cases) if recorded
-                                     else all(r["status"] == "same" for r in cases))
-    checks = [("health", healthy), ("http", http is not None), ("regression", regression_ok),
-              ("vram", vram_high_water is not None and vram_high_water <= spec.vram_limit_bytes)]
-    passed, failed = tuple(n for n, ok in checks if ok), tuple(n for n, ok in checks if not ok)
-    result = "FAILED" if failed else "RECORDED" if recorded else "PASSED"
-    return Verdict(result, passed, failed, sum(1 for r in cases if r["status"] in ("same", "differs")))
-
-
-@dataclass(frozen=True)
-class SmokeReport:
-    """What one `invoke smoke` run found. Written beside the run and signed, as to_json() gives it,
-    into the test-result attestation (verify reads a signed one as the untrusted JSON it is). A part
-    the run did not reach (the HTTP checks after a failed start, say) is absent from the JSON."""
-    image: str
-    model: str
-    revision: str
-    host: dict  # host_facts()
-    started: str
-    run: int  # this runner's count of smoke runs: orders its results
-    workflow_run: str | None
-    health: tuple[dict, ...]  # each health signal seen: signal, seconds, line
-    healthy: bool
-    http: HttpChecks | None
-    failure: str | None
-    vram_high_water_bytes: int | None
-    vram_limit_bytes: int
-    vram_error: str | None
-    finished: str
-    verdict: Verdict
-
-    @property
-    def result(self) -> str:
-        return self.verdict.result
-
-    def to_json(self) -> dict:
-        out = {"image": self.image, "model": self.model, "revision": self.revision, "host": self.host,
-               "started": self.started, "run": self.run, "workflow_run": self.workflow_run,
-               "health": list(self.health), "vram_high_water_bytes": self.vram_high_water_bytes,
-               "vram_limit_bytes": self.vram_limit_bytes, "finished": self.finished, "result": self.verdict.result,
-               "passed": list(self.verdict.passed), "failed": list(self.verdict.failed),
-               "regression_compared": self.verdict.compared}
-        if self.healthy:
-            out["health_ok"] = True
-        if self.http:
-            out.update(models=self.http.models, arithmetic=self.http.arithmetic, prefill=self.http.prefill,
-                       regression=list(self.http.regression), http_ok=True)
-        if self.failure is not None:
-            out["failure"] = self.failure
-        if self.vram_error is not None:
-            out["vram_error"] = self.vram_error
-        return out
 
 
 # -- the hardware ----------------------------------------------------------------------------------------
@@ -430,36 +245,3 @@ def run(image: str, spec: SmokeSpec, model_dir: Path, port: int = 8000, record: 
                        tuple({"signal": n, "seconds": s, "line": line} for n, s, line in watcher.seen), healthy, http,
                        failure, high, spec.vram_limit_bytes, sampler.error if sampler.error and not high else None,
                        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), verdict(healthy, http, high, spec))
-
-
-def workflow_run() -> str | None:
-    """The GitHub Actions run this smoke is part of (REPO#RUN_ID), signed with the result: the
-    promote job of the same run asks for it, so a result of an earlier run put back is refused."""
-    import os
-
-    repo, run = os.environ.get("GITHUB_REPOSITORY"), os.environ.get("GITHUB_RUN_ID")
-    return f"{repo}#{run}" if repo and run else None
-
-
-def statement(ref, report: dict, spec_bytes: bytes) -> bytes:
-    """The smoke report (SmokeReport.to_json()) as an in-toto test-result statement about the digest,
-    naming the sha256 of the spec it ran (verify compares it with the pinned one) and the host's GPU
-    facts (in the report)."""
-    import hashlib
-
-    from ..trust import policy, provenance
-
-    if report.get("image") != str(ref):
-        raise InputError(f"the smoke report is about {report.get('image')}, not {ref}")
-    predicate = {"result": report["result"], "passedTests": report["passed"], "failedTests": report["failed"],
-                 "warnedTests": [], "configuration": [{"name": policy.SMOKE_SPEC,
-                                                      "digest": {"sha256": hashlib.sha256(spec_bytes).hexdigest()}}],
-                 "report": report}
-    return provenance.statement(ref, TEST_RESULT, predicate)
-
-
-def attach_report(store, ref, report: dict, spec_bytes: bytes, signer) -> None:
-    """Sign the smoke report onto the digest as an in-toto test-result attestation."""
-    from ..trust import attest
-
-    attest.attach(store, ref, {TEST_RESULT: statement(ref, report, spec_bytes)}, signer)
