@@ -33,11 +33,12 @@ attest and lock 2026-12-03, the rest 2026-12-04; each sweep run once, its time a
   promote   13 (verify's 8 reads, the      CI: 2 (the manifest stored by digest,   the tag names the old image or the
             smoke ledger, the manifest     then the tag); sweep: all 13 (13 of     promoted digest, no other tag moves;
             by digest, then the tag)       13, 15 s)                               rerun promotes
-  track     72 (tags resolved, two         CI: 1 (the new lock, the old pin);      found, below; now each file as
-  and bump  nightlies mirrored, views and  sweep: all 72 (72 of 72, 13 min)        before, as track leaves it before its
+  track     78 (tags resolved, two         CI: 1 (the new lock, the old pin);      found, below; now each file as
+  and bump  nightlies mirrored, views and  sweep: all 78 (78 of 78, 10 min, after  before, as track leaves it before its
             documents kept, the ledger;                                            bump, or as a clean run leaves it;
             the bump's views, ledger,                                              rerun: the clean ledger, lock,
-            stock, lock, then the pin)                                             base.yaml, overlays and tags
+            stock, lock, the pin, then      the pinning mark's two fixes)          base.yaml, overlays and tags
+            the ledger's mark cleared)
   reproduce 23 (verify's reads, the        sweep: 16 (first and last of each       found, below; now the outcome absent
   --outcome broker's base and toolchain    kind), the same command run again       or the clean one; rerun: the clean
             reads, the outcome)            (16 of 16, 23 min)                      outcome
@@ -50,7 +51,10 @@ recorded other statuses (ported (exact) for (offset)): it now records its outcom
 checkout changes, marked `pinning` until the pin has moved, and the next bump finishes one so
 marked (test_a_bump_killed_between_its_lock_and_its_pin_is_finished_when_run_again; the mark,
 added after review, keeps a nightly pinned and rolled back by hand from being bumped again,
-test_track.py). `invoke reproduce --workdir` killed (or failed) after its clone left source/ there,
+test_track.py; the sweep then found two more: killed after the pin, before the mark was cleared,
+the next run said nothing new, so the marked pin is finished first; killed while writing a port,
+its .partial- file made overlays.yaml refuse to load, so readers of ports/ and stock/ pass over a
+writer's staging names). `invoke reproduce --workdir` killed (or failed) after its clone left source/ there,
 and the same command then failed at once (git would not clone into it; its line said `git -c`): it
 now removes the source/ and build/ a rebuild left (its mark in the folder) first
 (test_reproduce.py). reproduce without --workdir, killed, left its temporary folder (the clone and a
