@@ -712,3 +712,66 @@ def test_a_server_that_drips_bytes_where_our_code_sees_no_read_is_given_up_in_ti
         conns = Connections(timeout=(1, 1), pace=(1.0, 32 << 10))
         failed = _gives_up_in(10, lambda: conns.send("GET", url, {}, None).content)
     assert said in str(failed), failed
+
+
+@contextlib.contextmanager
+def _reading_at(bytes_per_second: int | None):
+    """A server that reads a request's body at `bytes_per_second` (None: not at all, once its head
+    came), then answers 201. Its receive buffer is kept small, so the client's sending waits on it.
+    Yields its URL and what it received."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)  # inherited by what it accepts
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    over = threading.Event()
+    received: dict[str, int] = {"body": 0}
+
+    def serve():
+        conn, _ = listener.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(1)
+            length = int(data.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            try:
+                while received["body"] < length:
+                    if bytes_per_second is None:
+                        over.wait()
+                        return
+                    piece = conn.recv(min(bytes_per_second // 16, length - received["body"]))
+                    if not piece:
+                        return
+                    received["body"] += len(piece)
+                    over.wait(len(piece) / bytes_per_second)
+                conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n")
+            except OSError:
+                pass  # the client gave up
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v2/x/blobs/uploads/1", received
+    finally:
+        over.set()
+        listener.close()
+
+
+def test_an_upload_on_a_link_slower_than_its_size_per_read_timeout_goes_through():
+    """A chunk's body went in one sendall, which the socket's timeout (the read timeout, 300 s)
+    bounds whole: an upload's 32 MiB chunk failed on any link under about 110 KiB/s. Scaled down
+    here: 24 MiB at 4 MiB/s under a 1 s read timeout; the pace (32 KiB/s) is what bounds it now."""
+    body = os.urandom(24 << 20)
+    with _reading_at(4 << 20) as (url, received):
+        conns = Connections(timeout=(1, 1), pace=(1.0, 32 << 10))
+        resp = conns.send("PATCH", url, {}, body)
+    assert resp.status_code == 201 and received["body"] == len(body), (resp.status_code, received)
+
+
+def test_an_upload_the_server_stops_reading_is_given_up_at_its_pace():
+    """Sent in pieces, each under the socket's timeout, a body could be held a timeout per piece by a
+    server taking a little before each: the whole body has a download's pace as its deadline. Here
+    1 s plus 1 s per 16 MiB, under a 30 s read timeout that bounded the one sendall before."""
+    body = bytes(24 << 20)
+    with _reading_at(None) as (url, _):
+        conns = Connections(timeout=(1, 30), pace=(1.0, 16 << 20))
+        failed = _gives_up_in(10, lambda: conns.send("PATCH", url, {}, body))
+    assert "did not go within 2.5 s" in str(failed), failed

@@ -90,6 +90,30 @@ class _Watchdog:
 
 
 DEADLINES = _Watchdog()
+SEND_PIECE = 1 << 20  # a body sent in pieces: the socket's timeout bounds each sendall whole, not each byte
+
+
+class _SendTooSlow(OSError):
+    pass
+
+
+def _send_paced(conn: http.client.HTTPConnection, body: bytes, pace: tuple[float, float]) -> None:
+    """A large body (an upload's 32 MiB chunk) given the pace a download gets: PACE[0] seconds plus a
+    second for each PACE[1] bytes. Sent whole under the socket's read timeout, a chunk failed on any
+    link slower than 32 MiB in 300 s (about 110 KiB/s); sent without a deadline, a server reading a
+    byte at a time could hold it for ever."""
+    allowed = pace[0] + len(body) / pace[1]
+    token = DEADLINES.arm(conn.sock, allowed)
+    try:
+        view = memoryview(body)
+        for start in range(0, len(body), SEND_PIECE):
+            conn.send(view[start:start + SEND_PIECE])
+    except OSError:
+        if DEADLINES.disarm(token):
+            raise _SendTooSlow(f"the request's {len(body)} bytes did not go within {allowed:g} s") from None
+        raise
+    if DEADLINES.disarm(token):  # shut just after the last piece went: the answer cannot come
+        raise _SendTooSlow(f"the request's {len(body)} bytes did not go within {allowed:g} s")
 
 
 class ConnectionFailed(TransientError):
@@ -251,7 +275,11 @@ class Connections:
             elif body is None and method in ("POST", "PUT", "PATCH") and \
                     not any(n.lower() == "content-length" for n in hdrs):
                 conn.putheader("Content-Length", "0")
-            conn.endheaders(body)
+            if body is None or len(body) <= SEND_PIECE:
+                conn.endheaders(body)
+            else:
+                conn.endheaders()
+                _send_paced(conn, body, self.pace)
             # the status, interim answers and headers, all within one read timeout: not one per byte
             token = DEADLINES.arm(conn.sock, (timeout or self.timeout)[1]) if conn.sock else None
             try:
@@ -262,6 +290,8 @@ class Connections:
                 raise ConnectionResetError("shut at its deadline")
         except (OSError, http.client.HTTPException, ValueError) as e:  # ValueError: CR/LF or non-Latin-1 in a header
             conn.close()
+            if isinstance(e, _SendTooSlow):
+                raise ConnectionFailed(str(e)) from None
             if fired:
                 raise ConnectionFailed(f"no whole answer's head within {(timeout or self.timeout)[1]:g} s") from None
             raise failure(e) from None
