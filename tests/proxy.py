@@ -11,7 +11,7 @@ overrides maps a request path to (status, headers, body) served instead of the r
 hostile documents whose digests the test computes, so that parsing, not only hashing, is tested.
 A body that is a callable yields chunks of an endless answer (`sent` counts what got out).
 location_host sends upload Locations to another server (another origin) instead of this proxy;
-`authorization` records each request's Authorization header.
+`authorization` records each request's Authorization header, `ranges` its Range header.
 
 script is a list of Fault: one fault at the k-th request that matches (all requests, or those of a
 method and/or a path substring), and for `times` matching requests from there (a persistent fault:
@@ -85,6 +85,7 @@ class FaultyProxy:
         self.location_host = location_host  # where upload Locations point (default: this proxy)
         self.authorization: list[tuple[str, str, str | None]] = []  # (method, path, the Authorization header or None), per request
         self.sent = 0  # bytes of override bodies written before the client stopped reading
+        self.ranges: list[tuple[str, str, str | None]] = []  # (method, path, the Range header or None), per request
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -100,6 +101,7 @@ class FaultyProxy:
                 proxy.seen.append((self.command, self.path))
                 proxy.events.append((time.monotonic(), self.command, self.path, scripted.action if scripted else None))
                 proxy.authorization.append((self.command, self.path, self.headers.get("Authorization")))
+                proxy.ranges.append((self.command, self.path, self.headers.get("Range")))
                 if scripted:
                     return self._scripted(scripted, body)
                 if self.path in proxy.overrides:

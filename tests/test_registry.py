@@ -9,12 +9,12 @@ import time
 import pytest
 
 from bakery.dev import stack
-from bakery.errors import AuthError, IntegrityError, RegistryError
+from bakery.errors import AuthError, IntegrityError, RegistryError, TransientError
 from bakery.oci.http import Connections
 from bakery.oci.refs import Descriptor, Digest, Reference
-from bakery.oci.registry import OCI_MANIFEST, Registry
+from bakery.oci.registry import OCI_MANIFEST, RESUMES, Registry
 from bakery.oci.transport import Credentials, Transport
-from proxy import FaultyProxy
+from proxy import Fault, FaultyProxy
 from tokenserver import TokenServer, make_signing_material
 
 BASIC_PORT, TOKEN_PORT, TOKEN_SERVICE_PORT = 5001, 5002, 5003
@@ -84,6 +84,59 @@ def test_retries_503_and_dropped_connections(registry):
         assert reg.fetch_blob("test/retry", desc) == data
     assert not proxy.faults, "every fault was hit"
     assert sum(1 for m, p in proxy.seen if m == "GET" and "/blobs/" in p) == 3
+
+
+def _resume_case(registry: str, name: str) -> tuple[bytes, Descriptor, str]:
+    data = blob(6 << 20, 11) + b"%d" % time.time_ns()
+    return data, upload(Registry(registry), f"test/{name}", data), f"/v2/test/{name}/blobs/"
+
+
+def test_a_blob_transfer_that_breaks_off_is_resumed_where_it_stopped(registry):
+    """A reset or a short body mid-blob failed the whole read (a base layer's scan, publish's download
+    of a base layer, a kernel artifact's fetch: the command ended, exit 3); the mirror's upload
+    started the blob over. Now the read goes on from the byte it reached, with a Range request."""
+    data, desc, path = _resume_case(registry, "resume")
+    script = [Fault("reset", 1, "GET", "/blobs/"), Fault("short", 2, "GET", "/blobs/")]
+    with FaultyProxy(registry, [], script=script) as proxy:
+        assert Registry(proxy.host).fetch_blob("test/resume", desc) == data
+    asked = [r for m, p, r in proxy.ranges if m == "GET" and p.startswith(path)]
+    assert len(asked) == 3 and asked[0] is None, asked
+    starts = [int(r.removeprefix("bytes=").removesuffix("-")) for r in asked[1:]]
+    assert 0 < starts[0] < starts[1] < len(data), asked  # each from where the last broke off, not from 0
+
+
+def test_a_registry_that_answers_a_range_with_the_whole_blob_has_what_is_held_skipped(registry):
+    """Range is optional to a server: a 200 carries the blob from its first byte again."""
+    data, desc, path = _resume_case(registry, "resume-whole")
+    whole: dict[str, tuple[int, dict[str, str], bytes]] = {path + str(desc.digest): (200, {}, data)}  # the answer to every request after the first
+    with FaultyProxy(registry, [], whole, script=[Fault("reset", 1, "GET", "/blobs/")]) as proxy:
+        assert Registry(proxy.host).fetch_blob("test/resume-whole", desc) == data
+    assert [r is not None for m, _, r in proxy.ranges if m == "GET"] == [False, True]
+
+
+def test_a_resumed_blob_is_still_checked_against_its_digest(registry):
+    """The joined pieces are trusted for their digest alone: a second answer of other bytes fails it."""
+    data, desc, path = _resume_case(registry, "resume-other")
+    other: dict[str, tuple[int, dict[str, str], bytes]] = {path + str(desc.digest): (200, {}, data[:-1] + bytes([data[-1] ^ 1]))}
+    with FaultyProxy(registry, [], other, script=[Fault("reset", 1, "GET", "/blobs/")]) as proxy:
+        with pytest.raises(IntegrityError, match="does not match its descriptor"):
+            Registry(proxy.host).fetch_blob("test/resume-other", desc)
+
+
+def test_a_range_answered_from_another_byte_is_refused(registry):
+    data, desc, path = _resume_case(registry, "resume-range")
+    elsewhere = {path + str(desc.digest): (206, {"Content-Range": f"bytes 0-{len(data) - 1}/{len(data)}"}, data)}
+    with FaultyProxy(registry, [], elsewhere, script=[Fault("reset", 1, "GET", "/blobs/")]) as proxy:
+        with pytest.raises(RegistryError, match="asked for the bytes from"):
+            Registry(proxy.host).fetch_blob("test/resume-range", desc)
+
+
+def test_a_transfer_that_keeps_breaking_off_ends_after_its_resumes(registry):
+    data, desc, path = _resume_case(registry, "resume-always")
+    with FaultyProxy(registry, [], script=[Fault("reset", 1, "GET", "/blobs/", times=100)]) as proxy:
+        with pytest.raises(TransientError, match=f"{RESUMES} times resumed"):
+            Registry(proxy.host).fetch_blob("test/resume-always", desc)
+    assert sum(1 for m, p, _ in proxy.ranges if m == "GET" and p.startswith(path)) == RESUMES + 1
 
 
 def test_failed_upload_posts_and_patches_are_not_resent_the_session_starts_over(registry):

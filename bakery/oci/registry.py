@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 import urllib.parse
 from collections.abc import Callable, Generator, Iterator
@@ -16,7 +17,7 @@ from ..project import cache_dir
 from .http import ConnectionFailed
 from .progress import Progress
 from .refs import Descriptor, Digest, Reference
-from .transport import DOCUMENT_LIMIT, QUOTED_LIMIT, Transport
+from .transport import DOCUMENT_LIMIT, QUOTED_LIMIT, Transport, backoff
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -30,6 +31,8 @@ CHUNK = 1 << 20
 MONOLITHIC_LIMIT = 8 << 20  # larger blobs go up in PATCH chunks
 UPLOAD_CHUNK = 32 << 20
 UPLOAD_SESSIONS = 3  # a session that fails transiently is cancelled and started over
+RESUMES = 4  # a blob's transfer that breaks off is resumed where it stopped, this many times
+CONTENT_RANGE = re.compile(r"bytes (\d{1,20})-(\d{1,20})/(\d{1,20}|\*)")
 
 
 def pull(repo: str) -> tuple[str, ...]:
@@ -111,26 +114,46 @@ class Registry:
         return resp.status_code == 200
 
     def stream_blob(self, repo: str, desc: Descriptor, label: str | None = None) -> Generator[bytes, None, None]:
-        """Yield a blob's bytes; raise IntegrityError at the end if digest or size is wrong."""
-        resp = self.transport.request("GET", f"/v2/{repo}/blobs/{desc.digest}", scopes=pull(repo),
-                                      stream=True, ok=(200, 404))
-        if resp.status_code == 404:
-            raise NotFound(f"blob {desc.digest} not found in {self.name}/{repo}")
-        hasher, size = hashlib.sha256(), 0
+        """Yield a blob's bytes; raise IntegrityError at the end if digest or size is wrong. A transfer
+        that breaks off is resumed where it stopped (a Range request; a registry that answers with
+        the whole blob has what we hold skipped), at most RESUMES times: the digest, checked over
+        every byte yielded, is what makes the joined pieces trustworthy, not the registry's word."""
+        path = f"/v2/{repo}/blobs/{desc.digest}"
+        hasher, size, resumed = hashlib.sha256(), 0, 0
         progress = Progress(label or f"{self.name}/{repo} {desc.digest.hex[:12]}", desc.size)
         try:
-            for chunk in resp.iter_content(CHUNK):
-                hasher.update(chunk)
-                size += len(chunk)
-                if size > desc.size:  # never read past what the descriptor promises
+            while True:
+                resp = self.transport.request("GET", path, scopes=pull(repo), stream=True, ok=(200, 206, 404),
+                                              headers={"Range": f"bytes={size}-"} if size else None)
+                try:
+                    if resp.status_code == 404:
+                        raise NotFound(f"blob {desc.digest} not found in {self.name}/{repo}")
+                    skip = _bytes_to_skip(resp.status_code, resp.headers.get("Content-Range"), size,
+                                          f"{self.name}/{repo} {desc.digest}")
+                    for chunk in resp.iter_content(CHUNK):
+                        if skip:
+                            chunk, skip = chunk[skip:], max(0, skip - len(chunk))
+                            if not chunk:
+                                continue
+                        hasher.update(chunk)
+                        size += len(chunk)
+                        if size > desc.size:  # never read past what the descriptor promises
+                            break
+                        progress.update(len(chunk))
+                        yield chunk
                     break
-                progress.update(len(chunk))
-                yield chunk
-        except ConnectionFailed as e:
-            raise TransientError(f"blob {desc.digest} from {self.name}/{repo}: the transfer broke off after "
-                                 f"{size} of {desc.size} bytes ({e}); retry") from None
+                except ConnectionFailed as e:
+                    if size >= desc.size:
+                        break  # all it promised came: the digest says whether it is the blob
+                    if resumed == RESUMES:
+                        raise TransientError(
+                            f"blob {desc.digest} from {self.name}/{repo}: the transfer broke off after {size} of "
+                            f"{desc.size} bytes ({e}), {RESUMES} times resumed; retry") from None
+                    resumed += 1
+                    time.sleep(backoff(resumed - 1))
+                finally:
+                    resp.close()
         finally:
-            resp.close()
             progress.close()
         check_digest(desc, hasher.hexdigest(), size, f"{self.name}/{repo}")
 
@@ -250,6 +273,19 @@ class Registry:
             self.transport.request("DELETE", location, scopes=push(repo), ok=(204, 404, 405))
         except RegistryError:
             pass  # best effort: the registry expires abandoned uploads itself
+
+
+def _bytes_to_skip(status: int, content_range: str | None, held: int, what: str) -> int:
+    """How much of an answer to a Range request from `held` repeats what is held: all of it for a
+    200 (a registry may ignore Range), none for a 206 that starts there; any other 206 is refused
+    (it would join the wrong bytes, which only the digest at the end would catch)."""
+    if status != 206:
+        return held
+    found = CONTENT_RANGE.fullmatch((content_range or "").strip())
+    if not held or found is None or int(found.group(1)) != held:
+        raise RegistryError(f"{what}: asked for the bytes from {held}, the registry answered with the range "
+                            f"{untrusted.safe(content_range or 'none', limit=QUOTED_LIMIT)}")
+    return 0
 
 
 def _quoted(header: str) -> str:
