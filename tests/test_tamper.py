@@ -351,7 +351,7 @@ def delete_tag(suffix):
     return mutate
 
 
-def reattest(record_edit=None, signer="release", smoke_signer=None, smoke_report=None, spec=SPEC):
+def reattest(record_edit=None, signer="release", smoke_signer=None, report_fields=None, spec=SPEC):
     def mutate(h, ref, ctx):
         record = json.loads(json.dumps(h["record"]))
         if record_edit:
@@ -360,8 +360,8 @@ def reattest(record_edit=None, signer="release", smoke_signer=None, smoke_report
         attest_mod.attest(RegistryStore(ref), ref, BuildRecord.from_json(record), h["signers"][signer],
                           sign_kernels=False)
         if smoke_signer:
-            smoke_report.attach_report(RegistryStore(ref), ref, honest_report(ref, **(smoke_report or {})), spec,
-                                h["signers"][smoke_signer])
+            smoke_report.attach_report(RegistryStore(ref), ref, honest_report(ref, **(report_fields or {})), spec,
+                                       h["signers"][smoke_signer])
     return mutate
 
 
@@ -543,11 +543,11 @@ VERIFY_CASES = [
      "signed by 0 of 1 required release key(s)"),
     ("smoke result signed by the release key", reattest(smoke_signer="release"), None, True, 5,
      "signed by 0 of 1 required smoke key(s)"),
-    ("smoke PASSED that compared nothing", reattest(smoke_signer="smoke", smoke_report={"regression_compared": 0}),
+    ("smoke PASSED that compared nothing", reattest(smoke_signer="smoke", report_fields={"regression_compared": 0}),
      None, True, 5, "(result PASSED, 0 outputs compared)"),
-    ("smoke FAILED", reattest(smoke_signer="smoke", smoke_report={"result": "FAILED", "failed": ["vram"]}), None, True,
+    ("smoke FAILED", reattest(smoke_signer="smoke", report_fields={"result": "FAILED", "failed": ["vram"]}), None, True,
      5, "(result FAILED"),
-    ("smoke RECORDED", reattest(smoke_signer="smoke", smoke_report={"result": "RECORDED", "regression_compared": 0}),
+    ("smoke RECORDED", reattest(smoke_signer="smoke", report_fields={"result": "RECORDED", "regression_compared": 0}),
      None, True, 5, "(result RECORDED"),
     ("no smoke result at all", drop_predicate(TEST_RESULT), None, True, 5, "(none attached"),
     ("an older PASSED put back over a FAILED this machine saw", older_passed_restored, None, True, 5,
@@ -568,10 +568,10 @@ VERIFY_CASES = [
     # issue 17: a smoke result bound to its spec and host
     ("smoke result for an older spec", reattest(smoke_signer="smoke", spec=SPEC.replace(b"expected: null", b"", 1)),
      None, True, 5, "(it ran sha256:"),
-    ("smoke result from another GPU", reattest(smoke_signer="smoke", smoke_report={
+    ("smoke result from another GPU", reattest(smoke_signer="smoke", report_fields={
         "host": {**MI300X, "gfx_arch": "gfx90a", "compute_units": 104}}), None, True, 5,
      "FAIL the smoke ran on a gfx942 GPU with 304 CUs (it reports PASSED on gfx90a, 104 CUs"),
-    ("smoke result from an MI300A (gfx942, 228 CUs)", reattest(smoke_signer="smoke", smoke_report={
+    ("smoke result from an MI300A (gfx942, 228 CUs)", reattest(smoke_signer="smoke", report_fields={
         "host": {**MI300X, "compute_units": 228}}), None, True, 5,
      "FAIL the smoke ran on a gfx942 GPU with 304 CUs (it reports PASSED on gfx942, 228 CUs"),
     # issue 17: transport bounded
