@@ -62,7 +62,8 @@ layout of the base's layers) for good: it is locked while it runs and the next r
 (test_reproduce.py's clean_rebuilds). Found in the tests, not the code: a record after a rerun differs
 from a clean run's only in what it says of the run (when, what its push moved, whether a kernel or
 verdict came from the cache a killed run filled), so those fields are left out of the comparison
-(RUN_ONLY, same_image); an image view a kill leaves is whole but may hold fewer paths (grown_view);
+(RUN_ONLY, same_image), and a proof's cache entry says how long its run took (PROOF_RUN_ONLY: a
+sweep on a machine whose proofs were warm never saw it; CI's cold one did); an image view a kill leaves is whole but may hold fewer paths (grown_view);
 a verified document is named by the repository it was read from (read_from: each track run its own
 mirror); test_caches wrote two poisoned entries in place, through every hard link of the machine's
 cache, a sweep's start included (it now replaces them).
@@ -121,9 +122,27 @@ def snapshot(folder: Path, start: Path | None = None) -> dict[str, str]:
             origin = start / rel if start else None
             if origin and origin.exists() and origin.stat().st_ino == path.stat().st_ino:
                 found[rel] = "as at the start"
+            elif re.fullmatch(r"proofs/[0-9a-f]{64}\.json", rel):
+                found[rel] = proof_entry(path.read_bytes())
             else:
                 found[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
     return found
+
+
+PROOF_RUN_ONLY = {"seconds"}  # how long this run's proof took: a rerun's entry is as good with another
+
+
+def proof_entry(data: bytes) -> str:
+    """A proof's cache entry, less what only says how its run went; bytes that are no whole entry
+    stay themselves (and so differ from any clean run's)."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return hashlib.sha256(data).hexdigest()
+    if not isinstance(doc, dict):
+        return hashlib.sha256(data).hexdigest()
+    kept = {k: v for k, v in doc.items() if k not in PROOF_RUN_ONLY}
+    return "proof " + hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
 
 
 def real_entries(found: dict) -> dict:
