@@ -633,3 +633,31 @@ def test_a_cache_entry_another_writer_finished_is_kept_only_when_it_holds_the_sa
         (other / "k.so").write_bytes(b"ours")
         (other / "done.json").write_text(json.dumps({"sha256": entry(b"ours")}))
     assert (dest / "k.so").read_bytes() == b"ours"  # other bytes: ours, which is what this run records
+
+
+def test_an_entry_another_run_puts_in_place_after_this_run_chose_its_own_is_refused(two_compiles, toolchain,
+                                                                                    tmp_path, monkeypatch):
+    """Found by review: the keep check held only at the rename; the outputs were read again by name
+    afterwards, so a run whose entry another run replaced a moment later baked that run's bytes and
+    recorded its own origin (a signed artifact, or its compile) for them. The other run is a stand-in
+    here: this run's compile gives the real outputs, then a whole entry of other bytes takes the name."""
+    recipe, (first, _), (cache, _) = two_compiles
+    entry, theirs = cache / first.key[:24], tmp_path / "theirs"
+    shutil.copytree(entry, theirs)
+    for ext in recipe.extensions:
+        (theirs / f"{ext.name}.so").write_bytes((entry / f"{ext.name}.so").read_bytes() + b"\0")
+    (theirs / "done.json").write_text(json.dumps({
+        **json.loads((entry / "done.json").read_text()),
+        "sha256": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in theirs.iterdir() if p.name != "done.json"}}))
+    assert hip_outputs.outputs_whole(theirs) is None  # whole: only its bytes differ
+
+    def compiled_then_replaced(recipe, toolchain, image_id, out, log):
+        shutil.copytree(entry, out)  # this run's compile
+        made = json.loads((out / "done.json").read_text())["sha256"]
+        shutil.rmtree(out)
+        shutil.copytree(theirs, out)  # the other run's rename lands
+        return made
+
+    monkeypatch.setattr(hip_compile, "_compile", compiled_then_replaced)
+    with pytest.raises(IntegrityError, match="changed while this run read it"):
+        hip_compile.compile_recipe(recipe, toolchain, tmp_path / "cache", log=lambda m: None)

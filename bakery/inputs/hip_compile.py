@@ -22,7 +22,7 @@ from ..oci.refs import Reference
 from ..project import cache_dir
 from .device_code import check_device_code
 from .hip import NO_TOOLCHAIN, Artifact, Recipe, Toolchain, script
-from .hip_outputs import expected_outputs, outputs_ok, same_outputs, take_outputs
+from .hip_outputs import expected_outputs, outputs_ok, read_accepted, recorded_outputs, same_outputs, take_outputs
 from .kernel_artifact import artifact_manifest, fetch_artifact, push_artifact
 
 
@@ -162,32 +162,41 @@ def compile_recipe(recipe: Recipe, toolchain: str, cache: Path, log=print, remot
     key = recipe.key(image_id)
     out = cache / key[:24]
     cache.mkdir(parents=True, exist_ok=True)
-    origin, artifact = "cache", None
+    origin, artifact, accepted = "cache", None, None
     if not outputs_ok(out) and remote is not None and not recompile:
         if trust is None:
             log("no release key in the policy to check a kernel artifact's signature with: compiling here")
         else:
-            artifact = fetch_artifact(remote[0], remote[1], key, out, trust, expected_outputs(recipe))
+            fetched = fetch_artifact(remote[0], remote[1], key, out, trust, expected_outputs(recipe))
+            if fetched is not None:
+                artifact, accepted = fetched
         if artifact is not None:
             origin = "registry"
             log(f"kernels for this recipe and toolchain from {artifact} (signed by a release key): not compiled "
                 f"here, the base not pulled")
-    if not outputs_ok(out):
+    if accepted is None and not outputs_ok(out):
         origin = "compiled"
-        _compile(recipe, toolchain, image_id, out, log)
+        accepted = _compile(recipe, toolchain, image_id, out, log)
+    if accepted is None:
+        accepted = recorded_outputs(out)
+    # from here on `out` is read against `accepted`, the bytes the origin vouches for: another run may
+    # put another whole entry in its place meanwhile (atomic_dir replaces one that differs)
     push = None
     if remote is not None and artifact is None:
         if defer_push:  # the build pushes it once everything that can fail has run
             from ..oci.refs import Digest
 
-            artifact = Reference(remote[0].name, remote[1], None, Digest.of(artifact_manifest(key, out)))
-            push = functools.partial(push_artifact, remote[0], remote[1], key, out)
+            artifact = Reference(remote[0].name, remote[1], None, Digest.of(artifact_manifest(key, out, accepted)))
+            push = functools.partial(push_artifact, remote[0], remote[1], key, out, accepted)
         else:
-            artifact = push_artifact(remote[0], remote[1], key, out)
-    return Compiled(_artifacts(recipe, out, str(Reference.parse_pinned(toolchain))), key, origin, artifact, push)
+            artifact = push_artifact(remote[0], remote[1], key, out, accepted)
+    return Compiled(_artifacts(recipe, out, str(Reference.parse_pinned(toolchain)), accepted), key, origin, artifact,
+                    push)
 
 
-def _compile(recipe: Recipe, toolchain: str, image_id: str, out: Path, log) -> None:
+def _compile(recipe: Recipe, toolchain: str, image_id: str, out: Path, log) -> dict[str, str]:
+    """{name: sha256} of the outputs compiled, which `out` holds as it is left (or held, when
+    another run finished the same bytes first)."""
     # through the broker, the compile writes on the broker's disk, which it watches itself
     here = not os.environ.get(broker_client.SOCKET_ENV)
     if here:
@@ -207,6 +216,7 @@ def _compile(recipe: Recipe, toolchain: str, image_id: str, out: Path, log) -> N
         if here:  # stopped by the watch, or the compiler's own write failed, as the disk filled: say so
             room_to_compile(out.parent)
         raise
+    return made
 
 
 def room_to_compile(folder: Path, elsewhere: str = "set BAKERY_CACHE to a larger disk") -> None:
@@ -221,18 +231,20 @@ def room_to_compile(folder: Path, elsewhere: str = "set BAKERY_CACHE to a larger
                                  f"{elsewhere}") from None
 
 
-def _artifacts(recipe: Recipe, out: Path, toolchain: str) -> list[Artifact]:
-    """The outputs in `out` as artifacts, each checked for its device code; `toolchain` is the
-    pinned reference they were compiled in (or compiled for, where the registry gave them)."""
-    compiler = (out / "toolchain.txt").read_text().strip()
+def _artifacts(recipe: Recipe, out: Path, toolchain: str, accepted: dict[str, str]) -> list[Artifact]:
+    """The outputs in `out` as artifacts, each read once, as `accepted` names it, and checked for its
+    device code; `toolchain` is the pinned reference they were compiled in (or compiled for, where
+    the registry gave them)."""
+    compiler = read_accepted(out, "toolchain.txt", accepted).decode().strip()
     artifacts = []
     for ext in recipe.extensions:
-        data = (out / f"{ext.name}.so").read_bytes()
+        data = read_accepted(out, f"{ext.name}.so", accepted)
         objects = check_device_code(data, recipe.arch, list(ext.kernels))
         sources = tuple({"path": f"hip/{s}", "sha256": hashlib.sha256((recipe.root / s).read_bytes()).hexdigest()}
                         for s in ext.sources)
+        schema = read_accepted(out, f"{ext.name}.schema", accepted).decode()
         artifacts.append(Artifact(ext.name, ext.dest, data, recipe.arch, Toolchain(compiler, toolchain),
-                                  sources, (out / f"{ext.name}.schema").read_text(), tuple(objects), ext.serves))
+                                  sources, schema, tuple(objects), ext.serves))
     return artifacts
 
 

@@ -78,6 +78,31 @@ def outputs_ok(out: Path) -> bool:
     return False
 
 
+def recorded_outputs(out: Path) -> dict[str, str]:
+    """{name: sha256} the entry's done.json records: what a cached entry, checked whole a moment
+    before, vouches for."""
+    try:
+        recorded = json.loads((out / "done.json").read_text())["sha256"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise IntegrityError(f"the compile cache entry {out} went or changed while this run read it ({e}); "
+                             f"another run replaced it: run again") from None
+    return {str(k): str(v) for k, v in recorded.items()}
+
+
+def read_accepted(out: Path, name: str, accepted: dict[str, str]) -> bytes:
+    """One output's bytes, read once, and only when they are the ones `accepted` names: another run
+    may have put a whole entry of other bytes under the name since this one chose its own (a
+    fetched artifact's, or its compile's), and the record would name its origin for those."""
+    changed = f"the compile cache entry {out} changed while this run read it"
+    try:
+        data = (out / name).read_bytes()
+    except OSError as e:
+        raise IntegrityError(f"{changed} ({name}: {e.strerror or e}); another run replaced it: run again") from None
+    if hashlib.sha256(data).hexdigest() != accepted.get(name):
+        raise IntegrityError(f"{changed} ({name} holds other bytes than it chose); another run replaced it: run again")
+    return data
+
+
 def same_outputs(sha256: dict):
     """atomic_dir's keep: another writer's entry stays when it is whole and holds the very bytes this
     one does (what this writer records as its origin, compiled or fetched, stays true); any other is

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..errors import IntegrityError
 from ..files import atomic_dir
 from ..oci.refs import Reference
-from .hip_outputs import same_outputs
+from .hip_outputs import read_accepted, same_outputs
 
 ARTIFACT_TYPE = "application/vnd.bakery.hip-kernels.v1"
 ARTIFACT_CONFIG = "application/vnd.bakery.hip-kernels.config.v1+json"
@@ -22,16 +22,20 @@ def artifact_tag(key: str) -> str:
     return f"kernels-{key}"
 
 
-def artifact_parts(key: str, out: Path) -> tuple[list, bytes]:
+def artifact_parts(key: str, out: Path, accepted: dict[str, str] | None = None) -> tuple[list, bytes]:
     """A compile's outputs as an OCI artifact: ([(descriptor, bytes)] of its blobs, config last,
-    and its manifest); deterministic bytes, so the same compile gives the same artifact digest."""
+    and its manifest); deterministic bytes, so the same compile gives the same artifact digest.
+    `accepted`: the outputs' sha256s the caller chose, refused if `out` holds others by now."""
     from ..oci.refs import Descriptor
     from ..oci.registry import OCI_MANIFEST
 
     recorded = json.loads((out / "done.json").read_text())
+    if accepted is not None and recorded["sha256"] != accepted:
+        raise IntegrityError(f"the compile cache entry {out} changed while this run read it (its record names other "
+                             f"outputs than it chose); another run replaced it: run again")
     blobs = []
     for name in sorted(recorded["sha256"]):
-        data = (out / name).read_bytes()
+        data = (out / name).read_bytes() if accepted is None else read_accepted(out, name, accepted)
         blobs.append((Descriptor.of("application/octet-stream", data, {TITLE: name}), data))
     config = json.dumps({"key": key, "toolchain": recorded["toolchain_image"], "sha256": recorded["sha256"]},
                         sort_keys=True).encode()
@@ -42,17 +46,17 @@ def artifact_parts(key: str, out: Path) -> tuple[list, bytes]:
     return blobs + [(config_desc, config)], manifest
 
 
-def artifact_manifest(key: str, out: Path) -> bytes:
-    return artifact_parts(key, out)[1]
+def artifact_manifest(key: str, out: Path, accepted: dict[str, str] | None = None) -> bytes:
+    return artifact_parts(key, out, accepted)[1]
 
 
-def push_artifact(registry, repo: str, key: str, out: Path) -> Reference:
+def push_artifact(registry, repo: str, key: str, out: Path, accepted: dict[str, str] | None = None) -> Reference:
     """Push a compile's outputs (one blob per file, a config naming key and sha256s) under
     REPO:kernels-<key>."""
     from ..oci.refs import Digest
     from ..oci.registry import OCI_MANIFEST
 
-    blobs, manifest = artifact_parts(key, out)
+    blobs, manifest = artifact_parts(key, out, accepted)
     if registry.manifest_is(repo, artifact_tag(key), Digest.of(manifest)):  # pushed before: one HEAD
         return Reference(registry.name, repo, None, Digest.of(manifest))
     for desc, data in blobs:
@@ -61,11 +65,12 @@ def push_artifact(registry, repo: str, key: str, out: Path) -> Reference:
     return Reference(registry.name, repo, None, Digest.of(manifest))
 
 
-def fetch_artifact(registry, repo: str, key: str, dest: Path, trust, expected: set[str]) -> Reference | None:
+def fetch_artifact(registry, repo: str, key: str, dest: Path, trust,
+                   expected: set[str]) -> tuple[Reference, dict[str, str]] | None:
     """The outputs of this exact compile from REPO:kernels-<key>: its manifest digest must carry a
     release-key signature (`trust(ref)` raises otherwise) before any of its bytes is used; then every
-    blob is checked by digest and the config's key and sha256s against what arrives. None if the
-    registry has no artifact for this key."""
+    blob is checked by digest and the config's key and sha256s against what arrives. The artifact
+    pinned, and the outputs' sha256s it vouches for; None if the registry has no artifact for this key."""
     from ..errors import NotFound, malformed
     from ..oci.manifest import Manifest
 
@@ -99,4 +104,4 @@ def fetch_artifact(registry, repo: str, key: str, dest: Path, trust, expected: s
             (tmp / name).write_bytes(data)
         (tmp / "done.json").write_text(json.dumps({"toolchain_image": config["toolchain"], "sha256": config["sha256"],
                                                    "artifact": str(ref.with_digest(digest))}))
-    return ref.with_digest(digest)
+    return ref.with_digest(digest), {str(k): str(v) for k, v in config["sha256"].items()}
