@@ -338,6 +338,25 @@ def test_a_nightly_rolled_back_by_hand_is_not_bumped_again_but_one_a_kill_left_u
     assert "pinning:" not in path.read_text()
 
 
+def test_a_mark_left_by_a_bump_a_newer_nightly_overtook_is_cleared_by_the_next_outcome():
+    """Found by review: a bump killed after its mark, then overtaken by a newer nightly's bump (the
+    newest goes first), kept its mark for good; rolled back by hand below it, the pin went to that
+    nightly the next night, which is what the mark was meant to stop."""
+    def entry(name, seen, tried=None) -> ledger_mod.Nightly:
+        return ledger_mod.Nightly(Digest.of(name.encode()), None, seen, ledger_mod.Version("1", None),
+                                  ledger_mod.Version("1", None), "m@x", seen, (name,), tried=tried)
+    old = entry("old", "2026-11-01T00:00:00Z")
+    left = entry("left", "2026-11-02T00:00:00Z", ledger_mod.Tried(ledger_mod.CARRIED, {"a": "carried"}, pinning=True))
+    newer = entry("newer", "2026-11-03T00:00:00Z")
+    ledger_ = ledger_mod.Ledger("u", "m", (old, left, newer))
+    assert bump_mod.pending(ledger_, old.digest) is newer  # the newest first: `left` waits behind it
+    pinned = bump_mod.with_outcome(ledger_, newer, ledger_mod.Tried(ledger_mod.CARRIED, {"a": "carried"}))
+    left_now = pinned.find(left.digest)
+    assert left_now is not None and left_now.tried is not None and not left_now.tried.pinning
+    assert left_now.tried.outcome == ledger_mod.CARRIED  # still tried: only the mark goes
+    assert bump_mod.pending(pinned, old.digest) is None  # rolled back to `old` by hand: nothing to bump
+
+
 def test_an_upstream_that_floods_new_nightlies_is_refused_before_copying(pinned_project, nightlies, monkeypatch):
     """More new digests in one run than MAX_NEW: refused with one line before anything is mirrored
     or recorded (a hostile or mistaken upstream cannot fill the mirror and the ledger)."""

@@ -28,6 +28,17 @@ def pending(ledger: Ledger, pinned: Digest) -> Nightly | None:
     return newer[0] if newer else None
 
 
+def with_outcome(ledger: Ledger, chosen: Nightly, tried: Tried) -> Ledger:
+    """The ledger with `chosen` tried so. Any other nightly's `pinning` mark is cleared: that bump was
+    left for this one (a newer nightly came first) and its pin never moved, and a mark kept would
+    have it pinned the day the pin is rolled back below it by hand."""
+    def settled(n: Nightly) -> Nightly:
+        if n is chosen:
+            return replace(n, tried=tried)
+        return replace(n, tried=replace(n.tried, pinning=False)) if n.tried is not None and n.tried.pinning else n
+    return replace(ledger, nightlies=tuple(settled(n) for n in ledger.nightlies))
+
+
 @dataclass(frozen=True)
 class Bump:
     nightly: Nightly
@@ -79,8 +90,7 @@ def bump(project: Path, ledger_path: Path, out: Path, nightly: str | None = None
         tried = replace(chosen.tried, pinning=pinning) if again and chosen.tried else \
             Tried(CARRIED if carried else NEEDS_PORTING, statuses, pinning)
         recorded[:] = [replace(chosen, tried=tried)]
-        write_ledger(ledger_path, replace(ledger, nightlies=tuple(recorded[0] if n is chosen else n
-                                                                  for n in ledger.nightlies)))
+        write_ledger(ledger_path, with_outcome(ledger, chosen, tried))
 
     # retire=False: a base whose own code "proves" a fix runs inside that proof; retiring an overlay
     # takes a person (invoke rebase), never an unattended bump
