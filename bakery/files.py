@@ -132,17 +132,31 @@ def atomic_write(path: Path, data: bytes, *, durable: bool = False) -> None:
 
 
 def rewrite(path: Path, data: bytes) -> None:
-    """A file of the user's checkout replaced whole (a kill leaves the old bytes or the new), its mode
-    kept; a new one gets 0666 less the umask, as an editor's would (atomic_file's own is 0600)."""
+    """A file of the user's checkout replaced whole (a kill leaves the old bytes or the new), its
+    permission bits kept (never setuid, setgid or sticky); a new one, or one that was a symbolic link
+    (replaced by the file, its target's mode not taken), gets 0666 less the umask, as an editor's
+    would (atomic_file's own is 0600)."""
     try:
-        mode = stat.S_IMODE(path.stat().st_mode)
+        info = path.lstat()
+        mode = stat.S_IMODE(info.st_mode) & 0o777 if stat.S_ISREG(info.st_mode) else 0o666 & ~_umask()
     except FileNotFoundError:
-        umask = os.umask(0o022)
-        os.umask(umask)
-        mode = 0o666 & ~umask
+        mode = 0o666 & ~_umask()
     with atomic_file(path, durable=True) as out:
         out.write(data)
         os.fchmod(out.fileno(), mode)
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it (setting it, even back, races other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o022)  # no /proc: the only other way
+    os.umask(umask)
+    return umask
 
 
 @contextmanager

@@ -223,3 +223,28 @@ def test_what_lock_track_and_bump_write_in_the_checkout_keeps_the_users_modes(tm
     modes = {p: stat.S_IMODE((tmp_path / p).stat().st_mode)
              for p in ("overlays.lock", f"stock/{sha}", "nightlies.yaml", "base.yaml")}
     assert modes == {"overlays.lock": 0o644, f"stock/{sha}": 0o644, "nightlies.yaml": 0o644, "base.yaml": 0o640}, modes
+
+
+def test_a_checkout_file_rewritten_takes_no_mode_from_a_links_target_and_no_special_bits(tmp_path):
+    """Found by review: the mode kept was the link's target's (a committed overlays.lock linking to a
+    setuid program made ours 4755), and setuid, setgid and sticky bits were kept from a file too."""
+    import stat
+
+    from bakery.files import rewrite
+
+    target = tmp_path / "setuid-program"
+    target.write_bytes(b"x")
+    target.chmod(0o4755)
+    (tmp_path / "overlays.lock").symlink_to(target)
+    (tmp_path / "base.yaml").write_text("image: x\n")
+    (tmp_path / "base.yaml").chmod(0o2775)
+    old = os.umask(0o027)
+    try:
+        rewrite(tmp_path / "overlays.lock", b"lock")
+        rewrite(tmp_path / "base.yaml", b"image: y\n")
+    finally:
+        os.umask(old)
+    lock, base = tmp_path / "overlays.lock", tmp_path / "base.yaml"
+    assert not lock.is_symlink() and lock.read_bytes() == b"lock" and target.read_bytes() == b"x"
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o640  # a new file's: 0666 less the umask
+    assert stat.S_IMODE(base.stat().st_mode) == 0o775  # its permission bits, none special
