@@ -351,3 +351,27 @@ def test_a_workdir_a_rebuild_did_not_make_or_one_in_use_is_refused_and_kept(tmp_
         assert (work / "source").is_dir()
     with claimed(work):  # the first one over: the next is ours, and starts from nothing
         assert not (work / "source").exists()
+
+
+def test_a_remote_that_says_the_disk_is_full_is_not_taken_for_our_disk(tmp_path, monkeypatch):
+    """Found by review: the rebuild read "No space left on device" in any line git printed, the
+    server's `remote:` lines included, so the revision's repository could turn its own failure into
+    "the disk is full at TMPDIR". Here a real upload-pack's pack-objects hook (the server) says it."""
+    from bakery.errors import EnvironmentProblem
+    from bakery.release import reproduce
+
+    repo, home = tmp_path / "repo", tmp_path / "home"
+    repo.mkdir()
+    home.mkdir()
+    (repo / "f").write_text("a\n")
+    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "r"]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True)
+    hook = tmp_path / "hook"
+    hook.write_text("#!/bin/sh\necho 'No space left on device' >&2\nexit 1\n")
+    hook.chmod(0o755)
+    (home / ".gitconfig").write_text(f"[uploadpack]\n\tpackObjectsHook = {hook}\n")  # read only from a protected config
+    monkeypatch.setenv("HOME", str(home))
+    with pytest.raises(EnvironmentProblem) as failed:
+        reproduce._git("-c", "protocol.file.allow=always", "clone", "-q", "--no-checkout", "--", f"file://{repo}",
+                       str(tmp_path / "source"), writes=tmp_path)
+    assert "disk is full" not in str(failed.value) and str(failed.value).startswith("git clone: "), failed.value

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import broker_client, sandbox
+from .. import broker_client, sandbox, untrusted
 from ..errors import EnvironmentProblem, InputError, IntegrityError, malformed
 from ..inputs.hip import Toolchain
 from ..oci.refs import Descriptor, Digest, Reference
@@ -98,11 +98,14 @@ def _git(*args: str, writes: Path, cwd: Path | None = None) -> str:
     if done.returncode != 0:
         command = next(a for a in args if not a.startswith("-") and "=" not in a)  # past the -c NAME=VALUE
         said = done.stderr.strip().splitlines() or ["failed"]
-        full = next((why for why in FULL_DISK for line in said if why in line), None)
+        # `remote:` lines are the server's words (the revision's repository, named by the provenance
+        # being checked): they say nothing of our disk
+        ours = [line for line in said if not line.startswith("remote:")]
+        full = next((why for why in FULL_DISK for line in ours if why in line), None)
         if full:
             raise EnvironmentProblem(f"the disk is full at {writes} (git {command}: {full}): free space there, or "
                                      f"give --workdir (or TMPDIR) on a larger disk")
-        raise EnvironmentProblem(f"git {command}: {said[-1]}")
+        raise EnvironmentProblem(f"git {command}: {untrusted.safe(said[-1], limit=300)}")
     return done.stdout.strip()
 
 
