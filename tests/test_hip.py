@@ -661,3 +661,36 @@ def test_an_entry_another_run_puts_in_place_after_this_run_chose_its_own_is_refu
     monkeypatch.setattr(hip_compile, "_compile", compiled_then_replaced)
     with pytest.raises(IntegrityError, match="changed while this run read it"):
         hip_compile.compile_recipe(recipe, toolchain, tmp_path / "cache", log=lambda m: None)
+
+
+def test_a_broker_compile_clears_the_folder_a_killed_rebuild_left(toolchain, registry, tmp_path, monkeypatch):
+    """Found by review: the broker's compile wrote into a temporary folder that a killed rebuild left
+    for good (its outputs may reach OUTPUT_LIMIT), so repeated kills filled TMPDIR. It is now locked
+    while filled, and the next compile removes one no live process holds."""
+    import tempfile
+    import time
+
+    from bakery.broker_client import UnixConnection
+    from bakery.release import broker
+
+    toolchain_root(toolchain)
+    tmp = tmp_path / "tmp"
+    left = tmp / ".bakery-broker.partial-killed"  # what a killed rebuild's compile leaves
+    (left / "sub").mkdir(parents=True)
+    (left / "sub" / "k.so").write_bytes(b"\0" * 4096)
+    old = time.time() - 600
+    os.utime(left, (old, old))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    grant = broker.Grant(registry, "test/none", toolchain, ROOT / "hip")
+    (tmp_path / "broker").mkdir()
+    with broker.serve(tmp_path / "broker", grant) as path:
+        conn = UnixConnection(str(path), 600)
+        try:
+            conn.request("POST", "/bakery/compile", json.dumps({"toolchain": toolchain, "shell": "exit 3"}).encode(),
+                         {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            body = resp.read()
+        finally:
+            conn.close()
+    assert resp.status == 200 and json.loads(body)["status"] == 3, body[:300]
+    assert sorted(os.listdir(tmp)) == [], os.listdir(tmp)  # the killed one's gone, and this one's own

@@ -25,6 +25,7 @@ import http.server
 import json
 import os
 import re
+import shutil
 import socketserver
 import stat
 import tempfile
@@ -35,6 +36,7 @@ from pathlib import Path
 
 from ..broker_client import OUTPUTS_LIMIT, unix_name
 from ..errors import BakeryError, EnvironmentProblem, IntegrityError, TransientError, foreign
+from ..files import staging_dir
 
 SHELL_LIMIT = 1 << 20  # the compile script: a few KiB
 OUTPUT_FILES = 64
@@ -195,12 +197,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             # ask for more of them, within the disk the extraction keeps free); we take them out, outside
             files = hip_compile.toolchain_files(toolchain, hip.load(grant.hip).toolchain, cache_dir(create=True) / "toolchains",
                                         log=lambda m: None)
-            with tempfile.TemporaryDirectory(prefix="bakery-broker-") as out:
-                hip_compile.room_to_compile(Path(tempfile.gettempdir()), TMPDIR_ELSEWHERE)  # named: `out` goes with it
-                status, logs = hip_compile.run_compile(files, grant.hip, shell, Path(out), stop=self.server.over)
-                if status != 0:  # stopped by the watch as the disk filled, or the compiler's write failed
-                    hip_compile.room_to_compile(Path(tempfile.gettempdir()), TMPDIR_ELSEWHERE)
-                found = _outputs(Path(out))
+            # locked while it is filled: one a killed rebuild left (up to OUT_LIMIT) goes with the next compile
+            with staging_dir(Path(tempfile.gettempdir()) / "bakery-broker") as out:
+                try:
+                    hip_compile.room_to_compile(Path(tempfile.gettempdir()), TMPDIR_ELSEWHERE)  # named: `out` goes
+                    status, logs = hip_compile.run_compile(files, grant.hip, shell, out, stop=self.server.over)
+                    if status != 0:  # stopped by the watch as the disk filled, or the compiler's write failed
+                        hip_compile.room_to_compile(Path(tempfile.gettempdir()), TMPDIR_ELSEWHERE)
+                    found = _outputs(out)
+                finally:
+                    shutil.rmtree(out, ignore_errors=True)
         self._answer(200, json.dumps({"status": status, "logs": logs[-LOG_LIMIT:], "files": found}).encode())
 
     def _answer(self, status: int, body: bytes) -> None:
