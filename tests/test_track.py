@@ -350,7 +350,13 @@ def test_a_mark_left_by_a_bump_a_newer_nightly_overtook_is_cleared_by_the_next_o
     newer = entry("newer", "2026-11-03T00:00:00Z")
     ledger_ = ledger_mod.Ledger("u", "m", (old, left, newer))
     assert bump_mod.pending(ledger_, old.digest) is newer  # the newest first: `left` waits behind it
-    pinned = bump_mod.with_outcome(ledger_, newer, ledger_mod.Tried(ledger_mod.CARRIED, {"a": "carried"}))
+    # `newer` not carried (or carried, its pin not yet moved): the checkout may hold `left`'s lock, so
+    # `left` is still finished next (review of the first version of this fix, which cleared it here)
+    porting = bump_mod.with_outcome(ledger_, newer, ledger_mod.Tried(ledger_mod.NEEDS_PORTING, {"a": "conflict"}))
+    assert bump_mod.pending(porting, old.digest) == left
+    before_pin = bump_mod.with_outcome(ledger_, newer, ledger_mod.Tried(ledger_mod.CARRIED, {}, pinning=True))
+    assert before_pin.find(left.digest) == left
+    pinned = bump_mod.with_outcome(ledger_, newer, ledger_mod.Tried(ledger_mod.CARRIED, {"a": "carried"}), pinned=True)
     left_now = pinned.find(left.digest)
     assert left_now is not None and left_now.tried is not None and not left_now.tried.pinning
     assert left_now.tried.outcome == ledger_mod.CARRIED  # still tried: only the mark goes

@@ -28,14 +28,17 @@ def pending(ledger: Ledger, pinned: Digest) -> Nightly | None:
     return newer[0] if newer else None
 
 
-def with_outcome(ledger: Ledger, chosen: Nightly, tried: Tried) -> Ledger:
-    """The ledger with `chosen` tried so. Any other nightly's `pinning` mark is cleared: that bump was
-    left for this one (a newer nightly came first) and its pin never moved, and a mark kept would
-    have it pinned the day the pin is rolled back below it by hand."""
+def with_outcome(ledger: Ledger, chosen: Nightly, tried: Tried, pinned: bool = False) -> Ledger:
+    """The ledger with `chosen` tried so. `pinned`: its pin has moved, its lock with it, so a bump of
+    an older nightly stopped before its pin (marked `pinning`, overtaken by this newer one) has
+    nothing left to finish: its mark is cleared, else it would be pinned the day the pin is rolled
+    back below it by hand. Until then a mark stays: that bump's lock may be what the checkout holds."""
     def settled(n: Nightly) -> Nightly:
         if n is chosen:
             return replace(n, tried=tried)
-        return replace(n, tried=replace(n.tried, pinning=False)) if n.tried is not None and n.tried.pinning else n
+        if pinned and n.tried is not None and n.tried.pinning and n.order <= chosen.order:
+            return replace(n, tried=replace(n.tried, pinning=False))
+        return n
     return replace(ledger, nightlies=tuple(settled(n) for n in ledger.nightlies))
 
 
@@ -81,7 +84,7 @@ def bump(project: Path, ledger_path: Path, out: Path, nightly: str | None = None
 
     recorded: list[Nightly] = []  # the chosen nightly as the ledger last got it
 
-    def record(rows: list, carried: bool, pinning: bool = False) -> None:
+    def record(rows: list, carried: bool, pinning: bool = False, pinned: bool = False) -> None:
         """The outcome in the ledger; carried, before the checkout changes (the lock, then the pin), marked
         `pinning` until the pin has moved, so a bump stopped in between is finished by the next.
         Finishing, the first try's statuses stay."""
@@ -90,7 +93,7 @@ def bump(project: Path, ledger_path: Path, out: Path, nightly: str | None = None
         tried = replace(chosen.tried, pinning=pinning) if again and chosen.tried else \
             Tried(CARRIED if carried else NEEDS_PORTING, statuses, pinning)
         recorded[:] = [replace(chosen, tried=tried)]
-        write_ledger(ledger_path, with_outcome(ledger, chosen, tried))
+        write_ledger(ledger_path, with_outcome(ledger, chosen, tried, pinned))
 
     # retire=False: a base whose own code "proves" a fix runs inside that proof; retiring an overlay
     # takes a person (invoke rebase), never an unattended bump
@@ -98,7 +101,7 @@ def bump(project: Path, ledger_path: Path, out: Path, nightly: str | None = None
                                       retire=False, before_commit=lambda rows: record(rows, True, pinning=True))
     if carried:
         pin(spec_path, target, ledger.mirror, chosen)
-        record(rows, True)  # pinned: from now on a pin elsewhere (a rollback) is a person's choice
+        record(rows, True, pinned=True)  # from now on a pin elsewhere (a rollback) is a person's choice
     else:
         record(rows, False)
     return Bump(recorded[0], ledger.upstream, rows, carried, proof_log, str(spec.image))
