@@ -50,6 +50,31 @@ def _hold(fd: int) -> None:
     fcntl.flock(fd, fcntl.LOCK_EX)
 
 
+def remove_tree(path: Path | str, _retried: set[str] | None = None) -> None:
+    """rmtree that also goes through folders left without our write or read permission: a compile
+    may chmod 0500 what it made, and for any user but root that stops a plain rmtree (tempfile's
+    TemporaryDirectory makes each such folder 0700 and tries again: so does this). Only for a tree
+    no live process writes in; links are removed, never followed; nothing here fails."""
+    retried = set() if _retried is None else _retried
+
+    def again(func, name: str, exc_info) -> None:
+        if not issubclass(exc_info[0], PermissionError) or name in retried:
+            return
+        retried.add(name)
+        try:
+            for folder in ([os.path.dirname(name)] if name != str(path) else []) + [name]:
+                if stat.S_ISDIR(os.lstat(folder).st_mode):
+                    os.chmod(folder, 0o700)
+            if stat.S_ISDIR(os.lstat(name).st_mode):
+                remove_tree(name, retried)
+            else:
+                os.unlink(name)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=again)
+
+
 def remove_abandoned(folder: Path, pattern: str) -> None:
     """Staging names a killed writer left in folder (a toolchain's folder is gigabytes): removed when
     no process holds them and they have not changed for a minute (a writer that has just made its
@@ -69,7 +94,7 @@ def remove_abandoned(folder: Path, pattern: str) -> None:
             if os.stat(name, follow_symlinks=False).st_ino != found.st_ino:
                 continue  # another cleaner took it, and a writer has made a new one since
             if stat.S_ISDIR(found.st_mode):
-                shutil.rmtree(name, ignore_errors=True)
+                remove_tree(name)
             else:
                 os.unlink(name)
         except OSError:

@@ -3,6 +3,9 @@ engine, no registry."""
 
 import json
 import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +14,7 @@ from bakery.errors import IntegrityError
 from bakery.files import atomic_dir, atomic_file, atomic_write, canonical_json
 from bakery.inputs.image import ImageSpec, derive_config
 from bakery.oci.refs import Descriptor, Reference
+from support import ROOT
 
 
 class Interrupted(BaseException):
@@ -248,3 +252,42 @@ def test_a_checkout_file_rewritten_takes_no_mode_from_a_links_target_and_no_spec
     assert not lock.is_symlink() and lock.read_bytes() == b"lock" and target.read_bytes() == b"x"
     assert stat.S_IMODE(lock.stat().st_mode) == 0o640  # a new file's: 0666 less the umask
     assert stat.S_IMODE(base.stat().st_mode) == 0o775  # its permission bits, none special
+
+
+REMOVE_AS_A_USER = """
+import os, shutil, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from bakery.files import remove_tree
+os.umask(0o022)
+base = Path(sys.argv[2])
+for name in ("plain", "remove_tree"):
+    inner = base / name / "d" / "e"
+    inner.mkdir(parents=True)
+    (inner / "k.so").write_bytes(b"x")
+    os.chmod(inner, 0o500)  # what a compile may leave: its folders not writable, one not even readable
+    os.chmod(inner.parent, 0o000)
+shutil.rmtree(base / "plain", ignore_errors=True)
+remove_tree(base / "remove_tree")
+print(" ".join(sorted(os.listdir(base))))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="runs as another user: needs root and setpriv")
+def test_a_tree_a_compile_left_unwritable_is_removed_by_a_user_who_is_not_root():
+    """Found by review: the rebuild broker's compile folder went from a TemporaryDirectory (which makes
+    each folder writable again) to a staging folder removed by rmtree, which, for any user but root,
+    stops at a folder the compile made 0500: a hostile revision could leave its 2 GiB in TMPDIR at each
+    compile. Run as uid 65534 with the system's Python (stdlib only is imported)."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's own folders are root's alone: not for uid 65534
+    try:
+        os.chmod(base, 0o755)
+        os.chown(base, 65534, 65534)
+        done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                               "-c", REMOVE_AS_A_USER, str(ROOT), str(base)], capture_output=True, text=True)
+    finally:
+        shutil.rmtree(base)  # as root
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["plain"], done.stdout  # the plain rmtree left its tree; remove_tree took it all

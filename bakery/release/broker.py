@@ -25,7 +25,6 @@ import http.server
 import json
 import os
 import re
-import shutil
 import socketserver
 import stat
 import tempfile
@@ -36,7 +35,7 @@ from pathlib import Path
 
 from ..broker_client import OUTPUTS_LIMIT, unix_name
 from ..errors import BakeryError, EnvironmentProblem, IntegrityError, TransientError, foreign
-from ..files import staging_dir
+from ..files import remove_tree, staging_dir
 
 SHELL_LIMIT = 1 << 20  # the compile script: a few KiB
 OUTPUT_FILES = 64
@@ -206,7 +205,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                         hip_compile.room_to_compile(Path(tempfile.gettempdir()), TMPDIR_ELSEWHERE)
                     found = _outputs(out)
                 finally:
-                    shutil.rmtree(out, ignore_errors=True)
+                    remove_tree(out)  # what the compile left may be 0500: not a plain rmtree's to take
         self._answer(200, json.dumps({"status": status, "logs": logs[-LOG_LIMIT:], "files": found}).encode())
 
     def _answer(self, status: int, body: bytes) -> None:
