@@ -365,13 +365,18 @@ def test_a_body_cut_short_of_its_length_is_a_connection_failure_and_its_connecti
         assert not any(conns._idle.values())
 
 
-def test_a_blob_the_registry_cuts_short_reaches_the_rebuild_as_cut_short_not_as_other_bytes(registry, tmp_path):
+def test_a_blob_the_registry_cuts_short_reaches_the_rebuild_as_cut_short_not_as_other_bytes(registry, tmp_path,
+                                                                                            monkeypatch):
     """The broker relays a registry's answer into the rebuild's sandbox. When the registry breaks
     off mid-body, the broker ends the connection: it writes nothing more into an answer it began
-    (an error page there would be read as the blob's bytes, and the sandbox would wait for the rest)."""
+    (an error page there would be read as the blob's bytes, and the sandbox would wait for the rest).
+    Resuming is off here, so that the cut itself is what the client inside reports."""
     from bakery.errors import TransientError
+    from bakery.oci import registry as registry_mod
     from bakery.release import broker
     from proxy import FaultyProxy
+
+    monkeypatch.setattr(registry_mod, "RESUMES", 0)
 
     data = bytes(range(256)) * 4096
     desc = Descriptor.of("application/octet-stream", data)
