@@ -199,7 +199,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             # locked while it is filled: one a killed rebuild left (up to OUT_LIMIT) goes with the next compile
             with staging_dir(Path(tempfile.gettempdir()) / "bakery-broker") as out:
                 try:
-                    hip_compile.room_to_compile(Path(tempfile.gettempdir()), TMPDIR_ELSEWHERE)  # named: `out` goes
+                    # TMPDIR, not `out`, is named: `out` is removed with the answer
+                    hip_compile.room_to_compile(Path(tempfile.gettempdir()), TMPDIR_ELSEWHERE)
                     status, logs = hip_compile.run_compile(files, grant.hip, shell, out, stop=self.server.over)
                     if status != 0:  # stopped by the watch as the disk filled, or the compiler's write failed
                         hip_compile.room_to_compile(Path(tempfile.gettempdir()), TMPDIR_ELSEWHERE)
