@@ -304,18 +304,19 @@ def attest_rebuild(c, image, outcome, release_key=None, policy=None, key=None):
     print(render.rebuild_attested(*cmd.attest_rebuild(PROJECT, image, outcome, release_key, policy, key)))
 
 
-@task(help=flags.SMOKE)
+@task(help=flags.SMOKE, iterable=["endpoint", "reference_endpoint"])
 @reports_errors
-def smoke(c, image, model_dir, port=8000, report=None, record=False, attest=False, key=None, envelope=None):
-    """MI300X smoke gate: production launch, ordered health lines, API checks, VRAM; JSON report."""
+def smoke(c, image, model_dir=None, port=8000, report=None, reference=None, record=None, endpoint=None,
+          reference_endpoint=None, approvals=None, bench_client=None, tokenizer=None, attest=False, key=None,
+          envelope=None):
+    """MI300X acceptance gate: A/B against a reference on both paths, needles, speed; signed JSON report."""
     from bakery.cli import render, smoke as cmd
 
-    smoked = cmd.smoke(PROJECT, image, model_dir, port, report, record, attest, key, envelope, log=_log)
+    smoked = cmd.smoke(PROJECT, image, model_dir, port, report, reference, record, endpoint, reference_endpoint,
+                       approvals, bench_client, tokenizer, attest, key, envelope, log=_log)
     for line in render.smoked_log(smoked):
         _log(line)
     print(render.smoked(smoked))
-    for line in render.smoke_recorded(smoked):
-        _log(line)
     smoked.check()
 
 

@@ -110,3 +110,13 @@ def project(tmp_path, fixture_lock) -> Path:
     return copy_project(tmp_path / "project", fixture_lock)
 
 
+
+
+@pytest.fixture(scope="session")
+def bench_client(tmp_path_factory) -> tuple[Path, Path]:
+    """(vLLM 0.26.0's own `vllm bench serve`, as a command, and a small tokenizer it loads):
+    bakery/dev/bench_client.py, built once per machine."""
+    from bakery.dev import bench_client as client
+
+    command = client.ensure(ROOT)
+    return command, client.tokenizer(command, tmp_path_factory.mktemp("tokenizer"))

@@ -276,3 +276,18 @@ def tree_of(root: Path) -> dict[str, tuple]:
                 found[path] = ("file", hashlib.sha256(full.read_bytes()).hexdigest(), bool(info.st_mode & 0o111))
     return found
 
+
+BASE = "127.0.0.1:5000/fixture/vllm-openai-rocm@sha256:" + "b" * 64  # a base a hand-made smoke report names
+
+
+def passing_report(ref: str, **over) -> dict:
+    """The shape of a gate's PASSED, as signed: what verify reads of it."""
+    return {"image": ref, "result": "PASSED", "reference": {"kind": "seed-stack", "image": BASE, "base": BASE.split("@")[1]},
+            "ab": {"paths": [{"path": "dspark", "compared": 240, "differing": 0, "approved": 0},
+                             {"path": "native", "compared": 240, "differing": 0, "approved": 0}],
+                   "approvals_sha256": None},
+            "checks": [{"name": "ab:dspark", "ok": True, "detail": "240 outputs compared, 0 differ (0 approved)"},
+                       {"name": "speed:decode-1-stream", "ok": True, "detail": "172.4 tok/s against 151.74",
+                        "figure": 172.4, "threshold": 151.74}],
+            "passed": ["ab:dspark", "speed:decode-1-stream"], "failed": [], "same_base": True,
+            "launched_container": True, "host": {"gfx_arch": "gfx942", "compute_units": 304}, **over}

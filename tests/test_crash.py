@@ -87,7 +87,7 @@ import pytest
 import requests
 
 from bakery.errors import BUMPED, NOTHING_NEW
-from support import copy_project, dev_policy, last_line, tags
+from support import copy_project, dev_policy, last_line, passing_report, tags
 
 TEMPORARY = re.compile(r"^\..*\.?part(ial)?-")  # a name a writer fills before the rename that makes it real
 
@@ -599,8 +599,7 @@ def promote_scene(attest_scene):
         signer = sign.Signer(keys.load_private(keydir / "smoke.key"))
     finally:
         del os.environ["BAKERY_KEY_PASSWORD"]
-    passing = {"image": str(ref), "result": "PASSED", "passed": ["health", "http", "regression", "vram"],
-               "failed": [], "regression_compared": 4, "host": {"gfx_arch": "gfx942", "compute_units": 304}}
+    passing = passing_report(str(ref))
     smoke_report.attach_report(RegistryStore(ref), ref, passing, (s["project"] / "provenance" / "smoke.yaml").read_bytes(),
                         signer)
     old = tiny_image(s["registry"], repo)

@@ -137,11 +137,23 @@ ATTEST_REBUILD = {"image": "the released REGISTRY/REPO@sha256:DIGEST that was re
             "policy": "verification policy (default: provenance/policy.yaml)",
             "key": "this rebuilder's encrypted private key (default: BAKERY_REBUILDER_SIGNING_KEY)"}
 
-SMOKE = {"image": "REGISTRY/REPO@sha256:DIGEST to smoke-test",
-         "model_dir": "the model snapshot directory (.../snapshots/<revision>), mounted read-only",
+SMOKE = {"image": "REGISTRY/REPO@sha256:DIGEST to gate (the candidate)",
+         "model_dir": "the model snapshot directory (.../snapshots/<revision>), mounted read-only; needed to launch "
+                      "the servers and for the image's own `vllm bench serve`",
          "port": "host port for the API on 127.0.0.1 (default 8000)",
          "report": "where to write the JSON report (default: out/smoke-report.json)",
-         "record": "record the regression outputs (first run on MI300X) instead of comparing",
+         "reference": "what the candidate is compared with: REPO:TAG or REPO@sha256:... (the last promoted release, "
+                      "verified with its smoke result), or seed-stack (the pinned base with each baked file "
+                      "bind-mounted read-only: the first release)",
+         "record": "with --reference seed-stack: the candidate's build record (default: out/build-record.json)",
+         "endpoint": "PATH=URL, once per path (dspark, native): the candidate served elsewhere; the gate launches "
+                     "no candidate container",
+         "reference_endpoint": "PATH=URL, once per path: the reference served elsewhere",
+         "approvals": "the reviewed A/B differences the gate lets through (default: provenance/smoke-approvals.yaml); "
+                      "its sha256 is signed into the result",
+         "bench_client": "the `vllm bench serve` command to measure speed with (default: the candidate image's own, "
+                         "by docker run)",
+         "tokenizer": "with --bench-client: the tokenizer folder that client loads",
          "attest": "sign the report onto the digest with the smoke key (--key or BAKERY_SMOKE_SIGNING_KEY)",
          "key": "encrypted smoke private key file for --attest (smoke.key)",
          "envelope": "with --attest: write the signed envelope to this file instead of pushing it (a job "

@@ -95,6 +95,10 @@ def verified(v) -> str:
     out = [f"{'ok  ' if ok else 'FAIL'} {safe(what, limit=2000)}" for ok, what in report.checks]
     out += [f"{k}: {safe(', '.join(map(str, val)) if isinstance(val, list) else val, limit=2000)}"
             for k, val in report.summary.items()]
+    if report.smoke is not None:
+        from bakery.release import step_summary
+
+        out += step_summary.lines(report.smoke)
     return lines(out)
 
 
@@ -121,7 +125,11 @@ def rebuild_attested(ref, digest) -> str:
 
 
 def smoked_log(s) -> list[str]:
-    out = []
+    from bakery.release import step_summary
+
+    out = list(step_summary.lines(s.result.to_json()))
+    if s.summary:
+        out.append(f"wrote the run's summary to {s.summary}")
     if s.attested and s.attested.startswith("envelope "):
         out.append(f"smoke attestation ({s.result.result}) signed into {s.attested.removeprefix('envelope ')}: "
                    f"attach it with `invoke attach`")
@@ -131,14 +139,11 @@ def smoked_log(s) -> list[str]:
 
 
 def smoked(s) -> str:
-    return f"{s.result.result} {s.ref} ({s.result.verdict.compared} regression outputs compared)"
-
-
-def smoke_recorded(s) -> list[str]:
-    if s.result.result != "RECORDED":
-        return []
-    return ["recorded the regression outputs in the report: copy them into provenance/smoke.yaml as expected:, "
-            "review, commit, and run again for a verdict"]
+    """The verdict, the reference, and the A/B count per path."""
+    report = s.result.to_json()
+    paths = ", ".join(f"{r['path']} {r['compared'] - r['differing']}/{r['compared']} same"
+                      for r in (report["ab"] or {}).get("paths", []))
+    return f"{report['result']} {s.ref} against {report['reference']['kind']}" + (f" ({paths})" if paths else "")
 
 
 def compiled(c) -> tuple[list[str], str]:

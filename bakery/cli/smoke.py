@@ -1,13 +1,15 @@
-"""invoke smoke: the MI300X gate, its report, and its signed result."""
+"""invoke smoke: the MI300X acceptance gate, its report, and its signed result."""
 
 from __future__ import annotations
 
+import shlex
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InputError, SmokeFailure
+from ..errors import EnvironmentProblem, InputError, SmokeFailure
 from ..project import Project
-from ..release.smoke_report import SmokeReport
+from ..release.smoke_report import Reference as GateReference, SmokeReport
 
 
 @dataclass(frozen=True)
@@ -16,45 +18,179 @@ class Smoked:
     result: SmokeReport
     report: Path  # where it was written
     attested: str | None = None  # "envelope FILE" or "attached"
+    summary: Path | None = None  # the run's summary page it wrote to ($GITHUB_STEP_SUMMARY)
 
     def check(self) -> None:
-        """RECORDED is no verdict and no failure; anything but PASSED fails the gate (exit 7)."""
-        if self.result.result not in ("PASSED", "RECORDED"):
-            raise SmokeFailure(f"smoke failed: {', '.join(self.result.verdict.failed)}"
-                               + (f" ({self.result.failure})" if self.result.failure else ""))
+        """Anything but PASSED fails the gate (exit 7), naming the first failed check."""
+        if self.result.result != "PASSED":
+            failed = self.result.failed
+            raise SmokeFailure(f"smoke failed: {', '.join(c.name for c in failed)}"
+                               + (f" ({failed[0].detail})" if failed else ""))
 
 
-def smoke(project: Path, image: str, model_dir: str, port=8000, report=None, record=False, attest=False, key=None,
-          envelope=None, log=lambda m: None) -> Smoked:
+def _base_of(image: str) -> str | None:
+    """The base digest an image of ours names in its manifest (None where it names none)."""
+    import json
+
+    from ..oci import store
+    from ..oci.refs import Reference
+
+    ref = Reference.parse(image)
+    body = store.RegistryStore(ref).manifest(str(ref.digest) if ref.digest else ref.tag or "latest")
+    if body is None:
+        raise InputError(f"{image} not found")
+    base = json.loads(body).get("annotations", {}).get("org.opencontainers.image.base.digest")
+    return base if isinstance(base, str) else None
+
+
+def _reference(project: Path, candidate, reference: str | None, record: str | None, launching: bool, log):
+    """(what the candidate is compared with, whether it has the candidate's base, the build record
+    for a seed-style stack). A promoted reference is verified as verify does, smoke result required."""
+    from ..trust import record as record_mod
+
+    if reference is None:
+        if launching:
+            raise InputError("say what the candidate is compared with: --reference REPO:TAG (the last promoted "
+                             "release) or --reference seed-stack (the first release: the base with our files "
+                             "mounted, from the build record)")
+        return GateReference("endpoint", None, None), True, None
+    if reference == "seed-stack":
+        rec = record_mod.read(Path(record) if record else Project(project).out / "build-record.json")
+        if rec.manifest.digest != candidate.digest:
+            raise InputError(f"the build record is of {rec.manifest.digest}, not the candidate {candidate.digest}: "
+                             f"pass --record of the build that made it")
+        base = str(rec.base.pinned.with_digest(rec.base.manifest_digest))
+        return GateReference("seed-stack", base, str(rec.base.manifest_digest)), True, rec
+    from . import release
+
+    verified = release.verify(project, reference, require_smoke=True, log=log)
+    from ..trust import verify as verify_mod
+
+    verify_mod.require(verified.report)
+    promoted = str(verified.ref)
+    theirs, mine = _base_of(promoted), _base_of(str(candidate))
+    return GateReference("promoted", promoted, theirs), theirs is not None and theirs == mine, None
+
+
+def _bench(image: str, model_dir: str | None, bench_client: str | None, tokenizer: str | None, spec, work: Path):
+    """How `vllm bench serve` runs: the candidate image's own client by default (docker run, the
+    snapshot mounted for its tokenizer), or the command given."""
+    from ..release.gate import BenchClient
+
+    results = work / "bench"
+    results.mkdir()
+    if bench_client:
+        if not tokenizer:
+            raise InputError("--bench-client needs --tokenizer DIR (the tokenizer that client loads)")
+        return BenchClient(tuple(shlex.split(bench_client)), tokenizer, results, str(results))
+    if not model_dir:
+        raise InputError("the speed stage runs the image's own `vllm bench serve`, which reads the model's "
+                         "tokenizer: pass --model-dir SNAPSHOT (or --bench-client CMD --tokenizer DIR)")
+    return BenchClient(("docker", "run", "--rm", "--network", "host", "-v", f"{Path(model_dir).resolve()}:"
+                        f"{spec.model_mount}:ro", "-v", f"{results}:/bench", "--entrypoint", "vllm", image,
+                        "bench", "serve"), spec.model_mount, results, "/bench")
+
+
+def _launches(spec, candidate: str, reference: GateReference, rec, model_dir: str, port: int, work: Path) -> dict:
+    """docker run settings of each server the gate starts: (side, path) -> Launch."""
+    import docker
+
+    from ..release import seed_stack, smoke as smoke_mod
+
+    client = docker.from_env()
+    snapshot = Path(model_dir)
+
+    def command(image: str) -> list[str]:
+        try:
+            return list(client.images.get(image).attrs["Config"]["Cmd"] or [])
+        except docker.errors.ImageNotFound:
+            client.images.pull(image)
+            return list(client.images.get(image).attrs["Config"]["Cmd"] or [])
+
+    staged: dict[str, str] = {}
+    if reference.kind == "seed-stack":
+        holder = client.containers.create(candidate, entrypoint=["/bin/true"])
+        try:
+            staged = seed_stack.stage(lambda p: b"".join(holder.get_archive(p)[0]), rec, work)
+        finally:
+            holder.remove(force=True)
+    out = {}
+    for path in spec.paths:
+        base = smoke_mod.launch_options(candidate, spec, snapshot, port)
+        out[("candidate", path)] = smoke_mod.Launch({**base, "command": smoke_mod.path_command(command(candidate),
+                                                                                                  path)})
+        if reference.kind == "seed-stack":
+            assert reference.image is not None
+            out[("reference", path)] = smoke_mod.Launch(seed_stack.launch(reference.image, rec, staged, {
+                **base, "command": smoke_mod.path_command(list(rec.image.cmd), path)}))
+        else:
+            assert reference.image is not None
+            out[("reference", path)] = smoke_mod.Launch({**smoke_mod.launch_options(reference.image, spec, snapshot,
+                                                                                     port),
+                                                         "command": smoke_mod.path_command(command(reference.image),
+                                                                                           path)})
+    return out
+
+
+def smoke(project: Path, image: str, model_dir: str | None = None, port=8000, report=None, reference=None,
+          record=None, endpoint=(), reference_endpoint=(), approvals=None, bench_client=None, tokenizer=None,
+          attest=False, key=None, envelope=None, log=lambda m: None) -> Smoked:
     import hashlib
     import json
+    import os
 
     from ..oci import store
     from ..oci.layer import write_blob
     from ..oci.refs import Reference
-    from ..release import smoke as smoke_mod, smoke_report, smoke_spec
+    from ..release import ab, smoke as smoke_mod, smoke_report, smoke_spec, step_summary
     from ..trust import keys, sign, smoke_ledger
 
     ref = Reference.parse_pinned(image, "image")
-    if record and attest:
-        raise InputError("--record and --attest together: a recording run is not a verdict; record, review and "
-                         "commit the outputs in provenance/smoke.yaml, then run again with --attest")
     spec_path = Project(project).smoke_spec
     spec = smoke_spec.load_spec(spec_path)
-    result = smoke_mod.run(str(ref), spec, Path(model_dir), int(port), record, log=log)
+    mine = smoke_mod.parse_endpoints(endpoint or (), spec.paths, "--endpoint")
+    theirs = smoke_mod.parse_endpoints(reference_endpoint or (), spec.paths, "--reference-endpoint")
+    launching = not mine or not theirs
+    if launching:
+        reason = smoke_mod.mi300x_present()
+        if reason:
+            raise EnvironmentProblem(reason + " (or run the gate against servers started elsewhere: "
+                                              "--endpoint PATH=URL and --reference-endpoint PATH=URL)")
+        if not model_dir:
+            raise InputError("--model-dir SNAPSHOT is needed to launch the servers")
+        if model_dir and Path(model_dir).name != spec.revision:
+            raise InputError(f"model snapshot {model_dir} is not revision {spec.revision}: pass "
+                             f".../snapshots/{spec.revision}")
+    approval_file = Path(approvals) if approvals else Project(project).root / "provenance" / "smoke-approvals.yaml"
+    approved = ab.load_approvals(approval_file) if approvals or approval_file.exists() else None
+    gate_reference, same_base, rec = _reference(project, ref, reference, record, launching, log)
+    with tempfile.TemporaryDirectory(prefix="bakery-smoke-") as tmp:
+        work = Path(tmp)
+        bench = _bench(str(ref), model_dir, bench_client, tokenizer, spec, work)
+        launches = _launches(spec, str(ref), gate_reference, rec, str(model_dir), int(port), work) if launching else {}
+        servers = {**launches, **{("candidate", p): e for p, e in mine.items()},
+                   **{("reference", p): e for p, e in theirs.items()}}
+        log(f"the gate: {len(spec.paths)} paths x (reference, candidate), budget {spec.budget_total_s // 60} minutes; "
+            f"reference: {gate_reference.kind}" + (f" {gate_reference.image}" if gate_reference.image else ""))
+        result = smoke_mod.run(str(ref), spec, servers, gate_reference, same_base, approved, bench, log=log)
     smoke_ledger.remember(str(ref.digest), hashlib.sha256(spec_path.read_bytes()).hexdigest(), result.result,
                           result.finished, result.run)  # a later verify here refuses an older PASSED
     out = Path(report) if report else Project(project).out / "smoke-report.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result.to_json(), indent=2, sort_keys=True))
     log(f"report: {out}")
+    page = os.environ.get("GITHUB_STEP_SUMMARY")
+    if page:
+        with open(page, "a", encoding="utf-8") as f:
+            f.write(step_summary.smoke(result.to_json()))
     attested = None
-    if attest:
+    if attest:  # the key is decrypted once the servers are gone, not for the hours they run
         signer = sign.Signer(keys.load_private(Path(key) if key else None, keys.SMOKE_KEY_ENV))
+        statement = smoke_report.statement(ref, result.to_json(), spec_path.read_bytes())
         if envelope:
-            write_blob(Path(envelope), sign.envelope(signer, smoke_report.statement(ref, result.to_json(), spec_path.read_bytes())))
+            write_blob(Path(envelope), sign.envelope(signer, statement))
             attested = f"envelope {envelope}"
         else:
             smoke_report.attach_report(store.RegistryStore(ref), ref, result.to_json(), spec_path.read_bytes(), signer)
             attested = "attached"
-    return Smoked(ref, result, out, attested)
+    return Smoked(ref, result, out, attested, Path(page) if page else None)

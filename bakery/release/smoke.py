@@ -1,94 +1,29 @@
-"""`invoke smoke`: run the image on an MI300X the production way and gate it on what a healthy
-service shows. This module is the run's I/O: the hardware, the container, its HTTP API and VRAM.
-Only the launch needs the GPU; what the run is judged against is plain code, tested on recorded log
-streams and a local stand-in server: the spec (smoke_spec.py), the start's log (smoke_log.py), the
-verdict and the signed report (smoke_report.py)."""
+"""`invoke smoke`: the MI300X acceptance gate. It serves the candidate and a reference one after the
+other, each path in turn (launched here the production way, or servers started elsewhere), runs the
+stages of gate.py against each, and judges them. This module is the run's I/O: the hardware, the
+containers, their start and VRAM, the order of the servers. What a run is judged against is plain
+code, tested on recorded log streams and a local stand-in server: the spec (smoke_spec.py), the
+start's log (smoke_log.py), the A/B (ab.py), the verdict and the signed report (smoke_report.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import re
 import subprocess
 import threading
 import time
-import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
-import requests
-
-from .. import untrusted
-from ..errors import EnvironmentProblem, InputError, SmokeFailure
+from ..errors import InputError, SmokeFailure
 from ..trust import smoke_ledger
+from . import ab as ab_mod, gate
 from .smoke_log import LogWatcher
-from .smoke_report import HttpChecks, SmokeReport, verdict, workflow_run
-from .smoke_spec import Case, SmokeSpec
-
-# -- HTTP checks --------------------------------------------------------------------------------------
-
-class Service:
-    """The OpenAI-compatible API of the running container; any 5xx fails the smoke."""
-
-    def __init__(self, base_url: str, model: str):
-        self.base, self.model = base_url.rstrip("/"), model
-
-    def _post(self, path: str, body: dict) -> dict:
-        resp = requests.post(self.base + path, json=body, timeout=600)
-        said = untrusted.safe(resp.text, limit=200)  # the served image's text: one inert line in our error
-        if resp.status_code >= 500:
-            raise SmokeFailure(f"HTTP {resp.status_code} from {path}: {said}")
-        if resp.status_code != 200:
-            raise SmokeFailure(f"{path} answered HTTP {resp.status_code}: {said}")
-        return resp.json()
-
-    def models(self) -> str:
-        resp = requests.get(self.base + "/v1/models", timeout=60)
-        if resp.status_code != 200:
-            raise SmokeFailure(f"/v1/models answered HTTP {resp.status_code}")
-        ids = [m.get("id") for m in resp.json().get("data", [])]
-        if self.model not in ids:
-            raise SmokeFailure(f"/v1/models lists {untrusted.safe(ids, limit=200)}, not {self.model}")
-        return self.model
-
-    def complete(self, prompt: str, max_tokens: int, temperature: float = 0.0, seed: int | None = None) -> dict:
-        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature}
-        if seed is not None:
-            body["seed"] = seed
-        return self._post("/v1/completions", body)
-
-    def arithmetic(self) -> str:
-        text = self.complete("Calculate 17 * 23. Answer with the number only.", 32)["choices"][0]["text"]
-        if "391" not in text:
-            raise SmokeFailure(f"'Calculate 17 * 23' at temperature 0 answered {text.strip()[:80]!r}, not 391")
-        return text
-
-    def prefill(self, min_tokens: int) -> dict:
-        """One uncached prefill over min_tokens: a fresh nonce defeats the prefix cache."""
-        words = " ".join(f"item{i}" for i in range(min_tokens))
-        prompt = f"[{uuid.uuid4()}] Repeat the last item of this list: {words}"
-        start = time.monotonic()
-        out = self.complete(prompt, 1)
-        seconds = time.monotonic() - start
-        tokens = out.get("usage", {}).get("prompt_tokens", 0)
-        if tokens <= min_tokens:
-            raise SmokeFailure(f"the long prefill had only {tokens} prompt tokens (need > {min_tokens})")
-        return {"prompt_tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1)}
-
-    def regression(self, cases: tuple[Case, ...], record: bool) -> list[dict]:
-        results = []
-        for case in cases:
-            text = self.complete(case.prompt, case.max_tokens, case.temperature, case.seed)["choices"][0]["text"]
-            results.append({"prompt": case.prompt, "seed": case.seed, "text": text,
-                            "status": "recorded" if record else ("unrecorded" if case.expected is None
-                                                                  else "same" if text == case.expected else "differs")})
-        return results
-
-
-def http_checks(service: Service, spec: SmokeSpec, record: bool) -> HttpChecks:
-    """The checks after a healthy start."""
-    return HttpChecks(service.models(), service.arithmetic().strip(), service.prefill(spec.prefill_min_tokens),
-                      tuple(service.regression(spec.regression, record)))
-
+from .smoke_report import Reference, ServerRun, SmokeReport, verdict, workflow_run
+from .smoke_spec import SPECULATIVE_FLAG, SmokeSpec
 
 # -- VRAM ------------------------------------------------------------------------------------------------
 
@@ -160,7 +95,8 @@ def host_facts(topology: str = "/sys/class/kfd/kfd/topology/nodes", driver: str 
 
 
 def launch_options(image: str, spec: SmokeSpec, model_dir: Path, port: int, devices: list[str] | None = None) -> dict:
-    """docker run settings of the production service (the Docker SDK's containers.run kwargs)."""
+    """docker run settings of the production service (the Docker SDK's containers.run kwargs), on the
+    image's own command (the dspark path)."""
     from docker.types import Ulimit
 
     if model_dir.name != spec.revision:
@@ -207,41 +143,156 @@ def watch(container, watcher: LogWatcher, poll: float = 1.0) -> None:
         time.sleep(poll)
 
 
-def run(image: str, spec: SmokeSpec, model_dir: Path, port: int = 8000, record: bool = False,
-        devices: list[str] | None = None, require_hardware: bool = True, vram=vram_used_bytes, log=print,
-        stand_ins: dict | None = None) -> SmokeReport:
-    """Launch, watch, check; always returns a report (result PASSED or FAILED) and removes the container."""
+
+
+def path_command(command: list[str], path: str) -> list[str]:
+    """The image's `vllm serve` arguments for one path: native leaves out the speculative config."""
+    if path == "dspark":
+        return list(command)
+    out, skip = [], False
+    for arg in command:
+        if skip:
+            skip = False
+        elif arg == SPECULATIVE_FLAG:
+            skip = True  # its value is the next argument
+        elif not arg.startswith(SPECULATIVE_FLAG + "="):
+            out.append(arg)
+    return out
+
+
+# -- the servers -------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A server started elsewhere, serving one path: the gate launches nothing."""
+    url: str
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A server the gate starts: docker run settings (launch_options, the path's command in them)."""
+    options: dict
+
+
+def parse_endpoints(given: list[str] | tuple[str, ...], paths: tuple[str, ...], flag: str) -> dict[str, Endpoint]:
+    """--endpoint PATH=URL, once per path (a server runs one path at a time)."""
+    out: dict[str, Endpoint] = {}
+    for item in given:
+        path, _, url = item.partition("=")
+        if path not in paths or not re.match(r"^https?://[^\s/]+", url):
+            raise InputError(f"{flag} {item}: give PATH=URL with PATH one of {', '.join(paths)} "
+                             f"(e.g. {flag} dspark=http://127.0.0.1:8000)")
+        if path in out:
+            raise InputError(f"{flag}: {path} named twice")
+        out[path] = Endpoint(url.rstrip("/"))
+    if out and set(out) != set(paths):
+        raise InputError(f"{flag}: name a server for each path ({', '.join(paths)}); missing "
+                         f"{', '.join(p for p in paths if p not in out)}")
+    return out
+
+
+@contextlib.contextmanager
+def serving(run: ServerRun, how: Endpoint | Launch, spec: SmokeSpec, vram, log):
+    """The server's URL while it serves: an endpoint as it is, or a container started, watched until
+    healthy (or failed), its VRAM sampled, and removed after, whatever happens."""
+    if isinstance(how, Endpoint):
+        run.healthy = True
+        yield how.url
+        return
     import docker
 
-    if require_hardware:
-        reason = mi300x_present()
-        if reason:
-            raise EnvironmentProblem(reason)
-    options = {**launch_options(image, spec, model_dir, port, devices), **(stand_ins or {})}
     client = docker.from_env()
-    facts, started = host_facts(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    number, workflow = smoke_ledger.next_run(), workflow_run()
     sampler = VramSampler(vram)
     try:
-        container = client.containers.run(**options)
+        container = client.containers.run(**how.options)
     except docker.errors.APIError as e:
-        raise SmokeFailure(f"Docker could not start {image}: {e.explanation or e}") from None
+        raise SmokeFailure(f"Docker could not start {how.options['image']}: {e.explanation or e}") from None
     sampler.start()
-    watcher = LogWatcher(spec.speculative, spec.health_deadline_s)
-    healthy, http, failure = False, None, None
+    watcher = LogWatcher(run.path == "dspark", spec.health_deadline_s)
     try:
-        log(f"waiting up to {spec.health_deadline_s}s for a healthy start of {image}")
-        watch(container, watcher)
-        healthy = True
-        http = http_checks(Service(f"http://127.0.0.1:{port}", spec.model), spec, record)
-    except SmokeFailure as e:
-        failure = str(e)
+        log(f"waiting up to {spec.health_deadline_s}s for a healthy start of the {run.side} on the {run.path} path")
+        start = time.monotonic()
+        try:
+            watch(container, watcher)
+        finally:
+            run.health = tuple({"signal": n, "seconds": s, "line": line} for n, s, line in watcher.seen)
+            run.seconds["start"] = round(time.monotonic() - start, 1)
+        run.healthy = True
+        port = how.options["ports"]["8000/tcp"][1]
+        yield f"http://127.0.0.1:{port}"
     finally:
         sampler.stop.set()
         sampler.join(timeout=10)
         container.remove(force=True)
-    high = sampler.high or None
-    return SmokeReport(image, spec.model, spec.revision, facts, started, number, workflow,
-                       tuple({"signal": n, "seconds": s, "line": line} for n, s, line in watcher.seen), healthy, http,
-                       failure, high, spec.vram_limit_bytes, sampler.error if sampler.error and not high else None,
-                       time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), verdict(healthy, http, high, spec))
+        run.vram_high_water_bytes = sampler.high or None
+        run.vram_error = sampler.error if sampler.error and not sampler.high else None
+
+
+def _stage(run: ServerRun, name: str, seconds: float, fn):
+    """One stage under its deadline, timed into the run."""
+    start = time.monotonic()
+    try:
+        return fn(gate.Deadline(f"{name} ({run.side}, {run.path} path)", seconds))
+    finally:
+        run.seconds[name] = round(time.monotonic() - start, 1)
+
+
+def serve_and_check(run: ServerRun, how: Endpoint | Launch, spec: SmokeSpec, bench: gate.BenchClient | None,
+                    vram, log) -> None:
+    """Every stage this server owes the gate; a failure stops this server (recorded in the run)."""
+    try:
+        with serving(run, how, spec, vram, log) as url:
+            service = gate.Service(url, spec.model)
+            service.models()
+            if run.side == "candidate":
+                run.arithmetic = gate.arithmetic(service)
+            log(f"A/B sweep on the {run.side}'s {run.path} path: {len(spec.ab.requests())} completions of "
+                f"{spec.ab.max_tokens} tokens")
+            run.completions = _stage(run, "ab", spec.budget_s["ab"], lambda d: gate.sweep(
+                service, spec.ab, run.path, d, _progress(log, f"{run.side} {run.path}")))
+            if run.side == "candidate":
+                run.needles = _stage(run, "quality", spec.budget_s["quality"],
+                                     lambda d: gate.needles(service, spec.needles, run.path, d))
+            if run.path == "dspark" and bench is not None:
+                def measure(d):
+                    return [gate.speed(bench, g, url, spec.model, d) for g in spec.speed.gates]
+                run.speed = _stage(run, "speed", spec.budget_s["speed"], measure)
+                run.acceptance = next((s["acceptance"] for s in run.speed if s.get("acceptance")), None)
+    except SmokeFailure as e:
+        run.failure = str(e)
+
+
+def _progress(log, what: str):
+    def say(done: int, total: int) -> None:
+        if done == total or done % max(1, total // 8) == 0:
+            log(f"{what}: {done} of {total}")
+    return say
+
+
+def run(image: str, spec: SmokeSpec, servers: Mapping[tuple[str, str], Endpoint | Launch], reference: Reference,
+        same_base: bool, approvals: ab_mod.Approvals | None, bench: gate.BenchClient | None,
+        vram=vram_used_bytes, log=print) -> SmokeReport:
+    """The gate: the reference's servers, then the candidate's, one at a time, path by path; then the
+    A/B and the verdict. Always returns a report (PASSED or FAILED); every container it started is
+    removed."""
+    facts, started = host_facts(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    number, workflow = smoke_ledger.next_run(), workflow_run()
+    runs = []
+    for side in ("reference", "candidate"):
+        for path in spec.paths:
+            how = servers[(side, path)]
+            serves = how.url if isinstance(how, Endpoint) else how.options["image"]
+            runs.append(ServerRun(side, path, serves, isinstance(how, Launch)))
+            serve_and_check(runs[-1], how, spec, bench, vram, log)
+    results, ab_error = None, None
+    if all(r.failure is None for r in runs):
+        try:
+            results = ab_mod.compare([c for r in runs if r.side == "candidate" for c in r.completions],
+                                     [c for r in runs if r.side == "reference" for c in r.completions],
+                                     spec.paths, approvals)
+        except InputError as e:
+            ab_error = str(e)
+    checks = verdict(spec, runs, reference, same_base, results, ab_error)
+    return SmokeReport(image, spec.model, spec.revision, facts, started, number, workflow, reference, same_base,
+                       any(r.launched for r in runs), tuple(runs), results, approvals, checks, spec.budget_total_s,
+                       time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))

@@ -22,6 +22,7 @@ from . import keys as keys_mod, policy as policy_mod, provenance, sbom, sign
 class Report:
     checks: list = field(default_factory=list)  # (ok, what)
     summary: dict = field(default_factory=dict)
+    smoke: dict | None = None  # the signed smoke report, as signed (untrusted JSON), where one was checked
 
     def check(self, ok: bool, what: str) -> bool:
         self.checks.append((ok, what))
@@ -360,18 +361,34 @@ def verify(store, ref: Reference, policy, require_smoke: bool = False, blobs: bo
     return report
 
 
+def ran_ab(report: dict, paths: tuple[str, ...] = ("dspark", "native")) -> bool:
+    """Whether a signed smoke report ran the acceptance gate's A/B against a reference on every path,
+    each path's outputs compared."""
+    ab = report.get("ab")
+    rows = ab.get("paths") if isinstance(ab, dict) else None
+    if not isinstance(rows, list) or not isinstance(report.get("reference"), dict):
+        return False
+    compared = {r.get("path"): r.get("compared") for r in rows if isinstance(r, dict)}
+    counts = [compared.get(p) for p in paths]
+    return all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in counts)
+
+
 def _smoke(smoke: dict | None, policy, report: Report, digest: str = "", run: str | None = None) -> None:
-    """A PASSED result that compared outputs, from the spec the policy pins, on the GPU it names,
-    and not older than a FAILED this machine has seen for the same digest and spec (the ledger)."""
-    compared = _report(smoke or {}).get("regression_compared", 0)
+    """A PASSED result that ran the A/B against a reference on both paths, from the spec the policy
+    pins, on the GPU it names, and not older than a FAILED this machine has seen for the same digest
+    and spec (the ledger)."""
+    signed = _report(smoke or {})
+    ab = ran_ab(signed)
     ran = next((c.get("digest", {}).get("sha256") for c in (smoke or {}).get("configuration") or []
                 if c.get("name") == policy_mod.SMOKE_SPEC), None)
-    if not report.check(smoke is not None and smoke.get("result") == "PASSED" and compared > 0,
-                        "a passing MI300X smoke attestation signed by a smoke key, its regression outputs compared"
+    if not report.check(smoke is not None and smoke.get("result") == "PASSED" and signed.get("result") == "PASSED"
+                        and ab, "a passing MI300X acceptance gate signed by a smoke key, its A/B run against a "
+                                "reference on both paths"
                         + ("" if smoke else " (none attached, or not signed by a smoke key)")
-                        + (f" (result {smoke.get('result')}, {compared} outputs compared)" if smoke else "")) \
+                        + (f" (result {smoke.get('result')}, {'the A/B ran' if ab else 'no A/B'})" if smoke else "")) \
             or smoke is None:
         return
+    report.smoke = signed
     report.check(ran == policy.smoke_spec, f"the smoke ran the pinned spec {policy_mod.SMOKE_SPEC} "
                  f"sha256:{policy.smoke_spec}" + ("" if ran == policy.smoke_spec else
                                                   f" (it ran sha256:{ran}: an older or other spec; run the smoke "
