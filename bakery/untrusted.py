@@ -3,7 +3,9 @@ safe for where it goes. One function, one rule per sink:
 
 - every sink: at most `limit` characters (the rest counted, not kept); control characters, line
   and paragraph separators, the bidirectional overrides that can hide or reorder a line, invisible
-  and tag characters and lone surrogates are shown escaped (\\x1b, \\u202e), never acted on;
+  and tag characters and lone surrogates are shown escaped (\\x1b, \\u202e), never acted on,
+  and no line is a command to GitHub's runner (a :: that starts it after any white space .NET trims,
+  a ##[ anywhere: the first : shown as \\x3a, the [ as \\x5b);
 - "terminal" and "json" stop there (JSON escapes the rest itself; what a verifier later prints of
   a signed record is already inert);
 - "markdown" (a PR or issue body, a table cell) also escapes Markdown and HTML, and breaks every
@@ -37,7 +39,25 @@ _WWW = re.compile(r"(?i)\b(www)(\.)")
 WORD_JOINER = "\u2060"  # invisible, and no link, mention or reference matches across it
 
 
-_COMMAND = re.compile(r"(^|\n)([ \t]*):(?=:)")  # a line's first colon of a leading ::
+# GitHub's runner (actions/runner, .NET 8) acts on a line of a step's output in two forms; both are made
+# inert on every sink, in the text as it will be printed (after safe's escaping, so the only white
+# space left raw is the space, the other Zs characters and, with lines=True, \n):
+# - a line is what StreamReader.ReadLine gives (src/Runner.Sdk/ProcessInvoker.cs, StartReadStream): it
+#   ends at \n, \r or \r\n. OutputManager.OnDataReceived (src/Runner.Worker/Handlers/OutputManager.cs)
+#   hands it to ActionCommandManager.TryProcessCommand (src/Runner.Worker/ActionCommandManager.cs),
+#   which tries ActionCommand.TryParseV2, then ActionCommand.TryParse (src/Runner.Common/ActionCommand.cs);
+# - TryParseV2: the line after String.TrimStart() starts with "::". TrimStart() drops every
+#   char.IsWhiteSpace character, U+00A0, U+1680, U+2000-U+200A, U+202F, U+205F and U+3000 too (not
+#   U+200B or U+FEFF, format characters, shown escaped here anyway);
+# - TryParse, the legacy form: "##[" anywhere in the line (IndexOf), whatever precedes it.
+# Both find the key with a culture-sensitive StartsWith/IndexOf (ICU, which passes over ignorable
+# characters such as U+0640 or a combining mark), but read the command's name at a fixed offset (2, or
+# 3 past "##["): an ignorable character within the key, or before a leading "::", shifts the name off,
+# so only the literal "::" and "##[" act.
+# what char.IsWhiteSpace is true of, as a regular expression class
+DOTNET_WHITE_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+_COMMAND = re.compile(rf"^([{DOTNET_WHITE_SPACE}]*):(?=:)", re.MULTILINE)  # a line's first colon of a leading ::
+_LEGACY_COMMAND = re.compile(r"(?<=#)\[")  # the [ of ##[ (and of #[, which a # before the text would complete)
 
 
 def _escape(char: str) -> str:
@@ -60,8 +80,10 @@ def safe(text, sink: str = "terminal", limit: int = 300, lines: bool = False) ->
     if len(text) > limit:
         text = text[:limit] + f"... ({len(text) - limit} more characters)"
     text = "".join(_escape(c) if _unsafe(c) and not (lines and c == "\n") else c for c in text)
-    # a line that starts with :: is a command to GitHub's runner (::add-mask::, ::error::), wherever it is printed
-    text = _COMMAND.sub(lambda m: m.group(1) + m.group(2) + "\\x3a", text)
+    # no command to GitHub's runner (::add-mask::, ::error::, ##[error]), wherever it is printed (its rules:
+    # above _COMMAND)
+    text = _COMMAND.sub(lambda m: m.group(1) + "\\x3a", text)
+    text = _LEGACY_COMMAND.sub(lambda m: "\\x5b", text)
     if sink == "markdown":
         text = _MARKDOWN.sub(r"\\\1", text)
         text = _REFERENCE.sub(_break, text)
