@@ -91,10 +91,11 @@ def signed_provenance(store, ref: Reference, policy) -> dict:
 FULL_DISK = ("No space left on device", "Disk quota exceeded")  # strerror of ENOSPC and EDQUOT
 
 
-def _git(*args: str, writes: Path, cwd: Path | None = None) -> str:
+def _git(*args: str, writes: Path, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
     """git's output; its failure as one line, naming the folder it `writes` when the disk filled (git's
-    last line then is often another process's complaint, e.g. fetch-pack's "invalid index-pack output")."""
-    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+    last line then is often another process's complaint, e.g. fetch-pack's "invalid index-pack output").
+    A revision's git runs through _revision_git, which gives it its isolated `env`."""
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         command = next(a for a in args if not a.startswith("-") and "=" not in a)  # past the -c NAME=VALUE
         said = done.stderr.strip().splitlines() or ["failed"]
@@ -107,6 +108,38 @@ def _git(*args: str, writes: Path, cwd: Path | None = None) -> str:
                                      f"give --workdir (or TMPDIR) on a larger disk")
         raise EnvironmentProblem(f"git {command}: {untrusted.safe(said[-1], limit=300)}")
     return done.stdout.strip()
+
+
+# Every git run on a revision (ours, outside the sandbox) reads no configuration but its own command
+# line and the clone's .git/config, which git writes and the remote does not: no system file (where
+# `git lfs install --system`, run by Debian's git-lfs package and on GitHub's runners, defines the lfs
+# filter that a committed .gitattributes and .lfsconfig turn into requests to any URL), no global file
+# or home (hooks, fsmonitor, credential helpers, url.*.insteadOf, core.autocrlf, ~/.netrc). On top,
+# should a configuration still come through: filters, hooks and fsmonitor off, no helper, and only
+# the protocols a fetch of the provenance's repository needs (https; file: a local path or file://).
+GIT_PROTOCOLS = ("file", "https")
+GIT_OPTIONS = ("-c", "protocol.allow=never", *(a for p in GIT_PROTOCOLS for a in ("-c", f"protocol.{p}.allow=always")),
+               "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "credential.helper=",
+               "-c", "filter.lfs.smudge=", "-c", "filter.lfs.clean=", "-c", "filter.lfs.process=",
+               "-c", "filter.lfs.required=false")
+
+
+def git_env() -> dict[str, str]:
+    """The environment of a revision's git: ours (PATH, LANG, proxies) less every GIT_* variable
+    (GIT_CONFIG_PARAMETERS, GIT_CONFIG_COUNT, GIT_SSH_COMMAND, GIT_TEMPLATE_DIR, ... would each bring
+    configuration or commands back) and the askpass programs; no system or global configuration, and
+    a HOME (and XDG_CONFIG_HOME) under which nothing is or can be: /dev/null."""
+    kept = {name: value for name, value in os.environ.items()
+            if not name.startswith("GIT_") and name not in ("SSH_ASKPASS", "XDG_CONFIG_HOME")}
+    return {**kept, "HOME": os.devnull, "XDG_CONFIG_HOME": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0", "GIT_LFS_SKIP_SMUDGE": "1",
+            "GIT_ALLOW_PROTOCOL": ":".join(GIT_PROTOCOLS)}
+
+
+def _revision_git(*args: str, writes: Path, cwd: Path | None = None) -> str:
+    """_git, run on a revision's bytes: isolated (GIT_OPTIONS, git_env()); it fetches and checks out
+    and runs nothing the revision names."""
+    return _git(*GIT_OPTIONS, *args, writes=writes, cwd=cwd, env=git_env())
 
 
 WORKDIR_MARK = ".bakery-rebuild"  # in a --workdir: a rebuild made it, and one holds its lock while it runs
@@ -160,9 +193,9 @@ def rebuild(p: Plan, workdir: Path, toolchain: str | None, log, named: Path | No
     folder a full disk's error names (a temporary workdir is gone by then: its TMPDIR)."""
     source = workdir / "source"
     log(f"cloning {p.repository} at {p.revision[:12]}")
-    _git("-c", "protocol.allow=never", "-c", "protocol.https.allow=always", "-c", "protocol.file.allow=always",
-         "clone", "-q", "--no-checkout", "--", p.repository, str(source), writes=named or workdir)
-    _git("-c", "core.symlinks=true", "checkout", "-q", "--detach", p.revision, cwd=source, writes=named or workdir)
+    _revision_git("clone", "-q", "--no-checkout", "--", p.repository, str(source), writes=named or workdir)
+    _revision_git("-c", "core.symlinks=true", "checkout", "-q", "--detach", p.revision, cwd=source,
+                  writes=named or workdir)
     _readable_by_all(source)  # as root, the build runs as the host's uid 65534, whatever the umask
     hip_dir = source / "hip"
     if hip_dir.is_symlink() or not hip_dir.is_dir():  # docker would bind where a link points: the host
