@@ -221,3 +221,20 @@ def test_the_revisions_git_environment(monkeypatch):
     options = " ".join(reproduce.GIT_OPTIONS)
     for option in ("protocol.allow=never", "core.hooksPath=/dev/null", "filter.lfs.process=", "core.fsmonitor=false"):
         assert option in options
+
+
+def test_the_hosts_own_mirror_setting_still_names_where_to_clone_from(tmp_path, monkeypatch):
+    """The operator's url.<base>.insteadOf (a mirror; the rehearsal's local origin) is applied by us,
+    to the clone's address only, the longest match first, as git would: the revision's git itself reads
+    no configuration."""
+    from bakery.release import reproduce
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text('[url "file:///srv/mirror/bakery"]\n\tinsteadOf = https://github.com/o/bakery\n'
+                                     '[url "file:///srv/mirror/all/"]\n\tinsteadOf = https://github.com/\n')
+    monkeypatch.setenv("HOME", str(home))
+    assert reproduce.host_url("https://github.com/o/bakery") == "file:///srv/mirror/bakery"
+    assert reproduce.host_url("https://github.com/o/other") == "file:///srv/mirror/all/o/other"
+    assert reproduce.host_url("https://example.com/x") == "https://example.com/x"
+    assert "HOME" in reproduce.git_env() and reproduce.git_env()["HOME"] != str(home)  # not for the revision's git

@@ -142,6 +142,20 @@ def _revision_git(*args: str, writes: Path, cwd: Path | None = None) -> str:
     return _git(*GIT_OPTIONS, *args, writes=writes, cwd=cwd, env=git_env())
 
 
+def host_url(url: str) -> str:
+    """url, rewritten as this host's own git configuration's url.<base>.insteadOf says (the longest
+    match, as git picks it): a mirror the operator set, applied here, by us, since the revision's git
+    reads no configuration. The commit's id still names the bytes, wherever they come from."""
+    done = subprocess.run(["git", "config", "--get-regexp", r"^url\..*\.insteadof$"], capture_output=True, text=True)
+    best = ("", url)
+    for line in done.stdout.splitlines() if done.returncode == 0 else []:
+        key, _, prefix = line.partition(" ")
+        base = key[len("url."):-len(".insteadof")]
+        if prefix and url.startswith(prefix) and len(prefix) > len(best[0]):
+            best = (prefix, base + url[len(prefix):])
+    return best[1]
+
+
 WORKDIR_MARK = ".bakery-rebuild"  # in a --workdir: a rebuild made it, and one holds its lock while it runs
 
 
@@ -193,7 +207,10 @@ def rebuild(p: Plan, workdir: Path, toolchain: str | None, log, named: Path | No
     folder a full disk's error names (a temporary workdir is gone by then: its TMPDIR)."""
     source = workdir / "source"
     log(f"cloning {p.repository} at {p.revision[:12]}")
-    _revision_git("clone", "-q", "--no-checkout", "--", p.repository, str(source), writes=named or workdir)
+    url = host_url(p.repository)
+    if url != p.repository:
+        log(f"cloning it from {untrusted.safe(url)} (this host's url.*.insteadOf)")
+    _revision_git("clone", "-q", "--no-checkout", "--", url, str(source), writes=named or workdir)
     _revision_git("-c", "core.symlinks=true", "checkout", "-q", "--detach", p.revision, cwd=source,
                   writes=named or workdir)
     _readable_by_all(source)  # as root, the build runs as the host's uid 65534, whatever the umask
