@@ -175,11 +175,17 @@ def vendored_actions(project: Path) -> list[str]:
     return args
 
 
+def tool_python() -> str:
+    """This machine's system Python 3.11, which the runner's user can run (a pyenv one under /root it
+    could not)."""
+    return next((p for p in ("/usr/bin/python3.11", "/usr/local/bin/python3.11") if Path(p).exists()),
+                shutil.which("python3.11") or "/usr/bin/python3")
+
+
 def tool_cache(work: Path) -> Path:
     """setup-python's tool cache holding this machine's Python 3.11 (what the workflows ask for): the
     system's, which the runner's user can read (a pyenv one under /root it could not)."""
-    python = next((p for p in ("/usr/bin/python3.11", "/usr/local/bin/python3.11") if Path(p).exists()),
-                  shutil.which("python3.11") or "/usr/bin/python3")
+    python = tool_python()
     version = subprocess.run([python, "-c", "import platform; print(platform.python_version())"],
                              capture_output=True, text=True, check=True).stdout.strip()
     if not version.startswith("3.11."):

@@ -22,8 +22,9 @@ What stands in, and says so: there is no MI300X here, so no runner has the smoke
 stays queued, as on GitHub before the MI300X runner is registered, and the mi300x-runner job cancels
 the run after MI300X_WAIT_MINUTES (1 here). With `smoke="stand-in"` the smoke job runs on this host,
 its one step that needs an MI300X replaced (in a copy of the workflow, every other byte the same) by
-one that signs the report the tests use for the MI300X's, with the smoke key the smoke job holds;
-attach-smoke and promote then run on it. GitHub's API (the run's jobs, the cancel, and in the
+one that runs the acceptance gate against stand-in servers (bakery/dev/vllm_stand_in.py) with vLLM's
+own benchmark client, writes an MI300X's host facts into the report, and signs it with the smoke key
+the smoke job holds; attach-smoke and promote then run on it. GitHub's API (the run's jobs, the cancel, and in the
 nightly workflow what `gh` asks) is a local HTTPS stand-in that records what it was asked.
 """
 
@@ -82,7 +83,13 @@ def release(project: Path, work: Path, log, smoke: str = "none", drill: str | No
     if smoke == "stand-in" or drill == "smoke-failed":
         result = "FAILED" if drill == "smoke-failed" else "PASSED"
         stood = work / "release-smoke-stand-in.yml"
-        stood.write_text(with_smoke_stand_in(workflow.read_text(), STAND_IN.format(result=result)))
+        from .act import tool_python
+        from .bench_client import ensure, tokenizer
+
+        # where the runner's user can read it (the rehearsal's folder), by a Python it can run
+        client = ensure(project, log, work.parent / "bench-client", tool_python())
+        script = STAND_IN.format(result=result, client=client, tokenizer=tokenizer(client, work / "tokenizer"))
+        stood.write_text(with_smoke_stand_in(workflow.read_text(), script))
         workflow = stood
     variables, secrets_ = release_inputs(stage)
     # act gives every job every secret and variable; GitHub gives each job its scope's: held equal by
@@ -131,28 +138,42 @@ def _private(keys: Path, role: str) -> str:
     return (keys / f"{role}.key").read_text()
 
 
-# the stand-in for the MI300X's report: what tests/test_smoke.py signs for a passing (or failing) run
+# the stand-in for the MI300X: the acceptance gate itself (`invoke smoke` with --endpoint) against
+# stand-in servers of both paths and sides, measured by vLLM's own benchmark client; only the host
+# facts of an MI300X are written in by hand before the smoke key this job holds signs the result
 STAND_IN = """\
-.venv/bin/python - "$IMAGE" "{result}" <<'PY'
-# STAND-IN: there is no MI300X here. This signs the report the tests use for the MI300X's, with the
-# smoke key this job holds, as `invoke smoke --attest --envelope smoke.dsse` would.
-import json, sys
+.venv/bin/python - "$IMAGE" "{result}" "{client}" "{tokenizer}" <<'PY'
+# STAND-IN: there is no MI300X here. The gate runs for real against bakery/dev/vllm_stand_in.py (NOT
+# vLLM), which serves each path of the reference and the candidate; for a FAILED drill the
+# candidate's DSpark path drifts one token of one seed. This host has no GPU: an MI300X's facts are
+# written into the report, marked, before it is signed as `invoke smoke --attest --envelope` would.
+import json, sys, threading
 from pathlib import Path
+from bakery.cli import smoke as gate
+from bakery.dev import vllm_stand_in
 from bakery.oci.refs import Reference
 from bakery.release import smoke_report
 from bakery.trust import keys, sign
-ref, result = Reference.parse_pinned(sys.argv[1], "image"), sys.argv[2]
-passed = result == "PASSED"
-report = {{"image": str(ref), "result": result, "stand_in": "no MI300X: the rehearsal's stand-in report",
-          "passed": ["health", "http", "regression", "vram"] if passed else ["health"],
-          "failed": [] if passed else ["vram"], "regression_compared": 4,
-          "host": {{"gfx_arch": "gfx942", "compute_units": 304}}, "workflow_run": smoke_report.workflow_run()}}
+image, result, client, tokenizer = sys.argv[1:5]
+urls = {{}}
+for side in ("reference", "candidate"):
+    for path in ("dspark", "native"):
+        drift = (17, 1.0, 5) if result == "FAILED" and side == "candidate" and path == "dspark" else None
+        server = vllm_stand_in.server(vllm_stand_in.Behaviour("deepseek-ai/DeepSeek-V4-Flash-0731", path, drift,
+                                                             pace_s=0.005, pace_per_stream_s=0.0008))
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        urls.setdefault(side, []).append(f"{{path}}=http://127.0.0.1:{{server.server_address[1]}}")
+smoked = gate.smoke(Path("."), image, endpoint=urls["candidate"], reference_endpoint=urls["reference"],
+                    bench_client=client, tokenizer=tokenizer, report="smoke-report.json", log=print)
+report = {{**smoked.result.to_json(), "host": {{"gfx_arch": "gfx942", "compute_units": 304,
+                                              "stand_in": "no MI300X: the rehearsal wrote these facts"}}}}
 Path("smoke-report.json").write_text(json.dumps(report, indent=2, sort_keys=True))
 signer = sign.Signer(keys.load_private(None, keys.SMOKE_KEY_ENV))
 spec = Path("provenance/smoke.yaml").read_bytes()
+ref = Reference.parse_pinned(image, "image")
 Path("smoke.dsse").write_bytes(sign.envelope(signer, smoke_report.statement(ref, report, spec)))
-print(result, ref)
-sys.exit(0 if passed else 7)
+print(report["result"], ref)
+sys.exit(0 if report["result"] == "PASSED" else 7)
 PY"""
 
 
