@@ -11,13 +11,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
 import yaml
 
 from bakery.dev import github_stand_in as stand_in
-from bakery.errors import AuthError, EnvironmentProblem
+from bakery.errors import AuthError, EnvironmentProblem, InputError, RegistryError
 from bakery.release import github, settings as settings_mod
 from bakery.trust import keys
 from support import ROOT, copy_project, invoke
@@ -85,8 +86,17 @@ def _env(repo, name="release"):
 
 
 def _registered_to_the_repository(r) -> None:
-    r.repo_runners.append(r.runners.pop())
-    r.group = None
+    r.repo_runners.append(r.groups.pop().runners[0])
+
+
+MI300X = list(SETTINGS.mi300x_labels)
+WRITE_ROLE = {"actor_id": 4, "actor_type": "RepositoryRole", "bypass_mode": "always"}
+
+
+def _on_page_two(r) -> None:
+    """Every listing one item a page: the organization's second secret is on page 2."""
+    r.page_size = 1
+    r.org_secrets += ["NPM_TOKEN", "BAKERY_SMOKE_SIGNING_KEY"]
 
 
 # each: how a repository falls short, and words its one line must carry
@@ -110,16 +120,42 @@ SHORTFALLS = {
                                        "BAKERY_SIGNING_KEY is also a repository (or organization) secret"),
     "a key also an organization secret": (lambda r: r.org_secrets.append("BAKERY_SMOKE_SIGNING_KEY"),
                                           "BAKERY_SMOKE_SIGNING_KEY is also a repository (or organization) secret"),
+    "any branch may deploy too": (lambda r: _env(r).branches.append("*"),
+                                  "environment release is not limited to tags v* (its branch rule '*' also let"),
+    "any tag may deploy too": (lambda r: _env(r, "smoke").tags.append("*"),
+                               "environment smoke is not limited to tags v* (its tag rule '*' also let"),
     "no tag ruleset": (lambda r: r.tag_rulesets.clear(), "no active tag ruleset protects v*"),
-    "no MI300X runner": (lambda r: r.runners.clear(), "no online runner has the labels self-hosted, linux, x64, mi300x"),
-    "a runner without the label": (lambda r: r.runners.__setitem__(0, ["self-hosted", "linux", "x64"]),
+    "a tag ruleset excluding release tags": (lambda r: r.tag_rulesets[0].exclude.append("refs/tags/v1.*"),
+                                             "the tag ruleset 'tags 1' leaves v* tags open (it excludes "
+                                             "'refs/tags/v1.*')"),
+    "a tag ruleset excluding every tag": (lambda r: r.tag_rulesets[0].exclude.append("~ALL"), "it excludes '~ALL'"),
+    "a tag ruleset the Write role may bypass": (lambda r: r.tag_rulesets[0].bypass_actors.append(WRITE_ROLE),
+                                                "leaves v* tags open (the Write role (anyone with push rights) may "
+                                                "bypass it)"),
+    "a tag ruleset an app may bypass": (lambda r: r.tag_rulesets[0].bypass_actors.append(
+        {"actor_id": 15368, "actor_type": "Integration", "bypass_mode": "always"}),
+        "the GitHub App 15368 may bypass it"),
+    "a tag ruleset only evaluated": (lambda r: setattr(r.tag_rulesets[0], "enforcement", "evaluate"),
+                                     "leaves v* tags open (its enforcement is 'evaluate', not active)"),
+    "a tag ruleset disabled": (lambda r: setattr(r.tag_rulesets[0], "enforcement", "disabled"),
+                               "its enforcement is 'disabled', not active"),
+    "no MI300X runner": (lambda r: r.groups[0].runners.clear(),
+                         "no online runner has the labels self-hosted, linux, x64, mi300x"),
+    "a runner without the label": (lambda r: r.groups[0].runners.__setitem__(0, ["self-hosted", "linux", "x64"]),
                                    "no online runner has the labels"),
     "the runner registered to the repository": (_registered_to_the_repository,
                                                 "registered to the repository itself, where any workflow can reach it"),
-    "a runner group open to any workflow": (lambda r: r.group.update(workflows=[]),
+    "a second MI300X runner registered to the repository": (lambda r: r.repo_runners.append(MI300X),
+                                                            "an MI300X runner is registered to the repository itself"),
+    "a runner group open to any workflow": (lambda r: r.groups[0].workflows.clear(),
                                             "is open to more than dsv4-mi300x/bakery's release.yml"),
-    "a runner group open to another repository": (lambda r: r.group["repositories"].append("dsv4-mi300x/other"),
+    "a runner group open to another repository": (lambda r: r.groups[0].repositories.append("dsv4-mi300x/other"),
                                                   "is open to more than"),
+    "a second runner group open to all": (lambda r: r.groups.append(stand_in.RunnerGroup("gpus", "all",
+                                                                                         runners=[MI300X])),
+                                          "the runner group 'gpus' with an MI300X runner is open to more than"),
+    "a key also an organization secret on page 2": (_on_page_two, "BAKERY_SMOKE_SIGNING_KEY is also a repository "
+                                                                  "(or organization) secret"),
     "the package linked elsewhere": (lambda r: setattr(r, "package", (SETTINGS.package, "someone/else")),
                                      "is linked to someone/else, not dsv4-mi300x/bakery"),
 }
@@ -135,8 +171,63 @@ def test_each_gap_is_one_line_saying_what_to_do(case, ready_project, gh):
     assert fix, found[0]  # what to do, after the gap itself
 
 
+# each: a repository set up otherwise than ready_repo, still closed
+CLOSED = {
+    "every listing one item a page": lambda r: setattr(r, "page_size", 1),
+    "the labels as GitHub spells its own": lambda r: r.groups[0].runners.__setitem__(
+        0, ["self-hosted", "Linux", "X64", "mi300x"]),
+    "organization admins and the Maintain role may bypass": lambda r: r.tag_rulesets[0].bypass_actors.extend(
+        [{"actor_id": 1, "actor_type": "OrganizationAdmin", "bypass_mode": "always"},
+         {"actor_id": 2, "actor_type": "RepositoryRole", "bypass_mode": "always"}]),
+    "the Write role bypasses on pull requests only": lambda r: r.tag_rulesets[0].bypass_actors.append(
+        {**WRITE_ROLE, "bypass_mode": "pull_request"}),
+    "other tags excluded": lambda r: r.tag_rulesets[0].exclude.append("refs/tags/nightly-*"),
+    "a flawed ruleset beside a sound one": lambda r: r.tag_rulesets.insert(0, stand_in.Ruleset(
+        ["~ALL"], enforcement="evaluate")),
+    "a runner group of another runner open to all": lambda r: r.groups.append(stand_in.RunnerGroup(
+        "cpus", "all", runners=[["self-hosted", "linux", "x64"]])),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLOSED))
+def test_what_leaves_nothing_open_is_no_gap(case, ready_project, gh):
+    CLOSED[case](gh.state.repo)
+    assert gaps(ready_project, gh) == []
+
+
+def test_a_next_page_off_the_api_is_refused(gh):
+    """The token goes with each page asked for: never to a host a Link header names."""
+    client = github.GitHub(TOKEN, gh.api)
+    page_two = f"{gh.api}/repositories/1/x?page=2"  # GitHub's own links may name a repository by its id
+    assert client._next_page(f'<{page_two}>; rel="next", <{gh.api}/repositories/1/x?page=3>; rel="last"', "/x") == page_two
+    with pytest.raises(RegistryError, match="links its next page to 'https://elsewhere.example/x.page=2', outside"):
+        client._next_page('<https://elsewhere.example/x?page=2>; rel="next"', "/x")
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("case", ["no token", "no network"])
+def test_without_the_api_the_checkouts_own_gaps_come_first(case):
+    """The lock made for the fixture and no mirror are seen in the checkout: named, each a missing:
+    line, before the one line saying why GitHub could not be asked."""
+    env = {"GITHUB_TOKEN": "", "GH_TOKEN": ""} if case == "no token" else {"GITHUB_TOKEN": TOKEN, "GH_TOKEN": ""}
+    result = invoke(ROOT, "preflight", "--repository", f"{OWNER}/{NAME}", "--api",
+                    f"https://127.0.0.1:{_closed_port()}/api/v3", env=env)
+    code, words = (InputError.exit_code, "no GitHub token") if case == "no token" else \
+        (RegistryError.exit_code, "did not answer GET")
+    assert result.returncode == code, result
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("missing: overlays/overlays.lock was made for") and \
+        lines[1].startswith("missing: image/base.yaml names no mirror"), result.stdout
+    assert result.stderr.count("error:") == 1 and words in result.stderr, result.stderr
+
+
 def test_gaps_exit_with_their_code_and_a_bad_token_is_one_line(ready_project, gh):
-    gh.state.repo.runners.clear()
+    gh.state.repo.groups[0].runners.clear()
     gh.state.repo.tag_rulesets.clear()
     result = invoke(ready_project, "preflight", "--repository", f"{OWNER}/{NAME}", "--api", gh.api,
                     env={"GITHUB_TOKEN": TOKEN})

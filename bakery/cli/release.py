@@ -199,12 +199,24 @@ def attest_rebuild(project: Path, image: str, outcome: str, release_key=None, po
     return ref, digest
 
 
-def preflight(project: Path, repository: str | None, api: str | None) -> list:
+def preflight(project: Path, repository: str | None, api: str | None, shown=print) -> list:
     """Every gap between what a release needs and this checkout and its GitHub repository (REPO as
-    owner/name; default: the origin remote's), as release.github.Gap lines; [] when it is ready."""
+    owner/name; default: the origin remote's), as release.github.Gap lines; [] when it is ready.
+    Where GitHub cannot be asked (no token, no network, a token refused), the checkout's own gaps
+    are shown first, each a `missing:` line, then the error about the API is raised."""
+    import sys
+
+    from ..errors import BakeryError
     from ..release import github
 
-    return github.preflight(project, repository or origin_repository(project), github.GitHub(api=api))
+    settings, gaps = github.checkout_gaps(project)
+    try:
+        return gaps + github.github_gaps(github.GitHub(api=api), repository or origin_repository(project), settings)
+    except BakeryError:
+        for gap in gaps:  # seen without the API: named, not hidden behind its one line
+            shown(f"missing: {gap}")
+        sys.stdout.flush()  # before that line (on stderr), where both go to one file
+        raise
 
 
 def origin_repository(project: Path) -> str:

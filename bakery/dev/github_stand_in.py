@@ -5,9 +5,10 @@ runner as SSL_CERT_FILE, `gh` is pointed at it with GH_HOST, our client with GIT
 the few REST and GraphQL requests `gh` makes for `pr view/create/edit`, `label create` and `issue
 list/create/edit` with the smallest bodies `gh` accepts, keeps the pull requests and issues it was
 asked to open, serves a repository's settings (`Repo`: variables, secrets, environments, rulesets,
-runners, a package) in the shapes of GitHub's REST documentation, answers a run's jobs with what a
-caller says they are (the rehearsal: what act's log shows), and records every request for the test
-to read. It is not GitHub: it checks no permission but the token, and knows nothing else.
+runner groups and runners, a package) in the shapes of GitHub's REST documentation, pages every
+listing as GitHub does (`per_page`, a Link header naming the next page), answers a run's jobs with
+what a caller says they are (the rehearsal: what act's log shows), and records every request for
+the test to read. It is not GitHub: it checks no permission but the token, and knows nothing else.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import re
 import ssl
 import threading
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -35,12 +37,41 @@ class Request:
 @dataclass
 class Environment:
     """An environment's settings: reviewers (logins), whether they may approve their own run, the tag
-    patterns its deployments are limited to (none: any ref), its secrets' names and variables."""
+    and branch name patterns its deployments are limited to (neither: any ref), its secrets' names
+    and variables."""
     reviewers: list[str] = field(default_factory=lambda: ["maintainer"])
     prevent_self_review: bool = True
     tags: list[str] = field(default_factory=lambda: ["v*"])
+    branches: list[str] = field(default_factory=list)
     secrets: list[str] = field(default_factory=list)
     variables: dict[str, str] = field(default_factory=dict)
+
+
+# who may bypass a ruleset, as GitHub names them: the Admin role (RepositoryRole 5; Maintain is 2,
+# Write 4), organization admins (OrganizationAdmin 1), a team, an app (Integration), a deploy key
+ADMIN_ROLE = {"actor_id": 5, "actor_type": "RepositoryRole", "bypass_mode": "always"}
+
+
+@dataclass
+class Ruleset:
+    """A tag ruleset: the ref patterns it includes and excludes (`refs/tags/v*`, `~ALL`), its
+    enforcement ("active", "evaluate" or "disabled"), who may bypass it, and its rules' types."""
+    include: list[str]
+    exclude: list[str] = field(default_factory=list)
+    enforcement: str = "active"
+    bypass_actors: list[dict] = field(default_factory=lambda: [dict(ADMIN_ROLE)])
+    rules: list[str] = field(default_factory=lambda: ["creation", "update", "deletion"])
+
+
+@dataclass
+class RunnerGroup:
+    """An organization runner group: its visibility ("all", "selected" or "private"), the
+    repositories and workflows it is limited to, and its online runners' labels."""
+    name: str
+    visibility: str = "selected"
+    repositories: list[str] = field(default_factory=list)
+    workflows: list[str] = field(default_factory=list)
+    runners: list[list[str]] = field(default_factory=list)
 
 
 @dataclass
@@ -50,11 +81,11 @@ class Repo:
     secrets: list[str] = field(default_factory=list)
     environments: dict[str, Environment] = field(default_factory=dict)
     org_secrets: list[str] = field(default_factory=list)  # the organization's, given to this repository
-    tag_rulesets: list[str] = field(default_factory=list)  # patterns protected by an active tag ruleset
-    runners: list[list[str]] = field(default_factory=list)  # each online runner's labels, in `group`
-    group: dict | None = None  # the organization runner group: name, visibility, repositories, workflows
+    tag_rulesets: list[Ruleset] = field(default_factory=list)
+    groups: list[RunnerGroup] = field(default_factory=list)  # the organization's runner groups
     repo_runners: list[list[str]] = field(default_factory=list)  # online runners of the repository itself
     package: tuple[str, str] | None = None  # (name, the repository it is linked to)
+    page_size: int = 100  # the most items a listing's page holds (GitHub's per_page limit is 100)
 
 
 def ready_repo(settings, public_keys: dict[str, str], owner: str, name: str) -> Repo:
@@ -64,9 +95,10 @@ def ready_repo(settings, public_keys: dict[str, str], owner: str, name: str) -> 
                 environments={e.name: Environment(tags=[settings.tags], secrets=list(e.secrets),
                                                   variables=dict.fromkeys(e.variables, "/data/hf/snapshot"))
                               for e in settings.environments.values()},
-                tag_rulesets=[settings.tags], runners=[list(settings.mi300x_labels)],
-                group={"name": "mi300x", "visibility": "selected", "repositories": [f"{owner}/{name}"],
-                       "workflows": [f"{owner}/{name}/.github/workflows/release.yml@refs/tags/{settings.tags}"]},
+                tag_rulesets=[Ruleset([f"refs/tags/{settings.tags}"])],
+                groups=[RunnerGroup("mi300x", "selected", [f"{owner}/{name}"],
+                                    [f"{owner}/{name}/.github/workflows/release.yml@refs/tags/{settings.tags}"],
+                                    [list(settings.mi300x_labels)])],
                 package=(settings.package, f"{owner}/{name}"))
 
 
@@ -105,28 +137,31 @@ def rest(state: State, method: str, path: str) -> tuple[int, object]:
             return 200, {"total_count": len(env.variables),
                          "variables": [{"name": k, "value": v} for k, v in env.variables.items()]}
         if m.group(2) == "/deployment-branch-policies":
-            return 200, {"total_count": len(env.tags),
-                         "branch_policies": [{"id": i, "name": t, "type": "tag"} for i, t in enumerate(env.tags)]}
+            named = [(t, "tag") for t in env.tags] + [(b, "branch") for b in env.branches]
+            return 200, {"total_count": len(named), "branch_policies": [{"id": i + 1, "name": n, "type": kind}
+                                                                        for i, (n, kind) in enumerate(named)]}
         if m.group(2):
             return 404, None
         rules = [{"id": 1, "type": "required_reviewers", "prevent_self_review": env.prevent_self_review,
                   "reviewers": [{"type": "User", "reviewer": {"login": r}} for r in env.reviewers]}] \
             if env.reviewers else []
-        policy = {"protected_branches": False, "custom_branch_policies": True} if env.tags else None
+        policy = {"protected_branches": False, "custom_branch_policies": True} if env.tags or env.branches else None
         return 200, {"name": m.group(1), "protection_rules": rules, "deployment_branch_policy": policy}
     if method == "GET" and rest_of == "/rulesets":
-        return 200, [{"id": i + 1, "name": f"tags {p}", "target": "tag", "enforcement": "active"}
-                     for i, p in enumerate(repo.tag_rulesets)]
+        return 200, [{"id": i + 1, "name": f"tags {i + 1}", "target": "tag", "source_type": "Repository",
+                      "enforcement": r.enforcement} for i, r in enumerate(repo.tag_rulesets)]
     if method == "GET" and (m := re.fullmatch(r"/rulesets/(\d+)", rest_of)):
         i = int(m.group(1)) - 1
         if not 0 <= i < len(repo.tag_rulesets):
             return 404, None
-        return 200, {"id": i + 1, "target": "tag", "enforcement": "active",
-                     "conditions": {"ref_name": {"include": [f"refs/tags/{repo.tag_rulesets[i]}"], "exclude": []}},
-                     "rules": [{"type": t} for t in ("creation", "update", "deletion")]}
+        r = repo.tag_rulesets[i]
+        return 200, {"id": i + 1, "name": f"tags {i + 1}", "target": "tag", "source_type": "Repository",
+                     "enforcement": r.enforcement, "bypass_actors": r.bypass_actors,
+                     "conditions": {"ref_name": {"include": r.include, "exclude": r.exclude}},
+                     "rules": [{"type": t} for t in r.rules]}
     def runners(labels_of):
         return {"total_count": len(labels_of), "runners": [
-            {"id": i + 1, "name": f"runner-{i + 1}", "status": "online",
+            {"id": i + 1, "name": f"runner-{i + 1}", "status": "online", "busy": False,
              "labels": [{"name": label} for label in labels]} for i, labels in enumerate(labels_of)]}
 
     if method == "GET" and rest_of == "/actions/runners":
@@ -134,17 +169,17 @@ def rest(state: State, method: str, path: str) -> tuple[int, object]:
     if method == "GET" and rest_of == "/actions/organization-secrets":
         return 200, {"total_count": len(repo.org_secrets), "secrets": [{"name": n} for n in repo.org_secrets]}
     org = f"/api/v3/orgs/{state.owner}/actions/runner-groups"
-    if method == "GET" and rest_of == org:
-        g = repo.group
-        groups = [] if g is None else [{"id": 7, "name": g["name"], "visibility": g["visibility"],
-                                        "restricted_to_workflows": bool(g["workflows"]),
-                                        "selected_workflows": g["workflows"]}]
-        return 200, {"total_count": len(groups), "runner_groups": groups}
-    if method == "GET" and rest_of == f"{org}/7/runners" and repo.group is not None:
-        return 200, runners(repo.runners)
-    if method == "GET" and rest_of == f"{org}/7/repositories" and repo.group is not None:
-        return 200, {"total_count": len(repo.group["repositories"]),
-                     "repositories": [{"full_name": r} for r in repo.group["repositories"]]}
+    if method == "GET" and rest_of == org:  # ids from 7 on
+        return 200, {"total_count": len(repo.groups), "runner_groups": [
+            {"id": 7 + i, "name": g.name, "visibility": g.visibility, "default": False,
+             "restricted_to_workflows": bool(g.workflows), "selected_workflows": g.workflows}
+            for i, g in enumerate(repo.groups)]}
+    if method == "GET" and (m := re.fullmatch(rf"{org}/(\d+)/(runners|repositories)", rest_of)) and \
+            0 <= int(m.group(1)) - 7 < len(repo.groups):
+        g = repo.groups[int(m.group(1)) - 7]
+        if m.group(2) == "runners":
+            return 200, runners(g.runners)
+        return 200, {"total_count": len(g.repositories), "repositories": [{"full_name": r} for r in g.repositories]}
     if method == "GET" and (m := re.fullmatch(r"/api/v3/(?:orgs|users)/([\w.-]+)/packages/container/([\w.-]+)",
                                               rest_of)):
         if repo.package is None or repo.package[0] != m.group(2) or m.group(1) != state.owner:
@@ -158,6 +193,30 @@ def rest(state: State, method: str, path: str) -> tuple[int, object]:
         state.cancelled.append(m.group(1))
         return 202, {}
     return 404, None
+
+
+def paged(state: State, body: object, host: str, path: str, query: str) -> tuple[object, str | None]:
+    """One page of a listing (a bare array, or {total_count, NAME: [...]}) as GitHub pages it:
+    `per_page` (30 unless asked, at most the repository's page_size) from `page` 1, and the Link
+    header naming the next and last pages while more follow. Any other answer whole."""
+    named = [k for k, v in body.items() if isinstance(v, list)] if isinstance(body, dict) else []
+    if isinstance(body, list):
+        items = body
+    elif isinstance(body, dict) and "total_count" in body and len(named) == 1:
+        items = body[named[0]]
+    else:
+        return body, None
+    asked = {k: v[0] for k, v in urllib.parse.parse_qs(query).items()}
+    per_page = max(1, min(int(asked.get("per_page", "30")), state.repo.page_size))
+    page = max(1, int(asked.get("page", "1")))
+    chunk = items[(page - 1) * per_page:page * per_page]
+    last = max(1, -(-len(items) // per_page))
+    link = None
+    if page < last:
+        def url(n: int) -> str:
+            return f"https://{host}{path}?{urllib.parse.urlencode({**asked, 'per_page': per_page, 'page': n})}"
+        link = f'<{url(page + 1)}>; rel="next", <{url(last)}>; rel="last"'
+    return (chunk if isinstance(body, list) else {**body, named[0]: chunk}), link
 
 
 def certificate(folder: Path) -> tuple[Path, Path, Path]:
@@ -267,12 +326,14 @@ def _handler(state: State):
         def log_message(self, *args):  # the requests are recorded, not printed
             pass
 
-        def _answer(self, status: int, body) -> None:
+        def _answer(self, status: int, body, link: str | None = None) -> None:
             raw = json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json; charset=utf-8")
             self.send_header("Content-Length", str(len(raw)))
             self.send_header("X-Oauth-Scopes", "repo, read:org")
+            if link:
+                self.send_header("Link", link)
             self.end_headers()
             self.wfile.write(raw)
 
@@ -301,6 +362,10 @@ def _handler(state: State):
             if path in ("/api/v3/", "/api/v3/user", "/api/v3"):
                 return self._answer(200, {"login": "rehearsal"})
             status, answer = rest(state, self.command, path)
+            if status == 200:
+                query = urllib.parse.urlsplit(self.path).query
+                page, link = paged(state, answer, self.headers.get("Host", ""), path, query)
+                return self._answer(status, page, link)
             if status != 404:
                 return self._answer(status, answer)
             return self._answer(404, {"message": "Not Found (the GitHub stand-in does not serve this)"})

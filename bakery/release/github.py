@@ -10,6 +10,7 @@ token GITHUB_TOKEN (or GH_TOKEN). What a repository says is data: quoted inert w
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from .settings import Settings
 
 API = "https://api.github.com"
 NOT_READY = 12  # preflight's exit code: something a release needs is missing
+MAX_PAGES = 100  # a listing's pages read at most (10,000 items at 100 a page): one that goes on is refused
 
 
 class GitHub:
@@ -38,11 +40,11 @@ class GitHub:
         self.session.headers.update({"Authorization": f"Bearer {self.token}", "Accept": "application/vnd.github+json",
                                      "X-GitHub-Api-Version": "2022-11-28", "User-Agent": "bakery"})
 
-    def _call(self, method: str, path: str, **kwargs):
+    def _call(self, method: str, path: str, url: str | None = None, **kwargs):
         import requests
 
         try:
-            resp = self.session.request(method, self.api + path, timeout=self.timeout, **kwargs)
+            resp = self.session.request(method, url or self.api + path, timeout=self.timeout, **kwargs)
         except requests.RequestException as e:
             raise RegistryError(f"GitHub's API at {self.api} did not answer {method} {path}: {type(e).__name__}") \
                 from None
@@ -54,6 +56,38 @@ class GitHub:
         resp = self._call("GET", path)
         if resp.status_code == 404:
             return None
+        return self._json(resp, path)
+
+    def listing(self, path: str, key: str | None = None) -> list:
+        """Every item of a listing, each page's Link rel="next" followed to the last (GitHub gives
+        at most per_page, 100, a page): the list under `key` of each page (None: the page is the
+        list); [] for a 404."""
+        items: list = []
+        url: str | None = self.api + path
+        for _ in range(MAX_PAGES):
+            resp = self._call("GET", path, url=url)
+            if resp.status_code == 404 and not items:
+                return []
+            found = self._json(resp, path)
+            page = found.get(key) if key is not None and isinstance(found, dict) else found
+            if not isinstance(page, list):
+                raise RegistryError(f"GitHub's answer to GET {path} is not a listing" + (f" of {key}" if key else ""))
+            items += page
+            url = self._next_page(resp.headers.get("Link"), path)
+            if url is None:
+                return items
+        raise RegistryError(f"GitHub's listing GET {path} goes on past {MAX_PAGES} pages: refused")
+
+    def _next_page(self, link: str | None, path: str) -> str | None:
+        found = re.search(r'<([^>]*)>\s*;\s*rel="?next"?', link or "")
+        if found is None:
+            return None
+        if not found.group(1).startswith(self.api + "/"):  # the token goes with it: never off the API
+            raise RegistryError(f"GitHub's answer to GET {path} links its next page to "
+                                f"{untrusted.safe(found.group(1), limit=120)!r}, outside {self.api}: refused")
+        return found.group(1)
+
+    def _json(self, resp, path: str):
         if resp.status_code != 200:
             raise RegistryError(f"GitHub answered GET {path} with {resp.status_code}")
         try:
@@ -147,9 +181,8 @@ def github_gaps(gh: GitHub, repository: str, settings: Settings) -> list[Gap]:
     """What GitHub's settings for the repository lack, against .github/release-settings.yaml."""
     gaps = []
     base = f"/repos/{repository}"
-    repo_secrets = {s.get("name") for s in ((gh.get(f"{base}/actions/secrets?per_page=100") or {}).get("secrets") or [])}
-    repo_secrets |= {s.get("name") for s in ((gh.get(f"{base}/actions/organization-secrets?per_page=100") or {})
-                                             .get("secrets") or [])}
+    repo_secrets = _names(gh.listing(f"{base}/actions/secrets?per_page=100", "secrets"))
+    repo_secrets |= _names(gh.listing(f"{base}/actions/organization-secrets?per_page=100", "secrets"))
     for name, role in sorted(settings.variables.items()):
         found = gh.get(f"{base}/actions/variables/{name}")
         value = (found or {}).get("value") if isinstance(found, dict) else None
@@ -178,18 +211,27 @@ def github_gaps(gh: GitHub, repository: str, settings: Settings) -> list[Gap]:
             gaps.append(Gap(f"environment {env.name} lets whoever started the run approve it",
                             "tick 'Prevent self-review' under its required reviewers"))
         policy = found.get("deployment_branch_policy") or {}
-        policies = (gh.get(f"{path}/deployment-branch-policies?per_page=100") or {}).get("branch_policies") or [] \
-            if policy.get("custom_branch_policies") else []
-        if not any(p.get("type") == "tag" and p.get("name") == settings.tags for p in policies):
+        policies = [p for p in gh.listing(f"{path}/deployment-branch-policies?per_page=100", "branch_policies")
+                    if isinstance(p, dict)] if policy.get("custom_branch_policies") else []
+        # each rule lets its refs deploy: one more (a branch rule, or a tag rule `*`) opens the environment to them
+        more = [p for p in policies if (p.get("type"), p.get("name")) != ("tag", settings.tags)]
+        if len(more) == len(policies):
             gaps.append(Gap(f"environment {env.name} is not limited to tags {settings.tags}",
                             f"set its deployment branches and tags to 'Selected', with a tag rule {settings.tags} "
                             f"(and no branch rule)"))
-        held = {s.get("name") for s in ((gh.get(f"{path}/secrets?per_page=100") or {}).get("secrets") or [])}
+        elif more:
+            rules = ", ".join(f"{untrusted.safe(p.get('type') or 'branch', limit=10)} rule "
+                              f"{untrusted.safe(p.get('name'), limit=60)!r}" for p in more)
+            gaps.append(Gap(f"environment {env.name} is not limited to tags {settings.tags} (its {rules} also "
+                            f"let those refs deploy)",
+                            f"delete them (Settings -> Environments -> {env.name} -> Deployment branches and tags), "
+                            f"keeping only the tag rule {settings.tags}"))
+        held = _names(gh.listing(f"{path}/secrets?per_page=100", "secrets"))
         for secret in env.secrets:
             if secret not in held:
                 gaps.append(Gap(f"environment {env.name} lacks its secret {secret}",
                                 "add it there (not as a repository secret)"))
-        vars_held = {v.get("name") for v in ((gh.get(f"{path}/variables?per_page=100") or {}).get("variables") or [])}
+        vars_held = _names(gh.listing(f"{path}/variables?per_page=100", "variables"))
         for variable in env.variables:
             if variable not in vars_held:
                 gaps.append(Gap(f"environment {env.name} lacks its variable {variable}", "add it there"))
@@ -204,6 +246,10 @@ def github_gaps(gh: GitHub, repository: str, settings: Settings) -> list[Gap]:
     return gaps
 
 
+def _names(items: list) -> set:
+    return {i.get("name") for i in items if isinstance(i, dict)}
+
+
 def _public_key(pem: str) -> bool:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -215,56 +261,117 @@ def _public_key(pem: str) -> bool:
     return isinstance(key, ec.EllipticCurvePublicKey) and key.curve.name == "secp256r1"
 
 
+# who may bypass the tag ruleset: maintainers only, as GitHub names them (RepositoryRole 2 is the
+# Maintain role and 5 Admin; 4 is Write, anyone with push rights). A team's or an app's members, a
+# deploy key's holder or a custom role's grants cannot be read with this token: each counts as open.
+MAINTAINER_ROLES = (2, 5)
+OWNERS = ("OrganizationAdmin", "EnterpriseOwner")  # they may change the ruleset itself anyway
+
+
 def _ruleset_gaps(gh: GitHub, base: str, settings: Settings) -> list[Gap]:
+    """A tag ruleset that covers v* and restricts creating, updating and deleting tags, enforced,
+    excluding none of them, that only maintainers may bypass; else one line for each ruleset that
+    meant to and falls short (what it lacks), or one saying there is none."""
     wanted = f"refs/tags/{settings.tags}"
-    for summary in gh.get(f"{base}/rulesets?includes_parents=true&per_page=100") or []:
+    gaps = []
+    for summary in gh.listing(f"{base}/rulesets?includes_parents=true&per_page=100"):
         if not isinstance(summary, dict) or summary.get("target") != "tag":
             continue
         ruleset = gh.get(f"{base}/rulesets/{summary.get('id')}") or {}
-        names = ((ruleset.get("conditions") or {}).get("ref_name") or {}).get("include") or []
+        ref_name = (ruleset.get("conditions") or {}).get("ref_name") or {}
+        names, excluded = ref_name.get("include") or [], ref_name.get("exclude") or []
         kinds = {r.get("type") for r in ruleset.get("rules") or [] if isinstance(r, dict)}
-        if ruleset.get("enforcement") == "active" and (wanted in names or "~ALL" in names) and \
-                {"creation", "update", "deletion"} <= kinds:
+        if not (wanted in names or "~ALL" in names) or not {"creation", "update", "deletion"} <= kinds:
+            continue  # not one that restricts v* tags: it claims nothing here
+        lacks, fixes = [], []
+        if ruleset.get("enforcement") != "active":  # evaluate only reports, disabled does nothing
+            lacks.append(f"its enforcement is {untrusted.safe(ruleset.get('enforcement'), limit=20)!r}, not active")
+            fixes.append("set its enforcement status to Active")
+        if overlap := [str(x) for x in excluded if _may_overlap(str(x), wanted)]:
+            lacks.append(f"it excludes {', '.join(repr(untrusted.safe(x, limit=60)) for x in overlap)}")
+            fixes.append("remove that exclusion")
+        bypass = [_actor(a) for a in ruleset.get("bypass_actors") or []
+                  if isinstance(a, dict) and a.get("bypass_mode") != "pull_request"  # no tag comes by pull request
+                  and not _maintainers(a)]
+        if bypass:
+            lacks.append(f"{', '.join(bypass)} may bypass it")
+            fixes.append("let only the Maintain or Admin role (or organization admins) bypass it")
+        if not lacks:
             return []
-    return [Gap(f"no active tag ruleset protects {settings.tags}",
-                f"add one (Settings -> Rules -> Rulesets -> New tag ruleset) targeting {settings.tags}, restricting "
-                f"creations, updates and deletions, with only maintainers allowed to bypass")]
+        gaps.append(Gap(f"the tag ruleset {untrusted.safe(ruleset.get('name') or summary.get('name'), limit=60)!r} "
+                        f"leaves {settings.tags} tags open ({'; '.join(lacks)})",
+                        f"{', '.join(fixes)} (Settings -> Rules -> Rulesets)"))
+    return gaps or [Gap(f"no active tag ruleset protects {settings.tags}",
+                        f"add one (Settings -> Rules -> Rulesets -> New tag ruleset) targeting {settings.tags}, "
+                        f"restricting creations, updates and deletions, with only maintainers allowed to bypass")]
+
+
+def _may_overlap(pattern: str, wanted: str) -> bool:
+    """Whether some ref may match both patterns (fnmatch-style, as GitHub's ref_name): unless the
+    parts before their first wildcard part ways, assume so."""
+    if pattern == "~ALL":
+        return True
+    first, second = (re.split(r"[*?\[]", p, maxsplit=1)[0] for p in (pattern, wanted))
+    return first.startswith(second) or second.startswith(first)
+
+
+def _maintainers(actor: dict) -> bool:
+    return actor.get("actor_type") in OWNERS or \
+        (actor.get("actor_type") == "RepositoryRole" and actor.get("actor_id") in MAINTAINER_ROLES)
+
+
+def _actor(actor: dict) -> str:
+    """A bypass actor, in words."""
+    kind, number = str(actor.get("actor_type")), untrusted.safe(str(actor.get("actor_id")), limit=20)
+    if kind == "RepositoryRole":
+        return "the Write role (anyone with push rights)" if actor.get("actor_id") == 4 else f"the custom role {number}"
+    if kind == "DeployKey":
+        return "deploy keys"
+    words = {"Team": "the team", "Integration": "the GitHub App"}.get(kind) or untrusted.safe(kind, limit=30)
+    return f"{words} {number}"
 
 
 def _runner_gaps(gh: GitHub, repository: str, settings: Settings) -> list[Gap]:
-    """An online runner with the MI300X labels, in an organization runner group that only this
-    repository may use, and only its release.yml on v* tags: a runner of the repository itself (or
-    of a group open to more) can be reached by any workflow anyone with push rights writes."""
-    wanted, owner = set(settings.mi300x_labels), repository.split("/")[0]
+    """An online runner with the MI300X labels in an organization runner group that only this
+    repository may use, and only its release.yml on v* tags; and no runner with those labels
+    anywhere else: a runner of the repository itself (or of a group open to more) can be reached by
+    any workflow anyone with push rights writes, and `runs-on` takes whichever runner comes."""
+    wanted, owner = {label.casefold() for label in settings.mi300x_labels}, repository.split("/")[0]
     allowed = f"{repository}/.github/workflows/release.yml@refs/tags/{settings.tags}"
     fix = (f"register the MI300X host as an ephemeral runner with those labels in an organization runner group "
            f"limited to {repository} and to the workflow {allowed} (docs/release.md, GitHub set-up)")
 
-    def online(runners) -> bool:
-        return any(isinstance(r, dict) and r.get("status") == "online" and
-                   wanted <= {label.get("name") for label in r.get("labels") or [] if isinstance(label, dict)} for r in runners)
+    def mi300x(runners: list, online: bool) -> bool:  # labels match as runs-on matches them, in any case
+        return any(isinstance(r, dict) and (r.get("status") == "online" or not online) and
+                   wanted <= {str(label.get("name")).casefold() for label in r.get("labels") or []
+                              if isinstance(label, dict)} for r in runners)
 
     try:
-        groups = (gh.get(f"/orgs/{owner}/actions/runner-groups?per_page=100") or {}).get("runner_groups") or []
+        groups = gh.listing(f"/orgs/{owner}/actions/runner-groups?per_page=100", "runner_groups")
     except AuthError:
-        groups = None  # not an organization the token may read: the repository's own runners are all there are
-    for group in groups or []:
+        groups = []  # not an organization the token may read: the repository's own runners are all there are
+    kept, gaps = False, []
+    for group in groups:
         if not isinstance(group, dict):
             continue
-        runners = (gh.get(f"/orgs/{owner}/actions/runner-groups/{group.get('id')}/runners?per_page=100") or {})
-        if not online(runners.get("runners") or []):
+        where = f"/orgs/{owner}/actions/runner-groups/{group.get('id')}"
+        runners = gh.listing(f"{where}/runners?per_page=100", "runners")
+        if not mi300x(runners, online=False):  # an offline one counts where it is open: it comes back
             continue
-        repos = (gh.get(f"/orgs/{owner}/actions/runner-groups/{group.get('id')}/repositories?per_page=100") or {})
-        names = {r.get("full_name") for r in repos.get("repositories") or [] if isinstance(r, dict)}
+        names = {r.get("full_name") for r in gh.listing(f"{where}/repositories?per_page=100", "repositories")
+                 if isinstance(r, dict)}
         if group.get("visibility") == "selected" and names == {repository} and \
                 group.get("restricted_to_workflows") and group.get("selected_workflows") == [allowed]:
-            return []
-        return [Gap(f"the runner group {untrusted.safe(group.get('name'), limit=60)!r} with the MI300X runner is open "
-                    f"to more than {repository}'s release.yml on {settings.tags} tags", fix)]
-    own = (gh.get(f"/repos/{repository}/actions/runners?per_page=100") or {}).get("runners") or []
-    if online(own):
-        return [Gap("the MI300X runner is registered to the repository itself, where any workflow can reach it", fix)]
-    return [Gap(f"no online runner has the labels {', '.join(settings.mi300x_labels)}", fix)]
+            kept = kept or mi300x(runners, online=True)
+            continue
+        gaps.append(Gap(f"the runner group {untrusted.safe(group.get('name'), limit=60)!r} with an MI300X runner is "
+                        f"open to more than {repository}'s release.yml on {settings.tags} tags", fix))
+    if mi300x(gh.listing(f"/repos/{repository}/actions/runners?per_page=100", "runners"), online=False):
+        gaps.append(Gap("an MI300X runner is registered to the repository itself, where any workflow can reach it",
+                        "remove it (Settings -> Actions -> Runners); " + fix))
+    if not kept and not gaps:
+        gaps.append(Gap(f"no online runner has the labels {', '.join(settings.mi300x_labels)}", fix))
+    return gaps
 
 
 def _package_gaps(gh: GitHub, repository: str, settings: Settings) -> list[Gap]:
@@ -285,9 +392,16 @@ def _package_gaps(gh: GitHub, repository: str, settings: Settings) -> list[Gap]:
     return []  # not made yet: the first release's push makes it, linked to this repository
 
 
-def preflight(project: Path, repository: str, gh: GitHub) -> list[Gap]:
-    """Every gap between this checkout and GitHub's settings and what a release needs, in order."""
+def checkout_gaps(project: Path) -> tuple[Settings, list[Gap]]:
+    """All preflight sees without GitHub's API: the workflows held to .github/release-settings.yaml
+    (InputError where one is not), and what the checkout itself lacks."""
     from .settings import check_workflows
 
     settings = check_workflows(project)
-    return repository_gaps(project, settings) + github_gaps(gh, repository, settings)
+    return settings, repository_gaps(project, settings)
+
+
+def preflight(project: Path, repository: str, gh: GitHub) -> list[Gap]:
+    """Every gap between this checkout and GitHub's settings and what a release needs, in order."""
+    settings, gaps = checkout_gaps(project)
+    return gaps + github_gaps(gh, repository, settings)
