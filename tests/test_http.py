@@ -780,3 +780,34 @@ def test_an_upload_the_server_stops_reading_is_given_up_at_its_pace():
         conns = Connections(timeout=(1, 30), pace=(1.0, 16 << 20))
         failed = _gives_up_in(10, lambda: conns.send("PATCH", url, {}, body))
     assert "did not go within 2.5 s" in str(failed), failed
+
+
+@pytest.mark.parametrize("head", [
+    b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nX-Said: 1\r\n folded\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nX-Said: 1\r\n\tfolded\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\n X-Said: folded\r\nContent-Length: 0\r\n\r\n",  # after the status line: dropped, silently
+])
+def test_a_folded_header_line_is_a_malformed_answer(head):
+    """RFC 9112 5.2 lets a recipient refuse obs-fold (a line begun by a space or a tab): http.client
+    took it, keeping its line break in the value, where another reader sees a header of its own."""
+    with _dripping(head, b"") as url:
+        with pytest.raises(ConnectionFailed, match="folded header line"):
+            Connections(timeout=(1, 1)).send("GET", url, {}, None)
+
+
+@pytest.mark.parametrize("drip, every, timeout, said", [
+    # a header line in time for each read's timeout
+    (b"X-Drip: 1\r\n", 0.2, (1, 1), "the proxy's answer to CONNECT did not come whole within 1 s"),
+    # header lines without end, as fast as they go, under a deadline past the test's: their count ends it
+    (b"X-Drip: 1\r\n" * 100, 0.01, (1, 60), "got more than 100 headers"),
+])
+def test_a_proxy_that_drips_or_never_ends_its_answer_to_connect_is_given_up_in_time(monkeypatch, drip, every,
+                                                                                    timeout, said):
+    """HTTPS_PROXY: http.client read the answer to CONNECT with each read's timeout only and no count
+    of its header lines, so a proxy held the connect for ever (the test's 10 s here)."""
+    _clear_proxies(monkeypatch)
+    with _dripping(b"HTTP/1.1 200 Connection established\r\n", drip, every) as url:
+        monkeypatch.setenv("HTTPS_PROXY", url.split("/v2/")[0])
+        conns = Connections(timeout=timeout)
+        failed = _gives_up_in(10, lambda: conns.send("GET", "https://registry.example/v2/", {}, None))
+    assert said in str(failed), failed

@@ -8,6 +8,7 @@ requests did this before; importing it was a third of a warm build's own time.""
 from __future__ import annotations
 
 import base64
+import email.errors
 import http.client
 import json
 import os
@@ -288,6 +289,11 @@ class Connections:
                 fired = token is not None and DEADLINES.disarm(token)
             if fired:  # its end of headers may be the shut socket's end: no answer at all
                 raise ConnectionResetError("shut at its deadline")
+            # obs-fold, which RFC 9112 5.2 lets a recipient refuse: http.client keeps its line break in
+            # the value, and a proxy or cache on the way may read the line as a header of its own
+            if any("\n" in value for value in raw.headers.values()) or any(
+                    isinstance(d, email.errors.FirstHeaderLineIsContinuationDefect) for d in raw.headers.defects):
+                raise http.client.HTTPException("a folded header line (obs-fold)")
         except (OSError, http.client.HTTPException, ValueError) as e:  # ValueError: CR/LF or non-Latin-1 in a header
             conn.close()
             if isinstance(e, _SendTooSlow):
@@ -306,13 +312,10 @@ class Connections:
             elif scheme == "https":
                 if self._tls is None:
                     self._tls = _tls_context()
-                if proxy:
-                    conn = http.client.HTTPSConnection(proxy.hostname, proxy.port or 80, timeout=timeout[0],
-                                                       context=self._tls)
-                    tunnel = {"Proxy-Authorization": _basic(proxy)} if proxy.username is not None else None
-                    conn.set_tunnel(host, port, headers=tunnel)
-                else:
-                    conn = http.client.HTTPSConnection(host, port, timeout=timeout[0], context=self._tls)
+                conn = http.client.HTTPSConnection(host, port, timeout=timeout[0], context=self._tls)
+                if proxy:  # the tunnel made here, not by http.client's set_tunnel: see _tunnel
+                    conn._create_connection = (  # type: ignore[attr-defined]  # http.client's own hook: not in typeshed
+                        lambda *_: _tunnel(proxy, host, port, timeout))
             elif proxy:
                 conn = http.client.HTTPConnection(proxy.hostname, proxy.port or 80, timeout=timeout[0])
             else:
@@ -352,6 +355,34 @@ class Connections:
                     idle.append(conn)
                     return
         conn.close()
+
+
+def _tunnel(proxy: urllib.parse.SplitResult, host: str, port: int, timeout: tuple[float, float]) -> socket.socket:
+    """A socket to host:port through the proxy's CONNECT tunnel, the proxy's answer read as a
+    response's head is: within the read timeout as a whole, and no more than http.client's 100
+    header lines. http.client's own tunnel counted no lines and had only each read's timeout, so a
+    proxy sending a byte before each could hold a connect for ever."""
+    sock = socket.create_connection((proxy.hostname, proxy.port or 80), timeout[0])
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    auth = f"Proxy-Authorization: {_basic(proxy)}\r\n" if proxy.username is not None else ""
+    token = DEADLINES.arm(sock, timeout[1])
+    try:
+        try:
+            sock.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{auth}\r\n".encode())
+            answer = http.client.HTTPResponse(sock, method="CONNECT")
+            try:
+                answer.begin()  # its status line and headers: HTTPException past 100 lines
+            finally:
+                answer.close()  # what it read of the socket, not the socket
+        finally:
+            if DEADLINES.disarm(token):  # whatever the reading said (a shut socket reads as an end)
+                raise TimeoutError(f"the proxy's answer to CONNECT did not come whole within {timeout[1]:g} s")
+        if answer.status != 200:
+            raise OSError(f"Tunnel connection failed: {answer.status} {answer.reason.strip()}")
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def _basic(url: urllib.parse.SplitResult) -> str:
