@@ -375,3 +375,37 @@ def test_a_remote_that_says_the_disk_is_full_is_not_taken_for_our_disk(tmp_path,
         reproduce._git("-c", "protocol.file.allow=always", "clone", "-q", "--no-checkout", "--", f"file://{repo}",
                        str(tmp_path / "source"), writes=tmp_path)
     assert "disk is full" not in str(failed.value) and str(failed.value).startswith("git clone: "), failed.value
+
+
+@pytest.mark.parametrize("server", ["sideband", "ERR"])
+def test_the_remotes_words_past_a_line_break_of_ours_are_not_taken_for_our_disk(tmp_path, monkeypatch, server):
+    """Found by review: the server could still say "No space left on device" on a line that did not
+    start `remote:`. Its sideband text was split at \\x1c (str.splitlines(); git splits at CR and LF
+    only), and git's `fatal: remote error:` (an ERR packet) keeps the line breaks of the server's text.
+    Here a real upload-pack's pack-objects hook says the one, a stand-in upload-pack the other."""
+    from bakery.errors import EnvironmentProblem
+    from bakery.release import reproduce
+
+    repo, home = tmp_path / "repo", tmp_path / "home"
+    repo.mkdir()
+    home.mkdir()
+    (repo / "f").write_text("a\n")
+    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "r"]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True)
+    server_side = tmp_path / "server"
+    options = []
+    if server == "sideband":  # its request read first: upload-pack relays what it says, not a broken pipe
+        server_side.write_text("#!/bin/sh\ncat >/dev/null\nprintf 'oops\\034No space left on device\\n' >&2\nexit 1\n")
+        (home / ".gitconfig").write_text(f"[uploadpack]\n\tpackObjectsHook = {server_side}\n")
+    else:
+        text = b"ERR from the server\nNo space left on device"
+        server_side.write_bytes(b"#!/bin/sh\nprintf '%04x%s'\n" % (len(text) + 4, text.replace(b"\n", b"\\n")))
+        options = [f"--upload-pack={server_side}"]
+    server_side.chmod(0o755)
+    monkeypatch.setenv("HOME", str(home))
+    with pytest.raises(EnvironmentProblem) as failed:
+        reproduce._git("-c", "protocol.file.allow=always", "clone", "-q", "--no-checkout", *options, "--",
+                       f"file://{repo}", str(tmp_path / "source"), writes=tmp_path)
+    assert "disk is full" not in str(failed.value) and str(failed.value).startswith("git clone: "), failed.value
+    if server == "ERR":  # git's last line, the server's: shown as its
+        assert str(failed.value) == "git clone: remote: No space left on device", failed.value

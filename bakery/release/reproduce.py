@@ -95,18 +95,26 @@ def _git(*args: str, writes: Path, cwd: Path | None = None, env: dict[str, str] 
     """git's output; its failure as one line, naming the folder it `writes` when the disk filled (git's
     last line then is often another process's complaint, e.g. fetch-pack's "invalid index-pack output").
     A revision's git runs through _revision_git, which gives it its isolated `env`."""
-    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=env)
+    # errors="replace": the server's sideband text is any bytes; one that is not UTF-8 is no crash
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, errors="replace", env=env)
     if done.returncode != 0:
         command = next(a for a in args if not a.startswith("-") and "=" not in a)  # past the -c NAME=VALUE
         said = done.stderr.strip().splitlines() or ["failed"]
-        # `remote:` lines are the server's words (the revision's repository, named by the provenance
-        # being checked): they say nothing of our disk
-        ours = [line for line in said if not line.startswith("remote:")]
-        full = next((why for why in FULL_DISK for line in ours if why in line), None)
+        # the server's words (the revision's repository, named by the provenance being checked) say
+        # nothing of our disk: its `remote:` lines, its `fatal: remote error:` (an ERR packet), and every
+        # line after the first of them, which may be more of its text: git keeps the line breaks in it,
+        # and splitlines() breaks lines at \x1c, \x85, \u2028 ... too, which git passes through
+        heard = next((i for i, line in enumerate(said) if line.startswith(("remote:", "fatal: remote error:"))),
+                     len(said))
+        full = next((why for why in FULL_DISK for line in said[:heard] if why in line), None)
         if full:
             raise EnvironmentProblem(f"the disk is full at {writes} (git {command}: {full}): free space there, or "
                                      f"give --workdir (or TMPDIR) on a larger disk")
-        raise EnvironmentProblem(f"git {command}: {untrusted.safe(said[-1], limit=300)}")
+        last = said[-1]
+        if not last.startswith("fatal: remote error:") and any(line.startswith("fatal: remote error:")
+                                                               for line in said):
+            last = f"remote: {last}"  # more of the ERR packet's text: git died on it, and wrote nothing after
+        raise EnvironmentProblem(f"git {command}: {untrusted.safe(last, limit=300)}")
     return done.stdout.strip()
 
 
