@@ -211,7 +211,7 @@ def atomic_dir(dest: Path, *, keep: Callable[[Path], bool] | None = None) -> Ite
                 shutil.rmtree(staging, ignore_errors=True)
             crashpoint.reached(f"filled {dest}")
         except BaseException as e:
-            shutil.rmtree(staging, ignore_errors=True)
+            remove_tree(staging)  # a failed compile's /out may hold folders it made 0500: not a plain rmtree's to take
             if aside is not None and not os.path.lexists(dest):
                 with suppress(OSError):  # the new one did not take the name: the old one keeps it
                     os.rename(aside, dest)

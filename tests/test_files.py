@@ -291,3 +291,42 @@ def test_a_tree_a_compile_left_unwritable_is_removed_by_a_user_who_is_not_root()
         shutil.rmtree(base)  # as root
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["plain"], done.stdout  # the plain rmtree left its tree; remove_tree took it all
+
+
+FAIL_AS_A_USER = """
+import os, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from bakery.files import atomic_dir
+os.umask(0o022)
+base = Path(sys.argv[2])
+try:
+    with atomic_dir(base / "entry") as tmp:  # as a local compile fills its cache entry, /out inside
+        inner = tmp / ".out" / "d" / "e"
+        inner.mkdir(parents=True)
+        os.chmod(inner, 0o500)
+        os.chmod(inner.parent, 0o000)
+        raise RuntimeError("compiling hip/ failed")
+except RuntimeError:
+    pass
+print(" ".join(sorted(os.listdir(base))) or "nothing")
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="runs as another user: needs root and setpriv")
+def test_a_failed_local_compiles_staging_folder_is_removed_by_a_user_who_is_not_root():
+    """Found by review: the broker's compile folder went to remove_tree, but a local compile's, the
+    staging folder of its cache entry, was still removed by a plain rmtree when the compile failed:
+    a folder the compile made 0500 kept it, and all above it, for any user but root."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's own folders are root's alone: not for uid 65534
+    try:
+        os.chmod(base, 0o755)
+        os.chown(base, 65534, 65534)
+        done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                               "-c", FAIL_AS_A_USER, str(ROOT), str(base)], capture_output=True, text=True)
+    finally:
+        shutil.rmtree(base)  # as root
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["nothing"], done.stdout
