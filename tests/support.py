@@ -290,4 +290,5 @@ def passing_report(ref: str, **over) -> dict:
                        {"name": "speed:decode-1-stream", "ok": True, "detail": "172.4 tok/s against 151.74",
                         "figure": 172.4, "threshold": 151.74}],
             "passed": ["ab:dspark", "speed:decode-1-stream"], "failed": [], "same_base": True,
-            "launched_container": True, "host": {"gfx_arch": "gfx942", "compute_units": 304}, **over}
+            "launched_container": True, "launched": {"candidate": True, "reference": True},
+            "host": {"gfx_arch": "gfx942", "compute_units": 304}, **over}

@@ -6,6 +6,7 @@ the signed result under `invoke verify`. The gate's HTTP stages and drills are t
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -179,13 +180,39 @@ def test_the_seed_stack_mounts_the_bytes_the_image_bakes(project, registry, fixt
     mounted = seed_stack.mounted_files(rec)
     assert len(staged) == len(mounted) > 5 and not any("bakery-selfcheck" in p for p, _ in mounted)
     base = str(rec.base.pinned.with_digest(rec.base.manifest_digest))
-    options = seed_stack.launch(base, rec, staged, {"image": image, "volumes": {}, "command": ["x"]})
-    assert options["image"] == base and options["entrypoint"] == ["vllm", "serve"]
-    assert options["environment"]["VLLM_ROCM_USE_AITER"] == "1" and options["command"] == ["x"]
+    from bakery.cli.smoke import image_config
+
+    env = image_config(client, image)["Env"]
+    options = seed_stack.launch(base, env, staged, {"image": image, "volumes": {}, "command": ["x"]})
+    assert options["image"] == base and options["entrypoint"][-1] == "vllm-serve" and options["command"] == ["x"]
+    assert "VLLM_ROCM_USE_AITER=1" in options["environment"]
     paths = [p for p, _ in mounted]
     out = client.containers.run(base, entrypoint=["sha256sum", "--", *paths], volumes=options["volumes"], remove=True)
     seen = {line.split()[1]: line.split()[0] for line in out.decode().splitlines()}
     assert seen == dict(mounted)
+    # its entrypoint clears a stale CPU-KV file (host IPC: the last server's) and hands over to `vllm serve`
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    (shm / "vllm_offload_1.mmap").write_bytes(b"x")
+    with pytest.raises(docker_sdk.errors.ContainerError, match="vllm: not found"):  # the fixture has no vLLM
+        client.containers.run(base, entrypoint=options["entrypoint"], command=["--version"],
+                              volumes={str(shm): {"bind": "/dev/shm", "mode": "rw"}}, remove=True, stderr=True)
+    assert not (shm / "vllm_offload_1.mmap").exists()
+    # the reference a launching gate takes from the record: the base the candidate's manifest names,
+    # and no other (the record is a file handed between jobs)
+    from bakery.cli import smoke as smoke_cmd
+    from bakery.errors import InputError
+    from bakery.oci.refs import Digest, Reference
+
+    candidate = Reference.parse(image)
+    taken, same_base, _ = smoke_cmd._reference(project, candidate, "seed-stack", None, True, lambda m: None)
+    assert (taken.kind, taken.image, same_base) == ("seed-stack", base, True)
+    other = json.loads((project / "out" / "build-record.json").read_text())
+    other["base"]["manifest"]["digest"] = str(Digest.parse("sha256:" + "e" * 64))
+    (tmp_path / "other-record.json").write_text(json.dumps(other))
+    with pytest.raises(InputError, match="is not the base the candidate's manifest names"):
+        smoke_cmd._reference(project, candidate, "seed-stack", str(tmp_path / "other-record.json"), True,
+                             lambda m: None)
     # a file of other bytes in the candidate is refused, not mounted
     wrong = dataclasses.replace(rec, files=tuple(f._replace(sha256="0" * 64) if i == 0 else f
                                                  for i, f in enumerate(rec.files)))
@@ -265,7 +292,8 @@ def test_smoke_attestation_gates_verify(tmp_path, registry, fixture_base, fixtur
     # the SBOM and provenance attestations survived the smoke attestation being added
     assert "ok   SBOM (SPDX 2.3) attestation present and signed" in ok.stdout
     # verify prints what the gate found: the reference, the A/B per path, each check with its figure
-    assert f"smoke PASSED against the seed-stack reference {BASE}; same base" in ok.stdout
+    assert f"smoke PASSED against the seed-stack reference {BASE}; same base; launched the candidate and the reference" \
+        in ok.stdout
     assert "  A/B native: 240 compared, 0 differ, 0 approved" in ok.stdout
     assert "  ok   speed:decode-1-stream: 172.4 tok/s against 151.74" in ok.stdout
     with pytest.raises(Exception, match="is about"):

@@ -60,6 +60,11 @@ def _reference(project: Path, candidate, reference: str | None, record: str | No
             raise InputError(f"the build record is of {rec.manifest.digest}, not the candidate {candidate.digest}: "
                              f"pass --record of the build that made it")
         base = str(rec.base.pinned.with_digest(rec.base.manifest_digest))
+        if launching and _base_of(str(candidate)) != str(rec.base.manifest_digest):
+            # the record is a file handed between jobs: the base it names must be the one the
+            # candidate's own manifest names, or the "reference" could be any image
+            raise InputError(f"the build record's base {rec.base.manifest_digest} is not the base the candidate's "
+                             f"manifest names: pass --record of the build that made {candidate.digest}")
         return GateReference("seed-stack", base, str(rec.base.manifest_digest)), True, rec
     from . import release
 
@@ -72,9 +77,12 @@ def _reference(project: Path, candidate, reference: str | None, record: str | No
     return GateReference("promoted", promoted, theirs), theirs is not None and theirs == mine, None
 
 
-def _bench(image: str, model_dir: str | None, bench_client: str | None, tokenizer: str | None, spec, work: Path):
-    """How `vllm bench serve` runs: the candidate image's own client by default (docker run, the
-    snapshot mounted for its tokenizer), or the command given."""
+def _bench(client_image: str, model_dir: str | None, bench_client: str | None, tokenizer: str | None, spec,
+           work: Path):
+    """How `vllm bench serve` runs: by default the client of client_image (the reference's: vLLM's own,
+    not the candidate's, which would measure itself), by docker run, the snapshot mounted for its
+    tokenizer, no capability, its container named and labelled to be removed whatever happens; or the
+    command given."""
     from ..release.gate import BenchClient
 
     results = work / "bench"
@@ -84,11 +92,25 @@ def _bench(image: str, model_dir: str | None, bench_client: str | None, tokenize
             raise InputError("--bench-client needs --tokenizer DIR (the tokenizer that client loads)")
         return BenchClient(tuple(shlex.split(bench_client)), tokenizer, results, str(results))
     if not model_dir:
-        raise InputError("the speed stage runs the image's own `vllm bench serve`, which reads the model's "
+        raise InputError("the speed stage runs vLLM's own `vllm bench serve`, which reads the model's "
                          "tokenizer: pass --model-dir SNAPSHOT (or --bench-client CMD --tokenizer DIR)")
-    return BenchClient(("docker", "run", "--rm", "--network", "host", "-v", f"{Path(model_dir).resolve()}:"
-                        f"{spec.model_mount}:ro", "-v", f"{results}:/bench", "--entrypoint", "vllm", image,
-                        "bench", "serve"), spec.model_mount, results, "/bench")
+    # host network: the server listens on the host's loopback (or is an endpoint elsewhere)
+    return BenchClient(("docker", "run", "--rm", "--name", "{name}", "--label", "bakery.smoke=1", "--cap-drop", "ALL",
+                        "--network", "host", "-v", f"{Path(model_dir).resolve()}:{spec.model_mount}:ro", "-v",
+                        f"{results}:/bench", "--entrypoint", "vllm", client_image, "bench", "serve"),
+                       spec.model_mount, results, "/bench")
+
+
+def image_config(client, image: str) -> dict:
+    """The image's config as this host's engine has it, pulled by digest first where it has it not
+    (containers.create does not pull)."""
+    import docker
+
+    try:
+        return client.images.get(image).attrs["Config"] or {}
+    except docker.errors.ImageNotFound:
+        client.images.pull(image)
+        return client.images.get(image).attrs["Config"] or {}
 
 
 def _launches(spec, candidate: str, reference: GateReference, rec, model_dir: str, port: int, work: Path) -> dict:
@@ -101,17 +123,14 @@ def _launches(spec, candidate: str, reference: GateReference, rec, model_dir: st
     snapshot = Path(model_dir)
 
     def command(image: str) -> list[str]:
-        try:
-            return list(client.images.get(image).attrs["Config"]["Cmd"] or [])
-        except docker.errors.ImageNotFound:
-            client.images.pull(image)
-            return list(client.images.get(image).attrs["Config"]["Cmd"] or [])
+        return list(image_config(client, image).get("Cmd") or [])
 
+    config = image_config(client, candidate)  # pulled by digest if this host has it not
     staged: dict[str, str] = {}
     if reference.kind == "seed-stack":
         holder = client.containers.create(candidate, entrypoint=["/bin/true"])
         try:
-            staged = seed_stack.stage(lambda p: b"".join(holder.get_archive(p)[0]), rec, work)
+            staged = seed_stack.stage(lambda p: seed_stack.bounded(holder.get_archive(p)[0]), rec, work)
         finally:
             holder.remove(force=True)
     out = {}
@@ -121,8 +140,10 @@ def _launches(spec, candidate: str, reference: GateReference, rec, model_dir: st
                                                                                                   path)})
         if reference.kind == "seed-stack":
             assert reference.image is not None
-            out[("reference", path)] = smoke_mod.Launch(seed_stack.launch(reference.image, rec, staged, {
-                **base, "command": smoke_mod.path_command(list(rec.image.cmd), path)}))
+            # the candidate's own command and environment: the record is a file handed between jobs
+            out[("reference", path)] = smoke_mod.Launch(seed_stack.launch(reference.image, config.get("Env") or [],
+                                                                          staged, {**base, "command": smoke_mod.path_command(
+                                                                              command(candidate), path)}))
         else:
             assert reference.image is not None
             out[("reference", path)] = smoke_mod.Launch({**smoke_mod.launch_options(reference.image, spec, snapshot,
@@ -166,7 +187,7 @@ def smoke(project: Path, image: str, model_dir: str | None = None, port=8000, re
     gate_reference, same_base, rec = _reference(project, ref, reference, record, launching, log)
     with tempfile.TemporaryDirectory(prefix="bakery-smoke-") as tmp:
         work = Path(tmp)
-        bench = _bench(str(ref), model_dir, bench_client, tokenizer, spec, work)
+        bench = _bench(gate_reference.image or str(ref), model_dir, bench_client, tokenizer, spec, work)
         launches = _launches(spec, str(ref), gate_reference, rec, str(model_dir), int(port), work) if launching else {}
         servers = {**launches, **{("candidate", p): e for p, e in mine.items()},
                    **{("reference", p): e for p, e in theirs.items()}}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import random
 import re
 import subprocess
@@ -175,78 +176,160 @@ def needles(service: Service, spec: NeedleSpec, path: str, deadline: Deadline) -
 
 @dataclass(frozen=True)
 class BenchClient:
-    """How `vllm bench serve` is run: argv up to `serve` (on an MI300X: the image under test, by
-    docker run), and the tokenizer it loads, as that client sees the path."""
+    """How `vllm bench serve` is run: argv up to `serve`, and the tokenizer it loads, as that client
+    sees the path. On an MI300X: the reference's image (vLLM's own client, not the candidate's: the
+    candidate would measure itself) by docker run, its container named in argv as {name}, removed
+    after each run whatever happens."""
     argv: tuple[str, ...]
     tokenizer: str
     result_dir: Path  # where the client's --result-dir is, as this host sees it
     result_dir_arg: str  # the same folder as the client sees it
 
-    def args(self, gate: SpeedGate, base_url: str, model: str, filename: str, prompts: int | None = None,
-             input_len: int | None = None, output_len: int | None = None) -> list[str]:
-        return [*self.argv, "--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions",
-                "--model", model, "--tokenizer", self.tokenizer, "--dataset-name", "random",
-                "--random-input-len", str(input_len or gate.input_len), "--random-output-len",
-                str(output_len or gate.output_len), "--num-prompts", str(prompts or gate.prompts),
+    def args(self, gate: SpeedGate, base_url: str, model: str, filename: str, name: str, prompts: int | None = None,
+             input_len: int | None = None, output_len: int | None = None, rate: float | None = None) -> list[str]:
+        return [*(a.replace("{name}", name) for a in self.argv), "--backend", "vllm", "--base-url", base_url,
+                "--endpoint", "/v1/completions", "--model", model, "--tokenizer", self.tokenizer,
+                "--dataset-name", "random", "--random-input-len", str(input_len or gate.input_len),
+                "--random-output-len", str(output_len or gate.output_len), "--num-prompts", str(prompts or gate.prompts),
                 "--max-concurrency", str(gate.concurrency), "--ignore-eos", "--seed", "0", "--disable-tqdm",
                 "--percentile-metrics", "ttft,tpot,itl,e2el", "--save-result", "--result-dir", self.result_dir_arg,
-                "--result-filename", filename]
+                "--result-filename", filename, *(("--request-rate", str(rate)) if rate else ())]
+
+    def remove(self, name: str) -> None:
+        """The client's container, if it runs in one: gone, whether the client ended or was cut off
+        (killing `docker run` leaves its container running)."""
+        if any("{name}" in a for a in self.argv):
+            subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)
 
 
-def _bench(client: BenchClient, argv: list[str], filename: str, timeout: float, what: str) -> dict:
+RESULT_LIMIT = 4 << 20  # a saved result is a few KiB
+
+
+def _result(client: BenchClient, filename: str, what: str) -> dict:
+    """The client's saved result: a regular file (never through a link the client made), bounded,
+    its numbers finite (JSON's Infinity and NaN are refused)."""
+    import os
+    import stat
+
+    def finite(text: str):
+        raise ValueError(f"{text} is no figure")
+
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        fd = os.open(client.result_dir / filename, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode) or info.st_size > RESULT_LIMIT:
+                raise ValueError("not a regular file of a few KiB")
+            result = json.loads(f.read(RESULT_LIMIT + 1), parse_constant=finite)
+        if not isinstance(result, dict):
+            raise ValueError("not a JSON object")
+        return result
+    except (OSError, ValueError) as e:
+        raise SmokeFailure(f"vllm bench serve left no usable result for {what}: {untrusted.safe(e, limit=200)}") from None
+
+
+def _bench(client: BenchClient, argv: list[str], filename: str, name: str, timeout: float, what: str) -> dict:
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise SmokeFailure(f"the speed stage's {what} ran past its deadline (provenance/smoke.yaml budget_s)") from None
     except OSError as e:
         raise SmokeFailure(f"cannot run vllm bench serve ({argv[0]}): {e}") from None
+    finally:
+        client.remove(name)
     if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        said = (done.stderr or done.stdout).decode(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
         raise SmokeFailure(f"vllm bench serve failed for {what} (exit {done.returncode}): "
-                           f"{untrusted.safe(tail[0], limit=200)}")
-    try:
-        return json.loads((client.result_dir / filename).read_text())
-    except (OSError, ValueError) as e:
-        raise SmokeFailure(f"vllm bench serve left no result for {what}: {e}") from None
+                           f"{untrusted.safe(said[0], limit=200)}")
+    return _result(client, filename, what)
 
 
 def _figure(gate: SpeedGate, result: dict) -> float:
     try:
         if gate.kind == "decode_median_tok_s":
-            return round(1000.0 / float(result["median_tpot_ms"]), 1)
-        if gate.kind == "output_tok_s":
-            return round(float(result["output_throughput"]), 1)
-        if gate.kind == "prefill_tok_s":
-            return round(float(result["total_input_tokens"]) / (float(result["mean_ttft_ms"]) / 1000.0)
-                         / float(result["completed"]), 1)
-        return round(float(result["median_ttft_ms"]) / 1000.0, 3)  # ttft_behind_prefill_s
+            figure = 1000.0 / float(result["median_tpot_ms"])
+        elif gate.kind == "output_tok_s":
+            figure = float(result["output_throughput"])
+        elif gate.kind == "prefill_tok_s":
+            figure = float(result["total_input_tokens"]) / (float(result["mean_ttft_ms"]) / 1000.0) / float(
+                result["completed"])
+        else:  # ttft_behind_prefill_s
+            figure = float(result["median_ttft_ms"]) / 1000.0
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
         raise SmokeFailure(f"vllm bench serve's result for {gate.name} lacks a figure: {e}") from None
+    if not math.isfinite(figure) or figure < 0:
+        raise SmokeFailure(f"vllm bench serve's result for {gate.name} is no figure ({figure})")
+    return round(figure, 3 if gate.kind == "ttft_behind_prefill_s" else 1)
 
 
-def speed(client: BenchClient, gate: SpeedGate, base_url: str, model: str, deadline: Deadline) -> dict:
+def _behind_a_cold_prefill(client: BenchClient, gate: SpeedGate, service: Service, base_url: str, model: str,
+                           filename: str, name: str, deadline: Deadline) -> dict:
+    """Short requests, arriving over about four seconds, measured by the client, while a cold prefill of
+    gate.input_len tokens (a fresh nonce: nothing cached) is served: the long one is sent the moment
+    the client starts its main run, so the shorts queue behind it."""
+    import threading
+
+    words = " ".join(f"item{i}" for i in range(gate.input_len))
+    cold = threading.Thread(target=lambda: _quietly(service.complete, f"[{uuid.uuid4()}] {words}", 1, 0.0, None,
+                                                    deadline.left()), daemon=True)
+    argv = client.args(gate, base_url, model, filename, name, prompts=max(gate.prompts, 8), input_len=32,
+                       rate=max(gate.prompts, 8) / 4)
+    with tempfile.TemporaryFile() as errors:
+        try:
+            run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors)
+        except OSError as e:
+            raise SmokeFailure(f"cannot run vllm bench serve ({argv[0]}): {e}") from None
+        watchdog = threading.Timer(max(0.0, deadline.end - deadline.clock()), run.kill)  # reads have no timeout
+        watchdog.start()
+        try:
+            assert run.stdout is not None  # a pipe, asked for above
+            for line in run.stdout:
+                if b"Starting main benchmark run" in line:
+                    cold.start()
+                    break
+            run.stdout.read()
+            code = run.wait()
+        finally:
+            watchdog.cancel()
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+            client.remove(name)
+        deadline.left()  # killed by the watchdog: the deadline's failure, not the client's
+        if not cold.is_alive() and cold.ident is None:
+            raise SmokeFailure(f"vllm bench serve never started its main run for {gate.name} (exit {code})")
+        if code != 0:
+            errors.seek(0)
+            said = errors.read().decode(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+            raise SmokeFailure(f"vllm bench serve failed for {gate.name} (exit {code}): "
+                               f"{untrusted.safe(said[0], limit=200)}")
+    cold.join(timeout=max(0.0, min(60.0, deadline.end - deadline.clock())))
+    return _result(client, filename, gate.name)
+
+
+def _quietly(fn, *args) -> None:
+    """A background request whose own failure the gate does not judge (the shorts' TTFT is the figure)."""
+    try:
+        fn(*args)
+    except SmokeFailure:
+        pass
+
+
+def speed(client: BenchClient, gate: SpeedGate, service: Service, deadline: Deadline) -> dict:
     """One speed gate's figure, and whether every request completed."""
-    name = f"{gate.name}-{uuid.uuid4().hex[:8]}.json"
+    tag = uuid.uuid4().hex[:8]
+    filename, name = f"{gate.name}-{tag}.json", f"bakery-bench-{tag}"
     if gate.kind == "ttft_behind_prefill_s":
-        # a cold long prefill first (its own client), then the short requests queued behind it
-        long_name = f"long-{name}"
-        cold = client.args(gate, base_url, model, long_name, prompts=1, output_len=1)
-        with tempfile.TemporaryFile() as sink:
-            long_run = subprocess.Popen(cold, stdout=sink, stderr=sink)
-            try:
-                time.sleep(min(2.0, deadline.left()))
-                result = _bench(client, client.args(gate, base_url, model, name, input_len=32), name,
-                                deadline.left(), gate.name)
-                long_run.wait(timeout=deadline.left())
-            finally:
-                if long_run.poll() is None:
-                    long_run.kill()
-                    long_run.wait()
+        result = _behind_a_cold_prefill(client, gate, service, service.base, service.model, filename, name, deadline)
+        prompts = max(gate.prompts, 8)
     else:
-        result = _bench(client, client.args(gate, base_url, model, name), name, deadline.left(), gate.name)
+        result = _bench(client, client.args(gate, service.base, service.model, filename, name), filename, name,
+                        deadline.left(), gate.name)
+        prompts = gate.prompts
     completed, failed = result.get("completed"), result.get("failed", 0)
-    return {"name": gate.name, "figure": _figure(gate, result), "completed": completed,
-            "failed": failed if isinstance(failed, int) else None, "acceptance": _acceptance(result)}
+    ok_count = isinstance(failed, int) and not isinstance(failed, bool)
+    return {"name": gate.name, "figure": _figure(gate, result), "completed": completed, "prompts": prompts,
+            "failed": failed if ok_count else None, "acceptance": _acceptance(result)}
 
 
 def _acceptance(result: dict) -> dict | None:

@@ -62,13 +62,28 @@ def _one_file(archive: bytes, name: str, path: str) -> bytes:
         raise IntegrityError(f"{path}: Docker's archive of it is not a tar stream: {e}") from None
 
 
-def launch(base: str, record: BuildRecord, staged: dict[str, str], model_options: dict) -> dict:
+def bounded(chunks, limit: int = LIMIT + (1 << 20)) -> bytes:
+    """Docker's archive of one path, read up to a file's limit and its tar headers: a path that
+    names a folder (/usr) is refused before gigabytes are held."""
+    out, size = [], 0
+    for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            raise IntegrityError(f"Docker's archive of a baked file is over {limit} bytes: not one file")
+        out.append(chunk)
+    return b"".join(out)
+
+
+def launch(base: str, env: list[str], staged: dict[str, str], model_options: dict) -> dict:
     """docker run settings of the seed-style stack, over the candidate's (model_options: the
     production launch of smoke.launch_options, with the path's command): the base instead of our image,
-    `vllm serve` as its entrypoint, the image's environment, and each staged file mounted read-only."""
+    `vllm serve` behind a clean-up of stale CPU-KV files as its entrypoint (what the seed's
+    vllm-entrypoint.sh does, and ours), the candidate's environment (env: its config's KEY=VALUE
+    list), and each staged file mounted read-only."""
     if "@sha256:" not in base:
         raise InputError(f"the seed-style stack runs a pinned base, not {base}")
     volumes = dict(model_options.get("volumes", {}))
     volumes.update({host: {"bind": path, "mode": "ro"} for host, path in staged.items()})
-    return {**model_options, "image": base, "entrypoint": ["vllm", "serve"],
-            "environment": dict(record.image.env), "volumes": volumes}
+    clean = "find /dev/shm -maxdepth 1 -type f -name 'vllm_offload_*.mmap' -delete; exec vllm serve \"$@\""
+    return {**model_options, "image": base, "entrypoint": ["/bin/sh", "-c", clean, "vllm-serve"],
+            "environment": list(env), "volumes": volumes}

@@ -255,7 +255,7 @@ def serve_and_check(run: ServerRun, how: Endpoint | Launch, spec: SmokeSpec, ben
                                      lambda d: gate.needles(service, spec.needles, run.path, d))
             if run.path == "dspark" and bench is not None:
                 def measure(d):
-                    return [gate.speed(bench, g, url, spec.model, d) for g in spec.speed.gates]
+                    return [gate.speed(bench, g, service, d) for g in spec.speed.gates]
                 run.speed = _stage(run, "speed", spec.budget_s["speed"], measure)
                 run.acceptance = next((s["acceptance"] for s in run.speed if s.get("acceptance")), None)
     except SmokeFailure as e:

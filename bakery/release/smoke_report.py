@@ -84,10 +84,10 @@ def _speed_checks(spec: SmokeSpec, candidate: list[dict], reference: list[dict])
         checks.append(Check(f"speed:{gate.name}", better, f"{figure:g} {unit} against {floor:g} (the seed's "
                             f"{gate.seed_figure:g} {'less' if gate.higher_is_better else 'plus'} "
                             f"{spec.speed.tolerance:.0%}; {gate.source})", figure, floor))
-        errors = mine.get("failed") or 0
-        if errors or mine.get("completed") != gate.prompts:
-            checks.append(Check(f"speed:{gate.name}:errors", False, f"{mine.get('completed')} of {gate.prompts} "
-                                f"requests completed, {errors} failed"))
+        errors, asked = mine.get("failed"), mine.get("prompts", gate.prompts)
+        if errors != 0 or mine.get("completed") != asked:
+            checks.append(Check(f"speed:{gate.name}:errors", False, f"{mine.get('completed')} of {asked} "
+                                f"requests completed, {errors if errors is not None else 'an unknown count'} failed"))
         if gate.name in theirs:
             ref = theirs[gate.name]["figure"]
             bound = ref * (1 - spec.speed.versus_reference if gate.higher_is_better else 1 + spec.speed.versus_reference)
@@ -188,6 +188,9 @@ class SmokeReport:
                 "started": self.started, "run": self.run, "workflow_run": self.workflow_run,
                 "finished": self.finished, "result": self.result, "reference": self.reference.to_json(),
                 "same_base": self.same_base, "launched_container": self.launched_container,
+                "launched": {side: bool(runs) and all(r.launched for r in runs) for side, runs in (
+                    ("candidate", [r for r in self.servers if r.side == "candidate"]),
+                    ("reference", [r for r in self.servers if r.side == "reference"]))},
                 "budget_s": self.budget_s,
                 "ab": None if self.ab is None else {"paths": [r.to_json() for r in self.ab],
                                                     "approvals_sha256": self.approvals.sha256 if self.approvals else None},

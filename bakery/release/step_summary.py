@@ -31,7 +31,7 @@ def lines(report: dict) -> list[str]:
     out = [f"smoke {_t(report.get('result'))} against the {_t(ref.get('kind'))} reference "
            f"{_t(ref.get('image') or '(servers started elsewhere)')}; "
            f"{'same base' if report.get('same_base') else 'another base'}; "
-           f"{'launched its containers' if report.get('launched_container') else 'launched no container'}"]
+           f"{_launched(report)}"]
     approvals = (report.get("ab") or {}).get("approvals_sha256") if isinstance(report.get("ab"), dict) else None
     for row in _ab_rows(report):
         out.append(f"  A/B {_t(row.get('path'))}: {_t(row.get('compared'))} compared, {_t(row.get('differing'))} differ, "
@@ -40,6 +40,17 @@ def lines(report: dict) -> list[str]:
         mark = "ok  " if check.get("ok") is True else "FAIL"
         out.append(f"  {mark} {_t(check.get('name'), limit=60)}: {_t(check.get('detail'))}")
     return out
+
+
+def _launched(report: dict) -> str:
+    """Which sides the gate started itself; a side at endpoints was started by someone else."""
+    launched = _mapping(report.get("launched"))
+    sides = [side for side in ("candidate", "reference") if launched.get(side) is True]
+    if not sides:
+        return "launched no container (both sides at endpoints started elsewhere)"
+    return f"launched the {' and the '.join(sides)}" + ("" if len(sides) == 2 else
+                                                         f" (the {'reference' if sides == ['candidate'] else 'candidate'} "
+                                                         f"at endpoints started elsewhere)")
 
 
 def _bar(figure, threshold, width: int = 20) -> str:
@@ -59,7 +70,7 @@ def smoke(report: dict) -> str:
            f"- candidate: `{_t(report.get('image'), md)}`",
            f"- reference: {_t(ref.get('kind'), md)} `{_t(ref.get('image') or 'servers started elsewhere', md)}` "
            f"({'same base: every output must match' if report.get('same_base') else 'another base: divergence reported'})",
-           f"- {'the gate launched its containers' if report.get('launched_container') else 'the gate launched no container (endpoints)'}; "
+           f"- the gate {_t(_launched(report), md)}; "
            f"budget {_t(report.get('budget_s'), md)} s", "",
            "| A/B path | compared | differ | approved | first difference |", "|---|---|---|---|---|"]
     for row in _ab_rows(report):

@@ -366,7 +366,9 @@ def ran_ab(report: dict, paths: tuple[str, ...] = ("dspark", "native")) -> bool:
     each path's outputs compared."""
     ab = report.get("ab")
     rows = ab.get("paths") if isinstance(ab, dict) else None
-    if not isinstance(rows, list) or not isinstance(report.get("reference"), dict):
+    reference = report.get("reference")
+    if not isinstance(rows, list) or not isinstance(reference, dict) or \
+            reference.get("kind") not in ("seed-stack", "promoted", "endpoint"):
         return False
     compared = {r.get("path"): r.get("compared") for r in rows if isinstance(r, dict)}
     counts = [compared.get(p) for p in paths]
