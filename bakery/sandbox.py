@@ -461,13 +461,26 @@ GROUP_PREFIX = "bakery-sandbox-"
 ABANDONED_AFTER_S = 600
 
 
-def _remove_abandoned_groups(root: Path) -> None:
+def is_abandoned(mtime: float, now: float) -> bool:
+    """Pure: whether an empty group last changed at `mtime` has been empty too long at `now`, both on
+    the kernel's clock: a group's mtime is the kernel's, and a process's own clock may be skewed (a
+    build tried under `faketime +365d` would else take a group made a moment ago for one years old)."""
+    return now - mtime > ABANDONED_AFTER_S
+
+
+def _remove_abandoned_groups(root: Path, ours: Path) -> None:
     """Removes the empty sandbox groups below `root` that a killed run left (its `finally` never ran):
-    else they pile up for good. The kernel removes only an empty group, so a live one is never touched."""
-    now = time.time()
+    else they pile up for good. The kernel removes only an empty group, so a live one is never touched.
+    Their age is judged against `ours`, the group this run has just made: its mtime is the kernel's now."""
+    try:
+        now = ours.stat().st_mtime
+    except OSError:
+        return
     for group in root.glob(f"{GROUP_PREFIX}*"):
+        if group == ours:
+            continue
         try:
-            if now - group.stat().st_mtime > ABANDONED_AFTER_S and not (group / "cgroup.procs").read_text().strip():
+            if is_abandoned(group.stat().st_mtime, now) and not (group / "cgroup.procs").read_text().strip():
                 group.rmdir()
         except OSError:
             continue  # joined, removed by another run, or not ours to remove: left as it is
@@ -483,12 +496,12 @@ def _process_cap(limits: Limits):
     if root is None:
         yield [], True
         return
-    _remove_abandoned_groups(root)
     group = root / f"{GROUP_PREFIX}{os.urandom(6).hex()}"
     group.mkdir()
     try:
         if not (group / "cgroup.procs").exists():  # the kernel makes it in a group: this is no cgroup folder
             raise EnvironmentProblem(f"{root} is not a cgroup folder (no cgroup.procs in a group made there)")
+        _remove_abandoned_groups(root, group)
         (group / "pids.max").write_text(str(limits.processes))
         # the shell joins the group, then becomes prlimit, which becomes bwrap: all they start stays in it
         yield ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group)], False

@@ -468,26 +468,65 @@ def test_code_past_its_time_is_stopped(tmp_path):
     assert not sandbox_groups() - before  # its cgroup is gone too
 
 
+A_YEAR_S = 365 * 86400
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or sandbox._own_pids_group() is None,
                     reason="a run's pids cgroup is made only as root, where this process's group may be written")
-def test_a_killed_runs_cgroup_is_removed_by_the_next_run():
+@pytest.mark.parametrize("skew", [0, A_YEAR_S, -A_YEAR_S], ids=["true clock", "a year ahead", "a year behind"])
+def test_a_killed_runs_cgroup_is_removed_by_the_next_run(skew, monkeypatch):
     """A run SIGKILLed leaves its empty group (its `finally` never runs); the next run removes the ones
-    empty for longer than a group is ever empty while in use, and no other."""
+    empty for longer than a group is ever empty while in use, and no other: whatever this process's
+    clock says (`faketime +365d` moves it, not the kernel's, which stamps a group's mtime)."""
     root = sandbox._own_pids_group()
     assert root is not None  # else skipped above
     abandoned, just_made = (root / f"bakery-sandbox-test{os.urandom(4).hex()}" for _ in range(2))
     abandoned.mkdir()
-    just_made.mkdir()  # as a run's own is between its mkdir and its shell joining it
+    just_made.mkdir()  # as a parallel run's own is between its mkdir and its shell joining it
     try:
         past = time.time() - sandbox.ABANDONED_AFTER_S - 60
         os.utime(abandoned, (past, past))
+        real_time = time.time
+        monkeypatch.setattr(time, "time", lambda: real_time() + skew)  # what faketime does to a process
         assert sandbox.run(["true"], [], None, sandbox.Limits(seconds=30)).returncode == 0
+        monkeypatch.undo()
         assert not abandoned.exists()
         assert just_made.is_dir()
     finally:
         for group in (abandoned, just_made):
             if group.exists():
                 group.rmdir()
+
+
+@pytest.mark.parametrize("age, abandoned", [(0, False), (sandbox.ABANDONED_AFTER_S - 1, False),
+                                            (sandbox.ABANDONED_AFTER_S + 1, True), (A_YEAR_S, True)])
+def test_a_groups_age_is_its_mtime_against_the_kernels_now(age, abandoned):
+    now = 1_800_000_000.0  # a group's mtime and the kernel's now, never this process's clock
+    assert sandbox.is_abandoned(now - age, now) is abandoned
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or sandbox._own_pids_group() is None,
+                    reason="a run's pids cgroup is made only as root, where this process's group may be written")
+@pytest.mark.skipif(shutil.which("faketime") is None, reason="libfaketime's faketime is not installed")
+def test_under_a_clock_a_year_ahead_a_sandbox_runs_and_leaves_a_fresh_group_alone(tmp_path):
+    """A held-out reproducibility check runs the build under `faketime +365d`: a run then still starts,
+    and takes no parallel run's fresh group for abandoned."""
+    root = sandbox._own_pids_group()
+    assert root is not None  # else skipped above
+    just_made = root / f"bakery-sandbox-test{os.urandom(4).hex()}"
+    just_made.mkdir()
+    try:
+        code = ("import os, sys, time; from bakery import sandbox\n"
+                "open(sys.argv[1], 'w').close()  # stamped by the kernel's clock\n"
+                "assert time.time() > os.stat(sys.argv[1]).st_mtime + 300 * 86400, 'faketime moved no clock'\n"
+                "sys.exit(sandbox.run(['true'], [], None, sandbox.Limits(seconds=30)).returncode)\n")
+        done = subprocess.run(["faketime", "-f", "+365d", sys.executable, "-c", code, str(tmp_path / "stamp")], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert just_made.is_dir()
+    finally:
+        if just_made.exists():
+            just_made.rmdir()
 
 
 KERNEL_SETTINGS = ("/proc/sys/kernel/core_pattern", "/proc/sys/vm/drop_caches", "/proc/sys/kernel/modprobe")
