@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 # sudo: the rehearsal's hosted-runner model gives its user passwordless sudo, as GitHub does
 # golang-go: the tests read layers with Go's archive/tar (what the engines unpack with) as the reference
 # git-lfs: as on GitHub's runners, its package installs the lfs filter system-wide; a rebuilt revision's git must not run it
-packages=(docker.io docker-registry skopeo debootstrap bubblewrap caddy apache2-utils python3-venv git git-lfs ca-certificates gh golang-go sudo)
+# faketime: a sandbox under a process clock a year ahead (the "same digest whatever the clock" check)
+packages=(docker.io docker-registry skopeo debootstrap bubblewrap caddy apache2-utils python3-venv git git-lfs faketime ca-certificates gh golang-go sudo)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
