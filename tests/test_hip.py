@@ -75,6 +75,42 @@ def test_wrong_arch_or_missing_kernel_fails(compiled):
         device_code.check_device_code((ROOT / ".venv" / "bin" / "python3").resolve().read_bytes(), "gfx942", KERNELS)
 
 
+def elf_with_fatbin(bundle: bytes) -> bytes:
+    """A 64-bit little-endian ELF of two sections: .shstrtab and a .hip_fatbin holding `bundle`."""
+    import struct
+
+    names = b"\0.shstrtab\0.hip_fatbin\0"
+    body = names + bundle
+    shoff = 64 + len(body)
+    header = (b"\x7fELF\x02\x01\x01" + b"\0" * 9 + struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, shoff, 0,
+                                                                    64, 0, 0, 64, 3, 1))
+    sections = (b"\0" * 64 + struct.pack("<IIQQQQIIQQ", 1, 3, 0, 0, 64, len(names), 0, 0, 1, 0)
+                + struct.pack("<IIQQQQIIQQ", 11, 1, 0, 0, 64 + len(names), len(bundle), 0, 0, 1, 0))
+    return header + body + sections
+
+
+def test_an_offload_bundle_of_overlapping_entries_is_refused_before_any_copy():
+    """Entries that each span the whole bundle: copied one by one, a 1 MiB bundle of such entries would
+    be 32 GiB (here 128 KiB x 2,048: 256 MiB); refused in one line, as are more entries than the bundle has room for."""
+    import struct
+
+    size = 1 << 17
+    count = 2048
+    headers = b"".join(struct.pack("<QQQ", 0, size, 12) + b"hipv4-gf%04d" % i for i in range(count))
+    bundle = device_code.BUNDLE_MAGIC + struct.pack("<Q", count) + headers
+    bundle += b"\0" * (size - len(bundle))
+    with pytest.raises(IntegrityError, match="entries past or overlapping its 131072 bytes"):
+        device_code.code_objects(elf_with_fatbin(bundle))
+    many = device_code.BUNDLE_MAGIC + struct.pack("<Q", 1 << 60) + b"\0" * 64
+    with pytest.raises(IntegrityError, match="claims 1152921504606846976 entries"):
+        device_code.code_objects(elf_with_fatbin(many))
+    with pytest.raises(IntegrityError, match="is malformed"):
+        device_code.code_objects(elf_with_fatbin(device_code.BUNDLE_MAGIC + struct.pack("<Q", 2)
+                                                  + struct.pack("<QQQ", 0, 0, 20) + b"\0" * 24))
+    one = device_code.BUNDLE_MAGIC + struct.pack("<Q", 1) + struct.pack("<QQQ", 60, 4, 4) + b"host" + b"code"
+    assert device_code.code_objects(elf_with_fatbin(one)) == {"host": b"code"}
+
+
 def test_two_compiles_are_bit_identical(two_compiles):
     _, (first, again), _ = two_compiles
     assert first.origin == again.origin == "compiled"  # each compiled into its own empty cache

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import struct
 
+from .. import untrusted
 from ..errors import IntegrityError
 
 # EF_AMDGPU_MACH values (LLVM's ELF.h) of the archs a recipe may name.
@@ -55,14 +56,29 @@ def code_objects(shared_object: bytes) -> dict[str, bytes]:
     bundle = shared_object[off:off + size]
     if not bundle.startswith(BUNDLE_MAGIC):
         raise IntegrityError(".hip_fatbin is not a clang offload bundle")
-    count, = struct.unpack_from("<Q", bundle, 24)
-    entries, pos = {}, 32
-    for _ in range(count):
-        e_off, e_size, id_len = struct.unpack_from("<QQQ", bundle, pos)
-        ident = bundle[pos + 24:pos + 24 + id_len].decode()
-        pos += 24 + id_len
-        entries[ident] = bundle[e_off:e_off + e_size]
-    return entries
+    # clang-offload-bundler writes the entries one after another, each its own bytes: entries that
+    # together claim more than the bundle holds overlap, and copied one by one a 1 MiB bundle of
+    # 32,768 entries each spanning all of it would be 32 GiB. Checked before anything is copied.
+    try:
+        count, = struct.unpack_from("<Q", bundle, 24)
+        if count > (len(bundle) - 32) // 24:  # each entry's header alone is 24 bytes
+            raise IntegrityError(f".hip_fatbin's offload bundle claims {count} entries, more than its "
+                                 f"{len(bundle)} bytes can hold: refused")
+        spans, pos, total = [], 32, 0
+        for _ in range(count):
+            e_off, e_size, id_len = struct.unpack_from("<QQQ", bundle, pos)
+            ident = bundle[pos + 24:pos + 24 + id_len].decode()
+            pos += 24 + id_len
+            total += e_size
+            if e_off + e_size > len(bundle) or total > len(bundle) or pos > len(bundle):
+                raise IntegrityError(f".hip_fatbin's offload bundle has entries past or overlapping its "
+                                     f"{len(bundle)} bytes (at {untrusted.safe(ident, limit=64)}): refused")
+            spans.append((ident, e_off, e_size))
+    except (struct.error, UnicodeDecodeError):
+        raise IntegrityError(".hip_fatbin's offload bundle is malformed (cut short, or an id not UTF-8)") from None
+    if len({ident for ident, _, _ in spans}) != len(spans):
+        raise IntegrityError(".hip_fatbin's offload bundle names an entry twice: which one is checked is not one answer")
+    return {ident: bundle[e_off:e_off + e_size] for ident, e_off, e_size in spans}
 
 
 def check_device_code(shared_object: bytes, arch: str, kernels: list[str]) -> list[dict]:
