@@ -166,6 +166,28 @@ def test_the_distribution_whose_record_lists_a_file_owns_it():
         inventory.owners(fs, metas, [f"/{site}/vllm/sampler.py"])
 
 
+def test_a_record_is_parsed_a_row_at_a_time_and_capped():
+    """A RECORD of empty lines, listed whole and parsed into a list of rows, cost about 82 bytes of
+    memory a byte (64 of them at once, each up to 64 MiB); now a row at a time, and one past
+    RECORD_LIMIT (3 times the largest real one) is refused in one line."""
+    import tracemalloc
+
+    site = "usr/local/lib/python3.12/dist-packages"
+    path, metas = f"{site}/x-1.dist-info/RECORD", [f"/{site}/x-1.dist-info/METADATA"]
+    fs = Files({path: b"\n" * (1 << 20) + b"x/a.py,,\n"})
+    tracemalloc.start()
+    try:
+        assert inventory.owners(fs, metas, [f"/{site}/x/a.py"]) == {f"/{site}/x/a.py": (0, None)}
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"{peak / 2**20:.0f} MiB to parse a 1 MiB RECORD"
+    fs.files[path] = b"x/a.py,,\n" * (inventory.RECORD_LIMIT // 9 + 1)
+    assert inventory.RECORD_LIMIT <= 8 << 20
+    with pytest.raises(IntegrityError, match=r"x-1.dist-info/RECORD is 8,388,6.. bytes, past 8 MiB: not a RECORD"):
+        inventory.owners(fs, metas, [f"/{site}/x/a.py"])
+
+
 @pytest.mark.parametrize("status, says", [
     (b"Package: a\nVersion: 1\nVersion: 2\nArchitecture: all\n", "gives Version twice"),
     (b"Package: a\nVersion: 1 2\nArchitecture: all\n", "not a Debian version"),

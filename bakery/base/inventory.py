@@ -35,7 +35,12 @@ PACKAGES_LIMIT = 50_000
 COPYRIGHT_LIMIT = 4 << 20  # past it a copyright file is refused (the largest in the fixture, Debian 12, is 108 KiB)
 FIELD_LIMIT = 256
 LICENSES_LIMIT = 256  # names one copyright file may state: the most in Debian 12 is a few dozen
-RECORD_LIMIT = 64 << 20  # torch's RECORD, one of the largest, is under 2 MiB
+# a RECORD is held whole and parsed a row at a time, RECORD_BATCH of them read at once: at most
+# 128 MiB of a hostile base's RECORDs in memory (at 64 MiB, 64 at once and parsed into lists, it was
+# about 82 bytes a byte). The largest real ones are under 3 MiB: torch's 1.4, amd_aiter's 1.5,
+# kubernetes_validate's 2.5.
+RECORD_LIMIT = 8 << 20
+RECORD_BATCH = 16
 BATCH = 64  # files read at once: a hostile base's many large files are never all in memory
 
 OS_ID = re.compile(r"[a-z0-9._-]{1,64}")  # os-release(5): ID and VERSION_ID's characters
@@ -204,9 +209,21 @@ def license_names(text: str, path: str = "copyright") -> list[str]:
     return sorted(names)
 
 
-def _batches(items: list) -> Iterator[list]:
-    for at in range(0, len(items), BATCH):
-        yield items[at:at + BATCH]
+def _batches(items: list, size: int = BATCH) -> Iterator[list]:
+    for at in range(0, len(items), size):
+        yield items[at:at + size]
+
+
+# where str.splitlines breaks a line (what importlib.metadata reads a RECORD by), matched one line
+# at a time: a list of a RECORD's lines costs about 50 bytes a line, one of empty lines 50 a byte
+BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+LINE = re.compile(f"([^{BREAKS}]*)(?:\r\n|[{BREAKS}])|([^{BREAKS}]+)\\Z")
+
+
+def lines(text: str) -> Iterator[str]:
+    """text.splitlines(), one line at a time."""
+    for m in LINE.finditer(text):
+        yield m[1] if m[1] is not None else m[2]
 
 
 def debian_packages(fs) -> list[dict]:
@@ -267,6 +284,13 @@ def record_hash(line: str) -> str | None:
     return base64.urlsafe_b64decode(value + "=").hex()
 
 
+def _rows(rows: Iterator[list[str]], path: str) -> Iterator[list[str]]:
+    try:
+        yield from rows
+    except csv.Error as e:
+        raise _refuse(path, f"is not a RECORD's CSV ({untrusted.safe(e, limit=80)})") from None
+
+
 def owners(fs, metadata_paths: list[str], targets: list[str]) -> dict[str, tuple[int, str | None]]:
     """Which distribution's RECORD lists each target (an image path): {target: (its index in
     metadata_paths, the sha256 that RECORD gives for it)}; a target no RECORD lists is left out.
@@ -276,18 +300,15 @@ def owners(fs, metadata_paths: list[str], targets: list[str]) -> dict[str, tuple
     records = {str(PurePosixPath(meta.lstrip("/")).parent / "RECORD"): i for i, meta in enumerate(metadata_paths)}
     found: dict[str, tuple[int, str | None]] = {}
     said_by: dict[str, str] = {}
-    for batch in _batches(sorted(records)):
+    for batch in _batches(sorted(records), RECORD_BATCH):
         for path, f in fs.read(batch, limit=RECORD_LIMIT).items():
             if f is None or f.kind not in ("file", "hardlink"):
                 continue
             if f.data is None:
-                raise _refuse(path, f"is {f.size} bytes, past {RECORD_LIMIT}: not a RECORD an installer writes")
+                raise _refuse(path, f"is {f.size:,} bytes, past {RECORD_LIMIT >> 20} MiB: not a RECORD an installer writes")
             site = "/" + str(PurePosixPath(path).parent.parent)
-            try:  # RECORD is CSV (PEP 376)
-                rows = list(csv.reader(f.data.decode("utf-8", "replace").splitlines()))
-            except csv.Error as e:
-                raise _refuse(path, f"is not a RECORD's CSV ({untrusted.safe(e, limit=80)})") from None
-            for row in rows:
+            rows = csv.reader(lines(f.data.decode("utf-8", "replace")))  # RECORD is CSV (PEP 376)
+            for row in _rows(rows, path):
                 target = wanted.get(posixpath.normpath(posixpath.join(site, row[0]))) if row and row[0] else None
                 if target is None:
                     continue
