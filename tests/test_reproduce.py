@@ -308,6 +308,37 @@ def test_a_toolchain_pinned_to_the_base_is_pulled_by_the_bases_reference():
     assert toolchain_ref(Plan("https://x/y", "0" * 40, False, base, 1, None)) is None
 
 
+def zeros_layer(size: int) -> bytes:
+    """A gzip'd tar of one file of `size` zero bytes: it compresses about 1,000 times."""
+    import io
+    import tarfile
+    import zlib
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        info = tarfile.TarInfo("zeros")
+        info.size = size
+        tar.addfile(info, io.BytesIO(bytes(size)))
+    return zlib.compress(raw.getvalue(), 1, wbits=31)
+
+
+def test_a_rebuilt_layer_that_unpacks_past_its_cap_is_refused_in_one_line(monkeypatch):
+    """Layers are compared outside the rebuild's sandbox and its time limit: a gzip of zeros would
+    unpack 1,000 times its size there, so what a layer may unpack to is capped (32 times its size,
+    at least UNPACKED_FLOOR: here 1 MiB, so that 64 MiB of zeros, 0.3 MiB gzip'd, is past it) and one line refuses it."""
+    from bakery.errors import IntegrityError
+    from bakery.oci.refs import Descriptor
+    from bakery.release import reproduce
+
+    blob = zeros_layer(64 << 20)
+    desc = Descriptor.of("application/vnd.oci.image.layer.v1.tar+gzip", blob)
+    store = type("Store", (), {"stream": lambda self, d: iter([blob])})()
+    assert len(reproduce._files(store, desc)) == 1  # under the floor of 1 GiB: read and hashed
+    monkeypatch.setattr(reproduce, "UNPACKED_FLOOR", 1 << 20)
+    with pytest.raises(IntegrityError, match=r"unpacks to more than 9,37.,... bytes from 29.,... compressed .*, at least 1 MiB.*not compared, refused"):
+        reproduce._files(store, desc)
+
+
 def test_a_workdir_a_stopped_rebuild_left_is_started_afresh(tmp_path):
     """A rebuild stopped after its clone (killed, or failed) leaves source/ and build/ in --workdir:
     the same command run again starts from nothing (git would not clone into source/: the rerun

@@ -330,7 +330,9 @@ def _files(store, desc: Descriptor) -> dict[str, str]:
     from ..oci.tarscan import HAS_DATA, TarError, TarReader
 
     files, names = {}, 0
-    reader = TarReader(decompressed(desc.media_type, io.BufferedReader(_Chunks(store.stream(desc)), 1 << 20)))
+    limit = unpacked_limit(desc)
+    stream = _Capped(decompressed(desc.media_type, io.BufferedReader(_Chunks(store.stream(desc)), 1 << 20)), limit)
+    reader = TarReader(stream)
     try:
         for member in reader:
             if member.type in HAS_DATA:
@@ -349,7 +351,44 @@ def _files(store, desc: Descriptor) -> dict[str, str]:
                 raise TarError(f"more than {ENTRIES_LIMIT} entries or {NAMES_LIMIT} characters of names")
     except TarError as e:
         raise IntegrityError(f"layer {desc.digest} cannot be compared ({e}): refused") from None
+    except _TooLarge:
+        raise IntegrityError(f"layer {desc.digest} unpacks to more than {limit:,} bytes from {desc.size:,} "
+                             f"compressed (a layer may unpack to {UNPACKED_RATIO} times its size, at least "
+                             f"{UNPACKED_FLOOR >> 20} MiB, at most {UNPACKED_LIMIT >> 30} GiB): not compared, "
+                             f"refused") from None
     return files
+
+
+# What a layer compared may unpack to. This runs outside the rebuild's sandbox and its time limit,
+# on layers either side may have made: a gzip of zeros unpacks 1,000 times its size, one of 64 MiB
+# to 64 GiB, minutes of gunzip and sha256. Image layers compress 2 to 5 times (text and binaries);
+# 32 times allows a layer of mostly zeros, the floor any small layer, the ceiling a ROCm base's
+# largest layer (about 10 GiB unpacked) several times over.
+UNPACKED_RATIO = 32
+UNPACKED_FLOOR = 1 << 30
+UNPACKED_LIMIT = 64 << 30
+
+
+def unpacked_limit(desc: Descriptor) -> int:
+    return min(max(desc.size * UNPACKED_RATIO, UNPACKED_FLOOR), UNPACKED_LIMIT)
+
+
+class _TooLarge(Exception):
+    """A layer that unpacks past unpacked_limit."""
+
+
+class _Capped:
+    """A stream that gives at most `limit` bytes, then raises _TooLarge (before handing on more)."""
+
+    def __init__(self, stream, limit: int):
+        self.stream, self.limit, self.given = stream, limit, 0
+
+    def read(self, n: int) -> bytes:
+        data = self.stream.read(min(n, self.limit + 1 - self.given))
+        self.given += len(data)
+        if self.given > self.limit:
+            raise _TooLarge()
+        return data
 
 
 
