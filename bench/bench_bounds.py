@@ -255,6 +255,117 @@ def compile_memory(_: int) -> str:
     return f"exit {status}: {said.splitlines()[-1][:60] if said else ''}"
 
 
+def offload_bundle(_: int) -> str:
+    """A compile output whose .hip_fatbin is a 1 MiB offload bundle of entries that each span all of
+    it: copied entry by entry (as before the bound) 32 GiB; the 1,024 entries here copied unbounded
+    are measured, the rest extrapolated."""
+    import struct
+
+    from bakery.errors import IntegrityError
+    from bakery.inputs import device_code
+
+    size, count = 1 << 20, 1024
+    bundle = device_code.BUNDLE_MAGIC + struct.pack("<Q", count)
+    bundle += b"".join(struct.pack("<QQQ", 0, size, 12) + b"hipv4-%06d" % i for i in range(count))
+    bundle += b"\0" * (size - len(bundle))
+    names = b"\0.shstrtab\0.hip_fatbin\0"
+    shoff = 64 + len(names) + size
+    elf = (b"\x7fELF\x02\x01\x01" + b"\0" * 9 + struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, shoff, 0, 64, 0, 0, 64, 3, 1)
+           + names + bundle + b"\0" * 64 + struct.pack("<IIQQQQIIQQ", 1, 3, 0, 0, 64, len(names), 0, 0, 1, 0)
+           + struct.pack("<IIQQQQIIQQ", 11, 1, 0, 0, 64 + len(names), size, 0, 0, 1, 0))
+    start = time.monotonic()
+    try:
+        device_code.code_objects(elf)
+        said = "read"
+    except IntegrityError as e:
+        said = "refused: " + str(e).split(" (at ")[0][len(".hip_fatbin's offload bundle "):]
+    took = time.monotonic() - start
+    t0 = time.monotonic()
+    copies = [bundle[i % 2:size] for i in range(count)]  # what the unbounded parser did, for 1,024 of 32,768
+    unbounded = (time.monotonic() - t0) * 32
+    del copies
+    return (f"1 MiB bundle, entries each spanning it: {said}, {took * 1000:.1f} ms; unbounded, 32,768 such "
+            f"entries: 32 GiB copied, {unbounded:.0f} s (extrapolated from 1,024)")
+
+
+def records(_: int) -> str:
+    """inventory.owners over RECORD_BATCH RECORDs at RECORD_LIMIT, each all empty lines (a row a
+    byte, the costliest to parse), then one a byte past it; the old parse (all lines, then all rows,
+    in lists) measured on one 8 MiB RECORD for comparison."""
+    import csv
+    import tracemalloc
+    from types import SimpleNamespace
+
+    from bakery.base import inventory
+    from bakery.errors import IntegrityError
+
+    site = "usr/local/lib/python3.12/dist-packages"
+    data = b"\n" * inventory.RECORD_LIMIT
+
+    class Files:
+        def __init__(self, files):
+            self.files = files
+
+        def read(self, paths, limit=None):
+            return {p: SimpleNamespace(kind="file", data=None if len(self.files[p]) > limit else self.files[p],
+                                       size=len(self.files[p])) for p in paths}
+
+    metas = [f"/{site}/d{i:02d}-1.dist-info/METADATA" for i in range(inventory.RECORD_BATCH)]
+    fs = Files({f"{site}/d{i:02d}-1.dist-info/RECORD": data for i in range(inventory.RECORD_BATCH)})
+    tracemalloc.start()
+    start = time.monotonic()
+    inventory.owners(fs, metas, [f"/{site}/x.py"])
+    took = time.monotonic() - start
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    fs = Files({f"{site}/d00-1.dist-info/RECORD": data + b"\n"})
+    try:
+        inventory.owners(fs, metas[:1], [f"/{site}/x.py"])
+        past = "read"
+    except IntegrityError:
+        past = "refused"
+    tracemalloc.start()
+    t0 = time.monotonic()
+    rows = list(csv.reader(data.decode("utf-8", "replace").splitlines()))
+    old = time.monotonic() - t0
+    old_peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    del rows
+    return (f"{inventory.RECORD_BATCH} RECORDs of {inventory.RECORD_LIMIT >> 20} MiB empty lines: {took:.1f} s, "
+            f"{peak / 2**20:.0f} MiB traced; a byte past: {past}; old parse of one: {old:.1f} s, "
+            f"{old_peak / 2**20:.0f} MiB ({old_peak / len(data):.0f} bytes a byte; 64 at once of 64 MiB, parsed one "
+            f"by one: {(old_peak / len(data) * 64 + 64 * 64) / 1024:.1f} GiB, extrapolated)")
+
+
+def rebuilt_layer(_: int) -> str:
+    """reproduce's comparison of a rebuilt layer that is a gzip of zeros: 64 MiB compressed would be
+    64 GiB (a tar of one file of zeros), here a 4 GiB one read to its cap (32 times its size, at
+    least 1 GiB)."""
+    import zlib as z
+
+    from bakery.errors import IntegrityError
+    from bakery.oci.refs import Descriptor
+    from bakery.release import reproduce
+
+    header = _header("zeros")
+    header = header[:124] + b"%011o\0" % (4 << 30) + header[136:148] + b" " * 8 + header[156:]
+    header = header[:148] + b"%06o\0 " % sum(header) + header[156:]
+    out = z.compressobj(9, z.DEFLATED, 31)
+    chunk = bytes(64 << 20)
+    blob = out.compress(header) + b"".join(out.compress(chunk) for _ in range(64)) + out.flush()
+    desc = Descriptor.of("application/vnd.oci.image.layer.v1.tar+gzip", blob)
+    store = type("Store", (), {"stream": lambda self, d: iter([blob])})()
+    start = time.monotonic()
+    try:
+        reproduce._files(store, desc)
+        said = "read"
+    except IntegrityError:
+        said = f"refused past {reproduce.unpacked_limit(desc) >> 20:,} MiB"
+    took = time.monotonic() - start
+    return (f"{len(blob) / 2**20:.1f} MiB gzip of 4 GiB of zeros: {said} in {took:.1f} s; unbounded, all 4 GiB "
+            f"would be read (and a 64 MiB gzip, 64 GiB: {took * 64:.0f} s at this rate, extrapolated)")
+
+
 CASES = {  # name: (function, argument, bound)
     "layer entries": (layer_entries, 0, "ENTRIES_LIMIT"),
     "layer entries + 1": (layer_entries, 1, "ENTRIES_LIMIT"),
@@ -267,6 +378,9 @@ CASES = {  # name: (function, argument, bound)
     "compile /out": (compile_out, 0, "OUT_LIMIT, watched"),
     "compile log": (compile_log, 0, "1 GiB a file, tail kept"),
     "compile memory": (compile_memory, 0, "16 GiB address space a process"),
+    "offload bundle": (offload_bundle, 0, "entries within the bundle, their sizes summed"),
+    "records": (records, 0, "RECORD_LIMIT, RECORD_BATCH, a row at a time"),
+    "rebuilt layer": (rebuilt_layer, 0, "UNPACKED_RATIO x size, UNPACKED_FLOOR"),
 }
 
 
