@@ -49,7 +49,7 @@ class StandIns:
     def start(self, path: str, **behaviour) -> str:
         """A stand-in of one path, its streamed tokens paced (vllm_stand_in's docstring), so that the
         benchmark client measures the pace, not this machine's load."""
-        paced = {"pace_s": 0.005, "pace_per_stream_s": 0.0008, **behaviour}
+        paced = {"pace_s": 0.005, "pace_per_stream_s": 0.0008, "prefill_s_per_token": 0.00005, **behaviour}
         server = vllm_stand_in.server(vllm_stand_in.Behaviour(MODEL, path, **paced))
         threading.Thread(target=server.serve_forever, daemon=True).start()
         self.servers.append(server)

@@ -160,7 +160,8 @@ for side in ("reference", "candidate"):
     for path in ("dspark", "native"):
         drift = (17, 1.0, 5) if result == "FAILED" and side == "candidate" and path == "dspark" else None
         server = vllm_stand_in.server(vllm_stand_in.Behaviour("deepseek-ai/DeepSeek-V4-Flash-0731", path, drift,
-                                                             pace_s=0.005, pace_per_stream_s=0.0008))
+                                                             pace_s=0.005, pace_per_stream_s=0.0008,
+                                                             prefill_s_per_token=0.00005))
         threading.Thread(target=server.serve_forever, daemon=True).start()
         urls.setdefault(side, []).append(f"{{path}}=http://127.0.0.1:{{server.server_address[1]}}")
 smoked = gate.smoke(Path("."), image, endpoint=urls["candidate"], reference_endpoint=urls["reference"],
