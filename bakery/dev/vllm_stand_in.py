@@ -135,12 +135,15 @@ def server(behaviour: Behaviour, port: int = 0) -> ThreadingHTTPServer:
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                 self.wfile.flush()
 
-            time.sleep(behaviour.prefill_s_per_token * prompt_tokens)
+            # each token is due at a time fixed from the stream's start: a late wake-up (a busy machine)
+            # makes one token late, not every token after it, so the client measures the pace
+            due = time.monotonic() + behaviour.prefill_s_per_token * prompt_tokens
             with behaviour.lock:
                 behaviour.streams += 1
             try:
                 for token in tokens:
-                    time.sleep(behaviour.slow_s + behaviour.pace_s + behaviour.pace_per_stream_s * behaviour.streams)
+                    due += behaviour.slow_s + behaviour.pace_s + behaviour.pace_per_stream_s * behaviour.streams
+                    time.sleep(max(0.0, due - time.monotonic()))
                     event({"id": "cmpl-stand-in", "object": "text_completion", "model": behaviour.model,
                            "choices": [{"index": 0, "text": token, "finish_reason": None}]})
             finally:
