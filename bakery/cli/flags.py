@@ -139,7 +139,7 @@ ATTEST_REBUILD = {"image": "the released REGISTRY/REPO@sha256:DIGEST that was re
 
 SMOKE = {"image": "REGISTRY/REPO@sha256:DIGEST to gate (the candidate)",
          "model_dir": "the model snapshot directory (.../snapshots/<revision>), mounted read-only; needed to launch "
-                      "the servers and for the image's own `vllm bench serve`",
+                      "the servers and for vLLM's own `vllm bench serve`",
          "port": "host port for the API on 127.0.0.1 (default 8000)",
          "report": "where to write the JSON report (default: out/smoke-report.json)",
          "reference": "what the candidate is compared with: REPO:TAG or REPO@sha256:... (the last promoted release, "
@@ -151,7 +151,7 @@ SMOKE = {"image": "REGISTRY/REPO@sha256:DIGEST to gate (the candidate)",
          "reference_endpoint": "PATH=URL, once per path: the reference served elsewhere",
          "approvals": "the reviewed A/B differences the gate lets through (default: provenance/smoke-approvals.yaml); "
                       "its sha256 is signed into the result",
-         "bench_client": "the `vllm bench serve` command to measure speed with (default: the candidate image's own, "
+         "bench_client": "the `vllm bench serve` command to measure speed with (default: the reference image's, "
                          "by docker run)",
          "tokenizer": "with --bench-client: the tokenizer folder that client loads",
          "attest": "sign the report onto the digest with the smoke key (--key or BAKERY_SMOKE_SIGNING_KEY)",
