@@ -224,17 +224,30 @@ def test_the_revisions_git_environment(monkeypatch):
 
 
 def test_the_hosts_own_mirror_setting_still_names_where_to_clone_from(tmp_path, monkeypatch):
-    """The operator's url.<base>.insteadOf (a mirror; the rehearsal's local origin) is applied by us,
-    to the clone's address only, the longest match first, as git would: the revision's git itself reads
-    no configuration."""
+    """The operator's url.<base>.insteadOf (a mirror; the rehearsal's local origin) is read by us and
+    handed to the revision's git on its command line, the longest match first, as git would pick it:
+    the revision's git itself reads no configuration, and the clone keeps the original address (a
+    token in the mirror's would otherwise be written into .git/config, which the sandbox reads)."""
+    import subprocess
+
     from bakery.release import reproduce
 
     home = tmp_path / "home"
     home.mkdir()
-    (home / ".gitconfig").write_text('[url "file:///srv/mirror/bakery"]\n\tinsteadOf = https://github.com/o/bakery\n'
+    mirror = tmp_path / "my mirror"  # a space in the base: -z keeps it whole
+    subprocess.run(["git", "init", "-q", "--bare", str(mirror)], check=True)
+    (home / ".gitconfig").write_text(f'[url "file://{mirror}"]\n\tinsteadOf = https://github.com/o/bakery\n'
                                      '[url "file:///srv/mirror/all/"]\n\tinsteadOf = https://github.com/\n')
     monkeypatch.setenv("HOME", str(home))
-    assert reproduce.host_url("https://github.com/o/bakery") == "file:///srv/mirror/bakery"
-    assert reproduce.host_url("https://github.com/o/other") == "file:///srv/mirror/all/o/other"
-    assert reproduce.host_url("https://example.com/x") == "https://example.com/x"
-    assert "HOME" in reproduce.git_env() and reproduce.git_env()["HOME"] != str(home)  # not for the revision's git
+    assert reproduce.host_rewrite("https://github.com/o/bakery") == (f"file://{mirror}", "https://github.com/o/bakery")
+    assert reproduce.host_rewrite("https://github.com/o/other") == ("file:///srv/mirror/all/", "https://github.com/")
+    assert reproduce.host_rewrite("https://example.com/x") is None
+    assert reproduce.git_env()["HOME"] != str(home)  # not for the revision's git
+    clone = tmp_path / "clone"
+    rewrite = reproduce.host_rewrite("https://github.com/o/bakery")
+    assert rewrite is not None
+    reproduce._revision_git("-c", f"url.{rewrite[0]}.insteadOf={rewrite[1]}", "clone", "-q", "--no-checkout", "--",
+                            "https://github.com/o/bakery", str(clone), writes=tmp_path)
+    kept = subprocess.run(["git", "config", "--file", str(clone / ".git" / "config"), "remote.origin.url"],
+                          capture_output=True, text=True).stdout.strip()
+    assert kept == "https://github.com/o/bakery"

@@ -339,6 +339,25 @@ def test_a_rebuilt_layer_that_unpacks_past_its_cap_is_refused_in_one_line(monkey
         reproduce._files(store, desc)
 
 
+def test_a_layer_that_claims_a_larger_size_gets_no_larger_cap(monkeypatch):
+    """A manifest's size is checked against the blob only at its end: a rebuilt layer claiming 2 GiB
+    for 0.3 MiB of gzip'd zeros would lift the cap to 64 GiB. The cap follows the compressed bytes
+    actually read (32 times them), so it stops where the honest claim's would."""
+    import dataclasses
+
+    from bakery.errors import IntegrityError
+    from bakery.oci.refs import Descriptor
+    from bakery.release import reproduce
+
+    blob = zeros_layer(64 << 20)
+    honest = Descriptor.of("application/vnd.oci.image.layer.v1.tar+gzip", blob)
+    lying = dataclasses.replace(honest, size=2 << 30)
+    store = type("Store", (), {"stream": lambda self, d: iter([blob[i:i + 4096] for i in range(0, len(blob), 4096)])})()
+    monkeypatch.setattr(reproduce, "UNPACKED_FLOOR", 1 << 20)
+    with pytest.raises(IntegrityError, match="not compared, refused"):
+        reproduce._files(store, lying)
+
+
 def test_a_workdir_a_stopped_rebuild_left_is_started_afresh(tmp_path):
     """A rebuild stopped after its clone (killed, or failed) leaves source/ and build/ in --workdir:
     the same command run again starts from nothing (git would not clone into source/: the rerun

@@ -150,18 +150,22 @@ def _revision_git(*args: str, writes: Path, cwd: Path | None = None) -> str:
     return _git(*GIT_OPTIONS, *args, writes=writes, cwd=cwd, env=git_env())
 
 
-def host_url(url: str) -> str:
-    """url, rewritten as this host's own git configuration's url.<base>.insteadOf says (the longest
-    match, as git picks it): a mirror the operator set, applied here, by us, since the revision's git
-    reads no configuration. The commit's id still names the bytes, wherever they come from."""
-    done = subprocess.run(["git", "config", "--get-regexp", r"^url\..*\.insteadof$"], capture_output=True, text=True)
-    best = ("", url)
-    for line in done.stdout.splitlines() if done.returncode == 0 else []:
-        key, _, prefix = line.partition(" ")
+def host_rewrite(url: str) -> tuple[str, str] | None:
+    """(base, prefix) of this host's own git configuration's url.<base>.insteadOf rule that git would
+    apply to url (the longest prefix), or None: a mirror the operator set. The revision's git reads no
+    configuration, so the rule is handed to it on its command line: git then clones from the mirror
+    and keeps the original address (a token in the mirror's is never written into the clone, which
+    the sandbox reads). The commit's id still names the bytes, wherever they come from."""
+    # this host's system and global files (no repository's: from /), as the operator's git reads them
+    done = subprocess.run(["git", "config", "-z", "--get-regexp", r"^url\..*\.insteadof$"], capture_output=True,
+                          cwd="/")
+    best = None
+    for record in done.stdout.decode(errors="replace").split("\0") if done.returncode == 0 else []:
+        key, _, prefix = record.partition("\n")  # -z: the key, a line break, the value
         base = key[len("url."):-len(".insteadof")]
-        if prefix and url.startswith(prefix) and len(prefix) > len(best[0]):
-            best = (prefix, base + url[len(prefix):])
-    return best[1]
+        if prefix and base and url.startswith(prefix) and (best is None or len(prefix) > len(best[1])):
+            best = (base, prefix)
+    return best
 
 
 WORKDIR_MARK = ".bakery-rebuild"  # in a --workdir: a rebuild made it, and one holds its lock while it runs
@@ -215,10 +219,11 @@ def rebuild(p: Plan, workdir: Path, toolchain: str | None, log, named: Path | No
     folder a full disk's error names (a temporary workdir is gone by then: its TMPDIR)."""
     source = workdir / "source"
     log(f"cloning {p.repository} at {p.revision[:12]}")
-    url = host_url(p.repository)
-    if url != p.repository:
-        log(f"cloning it from {untrusted.safe(url)} (this host's url.*.insteadOf)")
-    _revision_git("clone", "-q", "--no-checkout", "--", url, str(source), writes=named or workdir)
+    rewrite = host_rewrite(p.repository)
+    mirror = ("-c", f"url.{rewrite[0]}.insteadOf={rewrite[1]}") if rewrite else ()
+    if rewrite:
+        log("cloning it from this host's mirror (its url.*.insteadOf)")
+    _revision_git(*mirror, "clone", "-q", "--no-checkout", "--", p.repository, str(source), writes=named or workdir)
     _revision_git("-c", "core.symlinks=true", "checkout", "-q", "--detach", p.revision, cwd=source,
                   writes=named or workdir)
     _readable_by_all(source)  # as root, the build runs as the host's uid 65534, whatever the umask
@@ -331,7 +336,11 @@ def _files(store, desc: Descriptor) -> dict[str, str]:
 
     files, names = {}, 0
     limit = unpacked_limit(desc)
-    stream = _Capped(decompressed(desc.media_type, io.BufferedReader(_Chunks(store.stream(desc)), 1 << 20)), limit)
+    chunks = _Chunks(store.stream(desc))
+    # the size a manifest claims is checked only at the blob's end: the cap grows with the compressed
+    # bytes actually read (32 times them, the floor at least), never past the claimed size's cap
+    stream = _Capped(decompressed(desc.media_type, io.BufferedReader(chunks, 1 << 20)), limit,
+                     lambda: max(UNPACKED_FLOOR, UNPACKED_RATIO * chunks.read_so_far))
     reader = TarReader(stream)
     try:
         for member in reader:
@@ -380,13 +389,14 @@ class _TooLarge(Exception):
 class _Capped:
     """A stream that gives at most `limit` bytes, then raises _TooLarge (before handing on more)."""
 
-    def __init__(self, stream, limit: int):
+    def __init__(self, stream, limit: int, allowed=None):
         self.stream, self.limit, self.given = stream, limit, 0
+        self.allowed = allowed or (lambda: limit)  # what may be given by now (of what was read)
 
     def read(self, n: int) -> bytes:
         data = self.stream.read(min(n, self.limit + 1 - self.given))
         self.given += len(data)
-        if self.given > self.limit:
+        if self.given > min(self.limit, self.allowed()):
             raise _TooLarge()
         return data
 
@@ -396,7 +406,7 @@ class _Chunks(io.RawIOBase):
     """A file over an iterator of byte chunks (a blob as the store streams it, digest-checked)."""
 
     def __init__(self, chunks):
-        self.chunks, self.rest = iter(chunks), b""
+        self.chunks, self.rest, self.read_so_far = iter(chunks), b"", 0
 
     def readable(self) -> bool:
         return True
@@ -407,6 +417,7 @@ class _Chunks(io.RawIOBase):
             if piece is None:
                 return 0
             self.rest = piece
+            self.read_so_far += len(piece)
         n = min(len(out), len(self.rest))
         out[:n], self.rest = self.rest[:n], self.rest[n:]
         return n
