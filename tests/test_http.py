@@ -795,6 +795,19 @@ def test_a_folded_header_line_is_a_malformed_answer(head):
             Connections(timeout=(1, 1)).send("GET", url, {}, None)
 
 
+@pytest.mark.parametrize("head, said", [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nX-Said: a\r b\r\n\r\n", "folded header line"),
+    # http.client counts lines at LF; its parser splits them at a bare CR as well
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n" + b"Y: 1\r" * 500 + b"\r\n\r\n", "more than 100 header fields"),
+])
+def test_a_bare_carriage_return_in_the_head_is_a_malformed_answer(head, said):
+    """A bare CR inside a header line: the value keeps it (no LF for the fold check to see), or the
+    parser makes a header of each piece, past the count of lines http.client bounds (second review)."""
+    with _dripping(head, b"") as url:
+        with pytest.raises(ConnectionFailed, match=said):
+            Connections(timeout=(1, 1)).send("GET", url, {}, None)
+
+
 @pytest.mark.parametrize("drip, every, timeout, said", [
     # a header line in time for each read's timeout
     (b"X-Drip: 1\r\n", 0.2, (1, 1), "the proxy's answer to CONNECT did not come whole within 1 s"),

@@ -30,6 +30,7 @@ TIMEOUT = (10, 300)  # connect, each read
 # quarter of a 1 Mbit/s link; only time spent waiting on the socket counts, not a slow consumer's
 PACE = (60.0, 32 << 10)
 IDLE_PER_ORIGIN = 8  # kept-alive connections kept per origin (a push runs a few blobs at once)
+MAX_HEADERS = 100  # header fields of an answer, as http.client bounds its header lines
 
 
 class _Watchdog:
@@ -291,9 +292,12 @@ class Connections:
                 raise ConnectionResetError("shut at its deadline")
             # obs-fold, which RFC 9112 5.2 lets a recipient refuse: http.client keeps its line break in
             # the value, and a proxy or cache on the way may read the line as a header of its own
-            if any("\n" in value for value in raw.headers.values()) or any(
+            if any("\n" in value or "\r" in value for value in raw.headers.values()) or any(
                     isinstance(d, email.errors.FirstHeaderLineIsContinuationDefect) for d in raw.headers.defects):
                 raise http.client.HTTPException("a folded header line (obs-fold)")
+            # the parser splits lines at a bare CR too: 100 lines of 64 KiB could be two million headers
+            if len(raw.headers) > MAX_HEADERS:
+                raise http.client.HTTPException(f"more than {MAX_HEADERS} header fields")
         except (OSError, http.client.HTTPException, ValueError) as e:  # ValueError: CR/LF or non-Latin-1 in a header
             conn.close()
             if isinstance(e, _SendTooSlow):
