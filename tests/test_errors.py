@@ -189,5 +189,8 @@ def test_a_hostile_docker_content_digest_is_one_inert_line(registry, tmp_path, e
                         env={"BAKERY_CACHE": str(tmp_path / "cache")})
     assert (("GET", path) in proxy.seen), "the hostile answer was served"
     line = shown_inert(result)
+    if "\r\n " in echoed:  # a folded header is a malformed answer to the client itself (issue 50 item 8)
+        assert result.returncode == 3 and "a folded header line (obs-fold)" in line, result.stderr
+        return
     assert result.returncode == 5 and "lies about the digest" in line, result.stderr
     assert "forged" in line and len(line) < 1000, line
