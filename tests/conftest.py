@@ -113,6 +113,18 @@ def project(tmp_path, fixture_lock) -> Path:
 
 
 @pytest.fixture(scope="session")
+def bfcl_harness() -> tuple[str, dict]:
+    """(the python of BFCL's harness venv, bakery/release/bfcl.py, built once per machine; the tool
+    calls BFCL's possible answers hold for the committed spec's cases, which the stand-in serves)."""
+    from bakery.dev import vllm_stand_in
+    from bakery.release import bfcl, smoke_spec
+
+    python = bfcl.ensure(ROOT)
+    cases = smoke_spec.load_spec(ROOT / "provenance" / "smoke.yaml").tool_calls.cases
+    return python, vllm_stand_in.bfcl_answers(python, cases)
+
+
+@pytest.fixture(scope="session")
 def bench_client(tmp_path_factory) -> tuple[Path, Path]:
     """(vLLM 0.26.0's own `vllm bench serve`, as a command, and a small tokenizer it loads):
     bakery/dev/bench_client.py, built once per machine."""

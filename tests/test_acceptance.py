@@ -16,7 +16,7 @@ import pytest
 
 from bakery.dev import vllm_stand_in
 from bakery.errors import InputError, SmokeFailure
-from bakery.release import ab, gate, smoke, smoke_report, smoke_spec, step_summary
+from bakery.release import ab, bfcl, gate, smoke, smoke_report, smoke_spec, step_summary
 from support import ROOT, invoke
 
 SPEC = smoke_spec.load_spec(ROOT / "provenance" / "smoke.yaml")
@@ -43,13 +43,15 @@ def small(spec: smoke_spec.SmokeSpec = SPEC, gates=("decode-1-stream",), **over)
 class StandIns:
     """One stand-in per (side, path), on loopback; stopped by the fixture."""
 
-    def __init__(self):
+    def __init__(self, harness: str, answers: dict):
         self.servers: list = []
+        self.harness, self.answers = bfcl.Harness(harness), answers
 
     def start(self, path: str, **behaviour) -> str:
         """A stand-in of one path, its streamed tokens paced (vllm_stand_in's docstring), so that the
         benchmark client measures the pace, not this machine's load."""
-        paced = {"pace_s": 0.005, "pace_per_stream_s": 0.0008, "prefill_s_per_token": 0.00005, **behaviour}
+        paced = {"pace_s": 0.005, "pace_per_stream_s": 0.0008, "prefill_s_per_token": 0.00005,
+                 "tool_answers": self.answers, **behaviour}
         server = vllm_stand_in.server(vllm_stand_in.Behaviour(MODEL, path, **paced))
         threading.Thread(target=server.serve_forever, daemon=True).start()
         self.servers.append(server)
@@ -65,8 +67,8 @@ class StandIns:
 
 
 @pytest.fixture
-def stand_ins():
-    s = StandIns()
+def stand_ins(bfcl_harness):
+    s = StandIns(*bfcl_harness)
     yield s
     for server in s.servers:
         server.shutdown()
@@ -81,10 +83,10 @@ def bench(bench_client, tmp_path) -> gate.BenchClient:
     return gate.BenchClient((str(command),), str(tokenizer), results, str(results))
 
 
-def run_gate(servers, spec=None, same_base=True, approvals=None, bench=None, kind="endpoint"):
+def run_gate(stand_ins, servers, spec=None, same_base=True, approvals=None, bench=None, kind="endpoint"):
     return smoke.run(f"127.0.0.1:5000/test/cand@sha256:{'c' * 64}", spec or small(), servers,
-                     smoke_report.Reference(kind, None, None), same_base, approvals, bench, vram=lambda: 0,
-                     log=lambda m: None)
+                     smoke_report.Reference(kind, None, None), same_base, approvals, bench, stand_ins.harness,
+                     vram=lambda: 0, log=lambda m: None)
 
 
 def failed(report) -> dict[str, str]:
@@ -186,13 +188,16 @@ def test_the_needle_prompt_hides_each_needle_at_its_depth():
 # -- the drills, against stand-ins ---------------------------------------------------------------------
 
 def test_identical_outputs_pass_with_every_figure_in_the_result(stand_ins, bench):
-    report = run_gate(stand_ins.pair(), spec=small(gates=("decode-1-stream", "burst-64-streams")), bench=bench)
+    report = run_gate(stand_ins, stand_ins.pair(), spec=small(gates=("decode-1-stream", "burst-64-streams")),
+                      bench=bench)
     assert report.result == "PASSED", failed(report)
     written = report.to_json()
+    tools = next(c for c in written["checks"] if c["name"] == "tool-calls:native")
+    assert (tools["figure"], tools["threshold"]) == (90, 72)  # the stand-in serves BFCL's own answers
     assert [(r["path"], r["compared"], r["differing"]) for r in written["ab"]["paths"]] == [
         ("dspark", 240, 0), ("native", 240, 0)]
     names = {c["name"] for c in written["checks"]}
-    assert {"ab:dspark", "ab:native", "arithmetic:dspark", "needles:native", "dspark-acceptance",
+    assert {"ab:dspark", "ab:native", "arithmetic:dspark", "needles:native", "tool-calls:dspark", "dspark-acceptance",
             "speed:decode-1-stream", "speed:burst-64-streams:versus-reference"} <= names
     decode = next(c for c in written["checks"] if c["name"] == "speed:decode-1-stream")
     assert decode["threshold"] == pytest.approx(168.6 * 0.9) and decode["figure"] > decode["threshold"]
@@ -203,7 +208,7 @@ def test_identical_outputs_pass_with_every_figure_in_the_result(stand_ins, bench
 
 def test_one_drifted_token_fails_naming_seed_path_and_token(stand_ins, bench):
     servers = stand_ins.pair({"dspark": {"drift": (17, 1.0, 5)}})
-    report = run_gate(servers, bench=bench)
+    report = run_gate(stand_ins, servers, bench=bench)
     assert report.result == "FAILED"
     said = failed(report)
     assert set(said) == {"ab:dspark"}, said
@@ -218,7 +223,7 @@ def test_an_approved_drift_passes_and_the_approval_is_signed(stand_ins, bench, t
     approvals = tmp_path / "approvals.yaml"
     approvals.write_text("approved:\n  - {path: dspark, seed: 17, temperature: 1.0, reason: reviewed}\n")
     loaded = ab.load_approvals(approvals)
-    report = run_gate(stand_ins.pair({"dspark": {"drift": (17, 1.0, 5)}}), approvals=loaded, bench=bench)
+    report = run_gate(stand_ins, stand_ins.pair({"dspark": {"drift": (17, 1.0, 5)}}), approvals=loaded, bench=bench)
     assert report.result == "PASSED", failed(report)
     from bakery.oci.refs import Reference
 
@@ -230,7 +235,7 @@ def test_an_approved_drift_passes_and_the_approval_is_signed(stand_ins, bench, t
 
 def test_another_base_reports_divergence_and_lets_quality_and_speed_decide(stand_ins):
     servers = stand_ins.pair({"native": {"drift": (3, 0.0, 0)}})
-    report = run_gate(servers, spec=small(gates=()), same_base=False)
+    report = run_gate(stand_ins, servers, spec=small(gates=()), same_base=False)
     detail = {c.name: c.detail for c in report.checks}
     assert "another base: 1 of 240 outputs diverge" in detail["ab:native"]
     # the A/B does not fail it; no speed stage ran here (no client given), and that alone fails the gate
@@ -239,13 +244,60 @@ def test_another_base_reports_divergence_and_lets_quality_and_speed_decide(stand
 
 def test_throughput_under_its_threshold_fails_naming_the_stage(stand_ins, bench):
     spec = small(ab=dataclasses.replace(SPEC.ab, seeds=12, max_tokens=24))  # the stand-in is slow for every request
-    report = run_gate(stand_ins.pair({"dspark": {"slow_s": 0.012}}), spec=spec, bench=bench)
+    report = run_gate(stand_ins, stand_ins.pair({"dspark": {"slow_s": 0.012}}), spec=spec, bench=bench)
     said = failed(report)
     assert report.result == "FAILED" and "speed:decode-1-stream" in said, said
     assert "against 151.74 (the seed's 168.6 less 10%" in said["speed:decode-1-stream"]
     # about 56 tok/s against the reference's 170: far past the noise allowed here
     assert "speed:decode-1-stream:versus-reference" in said
     assert not any(name.startswith("ab:") for name in said)  # slower, not different
+
+
+def test_tool_calls_under_their_threshold_fail(stand_ins):
+    """20 of the 90 BFCL cases answered in words on the candidate's DSpark path: 70 matched, under 72."""
+    report = run_gate(stand_ins, stand_ins.pair({"dspark": {"drop_tool_calls": 20}}), spec=small(gates=()))
+    said = failed(report)
+    assert set(said) == {"tool-calls:dspark", "speed"}, said  # no client given: no speed stage either
+    assert said["tool-calls:dspark"].startswith("70 of 90 BFCL cases matched exactly (bfcl-eval==2026.3.23), "
+                                                "at least 72 needed"), said
+    dspark = next(r for r in report.to_json()["servers"] if r["side"] == "candidate" and r["path"] == "dspark")
+    assert dspark["tool_calls"]["missed"][0] == {"id": "simple_python_0", "error": "ast_decoder:no_tool_call"}
+
+
+def test_bfcl_judges_each_served_answer(bfcl_harness):
+    """BFCL's own checker, as the gate runs it (its cases, its AST checker), on answers a server
+    could give: the right call, a wrong value, another function, arguments that are no JSON, and
+    none. The request is BFCL's own: a dotted name sent as OpenAI allows it, the language hint."""
+    harness = bfcl.Harness(bfcl_harness[0])
+    [case] = harness.cases(("multiple_0",))
+    assert case["messages"] == [{"role": "user", "content": "Can I find the dimensions and properties of a triangle, "
+                                 "if I know its three sides are 5 units, 4 units and 3 units long?"}]
+    names = [t["function"]["name"] for t in case["tools"]]
+    assert "triangle_properties_get" in names and all("." not in n for n in names)
+    assert case["tools"][0]["function"]["description"].endswith("Note that the provided function is in Python 3 syntax.")
+
+    def call(name, args):
+        return [{"name": name, "arguments": args}]
+
+    judged = harness.score({"multiple_0": call("triangle_properties_get", '{"side1": 5, "side2": 4, "side3": 3}'),
+                            "multiple_1": None,
+                            "simple_python_0": call("calculate_triangle_area", '{"base": 10, "height": 6}'),
+                            "simple_python_1": call("calculate_triangle_area", '{"base": 10, "height": 5}'),
+                            "simple_python_2": call("calculate_triangle_area", "{base: 10")})
+    assert judged["multiple_0"] == {"valid": True, "error_type": None}
+    assert judged["multiple_1"] == {"valid": False, "error_type": "ast_decoder:no_tool_call"}
+    assert judged["simple_python_0"] == {"valid": False, "error_type": "value_error:others"}
+    assert judged["simple_python_1"] == {"valid": False, "error_type": "simple_function_checker:wrong_func_name"}
+    assert judged["simple_python_2"]["valid"] is False and judged["simple_python_2"]["error_type"].startswith(
+        "ast_decoder:decoder_failed")
+
+
+def test_the_tool_call_spec_pins_the_harness_it_runs():
+    pinned = next(line.split()[0] for line in (ROOT / "requirements" / "bfcl.txt").read_text().splitlines()
+                  if line.startswith("bfcl-eval=="))
+    cases = SPEC.tool_calls.cases
+    assert SPEC.tool_calls.harness == pinned and len(cases) == 90
+    assert sum(c.startswith("simple_python_") for c in cases) == sum(c.startswith("multiple_") for c in cases) == 45
 
 
 def test_a_missed_needle_or_a_wrong_sum_fails(stand_ins):
@@ -267,7 +319,7 @@ def test_a_missed_needle_or_a_wrong_sum_fails(stand_ins):
 
 def test_a_stage_past_its_deadline_fails_and_leaves_no_passed(stand_ins):
     spec = small(budget_s={"ab": 1, "quality": 60, "speed": 60})
-    report = run_gate(stand_ins.pair({"dspark": {"slow_s": 0.001}}), spec=spec)
+    report = run_gate(stand_ins, stand_ins.pair({"dspark": {"slow_s": 0.001}}), spec=spec)
     said = failed(report)
     assert report.result == "FAILED"
     assert "ran past its deadline" in said["serve:candidate:dspark"] and "ab (candidate, dspark path)" in \
@@ -292,7 +344,7 @@ def test_the_summary_page_shows_a_drift_inert(stand_ins):
     """A drifted token is the candidate's text: on the run's summary page it must not become Markdown
     or a workflow command."""
     hostile = "x | ::error::passed ![i](http://a/b)"
-    report = run_gate(stand_ins.pair(), spec=small(gates=()))
+    report = run_gate(stand_ins, stand_ins.pair(), spec=small(gates=()))
     written = report.to_json()
     written["ab"]["paths"][0]["first_differences"] = [{"seed": hostile, "token": 0}]
     written["checks"][0]["detail"] = hostile
@@ -305,7 +357,7 @@ def test_the_summary_page_shows_a_drift_inert(stand_ins):
 
 # -- as ops run it: invoke smoke, the signed result, invoke verify ---------------------------------------
 
-def test_invoke_smoke_against_endpoints_signs_the_numbers(stand_ins, bench_client, tmp_path):
+def test_invoke_smoke_against_endpoints_signs_the_numbers(stand_ins, bench_client, bfcl_harness, tmp_path):
     """The first-release drill: the reference is the seed-style stack named by the build record;
     here both sides are stand-ins at endpoints, so the result says the gate launched no container.
     The committed spec runs whole (120 x 512 per path and side, the 256K needles, every speed gate)."""
@@ -319,7 +371,7 @@ def test_invoke_smoke_against_endpoints_signs_the_numbers(stand_ins, bench_clien
     env = {"BAKERY_KEY_PASSWORD": "pw", "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md")}
     assert invoke(project, "keygen", "--role", "smoke", "--out", str(tmp_path / "k"), env=env).returncode == 0
     args = ["smoke", image, "--reference", "seed-stack", "--record", str(record), "--report", str(tmp_path / "r.json"),
-            "--bench-client", str(command), "--tokenizer", str(tokenizer), "--attest",
+            "--bench-client", str(command), "--tokenizer", str(tokenizer), "--bfcl", bfcl_harness[0], "--attest",
             "--key", str(tmp_path / "k" / "smoke.key"), "--envelope", str(tmp_path / "smoke.dsse")]
     for (side, path), endpoint in servers.items():
         args += ["--endpoint" if side == "candidate" else "--reference-endpoint", f"{path}={endpoint.url}"]

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from bakery.errors import SmokeFailure
-from bakery.release import smoke, smoke_log, smoke_report, smoke_spec
+from bakery.release import bfcl, smoke, smoke_log, smoke_report, smoke_spec
 from support import BASE, ROOT, dev_policy, docker, invoke, last_line, passing_report
 
 LOGS = ROOT / "tests" / "data" / "vllm-logs"
@@ -142,6 +142,7 @@ def test_production_launch_on_the_fixture_image(project, registry, fixture_base,
     servers = {(side, path): smoke.Launch({**options, "command": ["--port=8000"]})
                for side in ("reference", "candidate") for path in SPEC.paths}
     report = smoke.run(image, SPEC, servers, smoke_report.Reference("promoted", image, None), True, None, None,
+                       bfcl.Harness("unused: no server here gets past its start"),
                        vram=lambda: 0, log=lambda m: None)
     assert report.result == "FAILED" and report.launched_container
     # each server's entrypoint ran: the self-check passed, then `vllm serve` is absent from the fixture

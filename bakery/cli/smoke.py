@@ -155,7 +155,7 @@ def _launches(spec, candidate: str, reference: GateReference, rec, model_dir: st
 
 def smoke(project: Path, image: str, model_dir: str | None = None, port=8000, report=None, reference=None,
           record=None, endpoint=(), reference_endpoint=(), approvals=None, bench_client=None, tokenizer=None,
-          attest=False, key=None, envelope=None, log=lambda m: None) -> Smoked:
+          bfcl=None, attest=False, key=None, envelope=None, log=lambda m: None) -> Smoked:
     import hashlib
     import json
     import os
@@ -163,7 +163,7 @@ def smoke(project: Path, image: str, model_dir: str | None = None, port=8000, re
     from ..oci import store
     from ..oci.layer import write_blob
     from ..oci.refs import Reference
-    from ..release import ab, smoke as smoke_mod, smoke_report, smoke_spec, step_summary
+    from ..release import ab, bfcl as bfcl_mod, smoke as smoke_mod, smoke_report, smoke_spec, step_summary
     from ..trust import keys, sign, smoke_ledger
 
     ref = Reference.parse_pinned(image, "image")
@@ -185,6 +185,7 @@ def smoke(project: Path, image: str, model_dir: str | None = None, port=8000, re
     approval_file = Path(approvals) if approvals else Project(project).root / "provenance" / "smoke-approvals.yaml"
     approved = ab.load_approvals(approval_file) if approvals or approval_file.exists() else None
     gate_reference, same_base, rec = _reference(project, ref, reference, record, launching, log)
+    harness = bfcl_mod.Harness(bfcl or bfcl_mod.ensure(Project(project).root, log))
     with tempfile.TemporaryDirectory(prefix="bakery-smoke-") as tmp:
         work = Path(tmp)
         bench = _bench(gate_reference.image or str(ref), model_dir, bench_client, tokenizer, spec, work)
@@ -193,7 +194,8 @@ def smoke(project: Path, image: str, model_dir: str | None = None, port=8000, re
                    **{("reference", p): e for p, e in theirs.items()}}
         log(f"the gate: {len(spec.paths)} paths x (reference, candidate), budget {spec.budget_total_s // 60} minutes; "
             f"reference: {gate_reference.kind}" + (f" {gate_reference.image}" if gate_reference.image else ""))
-        result = smoke_mod.run(str(ref), spec, servers, gate_reference, same_base, approved, bench, log=log)
+        result = smoke_mod.run(str(ref), spec, servers, gate_reference, same_base, approved, bench, harness,
+                               log=log)
     smoke_ledger.remember(str(ref.digest), hashlib.sha256(spec_path.read_bytes()).hexdigest(), result.result,
                           result.finished, result.run)  # a later verify here refuses an older PASSED
     out = Path(report) if report else Project(project).out / "smoke-report.json"

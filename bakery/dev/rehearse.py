@@ -88,7 +88,11 @@ def release(project: Path, work: Path, log, smoke: str = "none", drill: str | No
 
         # where the runner's user can read it (the rehearsal's folder), by a Python it can run
         client = ensure(project, log, work.parent / "bench-client", tool_python())
-        script = STAND_IN.format(result=result, client=client, tokenizer=tokenizer(client, work / "tokenizer"))
+        from ..release import bfcl
+
+        harness = bfcl.ensure(project, log, work.parent / "bfcl", tool_python())
+        script = STAND_IN.format(result=result, client=client, tokenizer=tokenizer(client, work / "tokenizer"),
+                                 bfcl=harness)
         stood.write_text(with_smoke_stand_in(workflow.read_text(), script))
         workflow = stood
     variables, secrets_ = release_inputs(stage)
@@ -142,10 +146,11 @@ def _private(keys: Path, role: str) -> str:
 # stand-in servers of both paths and sides, measured by vLLM's own benchmark client; only the host
 # facts of an MI300X are written in by hand before the smoke key this job holds signs the result
 STAND_IN = """\
-.venv/bin/python - "$IMAGE" "{result}" "{client}" "{tokenizer}" <<'PY'
+.venv/bin/python - "$IMAGE" "{result}" "{client}" "{tokenizer}" "{bfcl}" <<'PY'
 # STAND-IN: there is no MI300X here. The gate runs for real against bakery/dev/vllm_stand_in.py (NOT
-# vLLM), which serves each path of the reference and the candidate; for a FAILED drill the
-# candidate's DSpark path drifts one token of one seed. This host has no GPU: an MI300X's facts are
+# vLLM), which serves each path of the reference and the candidate (its tool calls are BFCL's own
+# possible answers, read from BFCL's data); for a FAILED drill the candidate's DSpark path drifts
+# one token of one seed. This host has no GPU: an MI300X's facts are
 # written into the report, marked, before it is signed as `invoke smoke --attest --envelope` would.
 import json, sys, threading
 from pathlib import Path
@@ -154,18 +159,20 @@ from bakery.dev import vllm_stand_in
 from bakery.oci.refs import Reference
 from bakery.release import smoke_report
 from bakery.trust import keys, sign
-image, result, client, tokenizer = sys.argv[1:5]
+from bakery.release import smoke_spec
+image, result, client, tokenizer, bfcl = sys.argv[1:6]
+answers = vllm_stand_in.bfcl_answers(bfcl, smoke_spec.load_spec(Path("provenance/smoke.yaml")).tool_calls.cases)
 urls = {{}}
 for side in ("reference", "candidate"):
     for path in ("dspark", "native"):
         drift = (17, 1.0, 5) if result == "FAILED" and side == "candidate" and path == "dspark" else None
         server = vllm_stand_in.server(vllm_stand_in.Behaviour("deepseek-ai/DeepSeek-V4-Flash-0731", path, drift,
                                                              pace_s=0.005, pace_per_stream_s=0.0008,
-                                                             prefill_s_per_token=0.00005))
+                                                             prefill_s_per_token=0.00005, tool_answers=answers))
         threading.Thread(target=server.serve_forever, daemon=True).start()
         urls.setdefault(side, []).append(f"{{path}}=http://127.0.0.1:{{server.server_address[1]}}")
 smoked = gate.smoke(Path("."), image, endpoint=urls["candidate"], reference_endpoint=urls["reference"],
-                    bench_client=client, tokenizer=tokenizer, report="smoke-report.json", log=print)
+                    bench_client=client, tokenizer=tokenizer, bfcl=bfcl, report="smoke-report.json", log=print)
 report = {{**smoked.result.to_json(), "host": {{"gfx_arch": "gfx942", "compute_units": 304,
                                               "stand_in": "no MI300X: the rehearsal wrote these facts"}}}}
 Path("smoke-report.json").write_text(json.dumps(report, indent=2, sort_keys=True))

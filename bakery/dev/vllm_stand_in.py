@@ -2,9 +2,12 @@
 which this machine does not have. It answers the routes the acceptance gate and `vllm bench serve`
 use, deterministically: a completion's tokens are a hash of (path, prompt, temperature, seed, index),
 so two stand-ins of one path answer the same bytes, as two servers of one image on one host should.
-It can be told to drift one token of one seed, to slow down, or to serve a short context.
+It can be told to drift one token of one seed, to slow down, or to serve a short context. Asked
+for a chat completion with tools, it answers a BFCL case with the tool calls BFCL's own possible
+answers hold (bfcl_answers: it knows the answers, as no model does), and can be told to drop some.
 
     python -m bakery.dev.vllm_stand_in --port 8001 --path dspark [--drift SEED:TEMPERATURE:TOKEN] [--slow S]
+        [--tool-answers FILE [--drop-tool-calls N]]
 
 PACE (seconds before each streamed token, plus PACE_PER_STREAM for each stream being served) makes
 vLLM's benchmark client measure a steady server rather than this machine's load: at 5 ms and 0.8 ms,
@@ -19,6 +22,7 @@ import argparse
 import hashlib
 import json
 import re
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -41,6 +45,8 @@ class Behaviour:
     prefill_s_per_token: float = 0.0  # before a streamed answer's first token, per prompt token
     streams: int = 0
     max_context: int = 1 << 20  # prompt tokens (words) it accepts
+    tool_answers: dict = field(default_factory=dict)  # answer_key() -> [{name, arguments}]
+    drop_tool_calls: int = 0  # the first this many cases asked are answered in words, with no tool call
     counters: dict = field(default_factory=lambda: {"drafts": 0, "accepted": 0, "proposed": 0})
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -61,6 +67,16 @@ class Behaviour:
             return [f"vault {k}: {code}\n" for k, code in found][:n]
         return self.tokens(prompt, temperature, seed, n)
 
+    def tool_call(self, messages: list, tools: list) -> list[dict] | None:
+        asked = next((m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"), "")
+        names = [t.get("function", {}).get("name", "") for t in tools if isinstance(t, dict)]
+        calls = self.tool_answers.get(answer_key(str(asked), names))
+        with self.lock:
+            if calls is not None and self.drop_tool_calls > 0:
+                self.drop_tool_calls -= 1
+                return None
+        return calls
+
     def count(self, produced: int) -> None:
         if self.path != "dspark":
             return
@@ -69,6 +85,44 @@ class Behaviour:
             self.counters["drafts"] += drafts
             self.counters["proposed"] += 7 * drafts
             self.counters["accepted"] += produced - drafts
+
+
+def answer_key(question: str, tool_names: list[str]) -> str:
+    return question + "\0" + ",".join(sorted(tool_names))
+
+
+def bfcl_answers(python: str, ids: tuple[str, ...]) -> dict:
+    """{answer_key: tool calls} for BFCL cases, from BFCL's own data in the venv of `python`
+    (bakery/release/bfcl.py): each call's name as the OpenAI style sends it (dots made underscores),
+    each parameter's first possible value (one whose only value is "" left out)."""
+    where = subprocess.run([python, "-I", "-c", "import importlib.util; "
+                            "print(importlib.util.find_spec('bfcl_eval').submodule_search_locations[0])"],
+                           check=True, capture_output=True, text=True).stdout.strip()
+    wanted, out = set(ids), {}
+    for name in ("BFCL_v4_simple_python.json", "BFCL_v4_multiple.json"):
+        with open(f"{where}/data/{name}") as q, open(f"{where}/data/possible_answer/{name}") as a:
+            truth = {row["id"]: row["ground_truth"] for row in map(json.loads, a)}
+            for case in map(json.loads, q):
+                if case["id"] not in wanted:
+                    continue
+                names = [f["name"].replace(".", "_") for f in case["function"]]
+                calls = []
+                for call in truth[case["id"]]:
+                    (function, params), = call.items()
+                    args = _first_of_each(params)
+                    calls.append({"name": function.replace(".", "_"), "arguments": json.dumps(args)})
+                out[answer_key(next(m["content"] for m in case["question"][0] if m["role"] == "user"), names)] = calls
+    return out
+
+
+def _first_of_each(options: dict) -> dict:
+    """Each parameter's first possible value (a dict's own values chosen alike); "" means it may be left out."""
+    chosen = {}
+    for name, values in options.items():
+        value = next((v for v in values if v != ""), None)
+        if value is not None:
+            chosen[name] = _first_of_each(value) if isinstance(value, dict) else value
+    return chosen
 
 
 def server(behaviour: Behaviour, port: int = 0) -> ThreadingHTTPServer:
@@ -107,6 +161,15 @@ def server(behaviour: Behaviour, port: int = 0) -> ThreadingHTTPServer:
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            if self.path == "/v1/chat/completions":
+                calls = behaviour.tool_call(body.get("messages") or [], body.get("tools") or [])
+                message = {"role": "assistant", "content": None if calls else "I cannot call a tool for that.",
+                           "tool_calls": [{"id": f"call-{i}", "type": "function", "function": call}
+                                          for i, call in enumerate(calls or [])]}
+                return self._json(200, {"id": "chatcmpl-stand-in", "object": "chat.completion",
+                                        "model": behaviour.model, "choices": [
+                                            {"index": 0, "message": message,
+                                             "finish_reason": "tool_calls" if calls else "stop"}]})
             if self.path != "/v1/completions":
                 return self._json(404, {"error": "not found"})
             prompt, n = body.get("prompt", ""), int(body.get("max_tokens") or 16)
@@ -171,13 +234,16 @@ def main(argv=None) -> None:
     parser.add_argument("--pace", type=float, default=0.005, help="seconds before each streamed token")
     parser.add_argument("--pace-per-stream", type=float, default=0.0008, help="and this more per stream served")
     parser.add_argument("--prefill", type=float, default=0.00005, help="seconds per prompt token before streaming")
+    parser.add_argument("--tool-answers", help="a JSON file of bfcl_answers(): the tool calls it serves")
+    parser.add_argument("--drop-tool-calls", type=int, default=0, help="the first N cases asked get no tool call")
     args = parser.parse_args(argv)
     drift = None
     if args.drift:
         seed, temperature, token = args.drift.split(":")
         drift = (int(seed), float(temperature), int(token))
-    server(Behaviour(args.model, args.path, drift, args.slow, args.pace, args.pace_per_stream, args.prefill),
-           args.port).serve_forever()
+    answers = json.loads(open(args.tool_answers).read()) if args.tool_answers else {}
+    server(Behaviour(args.model, args.path, drift, args.slow, args.pace, args.pace_per_stream, args.prefill,
+                     tool_answers=answers, drop_tool_calls=args.drop_tool_calls), args.port).serve_forever()
 
 
 if __name__ == "__main__":

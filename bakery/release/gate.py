@@ -1,6 +1,6 @@
 """The acceptance gate's HTTP stages against one serving path of one side (the candidate or the
 reference), each under its deadline: the A/B sweep of raw completions, the arithmetic check, needle
-recall at long context, and the speed figures and DSpark's acceptance (from /metrics) measured by
+recall at long context, BFCL's tool calls, and the speed figures and DSpark's acceptance (from /metrics) measured by
 vLLM's own benchmark client (`vllm bench serve`). What the answers are judged against is smoke_report.py."""
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ import requests
 
 from .. import untrusted
 from ..errors import SmokeFailure
+from . import bfcl
 from .ab import Completion
-from .smoke_spec import ABSpec, NeedleSpec, SpeedGate
+from .smoke_spec import ABSpec, NeedleSpec, SpeedGate, ToolCallSpec
 
 
 class Deadline:
@@ -88,6 +89,10 @@ class Service:
         if seed is not None:
             body["seed"] = seed
         return self._post("/v1/completions", body, timeout)
+
+    def chat(self, messages: list, tools: list, temperature: float, timeout: float = 600) -> dict:
+        return self._post("/v1/chat/completions", {"model": self.model, "messages": messages, "tools": tools,
+                                                    "temperature": temperature}, timeout)
 
     def metrics(self) -> str:
         try:
@@ -170,6 +175,28 @@ def needles(service: Service, spec: NeedleSpec, path: str, deadline: Deadline) -
     return {"path": path, "prompt_tokens": tokens, "needles": len(codes), "recalled": len(found),
             "missed_depths": [d for k, d in zip(codes, spec.depths, strict=True) if k not in found],
             "seconds": round(time.monotonic() - start, 1)}
+
+
+def tool_calls(service: Service, harness: bfcl.Harness, spec: ToolCallSpec, path: str, deadline: Deadline) -> dict:
+    """BFCL's cases through the server's own tool parser, one at a time, each answer's tool calls
+    judged by BFCL's checker: how many match exactly, and which did not."""
+    start = time.monotonic()
+    cases = harness.cases(spec.cases, timeout=deadline.left())
+    answers: dict[str, list[dict] | None] = {}
+    for case in cases:
+        with deadline.bounding():
+            out = service.chat(case["messages"], case["tools"], spec.temperature, timeout=deadline.left())
+        choices = out.get("choices") if isinstance(out, dict) else None
+        first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        answers[case["id"]] = bfcl.tool_calls(first.get("message"))
+    judged = harness.score(answers, timeout=deadline.left())
+    if not isinstance(judged, dict) or set(judged) != set(spec.cases):
+        raise SmokeFailure(f"BFCL's checker did not judge each of the {len(spec.cases)} cases on the {path} path")
+    matched = [c for c in spec.cases if isinstance(judged[c], dict) and judged[c].get("valid") is True]
+    missed = [{"id": c, "error": untrusted.safe(judged[c].get("error_type") if isinstance(judged[c], dict) else None,
+                                                limit=80)} for c in spec.cases if c not in matched]
+    return {"path": path, "harness": spec.harness, "cases": len(spec.cases), "matched": len(matched),
+            "threshold": spec.threshold, "missed": missed[:12], "seconds": round(time.monotonic() - start, 1)}
 
 
 # -- speed, with vLLM's benchmark client ---------------------------------------------------------------

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..errors import InputError, SmokeFailure
 from ..trust import smoke_ledger
-from . import ab as ab_mod, gate
+from . import ab as ab_mod, bfcl, gate
 from .smoke_log import LogWatcher
 from .smoke_report import Reference, ServerRun, SmokeReport, verdict, workflow_run
 from .smoke_spec import SPECULATIVE_FLAG, SmokeSpec
@@ -238,7 +238,7 @@ def _stage(run: ServerRun, name: str, seconds: float, fn):
 
 
 def serve_and_check(run: ServerRun, how: Endpoint | Launch, spec: SmokeSpec, bench: gate.BenchClient | None,
-                    vram, log) -> None:
+                    harness: bfcl.Harness, vram, log) -> None:
     """Every stage this server owes the gate; a failure stops this server (recorded in the run)."""
     try:
         with serving(run, how, spec, vram, log) as url:
@@ -251,8 +251,11 @@ def serve_and_check(run: ServerRun, how: Endpoint | Launch, spec: SmokeSpec, ben
             run.completions = _stage(run, "ab", spec.budget_s["ab"], lambda d: gate.sweep(
                 service, spec.ab, run.path, d, _progress(log, f"{run.side} {run.path}")))
             if run.side == "candidate":
-                run.needles = _stage(run, "quality", spec.budget_s["quality"],
-                                     lambda d: gate.needles(service, spec.needles, run.path, d))
+                def quality(d):
+                    run.needles = gate.needles(service, spec.needles, run.path, d)
+                    log(f"tool calls on the candidate's {run.path} path: {len(spec.tool_calls.cases)} BFCL cases")
+                    run.tool_calls = gate.tool_calls(service, harness, spec.tool_calls, run.path, d)
+                _stage(run, "quality", spec.budget_s["quality"], quality)
             if run.path == "dspark" and bench is not None:
                 def measure(d):
                     return [gate.speed(bench, g, service, d) for g in spec.speed.gates]
@@ -271,7 +274,7 @@ def _progress(log, what: str):
 
 def run(image: str, spec: SmokeSpec, servers: Mapping[tuple[str, str], Endpoint | Launch], reference: Reference,
         same_base: bool, approvals: ab_mod.Approvals | None, bench: gate.BenchClient | None,
-        vram=vram_used_bytes, log=print) -> SmokeReport:
+        harness: bfcl.Harness, vram=vram_used_bytes, log=print) -> SmokeReport:
     """The gate: the reference's servers, then the candidate's, one at a time, path by path; then the
     A/B and the verdict. Always returns a report (PASSED or FAILED); every container it started is
     removed."""
@@ -283,7 +286,7 @@ def run(image: str, spec: SmokeSpec, servers: Mapping[tuple[str, str], Endpoint 
             how = servers[(side, path)]
             serves = how.url if isinstance(how, Endpoint) else how.options["image"]
             runs.append(ServerRun(side, path, serves, isinstance(how, Launch)))
-            serve_and_check(runs[-1], how, spec, bench, vram, log)
+            serve_and_check(runs[-1], how, spec, bench, harness, vram, log)
     results, ab_error = None, None
     if all(r.failure is None for r in runs):
         try:

@@ -27,6 +27,7 @@ class ServerRun:
     arithmetic: str | None = None
     completions: list = field(default_factory=list)  # ab.Completion
     needles: dict | None = None
+    tool_calls: dict | None = None
     speed: list[dict] = field(default_factory=list)  # gate.speed() of each gate
     acceptance: dict | None = None
     vram_high_water_bytes: int | None = None
@@ -36,7 +37,8 @@ class ServerRun:
     def to_json(self) -> dict:
         out = {"side": self.side, "path": self.path, "serves": self.serves, "launched": self.launched,
                "healthy": self.healthy, "health": list(self.health), "arithmetic": self.arithmetic,
-               "completions": len(self.completions), "needles": self.needles, "speed": self.speed,
+               "completions": len(self.completions), "needles": self.needles, "tool_calls": self.tool_calls,
+               "speed": self.speed,
                "acceptance": self.acceptance, "vram_high_water_bytes": self.vram_high_water_bytes,
                "seconds": self.seconds}
         if self.failure is not None:
@@ -132,6 +134,13 @@ def verdict(spec: SmokeSpec, runs: list[ServerRun], reference: Reference, same_b
                                 f"{n['recalled']} of {n['needles']} needles recalled at {n['prompt_tokens']} prompt "
                                 f"tokens" + (f" (missed at depths {n['missed_depths']})" if n["missed_depths"] else ""),
                                 n["recalled"], n["needles"]))
+        if r.failure is None or r.tool_calls is not None:
+            t = r.tool_calls
+            checks.append(Check(f"tool-calls:{r.path}", t is not None and t["matched"] >= spec.tool_calls.threshold,
+                                f"{t['matched']} of {t['cases']} BFCL cases matched exactly ({t['harness']}), at least "
+                                f"{spec.tool_calls.threshold} needed (the seed: {spec.tool_calls.seed_figure})"
+                                if t is not None else "the tool-call stage did not run",
+                                t["matched"] if t is not None else None, spec.tool_calls.threshold))
         if r.launched:
             high = r.vram_high_water_bytes
             checks.append(Check(f"vram:{r.path}", high is not None and high <= spec.vram_limit_bytes,

@@ -18,10 +18,12 @@ SPECULATIVE_FLAG = "--speculative-config"
 STAGES = ("ab", "quality", "speed")  # each with its deadline; a start has health_deadline_s
 
 SPEC_KEYS = {"model": str, "revision": str, "model_mount": str, "health_deadline_s": int, "shm_size": str,
-             "vram_limit_bytes": int, "paths": list, "ab": dict, "needles": dict,
+             "vram_limit_bytes": int, "paths": list, "ab": dict, "needles": dict, "tool_calls": dict,
              "speed": dict, "budget_s": dict}
 AB_KEYS = {"seeds": int, "max_tokens": int, "temperatures": list, "prompts": list}
 NEEDLE_KEYS = {"prompt_tokens": int, "depths": list}
+TOOL_CALL_KEYS = {"harness": str, "temperature": float, "threshold": int, "seed_figure": str, "cases": list}
+BFCL_CATEGORIES = ("simple_python", "multiple")  # bfcl_harness.py's: single-turn, AST-checked
 SPEED_KEYS = {"tolerance": float, "versus_reference": float, "gates": list}
 GATE_KEYS = {"name": str, "kind": str, "concurrency": int, "prompts": int, "input_len": int, "output_len": int,
              "seed_figure": float, "source": str}
@@ -49,6 +51,17 @@ class NeedleSpec:
     """A long prompt with a needle at each depth (a fraction of the prompt); every one must be recalled."""
     prompt_tokens: int
     depths: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ToolCallSpec:
+    """BFCL cases sent through the image's own tool parser, one at a time; at least `threshold` of
+    them must be exact matches by BFCL's checker."""
+    harness: str  # the bfcl-eval pin requirements/bfcl.txt holds
+    temperature: float
+    threshold: int
+    seed_figure: str  # what the seed deployment scored, as published
+    cases: tuple[str, ...]  # BFCL ids
 
 
 @dataclass(frozen=True)
@@ -91,6 +104,7 @@ class SmokeSpec:
     paths: tuple[str, ...]
     ab: ABSpec
     needles: NeedleSpec
+    tool_calls: ToolCallSpec
     speed: SpeedSpec
     budget_s: dict  # stage -> seconds, each of STAGES
 
@@ -142,6 +156,23 @@ def _gate(entry, i: int, path: Path) -> SpeedGate:
                      source=entry["source"])
 
 
+def _tool_calls(section: dict, path: Path) -> ToolCallSpec:
+    import re
+
+    where = f"{path}: tool_calls"
+    cases = _strings(section["cases"], f"{where}.cases")
+    odd = [c for c in cases if not re.fullmatch(rf"({'|'.join(BFCL_CATEGORIES)})_[0-9]+", c)]
+    if odd:
+        raise InputError(f"{where}.cases: {odd[0]!r} is not a BFCL id of {' or '.join(BFCL_CATEGORIES)} (e.g. multiple_7)")
+    if len(set(cases)) != len(cases):
+        raise InputError(f"{where}.cases: each case once")
+    if not re.fullmatch(r"bfcl-eval==[0-9][0-9.]*", section["harness"]):
+        raise InputError(f"{where}.harness must pin bfcl-eval (bfcl-eval==VERSION, as requirements/bfcl.txt does)")
+    return ToolCallSpec(section["harness"], _number(section["temperature"], f"{where}.temperature", float, 0, 2),
+                        _number(section["threshold"], f"{where}.threshold", int, 1, len(cases)),
+                        _strings([section["seed_figure"]], f"{where}.seed_figure")[0], cases)
+
+
 def load_spec(path: Path) -> SmokeSpec:
     raw = schema.load_yaml(path, SPEC_KEYS)
     for key, kind in SPEC_KEYS.items():  # load_yaml lets null through for any key; a spec has none
@@ -162,6 +193,7 @@ def load_spec(path: Path) -> SmokeSpec:
     if not depths:
         raise InputError(f"{path}: needles.depths must list at least one depth")
     needle_spec = NeedleSpec(_number(needles["prompt_tokens"], f"{path}: needles.prompt_tokens", int, 1), depths)
+    tool_spec = _tool_calls(_section(raw, "tool_calls", TOOL_CALL_KEYS, path), path)
     speed = _section(raw, "speed", SPEED_KEYS, path)
     gates = tuple(_gate(g, i, path) for i, g in enumerate(speed["gates"]))
     if len({g.name for g in gates}) != len(gates):
@@ -173,4 +205,4 @@ def load_spec(path: Path) -> SmokeSpec:
         raise InputError(f"{path}: budget_s must name each of {', '.join(STAGES)} (seconds)")
     budget = {stage: _number(budget[stage], f"{path}: budget_s.{stage}", int, 1) for stage in STAGES}
     return SmokeSpec(raw["model"], raw["revision"], raw["model_mount"], raw["health_deadline_s"], raw["shm_size"],
-                     raw["vram_limit_bytes"], paths, ab_spec, needle_spec, speed_spec, budget)
+                     raw["vram_limit_bytes"], paths, ab_spec, needle_spec, tool_spec, speed_spec, budget)

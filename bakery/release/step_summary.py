@@ -81,7 +81,7 @@ def smoke(report: dict) -> str:
     out += ["", "| check | figure | threshold | chart | ok |", "|---|---|---|---|---|"]
     for check in _rows(report, "checks"):
         name = str(check.get("name"))
-        chart = _bar(check.get("figure"), check.get("threshold")) if name.startswith("speed:") else ""
+        chart = _bar(check.get("figure"), check.get("threshold")) if name.startswith(("speed:", "tool-calls:")) else ""
         out.append(f"| {_t(name, md, 60)} | {_t(check.get('figure'), md)} | {_t(check.get('threshold'), md)} | {chart} | "
                    f"{'✅' if check.get('ok') is True else '❌ ' + _t(check.get('detail'), md, 120)} |")
     return "\n".join(out) + "\n\n"
