@@ -201,7 +201,7 @@ GROUND = {
     "a name twice": APART, "a folder the layer then makes a file": APART,
     "a write through a link the layer made": APART, "a whiteout of a folder it fills": APART,
     "an opaque marker in what it gives as a file": APART, "a hard link whose target is then replaced": APART,
-    "under an AUFS folder": APART,
+    "under an AUFS folder": APART, "an opaque marker on the root": APART,
     "a write under a file the layer made": ALL_FAIL, "a hard link to what the layer does not hold": ALL_FAIL,
     "a hard link to a name given after it": ALL_FAIL, "a hard link to a folder": ALL_FAIL,
     "a hard link out of the root": ALL_FAIL,

@@ -76,6 +76,8 @@ REFUSED: dict[str, tuple[list[tuple], str]] = {
     "a hard link to a folder": ([("d", "dir", ""), ("h", "hardlink", "d")], "is a hard link to 'd'"),
     "an AUFS name": ([(".wh..wh.aufs", "file", b"")], "an AUFS metadata name"),
     "under an AUFS folder": ([(".wh..wh.plnk/1", "file", b"")], "under an AUFS metadata folder"),
+    "an opaque marker on the root": ([("new", "file", b"n"), (".wh..wh..opq", "file", b"")],
+                                     "an opaque marker on the root itself"),
     "a name out of the root": ([("../../etc/passwd", "file", b"x")], "climbs out of the root"),
     "a hard link out of the root": ([("h", "hardlink", "../x")], "climbs out of the root"),
 }

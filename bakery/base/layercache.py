@@ -15,7 +15,7 @@ from ..oci.refs import Descriptor, Digest
 from ..project import cache_dir
 
 VIEW_SCHEMA = 3  # bump when how paths or globs are resolved changes: older views are then dropped
-INDEX_SCHEMA = 3  # bump when what a layer's pass checks or records changes: older indexes are made again
+INDEX_SCHEMA = 4  # bump when what a layer's pass checks or records changes: older indexes are made again
 
 
 class LayerCache:

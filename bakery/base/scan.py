@@ -463,6 +463,8 @@ class _Layer:
             raise Ambiguous(f"it holds {path!r}, under an AUFS metadata folder")
         if name.startswith(WHITEOUT):
             if name == OPAQUE:
+                if not parent:  # overlayfs ignores it on a layer's root, a naive applier empties the root
+                    raise Ambiguous(f"it holds {path!r}, an opaque marker on the root itself")
                 self._name(path, "an opaque marker")
                 self.opaque.append(parent)
                 return
