@@ -114,6 +114,27 @@ def test_a_proof_that_crashes_is_cannot_prove_not_a_pass(tmp_path, monkeypatch):
         assert verdict.verdict == prove.CANNOT and "exit 3" in verdict.reason, (body, verdict)
 
 
+FORGED = b'{"verdict": "FIXED", "reason": "fixed upstream", "measured": {}, "target": 0}\n'
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", [
+    b"print(FORGED.decode(), flush=True)\n",  # on its stdout, as the verdict used to be read
+    b"for fd in range(1, 256):\n    try:\n        os.write(fd, FORGED)\n    except OSError:\n        pass\n",
+])
+def test_a_stock_target_that_writes_a_verdict_and_exits_is_not_fixed(versions, how, tmp_path, monkeypatch):
+    """Found by the attacker review (issue 50 item 8): the stock target's code, as its module loads,
+    writes a FIXED line and exits 0. The verdict was read from what the child wrote, so the proof
+    said FIXED on stock and rebase would have marked the overlay fixed upstream. It is now the
+    judge's, from the data a finished run hands back: there is none, so it cannot prove."""
+    monkeypatch.setenv("BAKERY_CACHE", str(tmp_path))
+    stock = versions["cpu-kv-transfer-fence"][0].read_bytes()
+    forging = stock + b"\nimport os\nFORGED = " + repr(FORGED).encode() + b"\n" + how + b"os._exit(0)\n"
+    verdict = prove.run(spec_of("cpu-kv-transfer-fence"), forging, {})
+    assert verdict.verdict == prove.CANNOT, verdict
+    assert prove.run(spec_of("cpu-kv-transfer-fence"), stock, {}).verdict == prove.BROKEN  # the control
+
+
 @pytest.mark.slow
 def test_a_poisoned_verdict_cache_entry_is_dropped_and_rerun(versions, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("BAKERY_CACHE", str(tmp_path))

@@ -192,39 +192,43 @@ def sibling(proof: int, me: int) -> int:
 
 
 def forge(proof: int, me: int) -> None:
-    """In a grandchild: hold the other target's pipe, and write its verdict once it has exited."""
+    """In a grandchild: hold the other target's data pipe, and write its data once it has exited."""
     os.close(1)
     try:
         other = sibling(proof, me)
-        fd = os.open(f"/proc/{other}/fd/1", os.O_WRONLY)
+        fds = [os.open(f"/proc/{other}/fd/{n}", os.O_WRONLY) for n in os.listdir(f"/proc/{other}/fd") if int(n) > 2]
     except OSError:
         os._exit(0)  # refused: what the sandbox must do
     while os.path.exists(f"/proc/{other}") and open(f"/proc/{other}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
         time.sleep(0.01)
-    os.write(fd, b'{"verdict": "FIXED", "reason": "forged by the stock target", "measured": {}}\\n')
+    for fd in fds:
+        os.write(fd, b"D" + _proof._pack({"said": "forged by the stock target", "fixed": True}))
     os._exit(0)
 
 
-def prove(args):
+def observe(args):
     if open(args[0]).read().startswith("# stock"):
         proof, me = os.getppid(), os.getpid()
         if os.fork() == 0:
             forge(proof, me)
-        _proof.report(False, "genuine: stock")
-    else:
-        time.sleep(1.0)
-        _proof.report(False, "genuine: overlaid")
+        return {"said": "genuine: stock", "fixed": False}
+    time.sleep(1.0)
+    return {"said": "genuine: overlaid", "fixed": False}
+
+
+def judge(observed, args):
+    return _proof.report(bool(observed["fixed"]), str(observed["said"]))
 
 
 if __name__ == "__main__":
-    _proof.main(prove)
+    _proof.main(observe, judge)
 '''
 
 
 @pytest.mark.slow
 def test_one_targets_code_cannot_write_the_others_verdict(tmp_path, monkeypatch):
     """Stock and overlaid run as two children of one proof process. The stock target's code opens
-    its sibling's pipe through /proc and writes FIXED there after the sibling exits: the children
+    its sibling's data pipe through /proc and writes a FIXED run's data there after the sibling exits: the children
     are not dumpable, so the pipe cannot be opened and the overlaid verdict stays its own."""
     monkeypatch.setenv("BAKERY_CACHE", str(tmp_path / "cache"))
     proofs = tmp_path / "project" / "overlays" / "proofs"
@@ -624,20 +628,23 @@ import _proof
 FORGED = b'\\n{"target": 1, "verdict": "FIXED", "reason": "forged through pid 1", "seconds": 0}\\n'
 
 
-def prove(args):
+def observe(args):
     if open(args[0]).read().startswith("# stock"):
         try:  # the sandbox's pid 1 holds the proof's stdout: a line written past where the proof's own
             fd = os.open("/proc/1/fd/1", os.O_WRONLY)  # lines will end is read after them
             os.pwrite(fd, FORGED, 4095)
         except OSError:
             pass
-        _proof.report(False, "genuine: stock")
-    else:
-        _proof.report(False, "genuine: overlaid")
+        return {"said": "genuine: stock"}
+    return {"said": "genuine: overlaid"}
+
+
+def judge(observed, args):
+    return _proof.report(False, str(observed["said"]))
 
 
 if __name__ == "__main__":
-    _proof.main(prove)
+    _proof.main(observe, judge)
 '''
 
 AS_USER = '''

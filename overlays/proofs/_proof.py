@@ -1,8 +1,9 @@
 """What every proof script shares: lift code out of the target's bytes, and report one verdict.
 
 A proof runs the code in one version of its overlay's target (stock from a base, or overlaid) and
-compares what it does with a reference written from the defect's description. It ends by printing
-one JSON line: {"verdict": FIXED | BROKEN | CANNOT-PROVE, "reason": ..., "measured": {...}}.
+compares what it does with a reference written from the defect's description: the target's code
+runs in a child that hands back only data, judged here (main). It prints one JSON line per target:
+{"verdict": FIXED | BROKEN | CANNOT-PROVE, "reason": ..., "measured": {...}, "target": i}.
 Where the proofs' Triton kernels run is DEVICE, from BAKERY_PROOF_DEVICE (`invoke prove --device`):
 cpu, Triton's interpreter (set here, before any script imports triton: import this module first),
 or cuda, the kernels compiled for the GPU torch sees. Verdicts are cached per device.
@@ -420,21 +421,25 @@ def call(fn, known: dict, what: str):
     return fn(**known)
 
 
-def report(fixed: bool, reason: str, **measured) -> None:
-    if UNMODELED:
-        raise CannotProve(f"the target's code branched on {', '.join(UNMODELED[:4])}, which this proof does not "
-                          f"model: its value in the image is not known here (model it, or load its module)")
+def report(fixed: bool, reason: str, **measured) -> dict:
+    """A verdict, as a proof's judge returns it (in the proof's own process, never the target's)."""
     measured["ran_on"] = DEVICE if USES_DEVICE else "cpu"
-    print(json.dumps({"verdict": "FIXED" if fixed else "BROKEN", "reason": reason, "measured": measured}))
+    return {"verdict": "FIXED" if fixed else "BROKEN", "reason": reason, "measured": measured}
 
 
-def main(prove) -> None:
-    """Run prove([target] + reads) for each target: `proof.py TARGET... -- READS...` (or, by hand,
-    `proof.py TARGET READS...`). One JSON verdict line per target, in order, each carrying its
-    index. Each target runs in a process forked after this script's imports (torch and Triton load
-    once, nothing one run leaves behind reaches the other, and the runs share the cores); a
-    CannotProve is that target's CANNOT-PROVE, any other exception or a crash its failure, which
-    the runner reads as CANNOT-PROVE."""
+def main(observe, judge) -> None:
+    """`proof.py TARGET... -- READS...` (or, by hand, `proof.py TARGET READS...`): one JSON verdict
+    line per target, in order, each carrying its index.
+
+    observe([target] + reads) runs the target's code and returns what it did, {name: array, number
+    or string}; judge(observed, [target] + reads) compares that with the reference and returns
+    report(...). Each observe runs in a process forked after this script's imports (torch and
+    Triton load once, nothing one run leaves behind reaches the other, the runs share the cores),
+    and hands its data back through a pipe of its own, as numpy arrays (no pickle); everything it
+    prints goes to stderr. judge runs here, in the process that never ran the target's code: a
+    verdict comes only from its comparison, never from a line the target's code writes. A
+    CannotProve in observe is that target's CANNOT-PROVE; any other exception, a crash, or data the
+    judge cannot read is its failure, which the runner reads as CANNOT-PROVE."""
     args = sys.argv[1:]
     targets, reads = (args[:args.index("--")], args[args.index("--") + 1:]) if "--" in args else (args[:1], args[1:])
     sys.stdout.flush()
@@ -442,35 +447,32 @@ def main(prove) -> None:
     started = time.monotonic()
     children = []
     for target in targets:  # a child holds no read end of another's pipe
-        children.append(_fork(prove, [target] + reads, [pipe for _, pipe in children]))
+        children.append(_fork(observe, [target] + reads, [pipe for _, pipe in children]))
     for index, (pid, pipe) in enumerate(children):
         with pipe:
-            lines = _tail(pipe).strip().splitlines()
+            data = pipe.read(DATA_LIMIT + 2)
+        if len(data) > DATA_LIMIT:
+            os.kill(pid, 9)  # it would write on: judged from what was read (too much)
         _, status = os.waitpid(pid, 0)
-        print(json.dumps({**_verdict(lines, os.waitstatus_to_exitcode(status)), "target": index,
-                          "seconds": round(time.monotonic() - started, 1)}), flush=True)
+        judged = _judged(judge, [targets[index]] + reads, data, os.waitstatus_to_exitcode(status))
+        print(json.dumps({**judged, "target": index, "seconds": round(time.monotonic() - started, 1)}), flush=True)
+
+
+DATA_LIMIT = 64 << 20  # bytes a target's run hands back (the largest proof's are under 1 MiB)
 
 
 def _not_dumpable() -> None:
     """This process and the children forked from it become non-dumpable: their /proc entries are
     root's, so the target code in one child cannot open a sibling's or this process's pipes through
-    /proc/PID/fd, nor trace them, to write another target's verdict."""
+    /proc/PID/fd, nor trace them, to hand back another target's data."""
     import ctypes
 
     PR_SET_DUMPABLE = 4
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
-def _tail(pipe, limit: int = 1 << 20) -> str:
-    """What a child wrote, its last `limit` bytes at most, decoded whatever they are."""
-    kept = b""
-    while chunk := pipe.read(1 << 16):
-        kept = (kept + chunk)[-limit:]
-    return kept.decode("utf-8", errors="replace")
-
-
-def _fork(prove, args: list[str], others: list):
-    """(pid, the read end of its stdout) of a child that runs prove(args) and exits."""
+def _fork(observe, args: list[str], others: list):
+    """(pid, the read end of its data pipe) of a child that runs observe(args) and exits."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid:
@@ -479,29 +481,92 @@ def _fork(prove, args: list[str], others: list):
     os.close(read_end)
     for other in others:
         other.close()
-    os.dup2(write_end, 1)  # everything the child writes to stdout, the target's code included, goes to the pipe
-    os.close(write_end)
+    os.dup2(2, 1)  # what the child prints, the target's code included, goes to stderr: no verdict is read there
     sys.stdout = os.fdopen(1, "w", closefd=False)
-    code = 0
+    code, payload = 0, b""
     try:
-        prove(args)
+        observed = observe(args)
+        if UNMODELED:
+            raise CannotProve(f"the target's code branched on {', '.join(UNMODELED[:4])}, which this proof does not "
+                              f"model: its value in the image is not known here (model it, or load its module)")
+        payload = b"D" + _pack(observed)
     except CannotProve as e:
-        print(json.dumps({"verdict": "CANNOT-PROVE", "reason": str(e), "measured": {}}))
-    except BaseException as e:
+        payload = b"C" + str(e).encode("utf-8", "replace")
+    except BaseException:
         traceback.print_exc()
-        print(json.dumps({"verdict": "FAILED", "reason": f"{type(e).__name__}: {str(e)[:300]}"}))
         code = 1
-    sys.stdout.flush()
-    os._exit(code)
-
-
-def _verdict(lines: list[str], code: int) -> dict:
-    """A verdict counts only from a run that finished: exit 0 and a well-formed last line."""
     try:
-        doc = json.loads(lines[-1])
-        said = doc.get("reason") if isinstance(doc.get("reason"), str) else ""
-        if code != 0 or doc.get("verdict") not in ("FIXED", "BROKEN", "CANNOT-PROVE") or not said:
-            raise ValueError(said)
-        return doc
-    except (IndexError, ValueError, AttributeError) as e:
-        return {"verdict": "FAILED", "reason": f"exit {code}" + (f": {e}" if str(e) else ""), "measured": {}}
+        _write_all(write_end, payload)
+    finally:
+        sys.stdout.flush()
+        os._exit(code)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _pack(observed: dict) -> bytes:
+    """What a run observed as an uncompressed .npz: arrays of numbers, booleans or text, no objects."""
+    import io
+
+    import numpy as np
+
+    arrays = {}
+    for name, value in observed.items():
+        array = np.asarray(value.cpu() if hasattr(value, "cpu") else value)
+        if array.dtype.hasobject:
+            raise TypeError(f"observed {name!r} is not numbers or text")
+        arrays[name] = array
+    out = io.BytesIO()
+    np.savez(out, **arrays)
+    return out.getvalue()
+
+
+def _unpack(data: bytes) -> dict:
+    """Arrays from a run's data, read as data only: stored (not compressed) .npy members within
+    DATA_LIMIT in all, no pickled object."""
+    import io
+    import zipfile
+
+    import numpy as np
+
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        infos = z.infolist()
+        if any(i.compress_type != zipfile.ZIP_STORED or not i.filename.endswith(".npy") for i in infos) or \
+                sum(i.file_size for i in infos) > DATA_LIMIT:
+            raise ValueError("not the uncompressed arrays a run hands back")
+    with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+        return {name: arrays[name] for name in arrays.files}
+
+
+def _judged(judge, args: list[str], data: bytes, code: int) -> dict:
+    """A target's verdict: the judge's, from the data its run handed back, only where the run
+    finished (exit 0) and handed back data; else CANNOT-PROVE with its reason, or a failure."""
+    def failed(reason: str) -> dict:
+        return {"verdict": "FAILED", "reason": reason, "measured": {}}
+
+    if len(data) > DATA_LIMIT:
+        return failed(f"its run handed back more than {DATA_LIMIT >> 20} MiB")
+    if code != 0:
+        return failed(f"exit {code}")
+    if data[:1] == b"C":
+        return {"verdict": "CANNOT-PROVE", "reason": data[1:].decode("utf-8", "replace")[:400] or "no reason given",
+                "measured": {}}
+    if data[:1] != b"D":
+        return failed("its run handed back no data")
+    try:
+        observed = _unpack(data[1:])
+    except Exception as e:
+        return failed(f"its run handed back what is not data ({type(e).__name__})")
+    try:
+        judged = judge(observed, args)
+    except CannotProve as e:
+        return {"verdict": "CANNOT-PROVE", "reason": str(e)[:400], "measured": {}}
+    except Exception as e:  # data of another shape than the proof's own run gives: no verdict rests on it
+        return failed(f"the proof cannot judge what its run handed back: {type(e).__name__}: {str(e)[:200]}")
+    if judged.get("verdict") not in ("FIXED", "BROKEN") or not judged.get("reason"):
+        return failed("the judge gave no verdict")
+    return judged

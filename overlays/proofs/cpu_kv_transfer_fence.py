@@ -22,9 +22,13 @@ import torch
 import _proof  # beside this script
 
 
+OPS = []  # every op queued, in order: what the run hands back is their dependency edges
+
+
 class Op:
     def __init__(self, name, deps):
-        self.name, self.deps = name, deps
+        self.name, self.deps, self.index = name, deps, len(OPS)
+        OPS.append(self)
 
 
 class Stream:
@@ -62,15 +66,19 @@ class Event:
         return 0.0
 
 
-def happens_before(a, b):
+def happens_before(a: int, b: int, edges) -> bool:
+    """Is op a ordered before op b by the dependency edges (op, dep) of the run?"""
+    deps = {}
+    for op, dep in edges:
+        deps.setdefault(int(op), []).append(int(dep))
     seen, todo = set(), [b]
     while todo:
         op = todo.pop()
-        if op is a:
+        if op == a:
             return True
-        if id(op) not in seen:
-            seen.add(id(op))
-            todo += op.deps
+        if op not in seen:
+            seen.add(op)
+            todo += deps.get(op, [])
     return False
 
 
@@ -164,17 +172,27 @@ def transfer(module, gpu_to_cpu):
     handler.transfer_async(1, *((gpu_spec, cpu_spec) if gpu_to_cpu else (cpu_spec, gpu_spec)))
     if len(COPIES) != before + 1:
         raise _proof.CannotProve(f"transfer_async issued {len(COPIES) - before} copies, expected 1")
-    return happens_before(kernel, COPIES[-1])
+    return kernel.index, COPIES[-1].index
 
 
-def prove(args):
+def observe(args):
+    """The ops the target's calls queued (this runs the target's code): which are the kernel and the
+    copy of each direction, and every happens-before edge between ops."""
     module = load(args[0])
     store, load_ = transfer(module, gpu_to_cpu=True), transfer(module, gpu_to_cpu=False)
+    edges = [(op.index, dep.index) for op in OPS for dep in op.deps]
+    return {"store": store, "load": load_, "edges": edges or np.zeros((0, 2), dtype=np.int64)}
+
+
+def judge(observed, args):
+    edges = observed["edges"].reshape(-1, 2)
+    store, load_ = (happens_before(int(observed[k][0]), int(observed[k][1]), edges) for k in ("store", "load"))
     unordered = [what for what, ok in (("a store (GPU->CPU)", store), ("a load (CPU->GPU)", load_)) if not ok]
-    _proof.report(not unordered, (" and ".join(unordered) + " can run before the compute kernel queued ahead of it")
-                  if unordered else "stores and loads both wait for the compute queued before them",
-                  store_waits_for_compute=store, load_waits_for_compute=load_)
+    return _proof.report(not unordered, (" and ".join(unordered) + " can run before the compute kernel queued ahead "
+                                         "of it") if unordered else "stores and loads both wait for the compute "
+                                                                     "queued before them",
+                         store_waits_for_compute=store, load_waits_for_compute=load_)
 
 
 if __name__ == "__main__":
-    _proof.main(prove)
+    _proof.main(observe, judge)

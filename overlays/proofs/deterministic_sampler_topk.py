@@ -160,14 +160,24 @@ def same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a.view(np.uint32) == b.view(np.uint32)) | (np.isnan(a) & np.isnan(b))
 
 
-def judge(apply, x, k, p, what) -> tuple[list[str], int]:
-    """The properties that fail, and how many top-p decisions were too close to judge."""
+def run(apply, x, k, p) -> dict:
+    """The target's masked logits (this runs the target's code): the batch of 8, each row alone, and
+    the batch in the serving config."""
     n = len(x)
     k_t, p_t = torch.from_numpy(k.copy()), torch.from_numpy(p.copy())
-    batch = apply(torch.from_numpy(x.copy()), k_t, p_t).numpy()
-    alone = np.stack([apply(torch.from_numpy(x[i:i + 1].copy()), k_t[i:i + 1], p_t[i:i + 1]).numpy()[0]
-                      for i in range(n)])
-    serving = apply(torch.from_numpy(x.copy()), None, torch.full((n,), 0.95)).numpy()
+    return {"batch": apply(torch.from_numpy(x.copy()), k_t, p_t).numpy(),
+            "alone": np.stack([apply(torch.from_numpy(x[i:i + 1].copy()), k_t[i:i + 1], p_t[i:i + 1]).numpy()[0]
+                               for i in range(n)]),
+            "serving": apply(torch.from_numpy(x.copy()), None, torch.full((n,), 0.95)).numpy()}
+
+
+def failures(observed, x, k, p, what) -> tuple[list[str], int]:
+    """The properties that fail, and how many top-p decisions were too close to judge."""
+    n = len(x)
+    batch, alone, serving = (observed[name] for name in ("batch", "alone", "serving"))
+    for got in (batch, alone, serving):
+        if got.shape != x.shape or got.dtype != np.float32:
+            raise ValueError(f"logits of shape {got.shape} ({got.dtype}), not {x.shape} float32")
     cases = [([(batch, "in a batch of 8"), (alone, "alone")], list(k), list(p)),
              ([(serving, "k None, p 0.95")], [None] * n, [np.float32(0.95)] * n)]
     failed, unjudged = {}, 0
@@ -218,18 +228,23 @@ def served(sampler_py: str) -> None:
                                  "served path; find what the base's Sampler calls now")
 
 
-def prove(args):
+def observe(args):
     if len(args) != 3:
         raise _proof.CannotProve("needs the base's topk_topp_triton.py and worker/gpu/sample/sampler.py "
                                  "beside the target")
-    served(args[2])
     _proof.tensor_ranges()
+    x, k, p, _ = inputs()
+    return run(apply_top_k_top_p(args[0], args[1]), x, k, p)
+
+
+def judge(observed, args):
+    served(args[2])  # read as text here: the served sampler must call what the overlay routes
     x, k, p, what = inputs()
-    image, unjudged = judge(apply_top_k_top_p(args[0], args[1]), x, k, p, what)
+    image, unjudged = failures(observed, x, k, p, what)
     # Without the package the overlaid module takes its `except ImportError` branch and runs the
     # stock paths, which the stock run judges: not run twice here.
-    _proof.report(not image, f"in the image: {described(image, unjudged)}", failed=image, unjudged=unjudged)
+    return _proof.report(not image, f"in the image: {described(image, unjudged)}", failed=image, unjudged=unjudged)
 
 
 if __name__ == "__main__":
-    _proof.main(prove)
+    _proof.main(observe, judge)

@@ -105,10 +105,16 @@ def ordered(bits: np.ndarray) -> np.ndarray:
     return np.where(b & 0x8000, -(b & 0x7FFF), b)
 
 
-def judge(forward, x: np.ndarray, want: np.ndarray) -> dict:
+def run(forward, x: np.ndarray) -> np.ndarray:
+    """The target's outputs on x, as bf16 bits (this runs the target's code)."""
     layer = SimpleNamespace(swiglu_limit=LIMIT, alpha=1.0, beta=0.0)
     got = forward(layer, torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)).view(torch.int16).numpy()
-    got = got.view(np.uint16)
+    return got.view(np.uint16)
+
+
+def compare(got: np.ndarray, want: np.ndarray) -> dict:
+    if got.shape != want.shape or got.dtype != np.uint16:
+        raise ValueError(f"outputs of shape {got.shape} ({got.dtype}), not {want.shape} bf16 bits")
     got_nan = (got & 0x7F80 == 0x7F80) & (got & 0x7F != 0)
     want_nan = want == 0x7FC0
     same = np.where(want_nan, got_nan, got == want)
@@ -125,14 +131,18 @@ def described(result: dict) -> str:
             f"{result['nan_mismatches']} NaN where the reference is not, or the reverse)")
 
 
-def prove(args):
+def observe(args):
     x = sweep()
-    want = reference(x)
-    image = judge(forward_native(args[0], with_package=True), x, want)
-    fallback = judge(forward_native(args[0], with_package=False), x, want)
-    _proof.report(image["differ"] == 0, f"in the image: {described(image)}; without bakery_kernels: "
-                                        f"{described(fallback)}", **image, fallback=fallback)
+    return {"image": run(forward_native(args[0], with_package=True), x),
+            "fallback": run(forward_native(args[0], with_package=False), x)}
+
+
+def judge(observed, args):
+    want = reference(sweep())
+    image, fallback = compare(observed["image"], want), compare(observed["fallback"], want)
+    return _proof.report(image["differ"] == 0, f"in the image: {described(image)}; without bakery_kernels: "
+                                               f"{described(fallback)}", **image, fallback=fallback)
 
 
 if __name__ == "__main__":
-    _proof.main(prove)
+    _proof.main(observe, judge)

@@ -161,9 +161,15 @@ def without_fnuz(error: Exception) -> bool:
     return _proof.DEVICE != "cpu" and "fp8e4b8 not supported" in str(error)
 
 
-def prove(args):
+def observe(args):
+    """The writer's cache for each FP8 flavour, and what vLLM's ROCm reader reads of the FNUZ one
+    (this runs the target's code)."""
     try:
-        judge(*load(*args))
+        writer, reader = load(*args)
+        ocp_cache = write(writer, fnuz=False)
+        fnuz_cache = write(writer, fnuz=True)
+        return {"ocp_cache": ocp_cache, "fnuz_cache": fnuz_cache,
+                "by_reader": gather(reader, fnuz_cache).double()}  # vLLM's ROCm reader
     except Exception as e:
         if without_fnuz(e):
             raise _proof.CannotProve("this GPU has no FNUZ FP8 (Triton: fp8e4b8 not supported): only an AMD GPU "
@@ -171,23 +177,27 @@ def prove(args):
         raise
 
 
-def judge(writer, reader):
-    ocp_cache = write(writer, fnuz=False)
+def judge(observed, args):
+    shape = (4, KV_BLOCK, HEAD + 4)
+    ocp_cache, fnuz_cache = (torch.from_numpy(observed[k]) for k in ("ocp_cache", "fnuz_cache"))
+    by_reader = observed["by_reader"]
+    if ocp_cache.shape != shape or fnuz_cache.shape != shape or ocp_cache.dtype != torch.uint8 or \
+            fnuz_cache.dtype != torch.uint8 or by_reader.shape != (TOKENS // RATIO, HEAD):
+        raise ValueError("the caches or the keys read are not of the shapes the proof's run gives")
     reference = ocp_keys(ocp_cache)  # what OCP hardware reads
     if not np.isfinite(reference).all():
         raise _proof.CannotProve("the OCP write does not read back finite keys: the writer changed its contract")
-    fnuz_cache = write(writer, fnuz=True)
-    by_reader = gather(reader, fnuz_cache).double().numpy()  # vLLM's ROCm reader
     by_layout = fnuz_keys(fnuz_cache)  # the tiled FNUZ layout, decoded here
     errors = {name: float(np.nan_to_num(np.abs(seen - reference), nan=np.inf).max())
               for name, seen in (("vLLM's ROCm reader", by_reader), ("the tiled FNUZ layout", by_layout))}
     wrong = [f"{name} reads back other keys (max error {error:g})" for name, error in errors.items() if error != 0]
-    _proof.report(not wrong, "gfx942 reads back exactly the keys OCP hardware reads, by vLLM's reader and by the "
-                             "layout's own decoding" if not wrong else
-                  "; ".join(wrong) + f" on keys up to {float(np.abs(reference).max()):g}",
-                  ocp_bytes_sha256=hashlib.sha256(ocp_cache.numpy().tobytes()).hexdigest(),
-                  max_abs_error_reader=errors["vLLM's ROCm reader"], max_abs_error_layout=errors["the tiled FNUZ layout"])
+    return _proof.report(not wrong, "gfx942 reads back exactly the keys OCP hardware reads, by vLLM's reader and by "
+                                    "the layout's own decoding" if not wrong else
+                         "; ".join(wrong) + f" on keys up to {float(np.abs(reference).max()):g}",
+                         ocp_bytes_sha256=hashlib.sha256(ocp_cache.numpy().tobytes()).hexdigest(),
+                         max_abs_error_reader=errors["vLLM's ROCm reader"],
+                         max_abs_error_layout=errors["the tiled FNUZ layout"])
 
 
 if __name__ == "__main__":
-    _proof.main(prove)
+    _proof.main(observe, judge)

@@ -128,28 +128,41 @@ def chi2(observed: torch.Tensor, expected: torch.Tensor) -> float:
     return float(((observed[cells] - expected[cells]) ** 2 / expected[cells]).sum())
 
 
-def prove(args):
+def seeds_of_requests() -> torch.Tensor:
+    return torch.randint(0, 2**62, (N,), generator=torch.Generator().manual_seed(11), dtype=torch.int64)
+
+
+def observe(args):
+    """Each request's draft token, and the token emitted for each draft 0 (this runs the target's code)."""
     speculator_class, rejection_sample = load(args[0], args[1:])
-    seeds = torch.randint(0, 2**62, (N,), generator=torch.Generator().manual_seed(11), dtype=torch.int64)
     torch.set_default_device(_proof.DEVICE)  # every buffer below where the kernels run
-    seeds = seeds.to(_proof.DEVICE)
+    seeds = seeds_of_requests().to(_proof.DEVICE)
     drafts, draft_logits = draft(speculator_class, seeds)
-    drawn = torch.bincount(drafts, minlength=len(Q)).double().cpu()
+    zero = drafts == 0
+    return {"drafts": drafts.cpu(), "emitted": verify(rejection_sample, drafts[zero], draft_logits[zero],
+                                                      seeds[zero]).cpu()}
+
+
+def judge(observed, args):
+    drafts, emitted = (torch.from_numpy(observed[k]).long() for k in ("drafts", "emitted"))
+    if drafts.shape != (N,) or emitted.shape != (int((drafts == 0).sum()),) or \
+            not ((0 <= drafts) & (drafts < len(Q))).all() or not ((0 <= emitted) & (emitted < len(P))).all():
+        raise ValueError("the drafts or the tokens emitted are not of the shapes and vocabulary the proof's run gives")
+    drawn = torch.bincount(drafts, minlength=len(Q)).double()
     if chi2(drawn, N * torch.tensor(Q, dtype=torch.float64, device="cpu")) >= DRAFTS_CRITICAL:
         raise _proof.CannotProve(f"the speculator's drafts do not follow q (counts {drawn.int().tolist()}): "
                                  "the proof's stand-in does not reach its sampler as it should")
-    zero = drafts == 0
-    emitted = verify(rejection_sample, drafts[zero], draft_logits[zero], seeds[zero])
-    replaced = torch.bincount(emitted, minlength=len(P)).double().cpu()
-    statistic = chi2(replaced, int(zero.sum()) * residual())
+    replaced = torch.bincount(emitted, minlength=len(P)).double()
+    statistic = chi2(replaced, len(emitted) * residual())
     share = float(replaced[2] / replaced.sum())
-    _proof.report(statistic < CRITICAL,
-                  f"replacements follow max(0, p - q) (token 2 replaced {share:.0%} of drafts 0, chi-square "
-                  f"{statistic:.1f} < {CRITICAL})" if statistic < CRITICAL else
-                  f"replacements follow the draft's noise: token 2 replaced {share:.0%} of drafts 0, max(0, p - q) "
-                  f"gives it {float(residual()[2]):.0%} (chi-square {statistic:.1f} >= {CRITICAL})",
-                  n=N, drafts=drawn.int().tolist(), replacements=replaced.int().tolist(), chi2=round(statistic, 2))
+    return _proof.report(statistic < CRITICAL,
+                         f"replacements follow max(0, p - q) (token 2 replaced {share:.0%} of drafts 0, chi-square "
+                         f"{statistic:.1f} < {CRITICAL})" if statistic < CRITICAL else
+                         f"replacements follow the draft's noise: token 2 replaced {share:.0%} of drafts 0, "
+                         f"max(0, p - q) gives it {float(residual()[2]):.0%} (chi-square {statistic:.1f} >= {CRITICAL})",
+                         n=N, drafts=drawn.int().tolist(), replacements=replaced.int().tolist(),
+                         chi2=round(statistic, 2))
 
 
 if __name__ == "__main__":
-    _proof.main(prove)
+    _proof.main(observe, judge)
