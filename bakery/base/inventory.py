@@ -88,10 +88,28 @@ def parse_os_release(text: str, path: str) -> dict:
     return {"id": os_id, "version_id": version, "name": name, "path": "/" + path}
 
 
+# the folders the OS and dpkg data lie in: where a base makes one a link (/var/lib/dpkg -> /opt/dpkg,
+# /etc -> usr/etc), dpkg, syft and trivy read what lies behind it, and bakery, which follows no link
+# in a base, would read nothing there: such a base is refused
+DATA_FOLDERS = ("etc", "usr", "usr/lib", "usr/share", "usr/share/doc", "var", "var/lib", "var/lib/dpkg",
+                "var/lib/dpkg/status.d")
+
+
+def _folders_are_folders(fs) -> None:
+    for path, found in fs.kinds(DATA_FOLDERS).items():
+        if found is not None and found[0] != "dir":
+            kind, target = found
+            raise _refuse(path, f"is a {kind}" + (f" to {untrusted.safe(target, limit=80)!r}" if kind == "symlink" else "")
+                          + ", not a folder: dpkg and the scanners read the OS and its packages through it, and "
+                            "bakery follows no link in a base")
+
+
 def operating_system(fs) -> dict | None:
     """The base's os-release, read as os-release(5) says: /etc's if it is a file, else /usr/lib's.
     /etc's may be a link only to /usr/lib's (as on Debian): a link elsewhere, which the engines'
-    readers follow and we do not, is refused. None where the base has neither."""
+    readers follow and we do not, is refused, as is a link at a folder above it. None where the base
+    has neither."""
+    _folders_are_folders(fs)
     found = fs.read(OS_RELEASE, limit=OS_RELEASE_LIMIT)
     etc = found.get(OS_RELEASE[0])
     if etc is not None and etc.kind == "symlink":
@@ -230,6 +248,7 @@ def debian_packages(fs) -> list[dict]:
     """Every package dpkg has installed in the base (its status file and status.d/), each with the
     license names /usr/share/doc/NAME/copyright states (through a doc folder that links to another
     package's, as libgcc-s1's does). Sorted by name and architecture."""
+    _folders_are_folders(fs)
     # status.d/ holds a paragraph file per package and, beside it, NAME.md5sums (not deb822)
     names = [p for p in fs.glob(DPKG_STATUS_D) if "/" not in p[len(DPKG_STATUS_D) - 1:]]
     for p in names:
