@@ -148,3 +148,59 @@ def test_a_layer_past_what_an_index_may_hold_is_refused(limit, value, members, t
     assert "\n" not in str(refused.value)
     monkeypatch.setattr(scan_mod, limit, value * 2)
     scan(layer(*members), tmp_path)  # the control: within the limit it is read
+
+
+# -- kept files reach the cache only once the layer's digest holds (issue 50 item 5) --------------------
+
+class Honest(Served):
+    """Serves its bytes and checks them against the descriptor, as the registry client does."""
+
+    def stream_blob(self, repo, desc, label=None):
+        import hashlib
+
+        from bakery.oci.registry import check_digest
+
+        yield self.blob
+        check_digest(desc, hashlib.sha256(self.blob).hexdigest(), len(self.blob), "test")
+
+
+KEPT = "usr/lib/python3/dist-packages/x-1.dist-info/METADATA"
+
+
+def test_a_kept_file_of_a_layer_whose_digest_fails_leaves_nothing(tmp_path):
+    """Found by the attacker review: kept files (up to 256 MiB each) were written into the cache as
+    the layer streamed, before its digest was checked: 0.25 MiB served left 256 MiB on disk."""
+    import hashlib
+    import os
+
+    raw = layer((KEPT, "file", b"Name: x\n"))
+    desc = Descriptor.of("application/vnd.oci.image.layer.v1.tar", raw)
+    cache = LayerCache(tmp_path / "cache")
+    with pytest.raises(IntegrityError, match="does not match its descriptor"):
+        scan_layer(Honest(raw.replace(b"Name: x", b"Name: y")), "test/r", desc, {KEPT}, cache)
+    assert os.listdir(cache.root / "files") == []  # neither the file nor its staging folder
+    scanned = scan_layer(Honest(raw), "test/r", desc, {KEPT}, cache)  # the control
+    assert os.listdir(cache.root / "files") == [hashlib.sha256(b"Name: x\n").hexdigest()] == list(scanned.found.values())
+
+
+def test_a_killed_scans_staged_files_are_removed_and_room_is_kept(tmp_path, monkeypatch):
+    import os
+    import time
+
+    import bakery.base.layercache as layercache
+
+    raw = layer((KEPT, "file", b"Name: x\n"))
+    desc = Descriptor.of("application/vnd.oci.image.layer.v1.tar", raw)
+    cache = LayerCache(tmp_path / "cache")
+    orphan = cache.root / "files" / ".kept.partial-killed"  # what a killed scan left: held by no process
+    orphan.mkdir()
+    (orphan / ("0" * 64)).write_bytes(b"x" * 4096)
+    os.utime(orphan, (time.time() - 3600,) * 2)
+    scan_layer(Honest(raw), "test/r", desc, {KEPT}, cache)
+    assert not orphan.exists()
+    monkeypatch.setattr(layercache, "RESERVE", 1 << 60)  # no disk has that much free
+    with pytest.raises(layercache.EnvironmentProblem, match="must stay free"):
+        scan_layer(Honest(layer((KEPT, "file", b"Name: z\n"))), "test/r",
+                   Descriptor.of("application/vnd.oci.image.layer.v1.tar", layer((KEPT, "file", b"Name: z\n"))),
+                   {KEPT}, cache)
+    assert sorted(os.listdir(cache.root / "files")) == [__import__("hashlib").sha256(b"Name: x\n").hexdigest()]

@@ -5,17 +5,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .. import untrusted
 from ..errors import EnvironmentProblem
-from ..files import atomic_write
+from ..files import atomic_write, remove_tree, staging_dir
 from ..oci.refs import Descriptor, Digest
 from ..project import cache_dir
 
 VIEW_SCHEMA = 3  # bump when how paths or globs are resolved changes: older views are then dropped
 INDEX_SCHEMA = 4  # bump when what a layer's pass checks or records changes: older indexes are made again
+# what the cache's disk keeps free as a layer's kept files are staged (each up to 256 MiB): a file a
+# base makes us keep never takes the disk's last bytes, whatever else writes there
+RESERVE = 4 << 20
 
 
 class LayerCache:
@@ -126,10 +133,52 @@ class LayerCache:
             _atomic_write(path, data)
         return digest
 
+    @contextmanager
+    def staged(self) -> Iterator[Staged]:
+        """Where one layer's pass puts the files it keeps: a staging folder in files/ (held while
+        this process lives; a killed run's is removed by the next), moved into the cache by
+        commit() once the layer's digest has held, and removed whatever happens."""
+        with staging_dir(self.root / "files" / "kept") as folder:
+            try:
+                yield Staged(self, folder)
+            finally:
+                remove_tree(folder)
+
     @staticmethod
     def _drop(path: Path, what: str) -> None:
         print(f"warning: dropped a corrupt cache entry, {untrusted.safe(what)}; fetching it again", file=sys.stderr)
         path.unlink(missing_ok=True)
+
+
+class Staged:
+    """Kept files of one layer's pass, staged until its digest holds (LayerCache.staged)."""
+
+    def __init__(self, cache: LayerCache, folder: Path):
+        self.cache, self.folder = cache, folder
+        self.names: set[str] = set()
+
+    def store(self, data: bytes) -> str:
+        """Stage the bytes (unless the cache holds them), RESERVE left free on the disk; their sha256."""
+        digest = hashlib.sha256(data).hexdigest()
+        if digest in self.names or self.cache.content(digest) is not None:
+            return digest
+        free = shutil.disk_usage(self.folder).free
+        if free - len(data) < RESERVE:
+            raise EnvironmentProblem(f"a file of {len(data):,} bytes the base's scan keeps does not fit in "
+                                     f"{self.folder.parent}: {free:,} bytes free, and {RESERVE >> 20} MiB must stay "
+                                     f"free; free space or set BAKERY_CACHE")
+        try:
+            (self.folder / digest).write_bytes(data)
+        except OSError as e:
+            raise EnvironmentProblem(f"cannot write {self.folder / digest}: {e.strerror}; free space or set "
+                                     f"BAKERY_CACHE") from None
+        self.names.add(digest)
+        return digest
+
+    def commit(self) -> None:
+        """Every staged file into the cache, under its sha256 (the layer's digest has held)."""
+        for digest in sorted(self.names):
+            os.replace(self.folder / digest, self.cache.root / "files" / digest)
 
 
 def _view_shaped(view) -> bool:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 from ..errors import InputError, IntegrityError
 from ..oci.refs import Descriptor
 from ..oci.tarscan import TarError, TarReader
-from .layercache import LayerCache
+from .layercache import LayerCache, Staged
 
 if TYPE_CHECKING:  # zstandard is imported only for a zstd layer
     from zstandard import ZstdDecompressionReader
@@ -314,12 +314,18 @@ def scan_layer(registry: BlobSource, repo: str, desc: Descriptor, wanted: set[st
     download leaves no trace. Members are read by tarscan, as the engine will unpack them; a layer
     it cannot read that way, or that the engines would unpack differently (_Layer), refuses the base.
     """
+    cache.downloads += 1
+    with cache.staged() as staged:  # kept files reach the cache once the digest holds
+        return _scan(registry, repo, desc, wanted, staged, keep, sink)
+
+
+def _scan(registry: BlobSource, repo: str, desc: Descriptor, wanted: set[str], staged: Staged,
+          keep: tuple[str, ...], sink) -> Scanned:
     import zstandard  # a layer is streamed: what the warm path never needs
 
-    cache.downloads += 1
     decode = _decoder(desc.media_type)
     layer = _Layer(wanted, re.compile("|".join(f"(?:{fnmatch.translate(k)})" for k in keep)) if keep else None,
-                   cache, sink)
+                   staged, sink)
     pipe = _LayerPipe(registry.stream_blob(repo, desc, label=f"layer {desc.digest.hex[:12]}"), decode)
     # While the tar reader runs Python, a stage coming back from zlib or hashlib waits for the GIL
     # up to the switch interval, for each piece: 5 ms would stall it longer than the work itself.
@@ -348,6 +354,7 @@ def scan_layer(registry: BlobSource, repo: str, desc: Descriptor, wanted: set[st
     finally:
         pipe.close()
         sys.setswitchinterval(interval)
+    staged.commit()
     index = {"entries": layer.entries, "whiteouts": sorted(layer.whiteouts), "opaque": sorted(layer.opaque),
              "late": sorted(layer.late),
              "files": {}, "diff_id": diff_id}
@@ -418,8 +425,8 @@ class _Layer:
     its members no longer matters, and every engine unpacks it alike (what lower layers hold is
     checked across layers, by the filesystem)."""
 
-    def __init__(self, wanted: set[str], keep, cache: LayerCache, sink):
-        self.wanted, self.keep, self.cache, self.sink = wanted, keep, cache, sink
+    def __init__(self, wanted: set[str], keep, staged: Staged, sink):
+        self.wanted, self.keep, self.staged, self.sink = wanted, keep, staged, sink
         self.entries: dict[str, list] = {}
         self.whiteouts: list[str] = []
         self.opaque: list[str] = []
@@ -495,7 +502,7 @@ class _Layer:
             raise TarError(f"{path} is {member.size} bytes, past the {KEPT_LIMIT} a file we read may be")
         if keep:
             data = reader.read_data(member)
-            self.found[path] = self.cache.store(data)
+            self.found[path] = self.staged.store(data)
             if take:
                 self.taken[path] = self.sink.store(iter([data]), member.size, member.mode)
         elif take:
