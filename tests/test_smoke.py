@@ -299,3 +299,35 @@ def test_smoke_attestation_gates_verify(tmp_path, registry, fixture_base, fixtur
     assert "  ok   speed:decode-1-stream: 172.4 tok/s against 151.74" in ok.stdout
     with pytest.raises(Exception, match="is about"):
         smoke_report.attach_report(RegistryStore(r), r, {**passing, "image": "other@sha256:" + "1" * 64}, spec_bytes, signer)
+
+
+def test_release_tags_sort_by_their_numbers_a_pre_release_first():
+    from bakery.cli.smoke import release_order
+
+    tags = ["v1.10.0", "v1.9.0", "v1.10.0-rc1", "v2", "latest", "candidate-abc", "v1.x", "vnext"]
+    ordered = sorted((t for t in tags if release_order(t) is not None), key=lambda t: release_order(t) or ())
+    assert ordered == ["v1.9.0", "v1.10.0-rc1", "v1.10.0", "v2"]
+
+
+def test_the_reference_is_the_last_promoted_release_or_the_seed_stack_before_the_first(registry):
+    """--reference last-promoted (the release workflow's): the newest v* tag of the candidate's
+    repository that is not the candidate; in a repository with none, the seed-style stack."""
+    from bakery.cli import smoke as smoke_cmd
+    from support import push_image
+    from test_toolchain_root import tar
+
+    def image(repo: str, tag: str, n: int):
+        return push_image(registry, repo, [tar((f"f{n}", "file", f"{n}\n".encode(), 0o644))], tag=tag)
+
+    repo = "test/promoted-order"
+    candidate = image(repo, "candidate-1", 0)
+    for n, tag in enumerate(["v1.9.0", "v1.10.0-rc1", "v1.10.0", "latest", "v-next"], start=1):
+        image(repo, tag, n)
+    said: list[str] = []
+    assert smoke_cmd._last_promoted(candidate, said.append) == f"{registry}/{repo}:v1.10.0"
+    assert said == [f"the reference: {registry}/{repo}:v1.10.0, the last promoted release"]
+    image(repo, "v1.10.0", 0)  # the candidate itself promoted (a re-run): the release before it
+    assert smoke_cmd._last_promoted(candidate, said.append) == f"{registry}/{repo}:v1.10.0-rc1"
+    first = image("test/promoted-none", "candidate-1", 0)
+    assert smoke_cmd._last_promoted(first, said.append) == "seed-stack"
+    assert said[-1].startswith("no release promoted yet in ") and said[-1].endswith("the seed-style stack (the first release)")

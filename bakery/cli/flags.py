@@ -142,9 +142,12 @@ SMOKE = {"image": "REGISTRY/REPO@sha256:DIGEST to gate (the candidate)",
                       "the servers and for vLLM's own `vllm bench serve`",
          "port": "host port for the API on 127.0.0.1 (default 8000)",
          "report": "where to write the JSON report (default: out/smoke-report.json)",
-         "reference": "what the candidate is compared with: REPO:TAG or REPO@sha256:... (the last promoted release, "
-                      "verified with its smoke result), or seed-stack (the pinned base with each baked file "
-                      "bind-mounted read-only: the first release)",
+         "reference": "what the candidate is compared with: last-promoted (the newest v* tag of the candidate's "
+                      "repository that is not the candidate, else seed-stack), REPO:TAG or REPO@sha256:... (a "
+                      "promoted release, verified with its smoke result), or seed-stack (the pinned base with each "
+                      "baked file bind-mounted read-only: the first release)",
+         "release_key": "a release public key that verifies a promoted reference (default: provenance/policy.yaml's)",
+         "smoke_key": "a smoke public key that verifies a promoted reference's smoke result (default: the policy's)",
          "record": "with --reference seed-stack: the candidate's build record (default: out/build-record.json)",
          "endpoint": "PATH=URL, once per path (dspark, native): the candidate served elsewhere; the gate launches "
                      "no candidate container",

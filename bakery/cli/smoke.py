@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import tempfile
 from dataclasses import dataclass
@@ -43,17 +44,21 @@ def _base_of(image: str) -> str | None:
     return base if isinstance(base, str) else None
 
 
-def _reference(project: Path, candidate, reference: str | None, record: str | None, launching: bool, log):
+def _reference(project: Path, candidate, reference: str | None, record: str | None, launching: bool, log,
+               release_key: str | None = None, smoke_key: str | None = None):
     """(what the candidate is compared with, whether it has the candidate's base, the build record
     for a seed-style stack). A promoted reference is verified as verify does, smoke result required."""
     from ..trust import record as record_mod
 
     if reference is None:
         if launching:
-            raise InputError("say what the candidate is compared with: --reference REPO:TAG (the last promoted "
-                             "release) or --reference seed-stack (the first release: the base with our files "
-                             "mounted, from the build record)")
+            raise InputError("say what the candidate is compared with: --reference last-promoted (the newest "
+                             "release tag of the candidate's repository, else the seed-style stack), REPO:TAG, "
+                             "or seed-stack (the first release: the base with our files mounted, from the build "
+                             "record)")
         return GateReference("endpoint", None, None), True, None
+    if reference == "last-promoted":
+        reference = _last_promoted(candidate, log)
     if reference == "seed-stack":
         rec = record_mod.read(Path(record) if record else Project(project).out / "build-record.json")
         if rec.manifest.digest != candidate.digest:
@@ -68,13 +73,51 @@ def _reference(project: Path, candidate, reference: str | None, record: str | No
         return GateReference("seed-stack", base, str(rec.base.manifest_digest)), True, rec
     from . import release
 
-    verified = release.verify(project, reference, require_smoke=True, log=log)
+    verified = release.verify(project, reference, key=release_key, smoke_key=smoke_key, require_smoke=True, log=log)
     from ..trust import verify as verify_mod
 
     verify_mod.require(verified.report)
     promoted = str(verified.ref)
     theirs, mine = _base_of(promoted), _base_of(str(candidate))
     return GateReference("promoted", promoted, theirs), theirs is not None and theirs == mine, None
+
+
+def release_order(tag: str) -> tuple | None:
+    """A promoted release's tag (v1.2.3, v1.2.3-rc1, v2026.12) as it sorts among releases: by its
+    numbers, a pre-release (a suffix) before the release itself; None for any other tag."""
+    m = re.fullmatch(r"v(\d+(?:\.\d+)*)(?:-([0-9A-Za-z.-]+))?", tag)
+    if not m:
+        return None
+    return tuple(int(n) for n in m.group(1).split(".")), m.group(2) is None, m.group(2) or ""
+
+
+def _last_promoted(candidate, log) -> str:
+    """The newest release tag (promote tags v*) of the candidate's repository that is not the
+    candidate itself, as REPO:TAG; seed-stack where none was promoted yet (the first release)."""
+    from ..errors import NotFound
+    from ..oci.registry import Registry
+    from ..release.track.upstream import list_tags
+
+    registry = Registry(candidate.registry)
+    try:
+        tags = list_tags(registry, candidate.repository)
+    except NotFound:
+        tags = []
+    releases = sorted((t for t in tags if release_order(t) is not None), key=lambda t: release_order(t) or (),
+                      reverse=True)
+    for tag in releases:
+        ref = candidate.with_tag(tag)
+        try:
+            _, _, digest = registry.get_manifest(ref)
+        except NotFound:
+            continue  # deleted since the listing
+        if digest == candidate.digest:
+            continue  # the candidate promoted already (a re-run): compared with the release before it
+        log(f"the reference: {ref}, the last promoted release")
+        return str(ref)
+    log(f"no release promoted yet in {candidate.registry}/{candidate.repository}: the reference is the "
+        f"seed-style stack (the first release)")
+    return "seed-stack"
 
 
 def _bench(client_image: str, model_dir: str | None, bench_client: str | None, tokenizer: str | None, spec,
@@ -155,7 +198,8 @@ def _launches(spec, candidate: str, reference: GateReference, rec, model_dir: st
 
 def smoke(project: Path, image: str, model_dir: str | None = None, port=8000, report=None, reference=None,
           record=None, endpoint=(), reference_endpoint=(), approvals=None, bench_client=None, tokenizer=None,
-          bfcl=None, attest=False, key=None, envelope=None, log=lambda m: None) -> Smoked:
+          bfcl=None, attest=False, key=None, envelope=None, release_key=None, smoke_key=None,
+          log=lambda m: None) -> Smoked:
     import hashlib
     import json
     import os
@@ -184,7 +228,8 @@ def smoke(project: Path, image: str, model_dir: str | None = None, port=8000, re
                              f".../snapshots/{spec.revision}")
     approval_file = Path(approvals) if approvals else Project(project).root / "provenance" / "smoke-approvals.yaml"
     approved = ab.load_approvals(approval_file) if approvals or approval_file.exists() else None
-    gate_reference, same_base, rec = _reference(project, ref, reference, record, launching, log)
+    gate_reference, same_base, rec = _reference(project, ref, reference, record, launching, log, release_key,
+                                                smoke_key)
     harness = bfcl_mod.Harness(bfcl or bfcl_mod.ensure(Project(project).root, log))
     with tempfile.TemporaryDirectory(prefix="bakery-smoke-") as tmp:
         work = Path(tmp)
