@@ -292,6 +292,41 @@ def test_bfcl_judges_each_served_answer(bfcl_harness):
         "ast_decoder:decoder_failed")
 
 
+def test_a_hostile_servers_nesting_is_a_miss_or_one_line_not_a_crash(bfcl_harness):
+    """Found by the attacker review: an answer nested past Python's recursion limit crashed the gate
+    (no report) or the harness (every case lost). Now one case's miss, or the stage's one line."""
+    import http.server
+
+    deep = "[" * 200_000 + "]" * 200_000
+    judged = bfcl.Harness(bfcl_harness[0]).score({
+        "simple_python_0": [{"name": "calculate_triangle_area", "arguments": '{"base": ' + deep + "}"}],
+        "simple_python_1": [{"name": "calculate_triangle_area", "arguments": '{"base": 10, "height": 5}'}]})
+    assert judged["simple_python_0"] == {"valid": False, "error_type": "ast_decoder:decoder_failed (RecursionError)"}
+    assert judged["simple_python_1"] == {"valid": False, "error_type": "simple_function_checker:wrong_func_name"}
+
+    class Nested(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))  # all of it: else the close resets
+            body = deep.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Nested)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        service = gate.Service(f"http://127.0.0.1:{server.server_address[1]}", MODEL)
+        with pytest.raises(SmokeFailure, match="answered no JSON we read"):
+            service.chat([{"role": "user", "content": "x"}], [], 0.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_the_tool_call_spec_pins_the_harness_it_runs():
     pinned = next(line.split()[0] for line in (ROOT / "requirements" / "bfcl.txt").read_text().splitlines()
                   if line.startswith("bfcl-eval=="))

@@ -158,7 +158,7 @@ SMOKE = {"image": "REGISTRY/REPO@sha256:DIGEST to gate (the candidate)",
                          "by docker run)",
          "tokenizer": "with --bench-client: the tokenizer folder that client loads",
          "bfcl": "the python of a venv holding requirements/bfcl.txt (BFCL's harness, for the tool calls; default: "
-                 "one built once per machine in ~/.cache/bakery/bfcl)",
+                 "one built for this run in its temporary folder)",
          "attest": "sign the report onto the digest with the smoke key (--key or BAKERY_SMOKE_SIGNING_KEY)",
          "key": "encrypted smoke private key file for --attest (smoke.key)",
          "envelope": "with --attest: write the signed envelope to this file instead of pushing it (a job "

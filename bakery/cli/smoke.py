@@ -230,10 +230,11 @@ def smoke(project: Path, image: str, model_dir: str | None = None, port=8000, re
     approved = ab.load_approvals(approval_file) if approvals or approval_file.exists() else None
     gate_reference, same_base, rec = _reference(project, ref, reference, record, launching, log, release_key,
                                                 smoke_key)
-    harness = bfcl_mod.Harness(bfcl or bfcl_mod.ensure(Project(project).root, log))
     with tempfile.TemporaryDirectory(prefix="bakery-smoke-") as tmp:
         work = Path(tmp)
         bench = _bench(gate_reference.image or str(ref), model_dir, bench_client, tokenizer, spec, work)
+        # made for this run, hash-pinned: a venv kept on a persistent runner could be changed between runs
+        harness = bfcl_mod.Harness(bfcl or bfcl_mod.ensure(Project(project).root, log, work / "bfcl"))
         launches = _launches(spec, str(ref), gate_reference, rec, str(model_dir), int(port), work) if launching else {}
         servers = {**launches, **{("candidate", p): e for p, e in mine.items()},
                    **{("reference", p): e for p, e in theirs.items()}}

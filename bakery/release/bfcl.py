@@ -1,9 +1,11 @@
 """BFCL, the Berkeley Function-Calling Leaderboard's own harness (`bfcl-eval`), for the acceptance
-gate's tool-call stage: a venv of its own, built once per machine from requirements/bfcl.txt
-(hash-pinned, without the dependencies of BFCL's model handlers), and the two things the gate asks
-of it through bfcl_harness.py: the cases as BFCL sends them, and BFCL's verdict on each answer.
-The harness runs as its own process: the gate's signing key is in this one's environment, and it
-is handed nothing but the case ids and the served answers."""
+gate's tool-call stage: a venv of its own, built from requirements/bfcl.txt (hash-pinned, without
+the dependencies of BFCL's model handlers), and the two things the gate asks of it through
+bfcl_harness.py: the cases as BFCL sends them, and BFCL's verdict on each answer. It is code we
+trust as we trust bakery's own dependencies (its process can read the gate's environment, the
+smoke key's included), so the gate builds it afresh for each run, as the workflow builds bakery's
+venv: one kept on a persistent runner could be changed between runs. The served answers reach it
+as JSON data only."""
 
 from __future__ import annotations
 
@@ -24,8 +26,9 @@ ANSWER_LIMIT = 64 << 10  # characters of one answer's tool calls handed to the c
 
 
 def ensure(project: Path, log=lambda m: None, home: Path | None = None, python: str = sys.executable) -> str:
-    """The python of the BFCL venv (built if `home` has none: default ~/.cache/bakery/bfcl), kept by
-    the hash of requirements/bfcl.txt and the interpreter."""
+    """The python of the BFCL venv, built if `home` has none (the gate: a folder of its run; tests
+    and the rehearsal: ~/.cache/bakery/bfcl, once per machine), kept by the hash of
+    requirements/bfcl.txt and the interpreter."""
     wanted = (project / "requirements" / "bfcl.txt").read_text()
     home = home or Path.home() / ".cache" / "bakery" / "bfcl"
     venv = home / hashlib.sha256((wanted + python).encode()).hexdigest()[:16]
@@ -62,7 +65,10 @@ class Harness:
         if done.returncode != 0:
             said = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
             raise SmokeFailure(f"BFCL's harness ({command}) failed: {untrusted.safe(said[0], limit=200)}")
-        return json.loads(done.stdout)
+        try:
+            return json.loads(done.stdout)
+        except (ValueError, RecursionError):
+            raise SmokeFailure(f"BFCL's harness ({command}) answered no JSON") from None
 
     def cases(self, ids: tuple[str, ...], timeout: float = 120) -> list[dict]:
         """[{id, messages, tools}] of each case, in the order given."""

@@ -87,13 +87,16 @@ def score(answers):
         category, entry, truth = found[case]
         try:
             decoded = _decoded(calls)
-        except (ValueError, TypeError, KeyError) as e:
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
             out[case] = {"valid": False, "error_type": f"ast_decoder:decoder_failed ({type(e).__name__})"}
             continue
         if decoded is None or is_empty_output(decoded) or not is_function_calling_format_output(decoded):
             out[case] = {"valid": False, "error_type": "ast_decoder:no_tool_call"}
             continue
-        judged = ast_checker(entry["function"], decoded, truth, Language.PYTHON, category, MODEL)
+        try:
+            judged = ast_checker(entry["function"], decoded, truth, Language.PYTHON, category, MODEL)
+        except RecursionError:  # an answer nested past what the checker walks: this case's miss, not the stage's
+            judged = {"valid": False, "error_type": "ast_checker:nested_too_deep"}
         out[case] = {"valid": bool(judged["valid"]), "error_type": None if judged["valid"] else judged.get("error_type")}
     return out
 

@@ -66,8 +66,8 @@ class Service:
             raise SmokeFailure(f"{path} answered HTTP {resp.status_code}: {said}")
         try:
             return resp.json()
-        except ValueError:
-            raise SmokeFailure(f"{path} answered no JSON: {said}") from None
+        except (ValueError, RecursionError):  # a hostile server's nesting is no crash of the gate
+            raise SmokeFailure(f"{path} answered no JSON we read: {said}") from None
 
     def models(self) -> str:
         try:
