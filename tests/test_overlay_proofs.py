@@ -135,6 +135,38 @@ def test_a_stock_target_that_writes_a_verdict_and_exits_is_not_fixed(versions, h
     assert prove.run(spec_of("cpu-kv-transfer-fence"), stock, {}).verdict == prove.BROKEN  # the control
 
 
+JUDGE = """
+import json, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+sys.argv[1:] = []
+import cpu_kv_transfer_fence as fence, fnuz_indexer_cache as fnuz, mxfp4_bitmatrix_padding as mxfp4
+import _proof
+empty = np.zeros(0, dtype=np.int32)
+payloads = {
+    "fence": (fence, {"store": np.array([0, 0]), "load": np.array([0, 0]), "ops": np.array(0),
+                      "edges": np.zeros((0, 2), dtype=np.int64)}),
+    "mxfp4": (mxfp4, {"row_block0": empty, "col_all": empty, "row_all": empty}),
+    "fnuz": (fnuz, {"ocp_cache": np.zeros((4, 64, 132), dtype=np.uint8), "fnuz_cache": np.zeros((4, 64, 132), dtype=np.uint8),
+                    "by_reader": np.zeros((80, 128))}),
+}
+print(json.dumps({name: _proof._judged(module.judge, [], b"D" + _proof._pack(data), 0)["verdict"]
+                  for name, (module, data) in payloads.items()}))
+"""
+
+
+@pytest.mark.slow
+def test_a_run_that_hands_back_empty_data_is_not_judged_fixed():
+    """Found by the second attacker review: a child could hand back data that passes a judge
+    without running anything: a graph where the kernel is the copy, empty kernel outputs, caches of
+    zeros (whose keys are all zero on every side). Each judge now refuses data of another shape
+    than a run gives, and the FNUZ judge keys that read back mostly zero."""
+    done = subprocess.run([sys.executable, "-c", JUDGE, str(ROOT / "overlays" / "proofs")], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {"fence": "FAILED", "mxfp4": "FAILED", "fnuz": "CANNOT-PROVE"}
+
+
 @pytest.mark.slow
 def test_a_poisoned_verdict_cache_entry_is_dropped_and_rerun(versions, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("BAKERY_CACHE", str(tmp_path))

@@ -181,12 +181,18 @@ def observe(args):
     module = load(args[0])
     store, load_ = transfer(module, gpu_to_cpu=True), transfer(module, gpu_to_cpu=False)
     edges = [(op.index, dep.index) for op in OPS for dep in op.deps]
-    return {"store": store, "load": load_, "edges": edges or np.zeros((0, 2), dtype=np.int64)}
+    return {"store": store, "load": load_, "ops": len(OPS), "edges": edges or np.zeros((0, 2), dtype=np.int64)}
 
 
 def judge(observed, args):
-    edges = observed["edges"].reshape(-1, 2)
-    store, load_ = (happens_before(int(observed[k][0]), int(observed[k][1]), edges) for k in ("store", "load"))
+    ops, edges = int(observed["ops"]), observed["edges"].reshape(-1, 2)
+    pairs = [tuple(int(i) for i in observed[k]) for k in ("store", "load")]
+    # the graph a recording model builds: ops in the order queued, each depending on earlier ones;
+    # each transfer's copy queued after its kernel
+    if any(not 0 <= kernel < copy < ops for kernel, copy in pairs) or \
+            (len(edges) and not ((0 <= edges[:, 1]) & (edges[:, 1] < edges[:, 0]) & (edges[:, 0] < ops)).all()):
+        raise ValueError("the ops handed back are not a graph the recording model builds")
+    store, load_ = (happens_before(kernel, copy, edges) for kernel, copy in pairs)
     unordered = [what for what, ok in (("a store (GPU->CPU)", store), ("a load (CPU->GPU)", load_)) if not ok]
     return _proof.report(not unordered, (" and ".join(unordered) + " can run before the compute kernel queued ahead "
                                          "of it") if unordered else "stores and loads both wait for the compute "

@@ -182,11 +182,15 @@ def judge(observed, args):
     ocp_cache, fnuz_cache = (torch.from_numpy(observed[k]) for k in ("ocp_cache", "fnuz_cache"))
     by_reader = observed["by_reader"]
     if ocp_cache.shape != shape or fnuz_cache.shape != shape or ocp_cache.dtype != torch.uint8 or \
-            fnuz_cache.dtype != torch.uint8 or by_reader.shape != (TOKENS // RATIO, HEAD):
+            fnuz_cache.dtype != torch.uint8 or by_reader.shape != (TOKENS // RATIO, HEAD) or \
+            by_reader.dtype != np.float64:
         raise ValueError("the caches or the keys read are not of the shapes the proof's run gives")
     reference = ocp_keys(ocp_cache)  # what OCP hardware reads
     if not np.isfinite(reference).all():
         raise _proof.CannotProve("the OCP write does not read back finite keys: the writer changed its contract")
+    if np.count_nonzero(reference) < reference.size // 2:  # normalized random keys: an empty write proves nothing
+        raise _proof.CannotProve("the OCP write reads back mostly zero keys: the writer wrote no keys the proof can "
+                                 "compare")
     by_layout = fnuz_keys(fnuz_cache)  # the tiled FNUZ layout, decoded here
     errors = {name: float(np.nan_to_num(np.abs(seen - reference), nan=np.inf).max())
               for name, seen in (("vLLM's ROCm reader", by_reader), ("the tiled FNUZ layout", by_layout))}

@@ -65,6 +65,8 @@ def judge(observed, args):
     ref_row = torch.empty_like(ref_col)
     ref_row[ref_col.long()] = torch.arange(flat.numel(), dtype=torch.int32)
     row_block0, col_all, row_all = (torch.from_numpy(observed[k]) for k in ("row_block0", "col_all", "row_all"))
+    if any(t.shape != ref_col.shape or t.dtype != torch.int32 for t in (row_block0, col_all, row_all)):
+        raise ValueError(f"the kernel's outputs are not {tuple(ref_col.shape)} int32, as the proof's run gives them")
     outside = [i for i in (row_block0 >= 0).nonzero().flatten().tolist() if i >= BLOCK_SIZE]
     matches = bool(torch.equal(row_all, ref_row) and torch.equal(col_all, ref_col))
     reason = (f"program 0 wrote {len(outside)} entries of block 1 ({outside[0]}..{outside[-1]})" if outside
