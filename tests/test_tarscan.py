@@ -373,3 +373,21 @@ def test_the_checksum_sum_in_c_holds_at_the_extremes():
 
     for block in (bytes(512), b"\xff" * 512, b"\xff" * 256 + bytes(256), bytes(256) + b"\xff" * 256):
         assert _byte_sum(block) == sum(block)
+
+
+@pytest.mark.parametrize("xattr", ["trusted.overlay.opaque", "user.overlay.opaque", "trusted.overlay.redirect"])
+def test_an_overlayfs_attribute_in_a_layer_is_refused(xattr):
+    """Found by the attacker review: a folder carrying trusted.overlay.opaque in a pax record is one
+    overlay2 unpacks and then hides the layers below (it sets the attribute it reads), while our
+    readers, and an engine unpacking into a plain folder, keep them. No builder writes one."""
+    def layer(records: dict) -> bytes:
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as t:
+            info = tarfile.TarInfo("etc")
+            info.type, info.pax_headers = tarfile.DIRTYPE, records
+            t.addfile(info)
+        return out.getvalue()
+
+    with pytest.raises(TarError, match="an overlayfs attribute"):
+        list(TarReader(io.BytesIO(layer({f"SCHILY.xattr.{xattr}": "y"}))))
+    assert [m.name for m in TarReader(io.BytesIO(layer({"SCHILY.xattr.user.note": "y"})))] == ["etc"]  # the control

@@ -44,6 +44,10 @@ USTAR_MAGIC, GNU_MAGIC = b"ustar\x0000", b"ustar  \x00"
 _DECIMAL = re.compile(rb"[0-9]+")
 _TIME = re.compile(rb"-?[0-9]+(?:\.[0-9]*)?")
 NO_NUL = ("path", "linkpath", "uname", "gname")
+# overlayfs's own attributes (trusted.* as root, user.* rootless): overlay2 sets them on what it
+# unpacks and then acts on them (an opaque folder hides the layers below), an engine unpacking into
+# a plain folder does not; no image builder writes them (a diff writes .wh..wh..opq instead)
+OVERLAY_XATTRS = ("trusted.overlay.", "user.overlay.")
 
 
 class TarError(Exception):
@@ -307,6 +311,10 @@ def _pax_records(payload: bytes) -> dict[str, str]:
                            f"tarfile empties it)")
         if name == "hdrcharset" or name.startswith("GNU.sparse"):
             raise TarError(f"pax record {name!r} (not read alike by Go and us)")
+        if name.startswith(("SCHILY.xattr.", "LIBARCHIVE.xattr.")) and \
+                name.split(".xattr.", 1)[1].startswith(OVERLAY_XATTRS):
+            raise TarError(f"pax record {name[:60]!r}: an overlayfs attribute, which overlay2 acts "
+                           f"on and an engine unpacking into a folder does not")
         if b"\0" in key or (name in NO_NUL and b"\0" in value):
             raise TarError(f"a NUL in pax record {name[:40]!r}")
         if (name in ("size", "uid", "gid") and not _DECIMAL.fullmatch(value)) or \
