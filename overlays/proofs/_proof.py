@@ -492,9 +492,9 @@ def _fork(observe, args: list[str], others: list):
         payload = b"D" + _pack(observed)
     except CannotProve as e:
         payload = b"C" + str(e).encode("utf-8", "replace")
-    except BaseException:
+    except BaseException as e:
         traceback.print_exc()
-        code = 1
+        code, payload = 1, b"E" + f"{type(e).__name__}: {str(e)[:300]}".encode("utf-8", "replace")
     try:
         _write_all(write_end, payload)
     finally:
@@ -550,8 +550,8 @@ def _judged(judge, args: list[str], data: bytes, code: int) -> dict:
 
     if len(data) > DATA_LIMIT:
         return failed(f"its run handed back more than {DATA_LIMIT >> 20} MiB")
-    if code != 0:
-        return failed(f"exit {code}")
+    if code != 0:  # the run's own words on why, where it said (an exception's name and text)
+        return failed(data[1:].decode("utf-8", "replace")[:400] if data[:1] == b"E" else f"exit {code}")
     if data[:1] == b"C":
         return {"verdict": "CANNOT-PROVE", "reason": data[1:].decode("utf-8", "replace")[:400] or "no reason given",
                 "measured": {}}
