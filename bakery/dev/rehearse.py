@@ -49,7 +49,8 @@ DRILLS = {
     "unsigned-kernels": ("build", "an unsigned kernel artifact pushed over kernels-<key> before the build"),
     "foreign-revision": ("build", "the tag is on a commit that is not on main (an unmerged branch)"),
     "dirty-checkout": ("build", "the checkout changed after checkout (a post-checkout hook of the runner's git)"),
-    "rebuild-mismatch": ("attest-rebuild", "a file changed in the rebuilder's clone (a post-checkout hook)"),
+    "rebuild-mismatch": ("attest-rebuild", "the rebuilder hands over other bytes (its runner's git changed the "
+                                           "rebuild job's own tooling at checkout)"),
     "smoke-failed": ("smoke", "the MI300X stand-in signs a FAILED result"),
 }
 # the step of the smoke job that needs an MI300X; `smoke="stand-in"` replaces it and nothing else
@@ -74,9 +75,14 @@ def release(project: Path, work: Path, log, smoke: str = "none", drill: str | No
     git("push", "-q", str(stage.origin), f"refs/tags/{TAG}", cwd=stage.repo)
     home = runner_home(work, stage.origin, REPOSITORY)
     if drill == "rebuild-mismatch":
-        _hook(home, "source", "the rebuilder clone")
+        # the revision's own git reads no configuration of the runner (reproduce.git_env): a hook can
+        # no longer change the rebuilder's clone, so this one changes the rebuild job's own tooling
+        _hook(home, 'if [ "$GITHUB_JOB" = rebuild ] && [ -f bakery/release/reproduce.py ]; then\n'
+                    "  printf '%s\\n' '_written = write_outcome' 'def write_outcome(path, ref, manifest, diffs):' "
+                    "'    _written(path, ref, manifest + b\" \", diffs)' >> bakery/release/reproduce.py\nfi\n")
     if drill == "dirty-checkout":
-        _hook(home, "hostexecutor", "the job checkout")
+        _hook(home, 'case "$PWD" in */hostexecutor) echo \'# changed in the job checkout\' >> image/entrypoint.sh ;; '
+                    "esac\n")
     if drill == "unsigned-kernels":
         _push_unsigned_kernels(project, stage, log)
     workflow = stage.repo / ".github" / "workflows" / "release.yml"
@@ -245,14 +251,13 @@ def _unmerged_commit(stage: Stage) -> None:
     git("push", "-q", str(stage.origin), "HEAD:refs/heads/contrib/unreviewed", cwd=stage.repo)
 
 
-def _hook(home: Path, folder: str, what: str) -> None:
-    """The runner's git runs a post-checkout hook that changes a tracked file of every checkout into
-    a folder named `folder` (a job's workspace is .../hostexecutor, reproduce's clone .../source)."""
+def _hook(home: Path, body: str) -> None:
+    """The runner's git runs a post-checkout hook (`body`, sh) at every checkout it makes: a job's
+    actions/checkout in its workspace (.../hostexecutor), with the job's environment."""
     hooks = home / "hooks"
     hooks.mkdir(exist_ok=True)
     hook = hooks / "post-checkout"
-    hook.write_text(f"#!/bin/sh\ncase \"$PWD\" in */{folder}) echo '# changed in {what}' >> image/entrypoint.sh ;; esac\n"
-                    "exit 0\n")
+    hook.write_text(f"#!/bin/sh\n{body}exit 0\n")
     hook.chmod(0o755)
     with (home / ".gitconfig").open("a") as f:
         f.write(f"[core]\n\thooksPath = {hooks}\n")
