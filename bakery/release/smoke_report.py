@@ -92,10 +92,13 @@ def _speed_checks(spec: SmokeSpec, candidate: list[dict], reference: list[dict])
                                 f"requests completed, {errors if errors is not None else 'an unknown count'} failed"))
         if gate.name in theirs:
             ref = theirs[gate.name]["figure"]
-            bound = ref * (1 - spec.speed.versus_reference if gate.higher_is_better else 1 + spec.speed.versus_reference)
+            slack = spec.speed.versus_reference_slack_s
+            bound = ref * (1 - spec.speed.versus_reference) if gate.higher_is_better else \
+                ref * (1 + spec.speed.versus_reference) + slack
             ok = figure >= bound if gate.higher_is_better else figure <= bound
             checks.append(Check(f"speed:{gate.name}:versus-reference", ok, f"{figure:g} {unit} against the "
-                                f"reference's {ref:g} (at most {spec.speed.versus_reference:.0%} worse)", figure,
+                                f"reference's {ref:g} (at most {spec.speed.versus_reference:.0%} worse"
+                                + ("" if gate.higher_is_better else f", plus {slack:g} s") + ")", figure,
                                 round(bound, 3)))
     return checks
 

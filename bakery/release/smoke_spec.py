@@ -24,7 +24,7 @@ AB_KEYS = {"seeds": int, "max_tokens": int, "temperatures": list, "prompts": lis
 NEEDLE_KEYS = {"prompt_tokens": int, "depths": list}
 TOOL_CALL_KEYS = {"harness": str, "temperature": float, "threshold": int, "seed_figure": str, "cases": list}
 BFCL_CATEGORIES = ("simple_python", "multiple")  # bfcl_harness.py's: single-turn, AST-checked
-SPEED_KEYS = {"tolerance": float, "versus_reference": float, "gates": list}
+SPEED_KEYS = {"tolerance": float, "versus_reference": float, "versus_reference_slack_s": float, "gates": list}
 GATE_KEYS = {"name": str, "kind": str, "concurrency": int, "prompts": int, "input_len": int, "output_len": int,
              "seed_figure": float, "source": str}
 # what each kind of speed gate reads from `vllm bench serve`'s saved result, and whether more is better
@@ -89,6 +89,7 @@ class SpeedGate:
 class SpeedSpec:
     tolerance: float  # how far under the seed's published figure a figure may be
     versus_reference: float  # how far under the reference's figure on the same host
+    versus_reference_slack_s: float  # and, for a time, this much more in seconds: jitter, not speed
     gates: tuple[SpeedGate, ...]
 
 
@@ -199,7 +200,9 @@ def load_spec(path: Path) -> SmokeSpec:
     if len({g.name for g in gates}) != len(gates):
         raise InputError(f"{path}: speed.gates: each name once")
     speed_spec = SpeedSpec(_number(speed["tolerance"], f"{path}: speed.tolerance", float, 0, 1),
-                           _number(speed["versus_reference"], f"{path}: speed.versus_reference", float, 0, 1), gates)
+                           _number(speed["versus_reference"], f"{path}: speed.versus_reference", float, 0, 1),
+                           _number(speed["versus_reference_slack_s"], f"{path}: speed.versus_reference_slack_s",
+                                   float, 0, 10), gates)
     budget = raw["budget_s"]
     if set(budget) != set(STAGES):
         raise InputError(f"{path}: budget_s must name each of {', '.join(STAGES)} (seconds)")
