@@ -9,7 +9,9 @@ cd "$(dirname "$0")/.."
 # golang-go: the tests read layers with Go's archive/tar (what the engines unpack with) as the reference
 # git-lfs: as on GitHub's runners, its package installs the lfs filter system-wide; a rebuilt revision's git must not run it
 # faketime: a sandbox under a process clock a year ahead (the "same digest whatever the clock" check)
-packages=(docker.io docker-registry skopeo debootstrap bubblewrap caddy apache2-utils python3-venv git git-lfs faketime ca-certificates gh golang-go sudo)
+# python3-numpy: a proof's run hands its data back as numpy arrays; the ordinary-user tests run proofs
+# with the system's python3 (the project's venv may sit where that user cannot reach)
+packages=(docker.io docker-registry skopeo debootstrap bubblewrap caddy apache2-utils python3-venv python3-numpy git git-lfs faketime ca-certificates gh golang-go sudo)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
