@@ -93,7 +93,9 @@ def release_order(tag: str) -> tuple | None:
 
 def _last_promoted(candidate, log) -> str:
     """The newest release tag (promote tags v*) of the candidate's repository that is not the
-    candidate itself, as REPO:TAG; seed-stack where none was promoted yet (the first release)."""
+    candidate itself, resolved once, as REPO@DIGEST (the tag may move meanwhile); seed-stack where
+    none was promoted yet (the first release). Whoever may push tags picks it: it is then verified
+    as any reference is, with its smoke result (docs/release.md says what that leaves open)."""
     from ..errors import NotFound
     from ..oci.registry import Registry
     from ..release.track.upstream import list_tags
@@ -113,8 +115,9 @@ def _last_promoted(candidate, log) -> str:
             continue  # deleted since the listing
         if digest == candidate.digest:
             continue  # the candidate promoted already (a re-run): compared with the release before it
-        log(f"the reference: {ref}, the last promoted release")
-        return str(ref)
+        pinned = ref.with_digest(digest)
+        log(f"the reference: {ref} ({digest}), the last promoted release")
+        return str(pinned)
     log(f"no release promoted yet in {candidate.registry}/{candidate.repository}: the reference is the "
         f"seed-style stack (the first release)")
     return "seed-stack"
