@@ -73,8 +73,9 @@ class Service:
         try:
             resp = requests.get(self.base + "/v1/models", timeout=60)
             ids = [m.get("id") for m in resp.json().get("data", [])] if resp.status_code == 200 else None
-        except (requests.RequestException, ValueError, AttributeError) as e:
-            raise SmokeFailure(f"{self.base}/v1/models: {untrusted.safe(e, limit=200)}") from None
+        except (requests.RequestException, ValueError, AttributeError, RecursionError) as e:
+            raise SmokeFailure(f"{self.base}/v1/models: {untrusted.safe(type(e).__name__, limit=40)}: "
+                               f"{untrusted.safe(e, limit=200)}") from None
         if ids is None:
             raise SmokeFailure(f"/v1/models answered HTTP {resp.status_code}")
         if self.model not in ids:
@@ -251,7 +252,7 @@ def _result(client: BenchClient, filename: str, what: str) -> dict:
         if not isinstance(result, dict):
             raise ValueError("not a JSON object")
         return result
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise SmokeFailure(f"vllm bench serve left no usable result for {what}: {untrusted.safe(e, limit=200)}") from None
 
 
