@@ -209,7 +209,7 @@ def test_a_kept_file_past_its_cap_is_refused_before_it_is_read():
             return b"x"
 
     def take(size):
-        layer = scan._Layer(set(), keep, layercache.LayerCache.__new__(layercache.LayerCache), None)
+        layer = scan._Layer(set(), keep, layercache.Staged.__new__(layercache.Staged), None)
         layer.take(Member("m/METADATA", b"0", size, 0o644, ""), Reader())
 
     with pytest.raises(TarError, match="past the 268435456"):
