@@ -273,22 +273,28 @@ print(" ".join(sorted(os.listdir(base))))
 """
 
 
+def as_nobody(script: str) -> subprocess.CompletedProcess:
+    """script run by uid 65534 with the system's Python (stdlib only), given the project's root and
+    a fresh folder of its own in /tmp (pytest's own folders are root's alone)."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        os.chmod(base, 0o755)
+        os.chown(base, 65534, 65534)
+        return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                               "-c", script, str(ROOT), str(base)], capture_output=True, text=True)
+    finally:
+        shutil.rmtree(base)  # as root
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="runs as another user: needs root and setpriv")
 def test_a_tree_a_compile_left_unwritable_is_removed_by_a_user_who_is_not_root():
     """Found by review: the rebuild broker's compile folder went from a TemporaryDirectory (which makes
     each folder writable again) to a staging folder removed by rmtree, which, for any user but root,
     stops at a folder the compile made 0500: a hostile revision could leave its 2 GiB in TMPDIR at each
     compile. Run as uid 65534 with the system's Python (stdlib only is imported)."""
-    import tempfile
-
-    base = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's own folders are root's alone: not for uid 65534
-    try:
-        os.chmod(base, 0o755)
-        os.chown(base, 65534, 65534)
-        done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
-                               "-c", REMOVE_AS_A_USER, str(ROOT), str(base)], capture_output=True, text=True)
-    finally:
-        shutil.rmtree(base)  # as root
+    done = as_nobody(REMOVE_AS_A_USER)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["plain"], done.stdout  # the plain rmtree left its tree; remove_tree took it all
 
@@ -318,15 +324,6 @@ def test_a_failed_local_compiles_staging_folder_is_removed_by_a_user_who_is_not_
     """Found by review: the broker's compile folder went to remove_tree, but a local compile's, the
     staging folder of its cache entry, was still removed by a plain rmtree when the compile failed:
     a folder the compile made 0500 kept it, and all above it, for any user but root."""
-    import tempfile
-
-    base = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's own folders are root's alone: not for uid 65534
-    try:
-        os.chmod(base, 0o755)
-        os.chown(base, 65534, 65534)
-        done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
-                               "-c", FAIL_AS_A_USER, str(ROOT), str(base)], capture_output=True, text=True)
-    finally:
-        shutil.rmtree(base)  # as root
+    done = as_nobody(FAIL_AS_A_USER)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["nothing"], done.stdout

@@ -403,6 +403,17 @@ def test_a_workdir_a_rebuild_did_not_make_or_one_in_use_is_refused_and_kept(tmp_
         assert not (work / "source").exists()
 
 
+def served_repository(tmp_path: Path) -> tuple[Path, Path]:
+    """(a repository of one commit that a file:// clone reads, an empty HOME for the server's config)."""
+    repo, home = tmp_path / "repo", tmp_path / "home"
+    repo.mkdir()
+    home.mkdir()
+    (repo / "f").write_text("a\n")
+    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "r"]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True)
+    return repo, home
+
+
 def test_a_remote_that_says_the_disk_is_full_is_not_taken_for_our_disk(tmp_path, monkeypatch):
     """Found by review: the rebuild read "No space left on device" in any line git printed, the
     server's `remote:` lines included, so the revision's repository could turn its own failure into
@@ -410,12 +421,7 @@ def test_a_remote_that_says_the_disk_is_full_is_not_taken_for_our_disk(tmp_path,
     from bakery.errors import EnvironmentProblem
     from bakery.release import reproduce
 
-    repo, home = tmp_path / "repo", tmp_path / "home"
-    repo.mkdir()
-    home.mkdir()
-    (repo / "f").write_text("a\n")
-    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "r"]):
-        subprocess.run(["git", "-C", str(repo), *args], check=True)
+    repo, home = served_repository(tmp_path)
     hook = tmp_path / "hook"
     hook.write_text("#!/bin/sh\necho 'No space left on device' >&2\nexit 1\n")
     hook.chmod(0o755)
@@ -436,12 +442,7 @@ def test_the_remotes_words_past_a_line_break_of_ours_are_not_taken_for_our_disk(
     from bakery.errors import EnvironmentProblem
     from bakery.release import reproduce
 
-    repo, home = tmp_path / "repo", tmp_path / "home"
-    repo.mkdir()
-    home.mkdir()
-    (repo / "f").write_text("a\n")
-    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "r"]):
-        subprocess.run(["git", "-C", str(repo), *args], check=True)
+    repo, home = served_repository(tmp_path)
     server_side = tmp_path / "server"
     options = []
     if server == "sideband":  # its request read first: upload-pack relays what it says, not a broken pipe
