@@ -325,10 +325,10 @@ def test_the_reference_is_the_last_promoted_release_or_the_seed_stack_before_the
                                                                start=1)}
     said: list[str] = []
     # resolved once, by digest: the tag may move before the reference is verified
-    assert smoke_cmd._last_promoted(candidate, said.append) == str(pushed["v1.10.0"])
+    assert smoke_cmd._last_promoted(candidate, said.append) == (str(pushed["v1.10.0"]), "v1.10.0")
     assert said == [f"the reference: {registry}/{repo}:v1.10.0 ({pushed['v1.10.0'].digest}), the last promoted release"]
     image(repo, "v1.10.0", 0)  # the candidate itself promoted (a re-run): the release before it
-    assert smoke_cmd._last_promoted(candidate, said.append) == str(pushed["v1.10.0-rc1"])
+    assert smoke_cmd._last_promoted(candidate, said.append) == (str(pushed["v1.10.0-rc1"]), "v1.10.0-rc1")
     first = image("test/promoted-none", "candidate-1", 0)
-    assert smoke_cmd._last_promoted(first, said.append) == "seed-stack"
+    assert smoke_cmd._last_promoted(first, said.append) == ("seed-stack", None)
     assert said[-1].startswith("no release promoted yet in ") and said[-1].endswith("the seed-style stack (the first release)")

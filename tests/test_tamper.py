@@ -633,6 +633,55 @@ def test_the_honest_image_verifies(honest, tmp_path):
         in result.stdout
 
 
+def committed(project: Path, message: str) -> str:
+    git = ["git", "-C", str(project), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "commit", "-qam", message], check=True)
+    return subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_an_earlier_release_is_judged_by_what_its_own_revision_committed(honest, tmp_path):
+    """Issue 49: the release workflow's reference is the last promoted release, which ran the smoke
+    spec and built the base committed at its own revision, not today's. Verified as of that revision
+    (the one its signed provenance names) it passes; with today's pins it fails on both; a revision
+    outside HEAD's history, one this checkout lacks, or one the git tag does not name is refused."""
+    from bakery.cli import release as release_cmd, smoke as smoke_cmd
+
+    project = copy_project(tmp_path / "p")
+    base_yaml = project / "image" / "base.yaml"
+    base_yaml.write_text(re.sub(r"(?m)^image: .*$", f"image: {honest['base']}", base_yaml.read_text()))
+    then = committed(project, "the release's revision: the fixture base, the spec it smoked")
+    subprocess.run(["git", "-C", str(project), "tag", "v1.0.0", then], check=True)
+    spec_then = (project / "provenance" / "smoke.yaml").read_bytes()
+    (project / "provenance" / "smoke.yaml").write_bytes(spec_then + b"# a later revision changed the spec\n")
+    committed(project, "today: another spec")
+    side = subprocess.run(["git", "-C", str(project), "-c", "user.name=t", "-c", "user.email=t@example.com",
+                           "commit-tree", f"{then}^{{tree}}", "-p", then, "-m", "a branch never merged"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    today = dev_policy(tmp_path / "policy.yaml", "127.0.0.1:5000/other/base@sha256:" + "2" * 64)
+
+    def verified(revision: str, tag: str | None = None, as_of: bool = True) -> list[str]:
+        ref = clone(honest, f"as-of-{revision[:8]}")
+        reattest(lambda r: r["source"].update(revision=revision), smoke_signer="smoke", spec=spec_then)(honest, ref, {})
+        report = release_cmd.verify(project, str(ref), key=str(honest["root"] / "k" / "release.pub"),
+                                    smoke_key=str(honest["root"] / "k" / "smoke.pub"), policy=str(today),
+                                    require_smoke=True, as_of=smoke_cmd._committed_at(project, tag) if as_of else None)
+        return report.report.failures
+
+    assert verified(then, "v1.0.0") == []
+    todays = verified(then, as_of=False)
+    assert any(f.startswith("provenance base is the pinned 127.0.0.1:5000/other/base@") for f in todays), todays
+    assert any("an older or other spec" in f for f in todays), todays
+    # the first failure is the cause (today's pins, then used, fail after it)
+    assert verified(side)[0] == (f"the reference was built from {side[:12]}, which is not in this checkout's "
+                                 f"history before HEAD: not an earlier release of this line")
+    assert verified("3" * 40)[0] == (f"the reference was built from {'3' * 12}, which this checkout does not have "
+                                     f"(a shallow clone? check out with fetch-depth: 0)")
+    # the registry's v2.0.0 moved onto this release: git's v2.0.0 names no such commit
+    assert verified(then, "v2.0.0")[0] == (f"the registry's v2.0.0 was built from {then[:12]}, but this checkout's git "
+                                        f"tag v2.0.0 is absent: the registry tag was moved, or the git tags "
+                                           f"were not fetched")
+
+
 def test_verify_without_a_smoke_key_notes_the_result_it_cannot_judge(honest, tmp_path):
     """Ops who check only the release signature (no --smoke-key, smoke not required) get a pass that
     says the smoke result was not checked, and no smoke line in the summary."""

@@ -144,7 +144,8 @@ SMOKE = {"image": "REGISTRY/REPO@sha256:DIGEST to gate (the candidate)",
          "report": "where to write the JSON report (default: out/smoke-report.json)",
          "reference": "what the candidate is compared with: last-promoted (the newest v* tag of the candidate's "
                       "repository that is not the candidate, else seed-stack), REPO:TAG or REPO@sha256:... (a "
-                      "promoted release, verified with its smoke result), or seed-stack (the pinned base with each "
+                      "promoted release, verified with its smoke result as of the revision it was built from, which "
+                      "must be in this checkout's history), or seed-stack (the pinned base with each "
                       "baked file bind-mounted read-only: the first release)",
          "release_key": "a release public key that verifies a promoted reference (default: provenance/policy.yaml's)",
          "smoke_key": "a smoke public key that verifies a promoted reference's smoke result (default: the policy's)",

@@ -77,8 +77,9 @@ class Verified:
 
 
 def verify(project: Path, image: str, key=None, smoke_key=None, policy=None, layout=None, require_smoke=False,
-           skip_blobs=False, rebuilder_key=None, require_rebuilds=0, log=lambda m: None) -> Verified:
-    """IMAGE by digest, or by tag (resolved here, and said in the log)."""
+           skip_blobs=False, rebuilder_key=None, require_rebuilds=0, log=lambda m: None, as_of=None) -> Verified:
+    """IMAGE by digest, or by tag (resolved here, and said in the log); as_of: verify's, for an
+    earlier release taken as a reference."""
     from ..oci import store
     from ..oci.refs import Digest, Reference
     from ..trust import verify as verify_mod
@@ -92,7 +93,8 @@ def verify(project: Path, image: str, key=None, smoke_key=None, policy=None, lay
         ref = ref.with_digest(Digest.of(body))
         log(f"{image} is {ref.digest}")
     rules = load_policy(project, policy, role_keys(key, smoke_key, rebuilder_key or []))
-    return Verified(ref, verify_mod.verify(where, ref, rules, require_smoke, not skip_blobs, int(require_rebuilds)))
+    return Verified(ref, verify_mod.verify(where, ref, rules, require_smoke, not skip_blobs, int(require_rebuilds),
+                                           as_of=as_of))
 
 
 def promote(project: Path, image: str, tag: str, key=None, smoke_key=None, policy=None, rebuilder_key=None,

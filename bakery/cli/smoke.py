@@ -57,8 +57,9 @@ def _reference(project: Path, candidate, reference: str | None, record: str | No
                              "or seed-stack (the first release: the base with our files mounted, from the build "
                              "record)")
         return GateReference("endpoint", None, None), True, None
+    tag = None
     if reference == "last-promoted":
-        reference = _last_promoted(candidate, log)
+        reference, tag = _last_promoted(candidate, log)
     if reference == "seed-stack":
         rec = record_mod.read(Path(record) if record else Project(project).out / "build-record.json")
         if rec.manifest.digest != candidate.digest:
@@ -73,7 +74,8 @@ def _reference(project: Path, candidate, reference: str | None, record: str | No
         return GateReference("seed-stack", base, str(rec.base.manifest_digest)), True, rec
     from . import release
 
-    verified = release.verify(project, reference, key=release_key, smoke_key=smoke_key, require_smoke=True, log=log)
+    verified = release.verify(project, reference, key=release_key, smoke_key=smoke_key, require_smoke=True, log=log,
+                              as_of=_committed_at(project, tag))
     from ..trust import verify as verify_mod
 
     verify_mod.require(verified.report)
@@ -91,11 +93,56 @@ def release_order(tag: str) -> tuple | None:
     return tuple(int(n) for n in m.group(1).split(".")), m.group(2) is None, m.group(2) or ""
 
 
-def _last_promoted(candidate, log) -> str:
+def _committed_at(project: Path, tag: str | None):
+    """For verify's as_of: the policy with the base (image/base.yaml) and smoke spec
+    (provenance/smoke.yaml) committed at the revision an earlier release was built from, which must
+    be in this checkout's history before HEAD (a release of this line, older than the candidate) and,
+    where the reference came by its release tag, the commit that git tag names (a registry tag moved
+    onto another release is refused)."""
+    import dataclasses
+    import hashlib
+    import subprocess
+
+    from ..base.spec import load_spec
+    from ..trust.policy import SMOKE_SPEC
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(project), *args], capture_output=True)
+
+    def as_of(policy, revision):
+        if not isinstance(revision, str) or not re.fullmatch(r"[0-9a-f]{40}", revision):
+            raise InputError(f"the reference's provenance names revision {str(revision)[:60]!r}, not a commit")
+        ancestor = git("merge-base", "--is-ancestor", revision, "HEAD").returncode
+        if ancestor == 1:
+            raise InputError(f"the reference was built from {revision[:12]}, which is not in this checkout's "
+                             f"history before HEAD: not an earlier release of this line")
+        if ancestor != 0:
+            raise InputError(f"the reference was built from {revision[:12]}, which this checkout does not have "
+                             f"(a shallow clone? check out with fetch-depth: 0)")
+        if tag is not None:
+            tagged = git("rev-parse", "--verify", "--quiet", f"refs/tags/{tag}^{{commit}}").stdout.decode().strip()
+            if tagged != revision:
+                raise InputError(f"the registry's {tag} was built from {revision[:12]}, but this checkout's git tag "
+                                 f"{tag} is " + (f"{tagged[:12]}" if tagged else "absent")
+                                 + ": the registry tag was moved, or the git tags were not fetched")
+        files = {}
+        for path in ("image/base.yaml", SMOKE_SPEC):
+            shown = git("show", f"{revision}:{path}")
+            if shown.returncode != 0:
+                raise InputError(f"the reference's revision {revision[:12]} has no {path}")
+            files[path] = shown.stdout
+        with tempfile.TemporaryDirectory() as folder:
+            (Path(folder) / "base.yaml").write_bytes(files["image/base.yaml"])
+            base = str(load_spec(Path(folder) / "base.yaml").image)
+        return dataclasses.replace(policy, base=base, smoke_spec=hashlib.sha256(files[SMOKE_SPEC]).hexdigest())
+    return as_of
+
+
+def _last_promoted(candidate, log) -> tuple[str, str | None]:
     """The newest release tag (promote tags v*) of the candidate's repository that is not the
-    candidate itself, resolved once, as REPO@DIGEST (the tag may move meanwhile); seed-stack where
-    none was promoted yet (the first release). Whoever may push tags picks it: it is then verified
-    as any reference is, with its smoke result (docs/release.md says what that leaves open)."""
+    candidate itself, resolved once, as (REPO@DIGEST, the tag) (the tag may move meanwhile);
+    seed-stack where none was promoted yet (the first release). It is then verified as any reference
+    is, with its smoke result, as of its own revision (_committed_at)."""
     from ..errors import NotFound
     from ..oci.registry import Registry
     from ..release.track.upstream import list_tags
@@ -117,10 +164,10 @@ def _last_promoted(candidate, log) -> str:
             continue  # the candidate promoted already (a re-run): compared with the release before it
         pinned = ref.with_digest(digest)
         log(f"the reference: {ref} ({digest}), the last promoted release")
-        return str(pinned)
+        return str(pinned), tag
     log(f"no release promoted yet in {candidate.registry}/{candidate.repository}: the reference is the "
         f"seed-style stack (the first release)")
-    return "seed-stack"
+    return "seed-stack", None
 
 
 def _bench(client_image: str, model_dir: str | None, bench_client: str | None, tokenizer: str | None, spec,

@@ -306,6 +306,15 @@ def _provenance(prov: dict, manifest: bytes, policy, report: Report) -> None:
                                           f"is the provenance's base")
 
 
+def _as_of(as_of, policy, prov: dict, report: Report):
+    """The policy as it stood at the revision the signed provenance names: an earlier release ran
+    the base and smoke spec committed then, not today's."""
+    revision = prov["buildDefinition"]["externalParameters"]["source"]["revision"]
+    then = as_of(policy, revision)
+    report.check(True, f"built from {untrusted.safe(str(revision))[:12]}, judged by the base and smoke spec committed there")
+    return then
+
+
 def _rebuilds(rebuilds: list, ref: Reference, needed: int, report: Report) -> None:
     """At least `needed` distinct rebuilder keys attest a rebuild that gave this very digest."""
     agreeing: set[str]
@@ -321,9 +330,11 @@ def _rebuilds(rebuilds: list, ref: Reference, needed: int, report: Report) -> No
 
 
 def verify(store, ref: Reference, policy, require_smoke: bool = False, blobs: bool = True,
-           require_rebuilds: int = 0, smoke_run: str | None = None) -> Report:
+           require_rebuilds: int = 0, smoke_run: str | None = None, as_of=None) -> Report:
     """Everything the policy asks of ref; smoke_run: the smoke result must say it ran in that
-    workflow run (REPO#RUN_ID: the release's own)."""
+    workflow run (REPO#RUN_ID: the release's own). as_of, for an earlier release taken as a
+    reference: as_of(policy, revision) is the policy with the base and smoke spec committed at the
+    revision its signed provenance names (it raises where that revision is not one of ours)."""
     report = Report()
     rebuilds_needed = max(require_rebuilds, policy.require_rebuilds)
     flags = {"release": "key", "smoke": "smoke-key", "rebuilder": "rebuilder-key"}
@@ -346,6 +357,8 @@ def verify(store, ref: Reference, policy, require_smoke: bool = False, blobs: bo
         _step(report, "the signed VEX", _vex, vex_doc, ref, report)
     prov = found.get(provenance.SLSA_PREDICATE)
     if report.check(prov is not None, "SLSA provenance attestation present and signed"):
+        if as_of is not None:
+            policy = _step(report, "the signed provenance's revision", _as_of, as_of, policy, prov, report) or policy
         _step(report, "the signed provenance", _provenance, prov, manifest, policy, report)
     if rebuilds_needed:
         _step(report, "the rebuild attestations", _rebuilds, found.get(provenance.REBUILD_PREDICATE, []), ref,
