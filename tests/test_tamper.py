@@ -545,6 +545,9 @@ VERIFY_CASES = [
     ("smoke PASSED that compared nothing", reattest(smoke_signer="smoke", report_fields={"ab": {"paths": [
         {"path": "dspark", "compared": 0}, {"path": "native", "compared": 0}]}}), None, True, 5,
      "(result PASSED, no A/B)"),
+    ("smoke PASSED against a server started elsewhere", reattest(smoke_signer="smoke", report_fields={
+        "launched_container": False, "launched": {"candidate": False, "reference": False}}), None, True, 5,
+     "FAIL the gate launched this digest itself (a result against an --endpoint says what a server started"),
     ("smoke FAILED", reattest(smoke_signer="smoke", report_fields={"result": "FAILED", "failed": ["vram"]}), None, True,
      5, "(result FAILED"),
     ("smoke RECORDED", reattest(smoke_signer="smoke", report_fields={"result": "RECORDED", "regression_compared": 0}),

@@ -404,6 +404,10 @@ def _smoke(smoke: dict | None, policy, report: Report, digest: str = "", run: st
             or smoke is None:
         return
     report.smoke = signed
+    launched = signed.get("launched")
+    report.check(isinstance(launched, dict) and launched.get("candidate") is True,
+                 "the gate launched this digest itself (a result against an --endpoint says what a server started "
+                 "elsewhere answered, not what this digest serves)")
     report.check(ran == policy.smoke_spec, f"the smoke ran the pinned spec {policy_mod.SMOKE_SPEC} "
                  f"sha256:{policy.smoke_spec}" + ("" if ran == policy.smoke_spec else
                                                   f" (it ran sha256:{ran}: an older or other spec; run the smoke "
