@@ -102,7 +102,8 @@ def test_a_difference_is_named_by_its_first_token_or_character():
     assert ab.first_difference(c(" a b", (" a", " b")), c(" a b", (" a", " b"))) is None
     d = ab.first_difference(c(" a x c", (" a", " x", " c")), c(" a b c", (" a", " b", " c")))
     assert d is not None and (d.token, d.candidate, d.reference) == (1, " x", " b")
-    assert "seed 3 on the dspark path at temperature 1: token 1 is ' x', the reference's ' b'" == d.line()
+    assert f"seed 3 on the dspark path at temperature 1: token 1 is ' x', the reference's ' b' (output " \
+           f"sha256:{hashlib.sha256(b' a x c').hexdigest()})" == d.line()
     # the same text cut into other tokens differs (a tokenizer change is a change)
     assert ab.first_difference(c(" ab", (" a", "b")), c(" ab", (" ab",))) is not None
     # no tokens listed: characters; a shorter output differs where it ends
@@ -118,11 +119,15 @@ def test_both_sides_must_answer_the_same_requests():
 
 def test_approvals_are_checked_on_load(tmp_path):
     f = tmp_path / "approvals.yaml"
-    f.write_text("approved:\n  - {path: dspark, seed: 17, temperature: 1.0, reason: reviewed by ops}\n")
+    out = "sha256:" + "ab" * 32
+    f.write_text(f"approved:\n  - {{path: dspark, seed: 17, temperature: 1.0, output: '{out}', reason: reviewed by ops}}\n")
     loaded = ab.load_approvals(f)
-    assert loaded.entries == {("dspark", 1.0, 17)} and loaded.sha256 == hashlib.sha256(f.read_bytes()).hexdigest()
-    f.write_text("approved:\n  - {path: dspark, seed: 17, temperature: 1.0, reason: ' '}\n")
-    with pytest.raises(InputError, match=r"approved\[0\]: path, seed, temperature and a reason"):
+    assert loaded.entries == {("dspark", 1.0, 17, out)} and loaded.sha256 == hashlib.sha256(f.read_bytes()).hexdigest()
+    f.write_text(f"approved:\n  - {{path: dspark, seed: 17, temperature: 1.0, output: '{out}', reason: ' '}}\n")
+    with pytest.raises(InputError, match=r"approved\[0\]: path, seed, temperature, output and a reason"):
+        ab.load_approvals(f)
+    f.write_text("approved:\n  - {path: dspark, seed: 17, temperature: 1.0, output: 'seed 17', reason: reviewed}\n")
+    with pytest.raises(InputError, match=r"approved\[0\]: output is the approved output's sha256:<64 hex>"):
         ab.load_approvals(f)
     assert ab.load_approvals(ROOT / "provenance" / "smoke-approvals.yaml").entries == frozenset()
 
@@ -228,14 +233,22 @@ def test_one_drifted_token_fails_naming_seed_path_and_token(stand_ins, bench):
     assert "240 outputs compared, 1 differ (0 approved)" in said["ab:dspark"]
     assert "seed 17 on the dspark path at temperature 1: token 5 is ' drifted'" in said["ab:dspark"]
     row = next(r for r in report.to_json()["ab"]["paths"] if r["path"] == "dspark")
-    assert row["first_differences"][0] == {"path": "dspark", "temperature": 1.0, "seed": 17, "token": 5,
-                                           "candidate": " drifted", "reference": row["first_differences"][0]["reference"]}
+    first = row["first_differences"][0]
+    assert first == {"path": "dspark", "temperature": 1.0, "seed": 17, "token": 5, "candidate": " drifted",
+                     "reference": first["reference"], "output": first["output"]}
+    assert f"(output {first['output']})" in said["ab:dspark"]
 
 
 def test_an_approved_drift_passes_and_the_approval_is_signed(stand_ins, bench, tmp_path):
+    """An approval names the output it lets through: the same seed drifted elsewhere is not approved."""
+    drifted = run_gate(stand_ins, stand_ins.pair({"dspark": {"drift": (17, 1.0, 5)}}), bench=bench)
+    output = drifted.to_json()["ab"]["paths"][0]["first_differences"][0]["output"]
     approvals = tmp_path / "approvals.yaml"
-    approvals.write_text("approved:\n  - {path: dspark, seed: 17, temperature: 1.0, reason: reviewed}\n")
+    approvals.write_text(f"approved:\n  - {{path: dspark, seed: 17, temperature: 1.0, output: '{output}', "
+                         f"reason: reviewed}}\n")
     loaded = ab.load_approvals(approvals)
+    elsewhere = run_gate(stand_ins, stand_ins.pair({"dspark": {"drift": (17, 1.0, 9)}}), approvals=loaded, bench=bench)
+    assert elsewhere.result == "FAILED" and "1 differ (0 approved)" in failed(elsewhere)["ab:dspark"]
     report = run_gate(stand_ins, stand_ins.pair({"dspark": {"drift": (17, 1.0, 5)}}), approvals=loaded, bench=bench)
     assert report.result == "PASSED", failed(report)
     from bakery.oci.refs import Reference

@@ -5,6 +5,7 @@ HTTP side is gate.py."""
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,7 @@ class Difference:
     token: int  # the index of the first differing token (of characters where a side lists no tokens)
     candidate: str  # the candidate's token there ("" past its end)
     reference: str
+    output: str  # sha256:<hex> of the candidate's whole text: what an approval names
 
     @property
     def key(self) -> tuple[str, float, int]:
@@ -42,11 +44,12 @@ class Difference:
 
     def line(self) -> str:
         return (f"seed {self.seed} on the {self.path} path at temperature {self.temperature:g}: token {self.token} "
-                f"is {untrusted.safe(repr(self.candidate), limit=40)}, the reference's {untrusted.safe(repr(self.reference), limit=40)}")
+                f"is {untrusted.safe(repr(self.candidate), limit=40)}, the reference's {untrusted.safe(repr(self.reference), limit=40)} "
+                f"(output {self.output})")
 
     def to_json(self) -> dict:
         return {"path": self.path, "temperature": self.temperature, "seed": self.seed, "token": self.token,
-                "candidate": self.candidate, "reference": self.reference}
+                "candidate": self.candidate, "reference": self.reference, "output": self.output}
 
 
 def first_difference(candidate: Completion, reference: Completion) -> Difference | None:
@@ -60,7 +63,12 @@ def first_difference(candidate: Completion, reference: Completion) -> Difference
         mine, theirs = tuple(candidate.text), tuple(reference.text)
     index = next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), min(len(mine), len(theirs)))
     return Difference(candidate.path, candidate.temperature, candidate.seed, index,
-                      mine[index] if index < len(mine) else "", theirs[index] if index < len(theirs) else "")
+                      mine[index] if index < len(mine) else "", theirs[index] if index < len(theirs) else "",
+                      output_digest(candidate.text))
+
+
+def output_digest(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -106,17 +114,18 @@ def compare(candidate: list[Completion], reference: list[Completion], paths: tup
 
 @dataclass(frozen=True)
 class Approvals:
-    """A committed, reviewed list of A/B differences the gate lets through; its sha256 is signed."""
+    """A committed, reviewed list of A/B differences the gate lets through; its sha256 is signed. Each
+    names the candidate's output it approves: another difference on the same seed is not approved."""
     path: Path
     sha256: str
-    entries: frozenset[tuple[str, float, int]]  # (path, temperature, seed)
+    entries: frozenset[tuple[str, float, int, str]]  # (path, temperature, seed, output sha256:<hex>)
 
     def lists(self, difference: Difference) -> bool:
-        return difference.key in self.entries
+        return (*difference.key, difference.output) in self.entries
 
 
 APPROVAL_KEYS = {"approved": list}
-ENTRY_KEYS = {"path": str, "seed": int, "temperature": (int, float), "reason": str}
+ENTRY_KEYS = {"path": str, "seed": int, "temperature": (int, float), "output": str, "reason": str}
 
 
 def load_approvals(path: Path) -> Approvals:
@@ -129,6 +138,9 @@ def load_approvals(path: Path) -> Approvals:
             raise InputError(f"{where} must be a mapping")
         schema.check_keys(entry, ENTRY_KEYS, where)
         if any(entry[k] is None or isinstance(entry[k], bool) for k in ENTRY_KEYS) or not entry["reason"].strip():
-            raise InputError(f"{where}: path, seed, temperature and a reason are each needed")
-        entries.add((entry["path"], float(entry["temperature"]), entry["seed"]))
+            raise InputError(f"{where}: path, seed, temperature, output and a reason are each needed")
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", entry["output"]):
+            raise InputError(f"{where}: output is the approved output's sha256:<64 hex> (the gate prints it with "
+                             f"the difference), not {untrusted.safe(entry['output'], limit=80)!r}")
+        entries.add((entry["path"], float(entry["temperature"]), entry["seed"], entry["output"]))
     return Approvals(path, hashlib.sha256(path.read_bytes()).hexdigest(), frozenset(entries))
