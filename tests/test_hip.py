@@ -111,6 +111,39 @@ def test_an_offload_bundle_of_overlapping_entries_is_refused_before_any_copy():
     assert device_code.code_objects(elf_with_fatbin(one)) == {"host": b"code"}
 
 
+def test_malformed_device_code_is_one_line_never_a_parser_exception():
+    """A hostile toolchain's output of any shape is one IntegrityError: a code object shorter than its
+    ELF header (0x34 bytes), an ELF whose section table lies past its end, names without an end; and a
+    string table without terminators costs at most NAME_MAX bytes a name (16,384 symbols that each
+    scanned a 4 MiB table were 64 GiB of reads)."""
+    import struct
+
+    def bundle_of(code: bytes) -> bytes:
+        return device_code.BUNDLE_MAGIC + struct.pack("<Q", 1) + struct.pack("<QQQ", 62, len(code), 6) + b"hipv4-" + code
+
+    short = elf_with_fatbin(bundle_of(b"\x7fELF" + b"\0" * 0x20))
+    with pytest.raises(IntegrityError, match="device code object hipv4- is not a well-formed ELF file .error."):
+        device_code.check_device_code(short, "gfx942", KERNELS)
+    past = bytearray(elf_with_fatbin(bundle_of(b"")))
+    past[0x28:0x30] = struct.pack("<Q", len(past) + 1)  # the section table past the file's end
+    with pytest.raises(IntegrityError, match="the library is not a well-formed ELF file"):
+        device_code.check_device_code(bytes(past), "gfx942", KERNELS)
+    # an AMDGPU gfx942 object whose .strtab holds 4 MiB without a NUL, named by 16,384 symbols
+    strtab = b"k" * (4 << 20)
+    symtab = b"".join(struct.pack("<IBBHQQ", 1 + i, 0, 0, 0, 0, 0) for i in range(16384))
+    names = b"\0.shstrtab\0.symtab\0.strtab\0"
+    body = names + symtab + strtab
+    head = (b"\x7fELF\x02\x01\x01" + b"\0" * 9 + struct.pack("<HHIQQQIHHHHHH", 3, device_code.EM_AMDGPU, 1, 0, 0,
+                                                                64 + len(body), device_code.ARCHS["gfx942"],
+                                                                64, 0, 0, 64, 4, 1))
+    sections = (b"\0" * 64 + struct.pack("<IIQQQQIIQQ", 1, 3, 0, 0, 64, len(names), 0, 0, 1, 0)
+                + struct.pack("<IIQQQQIIQQ", 11, 2, 0, 0, 64 + len(names), len(symtab), 3, 0, 8, 24)
+                + struct.pack("<IIQQQQIIQQ", 19, 3, 0, 0, 64 + len(names) + len(symtab), len(strtab), 0, 0, 1, 0))
+    endless = elf_with_fatbin(bundle_of(head + body + sections))
+    with pytest.raises(IntegrityError, match="device code object hipv4- is not a well-formed ELF file .ValueError."):
+        device_code.check_device_code(endless, "gfx942", KERNELS)
+
+
 def test_two_compiles_are_bit_identical(two_compiles):
     _, (first, again), _ = two_compiles
     assert first.origin == again.origin == "compiled"  # each compiled into its own empty cache

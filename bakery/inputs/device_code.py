@@ -13,6 +13,15 @@ from ..errors import IntegrityError
 ARCHS = {"gfx90a": 0x3F, "gfx940": 0x40, "gfx941": 0x4B, "gfx942": 0x4C, "gfx950": 0x4F}
 EM_AMDGPU = 224
 BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
+# the longest section or symbol name read: each is looked for within this many bytes, so a string
+# table without terminators costs at most this much per name (a mangled kernel name is a few hundred)
+NAME_MAX = 4096
+MALFORMED = (struct.error, IndexError, ValueError)  # UnicodeDecodeError is a ValueError
+
+
+def _name(table: bytes, offset: int) -> str:
+    """The NUL-terminated name at offset (ValueError: none within NAME_MAX bytes, or not UTF-8)."""
+    return table[offset:table.index(b"\0", offset, offset + NAME_MAX)].decode()
 
 
 def _sections(elf: bytes) -> dict[str, tuple[int, int, int, int]]:
@@ -26,8 +35,7 @@ def _sections(elf: bytes) -> dict[str, tuple[int, int, int, int]]:
     names = elf[strtab[4]:strtab[4] + strtab[5]]
     out = {}
     for h in headers:
-        name = names[h[0]:names.index(b"\0", h[0])].decode()
-        out[name] = (h[1], h[4], h[5], h[6])
+        out[_name(names, h[0])] = (h[1], h[4], h[5], h[6])
     return out
 
 
@@ -43,7 +51,7 @@ def _symbols(elf: bytes) -> set[str]:
         for i in range(0, size, 24):
             name_off, = struct.unpack_from("<I", elf, off + i)
             if name_off:
-                found.add(strs[name_off:strs.index(b"\0", name_off)].decode())
+                found.add(_name(strs, name_off))
     return found
 
 
@@ -82,23 +90,38 @@ def code_objects(shared_object: bytes) -> dict[str, bytes]:
 
 
 def check_device_code(shared_object: bytes, arch: str, kernels: list[str]) -> list[dict]:
-    """Every AMDGPU code object must be for `arch` and define every kernel; returns what was found."""
+    """Every AMDGPU code object must be for `arch` and define every kernel; returns what was found.
+    Bytes of any other shape (cut short, offsets past the end, names without an end) are one
+    IntegrityError, never an exception of the parser's."""
+    try:
+        objects = code_objects(shared_object)
+    except MALFORMED as e:
+        raise IntegrityError(f"the library is not a well-formed ELF file ({type(e).__name__})") from None
     found = []
-    for ident, blob in code_objects(shared_object).items():
+    for ident, blob in objects.items():
         if not ident.startswith("hip"):
             continue  # the host entry of the bundle
-        machine, = struct.unpack_from("<H", blob, 0x12)
-        flags, = struct.unpack_from("<I", blob, 0x30)
-        if machine != EM_AMDGPU:
-            raise IntegrityError(f"device code object {ident} is not an AMDGPU ELF (e_machine {machine})")
-        if flags & 0xFF != ARCHS[arch]:
-            named = {v: k for k, v in ARCHS.items()}.get(flags & 0xFF, hex(flags & 0xFF))
-            raise IntegrityError(f"device code object {ident} is for {named}, the recipe asks for {arch}")
-        symbols = _symbols(blob)
-        missing = [k for k in kernels if k not in symbols or f"{k}.kd" not in symbols]
-        if missing:
-            raise IntegrityError(f"device code object {ident} lacks kernel(s) {', '.join(missing)}")
-        found.append({"bundle_entry": ident, "mach": hex(flags & 0xFF), "kernels": sorted(kernels)})
+        try:
+            found.append(_code_object(ident, blob, arch, kernels))
+        except MALFORMED as e:
+            raise IntegrityError(f"device code object {untrusted.safe(ident, limit=64)} is not a well-formed ELF "
+                                 f"file ({type(e).__name__})") from None
     if not found:
         raise IntegrityError(f"no AMDGPU code object for {arch} in the library")
     return found
+
+
+def _code_object(ident: str, blob: bytes, arch: str, kernels: list[str]) -> dict:
+    machine, = struct.unpack_from("<H", blob, 0x12)
+    flags, = struct.unpack_from("<I", blob, 0x30)
+    name = untrusted.safe(ident, limit=64)  # the toolchain's words
+    if machine != EM_AMDGPU:
+        raise IntegrityError(f"device code object {name} is not an AMDGPU ELF (e_machine {machine})")
+    if flags & 0xFF != ARCHS[arch]:
+        named = {v: k for k, v in ARCHS.items()}.get(flags & 0xFF, hex(flags & 0xFF))
+        raise IntegrityError(f"device code object {name} is for {named}, the recipe asks for {arch}")
+    symbols = _symbols(blob)
+    missing = [k for k in kernels if k not in symbols or f"{k}.kd" not in symbols]
+    if missing:
+        raise IntegrityError(f"device code object {name} lacks kernel(s) {', '.join(missing)}")
+    return {"bundle_entry": ident, "mach": hex(flags & 0xFF), "kernels": sorted(kernels)}
