@@ -16,7 +16,6 @@ import secrets
 import shutil
 import stat
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -75,10 +74,12 @@ def remove_tree(path: Path | str, _retried: set[str] | None = None) -> None:
     shutil.rmtree(path, onerror=again)
 
 
-def remove_abandoned(folder: Path, pattern: str) -> None:
+def remove_abandoned(folder: Path, pattern: str, now: float) -> None:
     """Staging names a killed writer left in folder (a toolchain's folder is gigabytes): removed when
     no process holds them and they have not changed for a minute (a writer that has just made its
-    name has not locked it yet). Removed under the lock, so two cleaners never race; anything else
+    name has not locked it yet). `now` is on the file system's clock: the mtime of the caller's own
+    staging name, just made (a process clock a year ahead, as under faketime, would take a name made a
+    moment ago for one a year old). Removed under the lock, so two cleaners never race; anything else
     (a link, a FIFO, one another user keeps) is left alone, and never fails the write that looked."""
     for name in glob.glob(glob.escape(str(folder)) + "/" + pattern):
         try:
@@ -88,7 +89,7 @@ def remove_abandoned(folder: Path, pattern: str) -> None:
         try:
             found = os.fstat(fd)
             if not (stat.S_ISREG(found.st_mode) or stat.S_ISDIR(found.st_mode)) or \
-                    time.time() - found.st_mtime < ABANDONED_AFTER:
+                    now - found.st_mtime < ABANDONED_AFTER:
                 continue
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held: being filled now
             if os.stat(name, follow_symlinks=False).st_ino != found.st_ino:
@@ -109,7 +110,6 @@ def staging_dir(dest: Path) -> Iterator[Path]:
     remove_abandoned leaves it be), after clearing what killed writers left there."""
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        remove_abandoned(dest.parent, f".{glob.escape(dest.name)}.partial-*")
         staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.partial-"))
         held = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as e:
@@ -117,6 +117,7 @@ def staging_dir(dest: Path) -> Iterator[Path]:
         raise
     try:
         _hold(held)
+        remove_abandoned(dest.parent, f".{glob.escape(dest.name)}.partial-*", os.fstat(held).st_mtime)
         yield staging
     finally:
         os.close(held)
@@ -128,15 +129,15 @@ def atomic_file(path: Path, *, durable: bool = False) -> Iterator[BinaryIO]:
     exception (an interrupt included) it is removed. durable: fsync before the rename."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        if path.parent not in _swept:
-            _swept.add(path.parent)
-            remove_abandoned(path.parent, ".partial-*")
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".partial-")
     except OSError as e:
         _name_the_folder(e, path.parent)
         raise
     try:
         _hold(fd)
+        if path.parent not in _swept:
+            _swept.add(path.parent)
+            remove_abandoned(path.parent, ".partial-*", os.fstat(fd).st_mtime)
         with os.fdopen(fd, "wb") as out:
             yield out
             if durable:

@@ -84,6 +84,30 @@ def test_what_a_killed_writer_left_is_removed_by_the_next_and_a_live_writers_is_
     assert (tmp_path / "entry" / "f").read_bytes() == b"whole" and (tmp_path / "file").read_bytes() == b"whole"
 
 
+def test_a_name_made_a_moment_ago_is_kept_under_a_process_clock_a_year_ahead(tmp_path, monkeypatch):
+    """Issue 50 item 8, "same digest whatever the clock": a writer whose clock is a year ahead (a build
+    tried under faketime +365d) judges another writer's staging name, made a moment ago and not yet
+    locked, on the file system's clock, and leaves it; a killed writer's, an hour old, still goes."""
+    import time
+
+    fresh, killed = tmp_path / ".entry.partial-fresh", tmp_path / ".entry.partial-killed"
+    fresh.mkdir()
+    killed.mkdir()
+    old = time.time() - 3600
+    os.utime(killed, (old, old))
+    fresh_file, killed_file = tmp_path / ".partial-fresh", tmp_path / ".partial-killed"
+    fresh_file.write_bytes(b"half")
+    killed_file.write_bytes(b"half")
+    os.utime(killed_file, (old, old))
+    ahead = time.time() + 365 * 86400
+    monkeypatch.setattr(time, "time", lambda: ahead)
+    with atomic_dir(tmp_path / "entry") as staging:
+        (staging / "f").write_bytes(b"whole")
+    atomic_write(tmp_path / "file", b"whole")
+    assert fresh.exists() and fresh_file.exists()
+    assert not killed.exists() and not killed_file.exists()
+
+
 def test_a_leftover_that_is_not_a_plain_file_or_folder_is_left_alone_and_the_write_goes_on(tmp_path):
     """A FIFO or a link planted under a staging name (by anyone who can write in the folder) must not
     hang the next write, nor be followed: it is left where it is, and the write succeeds."""
