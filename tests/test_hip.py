@@ -113,10 +113,11 @@ def test_an_offload_bundle_of_overlapping_entries_is_refused_before_any_copy():
 
 def test_malformed_device_code_is_one_line_never_a_parser_exception():
     """A hostile toolchain's output of any shape is one IntegrityError: a code object shorter than its
-    ELF header (0x34 bytes), an ELF whose section table lies past its end, names without an end; and a
-    string table without terminators costs at most NAME_MAX bytes a name (16,384 symbols that each
-    scanned a 4 MiB table were 64 GiB of reads)."""
+    ELF header (0x34 bytes), an ELF whose section table lies past its end, a symbol table past it; and
+    a string table without terminators, named by every symbol, costs no memory (each name was copied
+    out whole: 16,384 symbols into a 4 MiB table asked for 64 GiB)."""
     import struct
+    import tracemalloc
 
     def bundle_of(code: bytes) -> bytes:
         return device_code.BUNDLE_MAGIC + struct.pack("<Q", 1) + struct.pack("<QQQ", 62, len(code), 6) + b"hipv4-" + code
@@ -140,8 +141,19 @@ def test_malformed_device_code_is_one_line_never_a_parser_exception():
                 + struct.pack("<IIQQQQIIQQ", 11, 2, 0, 0, 64 + len(names), len(symtab), 3, 0, 8, 24)
                 + struct.pack("<IIQQQQIIQQ", 19, 3, 0, 0, 64 + len(names) + len(symtab), len(strtab), 0, 0, 1, 0))
     endless = elf_with_fatbin(bundle_of(head + body + sections))
-    with pytest.raises(IntegrityError, match="device code object hipv4- is not a well-formed ELF file .ValueError."):
-        device_code.check_device_code(endless, "gfx942", KERNELS)
+    tracemalloc.start()
+    try:
+        with pytest.raises(IntegrityError, match="device code object hipv4- lacks kernel"):
+            device_code.check_device_code(endless, "gfx942", KERNELS)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * len(endless), peak  # the object copied out of its bundle once, and no more
+    beyond = bytearray(endless)
+    strtab_header = beyond.rindex(struct.pack("<II", 19, 3))
+    beyond[strtab_header + 32:strtab_header + 40] = struct.pack("<Q", 1 << 40)  # its size: 1 TiB
+    with pytest.raises(IntegrityError, match=r"device code object hipv4-.*\.strtab: past the ELF file's end"):
+        device_code.check_device_code(bytes(beyond), "gfx942", KERNELS)
 
 
 def test_two_compiles_are_bit_identical(two_compiles):

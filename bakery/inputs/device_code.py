@@ -13,51 +13,70 @@ from ..errors import IntegrityError
 ARCHS = {"gfx90a": 0x3F, "gfx940": 0x40, "gfx941": 0x4B, "gfx942": 0x4C, "gfx950": 0x4F}
 EM_AMDGPU = 224
 BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
-# the longest section or symbol name read: each is looked for within this many bytes, so a string
-# table without terminators costs at most this much per name (a mangled kernel name is a few hundred)
-NAME_MAX = 4096
 MALFORMED = (struct.error, IndexError, ValueError)  # UnicodeDecodeError is a ValueError
+SYMBOL_TABLES = ((".symtab", ".strtab"), (".dynsym", ".dynstr"))
 
 
-def _name(table: bytes, offset: int) -> str:
-    """The NUL-terminated name at offset (ValueError: none within NAME_MAX bytes, or not UTF-8)."""
-    return table[offset:table.index(b"\0", offset, offset + NAME_MAX)].decode()
-
-
-def _sections(elf: bytes) -> dict[str, tuple[int, int, int, int]]:
-    """{name: (type, offset, size, link)} of an ELF64 little-endian file."""
-    if elf[:4] != b"\x7fELF" or elf[4] != 2 or elf[5] != 1:
+def _sections(elf: bytes, wanted: tuple[str, ...]) -> dict[str, tuple[int, int, int, int]]:
+    """{name: (type, offset, size, link)} of the wanted sections of an ELF64 little-endian file, each
+    inside the file. Names are compared where they stand, none copied out: a string table without
+    terminators, named by every header, costs no memory (a hostile toolchain's output is read here,
+    outside the sandbox)."""
+    if elf[:4] != b"\x7fELF" or elf[4:6] != b"\x02\x01":
         raise IntegrityError("not a 64-bit little-endian ELF file")
     shoff, = struct.unpack_from("<Q", elf, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
-    headers = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
-    strtab = headers[shstrndx]
-    names = elf[strtab[4]:strtab[4] + strtab[5]]
-    out = {}
-    for h in headers:
-        out[_name(names, h[0])] = (h[1], h[4], h[5], h[6])
+    if shentsize < 64:
+        raise IntegrityError(f"an ELF section header of {shentsize} bytes (64 is the format's)")
+
+    def header(i: int) -> tuple:
+        return struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize)
+
+    names_at, names_size = header(shstrndx)[4:6]
+    _inside(elf, names_at, names_size, "the section names")
+    targets = {w: w.encode() + b"\0" for w in wanted}
+    out: dict[str, tuple[int, int, int, int]] = {}
+    for i in range(shnum):
+        h = header(i)
+        for name, spelled in targets.items():
+            if _names(elf, names_at, names_size, h[0], spelled):
+                if name in out:
+                    raise IntegrityError(f"two {name} sections: which one is read is not one answer")
+                _inside(elf, h[4], h[5], name)
+                out[name] = (h[1], h[4], h[5], h[6])
     return out
 
 
-def _symbols(elf: bytes) -> set[str]:
-    secs = _sections(elf)
-    found = set()
-    for table, strings in ((".symtab", ".strtab"), (".dynsym", ".dynstr")):
+def _inside(elf: bytes, offset: int, size: int, what: str) -> None:
+    if offset + size > len(elf):
+        raise IntegrityError(f"{what}: past the ELF file's end ({offset} + {size} > {len(elf)} bytes)")
+
+
+def _names(elf: bytes, table_at: int, table_size: int, offset: int, spelled: bytes) -> bool:
+    """Whether the string table's name at offset is `spelled` (with its NUL), read in place."""
+    return offset < table_size and offset + len(spelled) <= table_size and elf.startswith(spelled, table_at + offset)
+
+
+def _defined(elf: bytes, wanted: set[str]) -> set[str]:
+    """Which of the wanted symbols the ELF's symbol tables name: each entry compared in place with
+    the few names wanted, never a name set built (memory stays the file's, whatever it holds)."""
+    secs = _sections(elf, tuple(name for pair in SYMBOL_TABLES for name in pair))
+    targets = {w: w.encode() + b"\0" for w in wanted}
+    found: set[str] = set()
+    for table, strings in SYMBOL_TABLES:
         if table not in secs or strings not in secs:
             continue
         _, off, size, _ = secs[table]
         _, soff, ssize, _ = secs[strings]
-        strs = elf[soff:soff + ssize]
-        for i in range(0, size, 24):
+        for i in range(0, size - size % 24, 24):
             name_off, = struct.unpack_from("<I", elf, off + i)
-            if name_off:
-                found.add(_name(strs, name_off))
+            found.update(w for w, spelled in targets.items() if _names(elf, soff, ssize, name_off, spelled))
     return found
 
 
 def code_objects(shared_object: bytes) -> dict[str, bytes]:
     """{bundle entry id: code object} from a host object's .hip_fatbin offload bundle."""
-    secs = _sections(shared_object)
+    secs = _sections(shared_object, (".hip_fatbin",))
     if ".hip_fatbin" not in secs:
         raise IntegrityError("no .hip_fatbin section: the library carries no HIP device code")
     _, off, size, _ = secs[".hip_fatbin"]
@@ -120,7 +139,10 @@ def _code_object(ident: str, blob: bytes, arch: str, kernels: list[str]) -> dict
     if flags & 0xFF != ARCHS[arch]:
         named = {v: k for k, v in ARCHS.items()}.get(flags & 0xFF, hex(flags & 0xFF))
         raise IntegrityError(f"device code object {name} is for {named}, the recipe asks for {arch}")
-    symbols = _symbols(blob)
+    try:
+        symbols = _defined(blob, {*kernels, *(f"{k}.kd" for k in kernels)})
+    except IntegrityError as e:
+        raise IntegrityError(f"device code object {name}: {e}") from None
     missing = [k for k in kernels if k not in symbols or f"{k}.kd" not in symbols]
     if missing:
         raise IntegrityError(f"device code object {name} lacks kernel(s) {', '.join(missing)}")
