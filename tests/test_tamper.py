@@ -547,7 +547,10 @@ VERIFY_CASES = [
      "(result PASSED, no A/B)"),
     ("smoke PASSED against a server started elsewhere", reattest(smoke_signer="smoke", report_fields={
         "launched_container": False, "launched": {"candidate": False, "reference": False}}), None, True, 5,
-     "FAIL the gate launched this digest itself (a result against an --endpoint says what a server started"),
+     "FAIL the gate launched this digest and its reference itself (a result against an --endpoint says what"),
+    ("smoke PASSED against a reference at an endpoint", reattest(smoke_signer="smoke", report_fields={
+        "launched": {"candidate": True, "reference": False}}), None, True, 5,
+     "FAIL the gate launched this digest and its reference itself"),
     ("smoke FAILED", reattest(smoke_signer="smoke", report_fields={"result": "FAILED", "failed": ["vram"]}), None, True,
      5, "(result FAILED"),
     ("smoke RECORDED", reattest(smoke_signer="smoke", report_fields={"result": "RECORDED", "regression_compared": 0}),

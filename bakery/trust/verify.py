@@ -405,9 +405,9 @@ def _smoke(smoke: dict | None, policy, report: Report, digest: str = "", run: st
         return
     report.smoke = signed
     launched = signed.get("launched")
-    report.check(isinstance(launched, dict) and launched.get("candidate") is True,
-                 "the gate launched this digest itself (a result against an --endpoint says what a server started "
-                 "elsewhere answered, not what this digest serves)")
+    report.check(isinstance(launched, dict) and launched.get("candidate") is True and launched.get("reference") is True,
+                 "the gate launched this digest and its reference itself (a result against an --endpoint says what "
+                 "a server started elsewhere answered, not what this digest or the named reference serves)")
     report.check(ran == policy.smoke_spec, f"the smoke ran the pinned spec {policy_mod.SMOKE_SPEC} "
                  f"sha256:{policy.smoke_spec}" + ("" if ran == policy.smoke_spec else
                                                   f" (it ran sha256:{ran}: an older or other spec; run the smoke "
