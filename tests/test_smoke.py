@@ -309,26 +309,59 @@ def test_release_tags_sort_by_their_numbers_a_pre_release_first():
     assert ordered == ["v1.9.0", "v1.10.0-rc1", "v1.10.0", "v2"]
 
 
-def test_the_reference_is_the_last_promoted_release_or_the_seed_stack_before_the_first(registry):
-    """--reference last-promoted (the release workflow's): the newest v* tag of the candidate's
-    repository that is not the candidate; in a repository with none, the seed-style stack."""
+def test_the_reference_is_the_last_release_in_git_or_the_seed_stack_before_the_first(registry, tmp_path):
+    """--reference last-promoted (the release workflow's): the newest release tag git has merged into
+    HEAD, other than HEAD's own, resolved in the candidate's repository. Chosen from git's protected
+    tags, not the registry's listing: a release tag only the registry has, or one on a branch never
+    merged, is not taken; the candidate put under an earlier release's tag is refused (second attacker
+    review: it made the gate skip to an older release or the seed-style stack); a release git has but
+    the registry never got (its release failed) is passed over; with none, the seed-style stack."""
+    import subprocess
+
     from bakery.cli import smoke as smoke_cmd
+    from bakery.errors import InputError
     from support import push_image
     from test_toolchain_root import tar
+
+    def repository(where) -> list[str]:
+        where.mkdir()
+        subprocess.run(["git", "init", "-q", str(where)], check=True)
+        return ["git", "-C", str(where), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+
+    def commit(git: list[str], *tags: str) -> None:
+        subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "c"], check=True)
+        for tag in tags:
+            subprocess.run([*git, "tag", tag], check=True)
+
+    project = tmp_path / "p"
+    git = repository(project)
+    commit(git, "v1.9.0")
+    commit(git, "v1.10.0-rc1", "v-next")
+    commit(git, "v1.10.0", "latest")
+    subprocess.run([*git, "checkout", "-q", "-b", "side"], check=True)
+    commit(git, "v9.0.0")  # a branch never merged
+    subprocess.run([*git, "checkout", "-q", "-"], check=True)
+    commit(git, "v1.11.0")  # the candidate's own
 
     def image(repo: str, tag: str, n: int):
         return push_image(registry, repo, [tar((f"f{n}", "file", f"{n}\n".encode(), 0o644))], tag=tag)
 
     repo = "test/promoted-order"
     candidate = image(repo, "candidate-1", 0)
-    pushed = {tag: image(repo, tag, n) for n, tag in enumerate(["v1.9.0", "v1.10.0-rc1", "v1.10.0", "latest", "v-next"],
-                                                               start=1)}
+    pushed = {tag: image(repo, tag, n) for n, tag in enumerate(
+        ["v1.9.0", "v1.10.0-rc1", "v1.10.0", "v9.0.0", "v1.11.0", "v99.0.0", "latest", "v-next"], start=1)}
     said: list[str] = []
     # resolved once, by digest: the tag may move before the reference is verified
-    assert smoke_cmd._last_promoted(candidate, said.append) == (str(pushed["v1.10.0"]), "v1.10.0")
+    assert smoke_cmd._last_promoted(project, candidate, said.append) == (str(pushed["v1.10.0"]), "v1.10.0")
     assert said == [f"the reference: {registry}/{repo}:v1.10.0 ({pushed['v1.10.0'].digest}), the last promoted release"]
-    image(repo, "v1.10.0", 0)  # the candidate itself promoted (a re-run): the release before it
-    assert smoke_cmd._last_promoted(candidate, said.append) == (str(pushed["v1.10.0-rc1"]), "v1.10.0-rc1")
-    first = image("test/promoted-none", "candidate-1", 0)
-    assert smoke_cmd._last_promoted(first, said.append) == ("seed-stack", None)
-    assert said[-1].startswith("no release promoted yet in ") and said[-1].endswith("the seed-style stack (the first release)")
+    image(repo, "v1.10.0", 0)  # the candidate under an earlier release's tag
+    with pytest.raises(InputError, match="the registry's v1.10.0, an earlier release in git, is the candidate"):
+        smoke_cmd._last_promoted(project, candidate, said.append)
+    failed = "test/promoted-failed"  # only v1.9.0 was ever promoted here
+    image(failed, "v1.9.0", 1)
+    taken = smoke_cmd._last_promoted(project, image(failed, "candidate-1", 0), said.append)
+    assert taken[1] == "v1.9.0" and said[-3].startswith("git's v1.10.0 has no tag in "), said
+    first = tmp_path / "first"
+    commit(repository(first), "v1.0.0")
+    assert smoke_cmd._last_promoted(first, candidate, said.append) == ("seed-stack", None)
+    assert said[-1] == "no earlier release tag in git before HEAD: the reference is the seed-style stack (the first release)"

@@ -142,8 +142,8 @@ SMOKE = {"image": "REGISTRY/REPO@sha256:DIGEST to gate (the candidate)",
                       "the servers and for vLLM's own `vllm bench serve`",
          "port": "host port for the API on 127.0.0.1 (default 8000)",
          "report": "where to write the JSON report (default: out/smoke-report.json)",
-         "reference": "what the candidate is compared with: last-promoted (the newest v* tag of the candidate's "
-                      "repository that is not the candidate, else seed-stack), REPO:TAG or REPO@sha256:... (a "
+         "reference": "what the candidate is compared with: last-promoted (the newest v* tag git has merged into "
+                      "HEAD, not HEAD's own, resolved in the candidate's repository; else seed-stack), REPO:TAG or REPO@sha256:... (a "
                       "promoted release, verified with its smoke result as of the revision it was built from, which "
                       "must be in this checkout's history), or seed-stack (the pinned base with each "
                       "baked file bind-mounted read-only: the first release)",

@@ -8,6 +8,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import untrusted
 from ..errors import EnvironmentProblem, InputError, SmokeFailure
 from ..project import Project
 from ..release.smoke_report import Reference as GateReference, SmokeReport
@@ -53,13 +54,13 @@ def _reference(project: Path, candidate, reference: str | None, record: str | No
     if reference is None:
         if launching:
             raise InputError("say what the candidate is compared with: --reference last-promoted (the newest "
-                             "release tag of the candidate's repository, else the seed-style stack), REPO:TAG, "
+                             "release tag git has merged into HEAD, else the seed-style stack), REPO:TAG, "
                              "or seed-stack (the first release: the base with our files mounted, from the build "
                              "record)")
         return GateReference("endpoint", None, None), True, None
     tag = None
     if reference == "last-promoted":
-        reference, tag = _last_promoted(candidate, log)
+        reference, tag = _last_promoted(project, candidate, log)
     if reference == "seed-stack":
         rec = record_mod.read(Path(record) if record else Project(project).out / "build-record.json")
         if rec.manifest.digest != candidate.digest:
@@ -138,35 +139,47 @@ def _committed_at(project: Path, tag: str | None):
     return as_of
 
 
-def _last_promoted(candidate, log) -> tuple[str, str | None]:
-    """The newest release tag (promote tags v*) of the candidate's repository that is not the
-    candidate itself, resolved once, as (REPO@DIGEST, the tag) (the tag may move meanwhile);
-    seed-stack where none was promoted yet (the first release). It is then verified as any reference
-    is, with its smoke result, as of its own revision (_committed_at)."""
+def _last_promoted(project: Path, candidate, log) -> tuple[str, str | None]:
+    """The last release before the candidate, as (REPO@DIGEST, its tag): the newest release tag in
+    git (`v1.2.3` by its numbers; the tags the ruleset protects) merged into HEAD and not at HEAD (the
+    candidate's own), resolved once in the candidate's repository (the tag may move meanwhile).
+    Chosen from git, not from the registry's listing: anyone who may push could else hide a release
+    by putting the candidate under its tag. A git release tag with no registry tag (its release never
+    promoted) is passed over, said in the log; one whose registry tag is the candidate is refused.
+    Seed-stack where git has no earlier release tag (the first release). It is then verified as any
+    reference is, as of its own revision (_committed_at)."""
+    import subprocess
+
     from ..errors import NotFound
     from ..oci.registry import Registry
-    from ..release.track.upstream import list_tags
 
+    def git(*args: str) -> list[str]:
+        done = subprocess.run(["git", "-C", str(project), *args], capture_output=True, text=True, errors="replace")
+        if done.returncode != 0:
+            raise InputError(f"cannot read the release tags of {project}: git {args[0]}: "
+                             f"{untrusted.safe(done.stderr.strip(), limit=200)}")
+        return done.stdout.split()
+
+    head = git("rev-parse", "HEAD")[0]
+    tags = [t for t in git("tag", "--merged", "HEAD", "--list", "v*") if release_order(t) is not None]
     registry = Registry(candidate.registry)
-    try:
-        tags = list_tags(registry, candidate.repository)
-    except NotFound:
-        tags = []
-    releases = sorted((t for t in tags if release_order(t) is not None), key=lambda t: release_order(t) or (),
-                      reverse=True)
-    for tag in releases:
+    for tag in sorted(tags, key=lambda t: release_order(t) or (), reverse=True):
+        if git("rev-parse", f"refs/tags/{tag}^{{commit}}")[0] == head:
+            continue  # the candidate's own tag
         ref = candidate.with_tag(tag)
         try:
             _, _, digest = registry.get_manifest(ref)
         except NotFound:
-            continue  # deleted since the listing
+            log(f"git's {tag} has no tag in {candidate.registry}/{candidate.repository}: its release was never "
+                f"promoted; passed over")
+            continue
         if digest == candidate.digest:
-            continue  # the candidate promoted already (a re-run): compared with the release before it
-        pinned = ref.with_digest(digest)
+            raise InputError(f"the registry's {tag}, an earlier release in git, is the candidate {candidate.digest} "
+                             f"itself: the tag was moved; point it back at its release, or name the reference "
+                             f"(--reference)")
         log(f"the reference: {ref} ({digest}), the last promoted release")
-        return str(pinned), tag
-    log(f"no release promoted yet in {candidate.registry}/{candidate.repository}: the reference is the "
-        f"seed-style stack (the first release)")
+        return str(ref.with_digest(digest)), tag
+    log("no earlier release tag in git before HEAD: the reference is the seed-style stack (the first release)")
     return "seed-stack", None
 
 
