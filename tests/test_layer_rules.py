@@ -150,6 +150,26 @@ def test_a_layer_past_what_an_index_may_hold_is_refused(limit, value, members, t
     scan(layer(*members), tmp_path)  # the control: within the limit it is read
 
 
+def test_a_layer_keeping_more_than_its_pass_may_stage_is_refused_before_reading_past_it(tmp_path, monkeypatch):
+    """Thousands of 256 MiB copyright files of zeros compress to almost nothing and would fill the
+    cache's disk to its reserve (third attacker review of issue 50 item 5): a layer whose kept files
+    add up past KEPT_BYTES_LIMIT is refused as it reaches it (small here), none of them in the cache."""
+    import bakery.base.scan as scan_mod
+
+    members = [(f"usr/share/doc/p{i}/copyright", "file", bytes([i]) * 40) for i in range(4)]
+    raw = layer(*members)
+    desc = Descriptor.of("application/vnd.oci.image.layer.v1.tar", raw)
+    cache = LayerCache(tmp_path / "cache")
+    monkeypatch.setattr(scan_mod, "KEPT_BYTES_LIMIT", 100, raising=False)  # without the limit: not refused
+    with pytest.raises(IntegrityError, match="the files it keeps .* add up to more than 0 MiB, past what one layer's "
+                                             "pass may stage; the base is refused"):
+        scan_layer(Served(raw), "test/r", desc, set(), cache, keep=("usr/share/doc/*/copyright",))
+    assert not [f for f in (tmp_path / "cache" / "files").iterdir() if not f.name.startswith(".")]
+    monkeypatch.setattr(scan_mod, "KEPT_BYTES_LIMIT", 160)  # the control: within it, all four are kept
+    scanned = scan_layer(Served(raw), "test/r", desc, set(), cache, keep=("usr/share/doc/*/copyright",))
+    assert len(scanned.found) == 4
+
+
 # -- kept files reach the cache only once the layer's digest holds (issue 50 item 5) --------------------
 
 class Honest(Served):

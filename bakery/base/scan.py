@@ -376,6 +376,10 @@ def index_into_cache(job) -> tuple[int, dict, dict]:
 
 
 KEPT_LIMIT = 256 << 20
+# what one layer's kept files may add up to: a ROCm base keeps tens of MiB (copyright texts, dist-info
+# METADATA and RECORD); a hostile layer of thousands of 256 MiB files of zeros compresses to almost
+# nothing and would fill the cache's disk to its reserve
+KEPT_BYTES_LIMIT = 1 << 30
 # what a path may be: Linux's PATH_MAX and NAME_MAX (an engine fails past them), and a depth no image
 # has (each folder is a level of the walks that make and remove a toolchain's files)
 NAME_BYTES, COMPONENT_BYTES, DEPTH = 4096, 255, 256
@@ -434,6 +438,7 @@ class _Layer:
         self.taken: dict[str, str] = {}
         self.named: set[str] = set()  # every path the layer names, entries and whiteouts alike
         self.characters = 0  # of the names and link targets it gives
+        self.kept_bytes = 0  # of the files it keeps, as their headers say before they are read
         self.above: set[str] = set()  # the folders every name so far lies in
         self.late: list[str] = []  # folders it gives after a name under them
 
@@ -501,6 +506,10 @@ class _Layer:
         if keep and member.size > KEPT_LIMIT:  # kept files are sources and METADATA: read whole, so capped
             raise TarError(f"{path} is {member.size} bytes, past the {KEPT_LIMIT} a file we read may be")
         if keep:
+            self.kept_bytes += member.size
+            if self.kept_bytes > KEPT_BYTES_LIMIT:
+                raise TooLarge(f"the files it keeps (copyright texts, package metadata, sources) add up to more "
+                               f"than {KEPT_BYTES_LIMIT >> 20} MiB, past what one layer's pass may stage")
             data = reader.read_data(member)
             self.found[path] = self.staged.store(data)
             if take:
