@@ -312,6 +312,34 @@ def as_nobody(script: str) -> subprocess.CompletedProcess:
         shutil.rmtree(base)  # as root
 
 
+CLAIM_AS_A_USER = """
+import os, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from bakery.release.reproduce import WORKDIR_MARK, claimed
+work = Path(sys.argv[2]) / "work"
+inner = work / "build" / "output" / "d"
+inner.mkdir(parents=True)
+(work / WORKDIR_MARK).touch()
+(inner / "k.so").write_bytes(b"x")
+os.chmod(inner, 0o500)  # what a hostile revision's build may leave in build/
+with claimed(work):
+    print(" ".join(sorted(os.listdir(work))))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="runs as another user: needs root and setpriv")
+def test_a_rebuild_workdir_left_unwritable_is_started_afresh_by_a_user_who_is_not_root():
+    """Third attacker review of issue 50: reproduce cleared an earlier run's build/ with a plain rmtree,
+    so for any user but root a 0500 folder the rebuilt revision left there made every later run with
+    that --workdir fail ("cannot be removed")."""
+    from bakery.release.reproduce import WORKDIR_MARK
+
+    done = as_nobody(CLAIM_AS_A_USER)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [WORKDIR_MARK], done.stdout
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="runs as another user: needs root and setpriv")
 def test_a_tree_a_compile_left_unwritable_is_removed_by_a_user_who_is_not_root():
     """Found by review: the rebuild broker's compile folder went from a TemporaryDirectory (which makes

@@ -358,6 +358,49 @@ def test_a_layer_that_claims_a_larger_size_gets_no_larger_cap(monkeypatch):
         reproduce._files(store, lying)
 
 
+def test_a_rebuilt_manifest_cannot_multiply_what_the_comparison_unpacks(monkeypatch):
+    """Third attacker review of issue 50 item 6: a hostile revision's manifest listed one small gzip
+    (1 GiB unpacked) 25,000 times, and each was unpacked outside the sandbox's time limit. Each
+    distinct rebuilt layer is unpacked once, those past the original's count by more than
+    EXTRA_LAYERS are named only, and together they unpack to no more than the original's may."""
+    import json
+
+    from bakery.errors import IntegrityError
+    from bakery.oci.refs import Descriptor
+    from bakery.release import reproduce
+
+    monkeypatch.setattr(reproduce, "UNPACKED_FLOOR", 1 << 20)
+    gzip = "application/vnd.oci.image.layer.v1.tar+gzip"
+    small = {d.digest: blob for blob in (zeros_layer(1000), zeros_layer(2000), zeros_layer(900 << 10))
+             for d in [Descriptor.of(gzip, blob)]}
+    blobs = list(small.items())
+    unpacked: list[str] = []
+
+    def store(name):
+        def stream(self, d):
+            unpacked.append(f"{name}:{d.digest}")
+            return iter([small[d.digest]])
+        return type("Store", (), {"stream": stream})()
+
+    def manifest(*digests) -> bytes:
+        return json.dumps({"config": {"digest": "sha256:" + "0" * 64},
+                           "layers": [Descriptor(gzip, d, len(small[d])).to_json() for d in digests]}).encode()
+
+    original = manifest(blobs[0][0])
+    rebuilt = manifest(*[blobs[1][0]] * 1000)  # one layer, listed 1,000 times
+    diffs = reproduce.differences(store("original"), original, store("rebuilt"), rebuilt)
+    assert unpacked.count(f"rebuilt:{blobs[1][0]}") == 1
+    assert [d.get("same_as_layer") for d in diffs[1:1 + reproduce.EXTRA_LAYERS]] == [0] * reproduce.EXTRA_LAYERS
+    assert diffs[-1]["rebuilt"] == f"{1000 - 1 - reproduce.EXTRA_LAYERS} more layers, not unpacked"
+    # the original's one small layer may unpack to 1 MiB (the floor here): a rebuilt one of 900 KiB
+    # fits, the same twice more (distinct layers, each under its own cap) do not
+    third = zeros_layer((900 << 10) + 1)
+    small[Descriptor.of(gzip, third).digest] = third
+    with pytest.raises(IntegrityError, match="the rebuilt layers unpack to more than the original's layers may"):
+        reproduce.differences(store("original"), original, store("rebuilt"),
+                              manifest(blobs[2][0], Descriptor.of(gzip, third).digest))
+
+
 def test_a_workdir_a_stopped_rebuild_left_is_started_afresh(tmp_path):
     """A rebuild stopped after its clone (killed, or failed) leaves source/ and build/ in --workdir:
     the same command run again starts from nothing (git would not clone into source/: the rerun

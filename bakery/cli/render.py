@@ -111,6 +111,10 @@ def reproduced(r) -> str:
         out.append(f"layer {d['layer']} differs: original {safe(d['original'])}, rebuilt {safe(d['rebuilt'])}")
         out += [f"  {safe(f['path'])}: original {safe(f['original'] or '(absent)')}, "
                 f"rebuilt {safe(f['rebuilt'] or '(absent)')}" for f in d["files"]]
+        if "same_as_layer" in d:
+            out.append(f"  the same rebuilt layer as layer {d['same_as_layer']}")
+        if d.get("more_files"):
+            out.append(f"  and {d['more_files']:,} more files differ")
     return lines(out)
 
 

@@ -177,7 +177,8 @@ def claimed(workdir: Path):
     there (its source/ and build/, killed or failed) removed so this one starts from nothing (git would
     not clone into them). A folder holding anything a rebuild did not make is refused, never cleared."""
     import fcntl
-    import shutil
+
+    from ..files import remove_tree
 
     try:
         workdir.mkdir(parents=True, exist_ok=True)
@@ -200,7 +201,7 @@ def claimed(workdir: Path):
                 if left.is_symlink() or left.is_file():
                     left.unlink()  # removed, never followed
                 elif left.exists():
-                    shutil.rmtree(left)
+                    remove_tree(left)  # through the 0500 folders a rebuild may leave, for any user
             except OSError as e:
                 raise EnvironmentProblem(f"{left}, left by an earlier rebuild, cannot be removed ({e.strerror or e}): "
                                          f"remove it, or give another --workdir") from None
@@ -326,16 +327,16 @@ def disarm(build: Path) -> None:
                 os.close(fd)
 
 
-def _files(store, desc: Descriptor) -> dict[str, str]:
+def _files(store, desc: Descriptor, budget: list[int] | None = None) -> dict[str, str]:
     """{path as the layer names it: what it is} for every entry of one layer: a regular file's
     sha256, else its kind and target; its mode too when not 0644/0755. Read by tarscan, streamed,
     as the engine would unpack it (either side may be hostile: the original's registry, the
-    rebuilt revision)."""
+    rebuilt revision). budget: [bytes] a whole comparison's layers may still unpack to, charged."""
     from ..base.scan import ENTRIES_LIMIT, NAMES_LIMIT, decompressed  # a layer compared is no larger than one indexed
     from ..oci.tarscan import HAS_DATA, TarError, TarReader
 
     files, names = {}, 0
-    limit = unpacked_limit(desc)
+    limit = min(unpacked_limit(desc), budget[0]) if budget is not None else unpacked_limit(desc)
     chunks = _Chunks(store.stream(desc))
     # the size a manifest claims is checked only at the blob's end: the cap grows with the compressed
     # bytes actually read (32 times them, the floor at least), never past the claimed size's cap
@@ -361,10 +362,16 @@ def _files(store, desc: Descriptor) -> dict[str, str]:
     except TarError as e:
         raise IntegrityError(f"layer {desc.digest} cannot be compared ({e}): refused") from None
     except _TooLarge:
+        if budget is not None and limit == budget[0] < unpacked_limit(desc):
+            raise IntegrityError(f"the rebuilt layers unpack to more than the original's layers may (layer "
+                                 f"{desc.digest} reached it): not compared, refused") from None
         raise IntegrityError(f"layer {desc.digest} unpacks to more than {limit:,} bytes from {desc.size:,} "
                              f"compressed (a layer may unpack to {UNPACKED_RATIO} times its size, at least "
                              f"{UNPACKED_FLOOR >> 20} MiB, at most {UNPACKED_LIMIT >> 30} GiB): not compared, "
                              f"refused") from None
+    finally:
+        if budget is not None:
+            budget[0] -= stream.given
     return files
 
 
@@ -423,23 +430,45 @@ class _Chunks(io.RawIOBase):
         return n
 
 
+# What a comparison lists: the rebuilt layers past the original's count by more than EXTRA_LAYERS
+# are named, not unpacked (a hostile revision's manifest may list one small layer 25,000 times), and
+# each differing layer names its first FILES_LISTED differing files and counts the rest
+EXTRA_LAYERS = 4
+FILES_LISTED = 1000
+
+
 def differences(original, original_manifest: bytes, rebuilt, rebuilt_manifest: bytes) -> list[dict]:
     """Per differing layer: its index, both digests, and the files that differ (path, both sha256;
-    None where a side lacks the file). The config is compared too (it holds the diff_ids)."""
+    None where a side lacks the file). The config is compared too (it holds the diff_ids). The
+    rebuilt side is the revision's own making: its layers together may unpack to no more than the
+    original's may, each distinct layer is unpacked once, and past the original's count by more than
+    EXTRA_LAYERS they are named only."""
     a, b = json.loads(original_manifest), json.loads(rebuilt_manifest)
-    out = []
+    out: list[dict] = []
     layers_a, layers_b = a.get("layers", []), b.get("layers", [])
-    for i in range(max(len(layers_a), len(layers_b))):
+    budget = [sum(unpacked_limit(Descriptor.from_json(d)) for d in layers_a) or UNPACKED_FLOOR]
+    seen: dict[str, int] = {}  # a rebuilt layer's digest: the index it was compared at
+    for i in range(min(max(len(layers_a), len(layers_b)), len(layers_a) + EXTRA_LAYERS)):
         da = Descriptor.from_json(layers_a[i]) if i < len(layers_a) else None
         db = Descriptor.from_json(layers_b[i]) if i < len(layers_b) else None
         if da and db and da.digest == db.digest:
             continue
+        row: dict = {"layer": i, "original": str(da.digest) if da else None, "rebuilt": str(db.digest) if db else None}
+        if db and str(db.digest) in seen:
+            out.append({**row, "files": [], "same_as_layer": seen[str(db.digest)]})
+            continue
+        if db:
+            seen[str(db.digest)] = i
         fa = _files(original, da) if da else {}
-        fb = _files(rebuilt, db) if db else {}
+        fb = _files(rebuilt, db, budget) if db else {}
         changed = [{"path": path, "original": fa.get(path), "rebuilt": fb.get(path)}
                    for path in sorted(set(fa) | set(fb)) if fa.get(path) != fb.get(path)]
-        out.append({"layer": i, "original": str(da.digest) if da else None, "rebuilt": str(db.digest) if db else None,
-                    "files": changed})
+        out.append({**row, "files": changed[:FILES_LISTED]}
+                   | ({"more_files": len(changed) - FILES_LISTED} if len(changed) > FILES_LISTED else {}))
+    if len(layers_b) > len(layers_a) + EXTRA_LAYERS:
+        out.append({"layer": f"{len(layers_a) + EXTRA_LAYERS}..", "original": None,
+                    "rebuilt": f"{len(layers_b) - len(layers_a) - EXTRA_LAYERS} more layers, not unpacked",
+                    "files": []})
     if a.get("config", {}).get("digest") != b.get("config", {}).get("digest") and not out:
         out.append({"layer": "config", "original": a["config"]["digest"], "rebuilt": b["config"]["digest"], "files": []})
     if not out and original_manifest != rebuilt_manifest:  # the same layers and config, another manifest
