@@ -135,6 +135,9 @@ SHORTFALLS = {
     "a tag ruleset an app may bypass": (lambda r: r.tag_rulesets[0].bypass_actors.append(
         {"actor_id": 15368, "actor_type": "Integration", "bypass_mode": "always"}),
         "the GitHub App 15368 may bypass it"),
+    "a tag ruleset whose bypass list the token cannot read": (
+        lambda r: setattr(r.tag_rulesets[0], "bypass_actors", None),
+        "leaves v* tags open (who may bypass it cannot be read with this token)"),
     "a tag ruleset only evaluated": (lambda r: setattr(r.tag_rulesets[0], "enforcement", "evaluate"),
                                      "leaves v* tags open (its enforcement is 'evaluate', not active)"),
     "a tag ruleset disabled": (lambda r: setattr(r.tag_rulesets[0], "enforcement", "disabled"),

@@ -59,7 +59,8 @@ class Ruleset:
     include: list[str]
     exclude: list[str] = field(default_factory=list)
     enforcement: str = "active"
-    bypass_actors: list[dict] = field(default_factory=lambda: [dict(ADMIN_ROLE)])
+    # None: GitHub leaves the key out, as for a token that may not edit the ruleset
+    bypass_actors: list[dict] | None = field(default_factory=lambda: [dict(ADMIN_ROLE)])
     rules: list[str] = field(default_factory=lambda: ["creation", "update", "deletion"])
 
 
@@ -156,9 +157,10 @@ def rest(state: State, method: str, path: str) -> tuple[int, object]:
             return 404, None
         r = repo.tag_rulesets[i]
         return 200, {"id": i + 1, "name": f"tags {i + 1}", "target": "tag", "source_type": "Repository",
-                     "enforcement": r.enforcement, "bypass_actors": r.bypass_actors,
+                     "enforcement": r.enforcement,
                      "conditions": {"ref_name": {"include": r.include, "exclude": r.exclude}},
-                     "rules": [{"type": t} for t in r.rules]}
+                     "rules": [{"type": t} for t in r.rules]} \
+            | ({"bypass_actors": r.bypass_actors} if r.bypass_actors is not None else {})
     def runners(labels_of):
         return {"total_count": len(labels_of), "runners": [
             {"id": i + 1, "name": f"runner-{i + 1}", "status": "online", "busy": False,
