@@ -290,8 +290,8 @@ def _ruleset_gaps(gh: GitHub, base: str, settings: Settings) -> list[Gap]:
         if overlap := [str(x) for x in excluded if _may_overlap(str(x), wanted)]:
             lacks.append(f"it excludes {', '.join(repr(untrusted.safe(x, limit=60)) for x in overlap)}")
             fixes.append("remove that exclusion")
-        # GitHub lists bypass_actors only to a token that may edit the ruleset (an organization's,
-        # read with a repository admin's token, comes without it): who may bypass is then unknown
+        # bypass_actors is optional in GitHub's answer (left out, it seems, for a token that may not
+        # edit the ruleset, as an organization's read with a repository admin's): then unknown, not none
         if not isinstance(ruleset.get("bypass_actors"), list):
             lacks.append("who may bypass it cannot be read with this token")
             fixes.append("run preflight with a token that may edit the ruleset (an organization owner's for "
