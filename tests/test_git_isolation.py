@@ -225,7 +225,7 @@ def test_the_revisions_git_environment(monkeypatch):
 
 def test_the_hosts_own_mirror_setting_still_names_where_to_clone_from(tmp_path, monkeypatch):
     """The operator's url.<base>.insteadOf (a mirror; the rehearsal's local origin) is read by us and
-    handed to the revision's git on its command line, the longest match first, as git would pick it:
+    handed to the revision's git in its environment, the longest match first, as git would pick it:
     the revision's git itself reads no configuration, and the clone keeps the original address (a
     token in the mirror's would otherwise be written into .git/config, which the sandbox reads)."""
     import subprocess
@@ -246,8 +246,43 @@ def test_the_hosts_own_mirror_setting_still_names_where_to_clone_from(tmp_path, 
     clone = tmp_path / "clone"
     rewrite = reproduce.host_rewrite("https://github.com/o/bakery")
     assert rewrite is not None
-    reproduce._revision_git("-c", f"url.{rewrite[0]}.insteadOf={rewrite[1]}", "clone", "-q", "--no-checkout", "--",
-                            "https://github.com/o/bakery", str(clone), writes=tmp_path)
+    reproduce._revision_git("clone", "-q", "--no-checkout", "--", "https://github.com/o/bakery", str(clone),
+                            writes=tmp_path, config={f"url.{rewrite[0]}.insteadOf": rewrite[1]})
     kept = subprocess.run(["git", "config", "--file", str(clone / ".git" / "config"), "remote.origin.url"],
                           capture_output=True, text=True).stdout.strip()
     assert kept == "https://github.com/o/bakery"
+
+
+def test_the_mirror_rule_reaches_the_revisions_git_by_its_environment_never_its_command_line(tmp_path, monkeypatch):
+    """Third attacker review of issue 50 item 1: the mirror's address (https://x-access-token:TOKEN@...)
+    was handed to the revision's git as `-c url.<base>.insteadOf=...`, which any local user reads in
+    /proc/PID/cmdline while the clone runs; the environment is this user's alone. The rebuild still
+    clones from the mirror."""
+    from bakery.release.reproduce import rebuild
+
+    mirror = tmp_path / "mirror-TOKEN-1234"
+    mirror.mkdir()
+    (mirror / "README").write_text("a revision without hip/\n")
+    git = ["git", "-C", str(mirror), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "r"]):
+        subprocess.run([*git, *args], check=True)
+    revision = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text(f'[url "file://{mirror}"]\n\tinsteadOf = https://github.com/o/bakery\n')
+    monkeypatch.setenv("HOME", str(home))
+    argv: list[list[str]] = []
+    run = subprocess.run
+
+    def seen(args, *rest, **kw):
+        argv.append([str(a) for a in args])
+        return run(args, *rest, **kw)
+
+    monkeypatch.setattr(reproduce.subprocess, "run", seen)
+    work = tmp_path / "work"
+    plan = Plan("https://github.com/o/bakery", revision, False, "127.0.0.1:1/b@sha256:" + "0" * 64, 1, None)
+    with pytest.raises(IntegrityError, match="hip/ is not a folder"), claimed(work):  # read as far as hip/
+        rebuild(plan, work, None, log=lambda m: None)
+    assert (work / "source" / "README").exists()  # cloned from the mirror
+    assert any("clone" in args for args in argv)
+    assert not [args for args in argv if any("TOKEN" in a for a in args)], argv

@@ -132,28 +132,34 @@ GIT_OPTIONS = ("-c", "protocol.allow=never", *(a for p in GIT_PROTOCOLS for a in
                "-c", "filter.lfs.required=false")
 
 
-def git_env() -> dict[str, str]:
+def git_env(config: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a revision's git: ours (PATH, LANG, proxies) less every GIT_* variable
     (GIT_CONFIG_PARAMETERS, GIT_CONFIG_COUNT, GIT_SSH_COMMAND, GIT_TEMPLATE_DIR, ... would each bring
     configuration or commands back) and the askpass programs; no system or global configuration, and
-    a HOME (and XDG_CONFIG_HOME) under which nothing is or can be: /dev/null."""
+    a HOME (and XDG_CONFIG_HOME) under which nothing is or can be: /dev/null. config: settings of
+    ours for it (GIT_CONFIG_COUNT and its pairs: in the environment, which only this user can read,
+    not on the command line, which /proc shows everyone)."""
     kept = {name: value for name, value in os.environ.items()
             if not name.startswith("GIT_") and name not in ("SSH_ASKPASS", "XDG_CONFIG_HOME")}
+    pairs = sorted((config or {}).items())
+    given = {f"GIT_CONFIG_{what}_{i}": text for i, (key, value) in enumerate(pairs)
+             for what, text in (("KEY", key), ("VALUE", value))}
     return {**kept, "HOME": os.devnull, "XDG_CONFIG_HOME": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
             "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0", "GIT_LFS_SKIP_SMUDGE": "1",
-            "GIT_ALLOW_PROTOCOL": ":".join(GIT_PROTOCOLS)}
+            "GIT_ALLOW_PROTOCOL": ":".join(GIT_PROTOCOLS), **({"GIT_CONFIG_COUNT": str(len(pairs))} if pairs else {}),
+            **given}
 
 
-def _revision_git(*args: str, writes: Path, cwd: Path | None = None) -> str:
-    """_git, run on a revision's bytes: isolated (GIT_OPTIONS, git_env()); it fetches and checks out
-    and runs nothing the revision names."""
-    return _git(*GIT_OPTIONS, *args, writes=writes, cwd=cwd, env=git_env())
+def _revision_git(*args: str, writes: Path, cwd: Path | None = None, config: dict[str, str] | None = None) -> str:
+    """_git, run on a revision's bytes: isolated (GIT_OPTIONS, git_env(config)); it fetches and checks
+    out and runs nothing the revision names."""
+    return _git(*GIT_OPTIONS, *args, writes=writes, cwd=cwd, env=git_env(config))
 
 
 def host_rewrite(url: str) -> tuple[str, str] | None:
     """(base, prefix) of this host's own git configuration's url.<base>.insteadOf rule that git would
     apply to url (the longest prefix), or None: a mirror the operator set. The revision's git reads no
-    configuration, so the rule is handed to it on its command line: git then clones from the mirror
+    configuration, so the rule is handed to it in its environment: git then clones from the mirror
     and keeps the original address (a token in the mirror's is never written into the clone, which
     the sandbox reads). The commit's id still names the bytes, wherever they come from."""
     # this host's system and global files (no repository's: from /), as the operator's git reads them
@@ -221,10 +227,11 @@ def rebuild(p: Plan, workdir: Path, toolchain: str | None, log, named: Path | No
     source = workdir / "source"
     log(f"cloning {p.repository} at {p.revision[:12]}")
     rewrite = host_rewrite(p.repository)
-    mirror = ("-c", f"url.{rewrite[0]}.insteadOf={rewrite[1]}") if rewrite else ()
+    mirror = {f"url.{rewrite[0]}.insteadOf": rewrite[1]} if rewrite else None  # a token may be in it
     if rewrite:
         log("cloning it from this host's mirror (its url.*.insteadOf)")
-    _revision_git(*mirror, "clone", "-q", "--no-checkout", "--", p.repository, str(source), writes=named or workdir)
+    _revision_git("clone", "-q", "--no-checkout", "--", p.repository, str(source), writes=named or workdir,
+                  config=mirror)
     _revision_git("-c", "core.symlinks=true", "checkout", "-q", "--detach", p.revision, cwd=source,
                   writes=named or workdir)
     _readable_by_all(source)  # as root, the build runs as the host's uid 65534, whatever the umask
