@@ -795,17 +795,42 @@ def test_a_folded_header_line_is_a_malformed_answer(head):
             Connections(timeout=(1, 1)).send("GET", url, {}, None)
 
 
-@pytest.mark.parametrize("head, said", [
-    (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nX-Said: a\r b\r\n\r\n", "folded header line"),
+@pytest.mark.parametrize("head", [
+    b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nX-Said: a\r b\r\n\r\n",
     # http.client counts lines at LF; its parser splits them at a bare CR as well
-    (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n" + b"Y: 1\r" * 500 + b"\r\n\r\n", "more than 100 header fields"),
+    b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n" + b"Y: 1\r" * 500 + b"\r\n\r\n",
+    b"HTTP/1.1 200 OK\rX-Said: 1\r\nContent-Length: 0\r\n\r\n",
 ])
-def test_a_bare_carriage_return_in_the_head_is_a_malformed_answer(head, said):
-    """A bare CR inside a header line: the value keeps it (no LF for the fold check to see), or the
-    parser makes a header of each piece, past the count of lines http.client bounds (second review)."""
+def test_a_bare_carriage_return_in_the_head_is_a_malformed_answer(head):
+    """A bare CR inside a line: the value keeps it (no LF for the fold check to see), or the parser
+    makes a header of each piece, past the count of lines http.client bounds (second review)."""
     with _dripping(head, b"") as url:
-        with pytest.raises(ConnectionFailed, match=said):
+        with pytest.raises(ConnectionFailed, match="a bare CR in a line of the answer"):
             Connections(timeout=(1, 1)).send("GET", url, {}, None)
+
+
+def test_a_head_of_bare_carriage_returns_is_refused_as_it_is_read_not_after_parsing(monkeypatch):
+    """Third attacker review: 99 lines of 64 KiB of `a:\\rb:\\r...` became two million headers, 374 MiB
+    and 2.6 s an answer, before the count refused them; for a registry's answer and a proxy's answer
+    to CONNECT alike. A line with a bare CR is refused as it is read: memory stays the head's size."""
+    import tracemalloc
+
+    lines = b"".join(b"X" + b"a:\rb" * 13000 + b"\r\n" for _ in range(99))
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n" + lines + b"\r\n"
+    tracemalloc.start()
+    try:
+        with _dripping(head, b"") as url:
+            with pytest.raises(ConnectionFailed, match="a bare CR in a line of the answer"):
+                Connections(timeout=(1, 5)).send("GET", url, {}, None)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 << 20, peak
+    _clear_proxies(monkeypatch)
+    with _dripping(b"HTTP/1.1 200 Connection established\r\n", b"X: a\rb\r\n\r\n") as url:
+        monkeypatch.setenv("HTTPS_PROXY", url.split("/v2/")[0])
+        with pytest.raises(ConnectionFailed, match="a bare CR in a line of the answer"):
+            Connections(timeout=(1, 5)).send("GET", "https://registry.example/v2/", {}, None)
 
 
 @pytest.mark.parametrize("drip, every, timeout, said", [

@@ -327,6 +327,7 @@ class Connections:
             if address and not (proxy or self.unix_socket):  # http.client's hook for making its socket
                 conn._create_connection = (  # type: ignore[attr-defined]  # http.client's own hook: not in typeshed
                     lambda _, *rest, **named: socket.create_connection((address, port), *rest, **named))
+            conn.response_class = _Response
             conn.connect()  # under the connect timeout; sending and each read get the longer one
             conn.sock.settimeout(timeout[1])
         except (OSError, http.client.HTTPException, ValueError) as e:
@@ -361,6 +362,34 @@ class Connections:
         conn.close()
 
 
+class _Lines:
+    """An answer's file as http.client reads it, refusing a line with a CR anywhere but before its
+    LF: the header parser splits lines at a bare CR too, so the 100 lines of 64 KiB http.client
+    allows became two million headers (374 MiB and 2.6 s an answer) before any count could refuse
+    them. Everything else is the file's own."""
+
+    def __init__(self, fp):
+        self._fp = fp
+
+    def readline(self, limit: int = -1) -> bytes:
+        line = self._fp.readline(limit)
+        text = line[:-2] if line.endswith(b"\r\n") else line[:-1] if line.endswith(b"\n") else line
+        if b"\r" in text:
+            raise http.client.HTTPException("a bare CR in a line of the answer")
+        return line
+
+    def __getattr__(self, name: str):
+        return getattr(self._fp, name)
+
+
+class _Response(http.client.HTTPResponse):
+    """http.client's response, its lines read through _Lines."""
+
+    def __init__(self, sock, *args, **kwargs):
+        super().__init__(sock, *args, **kwargs)
+        self.fp = _Lines(self.fp)  # type: ignore[assignment]  # the file, its readline checked
+
+
 def _tunnel(proxy: urllib.parse.SplitResult, host: str, port: int, timeout: tuple[float, float]) -> socket.socket:
     """A socket to host:port through the proxy's CONNECT tunnel, the proxy's answer read as a
     response's head is: within the read timeout as a whole, and no more than http.client's 100
@@ -373,7 +402,7 @@ def _tunnel(proxy: urllib.parse.SplitResult, host: str, port: int, timeout: tupl
     try:
         try:
             sock.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{auth}\r\n".encode())
-            answer = http.client.HTTPResponse(sock, method="CONNECT")
+            answer = _Response(sock, method="CONNECT")
             try:
                 answer.begin()  # its status line and headers: HTTPException past 100 lines
             finally:
