@@ -242,13 +242,15 @@ def attach(c, image, envelope, key, role="smoke"):
 
 
 @task(help=flags.POLICY,
-      iterable=["key", "mirror", "accept"])
+      iterable=["key", "mirror", "accept", "smoke_key", "rebuilder_key"])
 @reports_errors
-def policy(c, containers, policy=None, key=None, mirror=None, accept=None):
-    """Write the node policy that makes podman/CRI-O pull our repositories only when the release keys signed them."""
+def policy(c, containers=None, k8s=None, policy=None, key=None, smoke_key=None, rebuilder_key=None, mirror=None,
+           accept=None):
+    """Write the node policy (--containers: podman/CRI-O pull our repositories only as the release keys signed
+    them) or the admission policies (--k8s: policy-controller and Kyverno also ask for the smoke result and rebuild)."""
     from bakery.cli import deploy as cmd, render
 
-    written = cmd.policy(PROJECT, containers, policy, key, mirror, accept)
+    written = cmd.policy(PROJECT, containers, policy, key, mirror, accept, k8s, smoke_key, rebuilder_key)
     _log(render.lines(render.node_policy(written)))
     print(written.path)
 

@@ -20,11 +20,29 @@ class NodePolicy:
     unenforced: str  # what nodes cannot check (smoke, rebuilds), or ""
 
 
-def policy(project: Path, containers: str, policy=None, key=None, mirror=None, accept=None) -> NodePolicy:
+def policy(project: Path, containers: str | None = None, policy=None, key=None, mirror=None, accept=None,
+           k8s: str | None = None, smoke_key=None, rebuilder_key=None) -> NodePolicy:
+    """--containers DIR: the node policy (podman, CRI-O); --k8s DIR: the admission policies
+    (policy-controller, Kyverno). One of them."""
     from ..files import write_tree
-    from ..release.deploy import node_policy
+    from ..release.deploy import admission, node_policy
 
-    rules = load_policy(project, policy, {"release": [Path(k) for k in key or []]})
+    if bool(containers) == bool(k8s):
+        raise InputError("say which policy: --containers DIR (a podman or CRI-O node) or --k8s DIR (admission "
+                         "policies for policy-controller and Kyverno), one of them")
+    if k8s and (mirror or accept):
+        raise InputError("--mirror and --accept are for --containers: an admission policy checks only our "
+                         "repositories and leaves other images to the cluster's own policies")
+    if containers and (smoke_key or rebuilder_key):
+        raise InputError("--smoke-key and --rebuilder-key are for --k8s: a node checks the release signature only")
+    rules = load_policy(project, policy, {"release": [Path(k) for k in key or []],
+                                          "smoke": [Path(k) for k in smoke_key or []],
+                                          "rebuilder": [Path(k) for k in rebuilder_key or []]})
+    if k8s:
+        files = admission.admission_files(rules)
+        write_tree(Path(k8s), files)
+        return NodePolicy(Path(k8s), tuple(sorted(files)), "")
+    assert containers is not None  # one of the two, checked above
     files = node_policy.containers_policy(rules, node_policy.parse_mirrors(mirror or []), accept=tuple(accept or ()))
     write_tree(Path(containers), files)
     return NodePolicy(Path(containers) / "policy.json", tuple(sorted(files)), node_policy.unenforced(rules))

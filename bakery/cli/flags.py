@@ -86,6 +86,11 @@ ATTACH = {"image": "the image REGISTRY/REPO@sha256:DIGEST the statement is about
 
 POLICY = {"containers": "an empty or new directory: policy.json, registries.d/ and the release keys are written "
                         "there, to install as /etc/containers on a podman or CRI-O node",
+          "k8s": "an empty or new directory: policy-controller ClusterImagePolicy and Kyverno ClusterPolicy files "
+                 "are written there, to kubectl apply (instead of --containers)",
+          "smoke_key": "with --k8s: a smoke public key PEM, added to the policy's roles.smoke keys (repeatable)",
+          "rebuilder_key": "with --k8s: a rebuilder public key PEM, added to the policy's roles.rebuilder keys "
+                           "(repeatable)",
           "policy": "verification policy (default: provenance/policy.yaml)",
           "key": "a release public key PEM, added to the policy's roles.release keys (repeatable)",
           "mirror": "MIRROR_HOST/REPO=ORIGINAL_HOST/REPO: a mirror of an allowed repository that nodes pull from, "

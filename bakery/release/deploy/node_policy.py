@@ -21,7 +21,7 @@ INSTALLED = Path("/etc/containers")  # where DIR's contents are meant to be inst
 KEYS_DIR = "bakery-keys"
 
 
-def _exact(repository: str, what: str) -> str:
+def exact_repository(repository: str, what: str) -> str:
     """One repository, HOST/NAMESPACE/NAME: a shorter scope (a registry, a namespace) would admit
     every repository under it; a pattern, tag or digest is not a scope."""
     parts = repository.split("/")
@@ -63,16 +63,16 @@ def containers_policy(policy: Policy, mirrors: dict[str, str], installed: Path =
     key_paths = [str(installed / name) for name in files]
     scopes = {}
     for repository in policy.allowed_repositories:
-        scopes[_exact(repository, "allowed_repositories:")] = _requirements(
+        scopes[exact_repository(repository, "allowed_repositories:")] = _requirements(
             key_paths, release.threshold, {"type": "matchRepository"})
     for mirror, original in sorted(mirrors.items()):
         if original not in scopes or mirror in scopes:
             raise InputError(f"--mirror {mirror}={original}: the original must be in allowed_repositories and the "
                              f"mirror not")
-        scopes[_exact(mirror, "--mirror")] = _requirements(
+        scopes[exact_repository(mirror, "--mirror")] = _requirements(
             key_paths, release.threshold, {"type": "exactRepository", "dockerRepository": original})
     for other in accept:
-        if _exact(other, "--accept") in scopes:
+        if exact_repository(other, "--accept") in scopes:
             raise InputError(f"--accept {other}: our own repositories are never accepted unsigned")
         scopes[other] = [{"type": "insecureAcceptAnything"}]
     document = {"default": [{"type": "reject"}], "transports": {"docker": scopes}}
