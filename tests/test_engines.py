@@ -263,6 +263,26 @@ def test_an_image_whose_layers_name_too_much_together_is_refused(registry, tmp_p
     filesystem(ref, tmp_path).check_layers()  # the control
 
 
+def test_an_image_whose_layers_keep_too_much_together_is_refused(registry, tmp_path, monkeypatch):
+    """Each layer within its own kept-bytes limit, a thousand of them filled the cache's disk (third
+    attacker review of issue 50 item 5): what a base's layers keep is capped together (small here;
+    once past it, the layers not begun are not streamed)."""
+    import bakery.base.filesystem as filesystem_mod
+
+    layers = [tar(*[(f"usr/share/doc/p{n}-{i}/copyright", "file", bytes([n, i]) * 50, 0o644) for i in range(2)])
+              for n in range(12)]
+    ref = push_image(registry, "test/engines-keeps-much", [busybox_layer(), *layers])
+    registry_client = Registry(ref.registry)
+    image = base_mod.resolve(registry_client, ref, "linux/amd64")
+    keep = ("usr/share/doc/*/copyright",)
+    monkeypatch.setattr(filesystem_mod, "IMAGE_KEPT_LIMIT", 500, raising=False)  # without the limit: read whole
+    cache = LayerCache(tmp_path / "cache")
+    with pytest.raises(IntegrityError, match="add up to more than 0 MiB together"):
+        BaseFilesystem(registry_client, image, cache, keep).prefetch()
+    monkeypatch.setattr(filesystem_mod, "IMAGE_KEPT_LIMIT", 2400)  # the control: 12 layers of 200 bytes
+    BaseFilesystem(registry_client, image, LayerCache(tmp_path / "cache2"), keep).prefetch()
+
+
 def test_a_build_refuses_a_base_whose_layers_would_merge_apart(registry, tmp_path):
     """Every command that opens a base checks how its layers merge, not only the toolchain's
     extraction: `invoke lock` on a base with a write through a lower layer's link stops there."""

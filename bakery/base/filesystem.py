@@ -25,6 +25,10 @@ from .spec import Image
 
 # a ROCm base names a few hundred thousand entries in all; each costs a few hundred bytes in memory
 IMAGE_ENTRIES_LIMIT = 4_000_000
+# the files a base's layers keep in the cache, together (a ROCm base: tens of MiB): past it the base
+# is refused and no layer not yet begun is streamed, so a thousand layers each within their own
+# limit (scan.KEPT_BYTES_LIMIT) cannot fill the cache's disk
+IMAGE_KEPT_LIMIT = 2 << 30
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,7 @@ class BaseFilesystem:
         self._made: dict = {}
         self._counted: set = set()  # layers whose entries are in _entries
         self._entries = 0
+        self._kept = 0  # bytes of the files the counted layers keep in the cache
         self._places = Counter(d.digest for d in image.layers)  # a layer listed twice counts twice
         self._diff_ids: dict[Digest, str] = {}  # layer digest -> the diff_id the config lists for it
         for desc, diff_id in zip(image.layers, self.diff_ids, strict=True):
@@ -142,9 +147,14 @@ class BaseFilesystem:
         if desc.digest not in self._counted:  # a layer's entries are fixed by its digest: counted once a place it is at
             self._counted.add(desc.digest)
             self._entries += self._places[desc.digest] * (len(index["entries"]) + len(index["whiteouts"]) + len(index["opaque"]))
+            self._kept += sum(index["entries"][p][1] for p in index["files"] if p in index["entries"])
         if self._entries > IMAGE_ENTRIES_LIMIT:
             raise IntegrityError(f"base {self.image.ref}: its layers name more than {IMAGE_ENTRIES_LIMIT:,} entries "
                                  f"together, past what bakery holds in memory for one image; refused")
+        if self._kept > IMAGE_KEPT_LIMIT:
+            raise IntegrityError(f"base {self.image.ref}: the files its layers keep (copyright texts, package "
+                                 f"metadata, sources) add up to more than {IMAGE_KEPT_LIMIT >> 20} MiB together, "
+                                 f"past what bakery keeps for one image; refused")
         return index
 
     def _index(self, desc: Descriptor, wanted: set[str]) -> dict:
@@ -197,10 +207,14 @@ class BaseFilesystem:
                     for d in todo]
             with ProcessPoolExecutor(min(len(todo), WORKERS), mp_context=multiprocessing.get_context("fork")) \
                     as pool:
-                for desc, (downloads, index, took) in zip(todo, pool.map(index_into_cache, jobs), strict=True):
-                    self.cache.downloads += downloads
-                    self.cache.remember(desc, self._checked(desc, index))
-                    taken[desc.digest] = took
+                try:
+                    for desc, (downloads, index, took) in zip(todo, pool.map(index_into_cache, jobs), strict=True):
+                        self.cache.downloads += downloads
+                        self.cache.remember(desc, self._checked(desc, index))
+                        taken[desc.digest] = took
+                except BaseException:
+                    pool.shutdown(cancel_futures=True)  # the layers not begun are not streamed
+                    raise
         return [taken[d.digest] for d in self.image.layers] if sink is not None else None
 
     def check_merge(self) -> None:

@@ -379,7 +379,7 @@ KEPT_LIMIT = 256 << 20
 # what one layer's kept files may add up to: a ROCm base keeps tens of MiB (copyright texts, dist-info
 # METADATA and RECORD); a hostile layer of thousands of 256 MiB files of zeros compresses to almost
 # nothing and would fill the cache's disk to its reserve
-KEPT_BYTES_LIMIT = 1 << 30
+KEPT_BYTES_LIMIT = 512 << 20  # (and the base's together: filesystem.IMAGE_KEPT_LIMIT)
 # what a path may be: Linux's PATH_MAX and NAME_MAX (an engine fails past them), and a depth no image
 # has (each folder is a level of the walks that make and remove a toolchain's files)
 NAME_BYTES, COMPONENT_BYTES, DEPTH = 4096, 255, 256
