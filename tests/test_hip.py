@@ -154,6 +154,34 @@ def test_malformed_device_code_is_one_line_never_a_parser_exception():
     beyond[strtab_header + 32:strtab_header + 40] = struct.pack("<Q", 1 << 40)  # its size: 1 TiB
     with pytest.raises(IntegrityError, match=r"device code object hipv4-.*\.strtab: past the ELF file's end"):
         device_code.check_device_code(bytes(beyond), "gfx942", KERNELS)
+    # a section table at 2^64 - 64: struct's OverflowError, not its error (fourth attacker review)
+    huge = bytearray(elf_with_fatbin(bundle_of(b"")))
+    huge[0x28:0x30] = struct.pack("<Q", (1 << 64) - 64)
+    with pytest.raises(IntegrityError, match="the library is not a well-formed ELF file .OverflowError."):
+        device_code.check_device_code(bytes(huge), "gfx942", KERNELS)
+
+
+def test_a_symbol_table_past_what_a_library_holds_is_refused(monkeypatch):
+    """Each symbol is compared in a Python loop, outside the sandbox and its time limit: 24 MiB of
+    symbols took 3.5 s (fourth attacker review), a 1 GiB .so would take minutes. A table of more
+    than SYMBOLS_MAX entries (small here) is one line."""
+    import struct
+
+    monkeypatch.setattr(device_code, "SYMBOLS_MAX", 100, raising=False)  # without the cap: read whole, then 'lacks'
+    symtab = b"".join(struct.pack("<IBBHQQ", 1, 0, 0, 0, 0, 0) for _ in range(101))
+    names = b"\0.shstrtab\0.symtab\0.strtab\0"
+    strtab = b"\0k\0"
+    body = names + symtab + strtab
+    head = (b"\x7fELF\x02\x01\x01" + b"\0" * 9 + struct.pack("<HHIQQQIHHHHHH", 3, device_code.EM_AMDGPU, 1, 0, 0,
+                                                                64 + len(body), device_code.ARCHS["gfx942"],
+                                                                64, 0, 0, 64, 4, 1))
+    sections = (b"\0" * 64 + struct.pack("<IIQQQQIIQQ", 1, 3, 0, 0, 64, len(names), 0, 0, 1, 0)
+                + struct.pack("<IIQQQQIIQQ", 11, 2, 0, 0, 64 + len(names), len(symtab), 3, 0, 8, 24)
+                + struct.pack("<IIQQQQIIQQ", 19, 3, 0, 0, 64 + len(names) + len(symtab), len(strtab), 0, 0, 1, 0))
+    code = head + body + sections
+    bundle = device_code.BUNDLE_MAGIC + struct.pack("<Q", 1) + struct.pack("<QQQ", 62, len(code), 6) + b"hipv4-" + code
+    with pytest.raises(IntegrityError, match="device code object hipv4-: .symtab holds 101 symbols, more than the 100"):
+        device_code.check_device_code(elf_with_fatbin(bundle), "gfx942", KERNELS)
 
 
 def test_two_compiles_are_bit_identical(two_compiles):

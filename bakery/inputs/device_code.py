@@ -13,7 +13,10 @@ from ..errors import IntegrityError
 ARCHS = {"gfx90a": 0x3F, "gfx940": 0x40, "gfx941": 0x4B, "gfx942": 0x4C, "gfx950": 0x4F}
 EM_AMDGPU = 224
 BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
-MALFORMED = (struct.error, IndexError, ValueError)  # UnicodeDecodeError is a ValueError
+# UnicodeDecodeError is a ValueError; OverflowError: an offset past what struct can index (2^63)
+MALFORMED = (struct.error, IndexError, ValueError, OverflowError)
+# symbols a table may hold: a HIP extension names a few thousand; each is compared in a Python loop
+SYMBOLS_MAX = 1 << 20
 SYMBOL_TABLES = ((".symtab", ".strtab"), (".dynsym", ".dynstr"))
 
 
@@ -68,6 +71,9 @@ def _defined(elf: bytes, wanted: set[str]) -> set[str]:
             continue
         _, off, size, _ = secs[table]
         _, soff, ssize, _ = secs[strings]
+        if size // 24 > SYMBOLS_MAX:
+            raise IntegrityError(f"{table} holds {size // 24:,} symbols, more than the {SYMBOLS_MAX:,} a library "
+                                 f"checked here may (a HIP extension has a few thousand)")
         for i in range(0, size - size % 24, 24):
             name_off, = struct.unpack_from("<I", elf, off + i)
             found.update(w for w, spelled in targets.items() if _names(elf, soff, ssize, name_off, spelled))
