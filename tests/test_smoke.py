@@ -314,8 +314,9 @@ def test_the_reference_is_the_last_release_in_git_or_the_seed_stack_before_the_f
     HEAD, other than HEAD's own, resolved in the candidate's repository. Chosen from git's protected
     tags, not the registry's listing: a release tag only the registry has, or one on a branch never
     merged, is not taken; the candidate put under an earlier release's tag is refused (second attacker
-    review: it made the gate skip to an older release or the seed-style stack); a release git has but
-    the registry never got (its release failed) is passed over; with none, the seed-style stack."""
+    review: it made the gate skip to an older release or the seed-style stack), and so is a release git
+    has and the registry does not (never promoted, or its tag deleted: the reference is then named by
+    hand); with no earlier release tag in git, the seed-style stack."""
     import subprocess
 
     from bakery.cli import smoke as smoke_cmd
@@ -357,10 +358,11 @@ def test_the_reference_is_the_last_release_in_git_or_the_seed_stack_before_the_f
     image(repo, "v1.10.0", 0)  # the candidate under an earlier release's tag
     with pytest.raises(InputError, match="the registry's v1.10.0, an earlier release in git, is the candidate"):
         smoke_cmd._last_promoted(project, candidate, said.append)
-    failed = "test/promoted-failed"  # only v1.9.0 was ever promoted here
+    failed = "test/promoted-failed"  # only v1.9.0 was ever promoted here (or v1.10.0's tag was deleted)
     image(failed, "v1.9.0", 1)
-    taken = smoke_cmd._last_promoted(project, image(failed, "candidate-1", 0), said.append)
-    assert taken[1] == "v1.9.0" and said[-3].startswith("git's v1.10.0 has no tag in "), said
+    with pytest.raises(InputError, match="git's release tag v1.10.0 has no tag in .*: its release was never promoted, "
+                                         "or the tag was deleted; name the reference"):
+        smoke_cmd._last_promoted(project, image(failed, "candidate-1", 0), said.append)
     first = tmp_path / "first"
     commit(repository(first), "v1.0.0")
     assert smoke_cmd._last_promoted(first, candidate, said.append) == ("seed-stack", None)

@@ -145,7 +145,8 @@ def _last_promoted(project: Path, candidate, log) -> tuple[str, str | None]:
     candidate's own), resolved once in the candidate's repository (the tag may move meanwhile).
     Chosen from git, not from the registry's listing: anyone who may push could else hide a release
     by putting the candidate under its tag. A git release tag with no registry tag (its release never
-    promoted) is passed over, said in the log; one whose registry tag is the candidate is refused.
+    promoted, or the tag deleted) is refused, as is one whose registry tag is the candidate: the
+    reference is then named by hand.
     Seed-stack where git has no earlier release tag (the first release). It is then verified as any
     reference is, as of its own revision (_committed_at)."""
     import subprocess
@@ -170,9 +171,12 @@ def _last_promoted(project: Path, candidate, log) -> tuple[str, str | None]:
         try:
             _, _, digest = registry.get_manifest(ref)
         except NotFound:
-            log(f"git's {tag} has no tag in {candidate.registry}/{candidate.repository}: its release was never "
-                f"promoted; passed over")
-            continue
+            # never promoted (its release failed), or deleted: which, the registry cannot say, and
+            # passing over it would let whoever may delete tags pick an older reference
+            raise InputError(f"git's release tag {tag} has no tag in {candidate.registry}/{candidate.repository}: "
+                             f"its release was never promoted, or the tag was deleted; name the reference "
+                             f"(--reference REPO:TAG or seed-stack; in the release workflow, the repository "
+                             f"variable BAKERY_SMOKE_REFERENCE)") from None
         if digest == candidate.digest:
             raise InputError(f"the registry's {tag}, an earlier release in git, is the candidate {candidate.digest} "
                              f"itself: the tag was moved; point it back at its release, or name the reference "
