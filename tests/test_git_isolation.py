@@ -257,7 +257,7 @@ def test_the_mirror_rule_reaches_the_revisions_git_by_its_environment_never_its_
     """Third attacker review of issue 50 item 1: the mirror's address (https://x-access-token:TOKEN@...)
     was handed to the revision's git as `-c url.<base>.insteadOf=...`, which any local user reads in
     /proc/PID/cmdline while the clone runs; the environment is this user's alone. The rebuild still
-    clones from the mirror."""
+    clones from the mirror. (The commands git itself runs: the next test.)"""
     from bakery.release.reproduce import rebuild
 
     mirror = tmp_path / "mirror-TOKEN-1234"
@@ -286,3 +286,31 @@ def test_the_mirror_rule_reaches_the_revisions_git_by_its_environment_never_its_
     assert (work / "source" / "README").exists()  # cloned from the mirror
     assert any("clone" in args for args in argv)
     assert not [args for args in argv if any("TOKEN" in a for a in args)], argv
+
+
+def test_a_mirror_token_reaches_no_command_line_git_runs(tmp_path):
+    """Fourth attacker review: handed in the environment, the rewritten address still reached the
+    command line of git's remote helper (`git remote-https origin https://user:TOKEN@mirror/...`) for
+    the whole fetch. The user and password go into an Authorization header instead; git's own trace
+    of every command it runs shows no token (the mirror is unreachable here: the trace is the point)."""
+    from bakery.release import reproduce
+
+    config = reproduce.mirror_config("https://x-access-token:S3CRET@127.0.0.1:1/mirror/", "https://github.com/")
+    assert config == {"url.https://127.0.0.1:1/mirror/.insteadOf": "https://github.com/",
+                      "http.https://127.0.0.1:1/mirror/.extraHeader":
+                          "Authorization: Basic eC1hY2Nlc3MtdG9rZW46UzNDUkVU"}  # base64 of x-access-token:S3CRET
+    assert reproduce.mirror_config("file:///srv/mirror/", "https://github.com/") == {
+        "url.file:///srv/mirror/.insteadOf": "https://github.com/"}
+
+    def traced(given: dict[str, str], where: str) -> str:
+        env = {**reproduce.git_env(given), "GIT_TRACE": "1"}
+        return subprocess.run(["git", *reproduce.GIT_OPTIONS, "clone", "-q", "--", "https://github.com/o/bakery",
+                               str(tmp_path / where)], capture_output=True, text=True, env=env, timeout=60).stderr
+
+    said = traced(config, "clone")
+    ran = [line for line in said.splitlines() if "run_command:" in line]
+    assert any("remote-https" in line and "https://127.0.0.1:1/mirror/o/bakery" in line for line in ran), said
+    assert "S3CRET" not in said and "eC1hY2Nlc3MtdG9rZW46UzNDUkVU" not in said
+    # the control: the rule as it was (the token in the address) is on the helper's command line
+    as_it_was = {"url.https://x-access-token:S3CRET@127.0.0.1:1/mirror/.insteadOf": "https://github.com/"}
+    assert "remote-https origin https://x-access-token:S3CRET@" in traced(as_it_was, "clone2")

@@ -174,6 +174,24 @@ def host_rewrite(url: str) -> tuple[str, str] | None:
     return best
 
 
+def mirror_config(base: str, prefix: str) -> dict[str, str]:
+    """The revision's git's settings for this host's mirror rule: url.<base>.insteadOf, with any
+    user:password taken out of the mirror's address into an Authorization header (http.<base>.
+    extraHeader). git names the rewritten address on its remote helper's command line
+    (`git remote-https origin URL`), which any local user reads in /proc for the whole fetch; the
+    header stays in the environment, which only this user can read."""
+    import base64
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(base)
+    if parts.username is None and parts.password is None:
+        return {f"url.{base}.insteadOf": prefix}
+    bare = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    pair = f"{urllib.parse.unquote(parts.username or '')}:{urllib.parse.unquote(parts.password or '')}"
+    return {f"url.{bare}.insteadOf": prefix,
+            f"http.{bare}.extraHeader": "Authorization: Basic " + base64.b64encode(pair.encode()).decode()}
+
+
 WORKDIR_MARK = ".bakery-rebuild"  # in a --workdir: a rebuild made it, and one holds its lock while it runs
 
 
@@ -227,7 +245,7 @@ def rebuild(p: Plan, workdir: Path, toolchain: str | None, log, named: Path | No
     source = workdir / "source"
     log(f"cloning {p.repository} at {p.revision[:12]}")
     rewrite = host_rewrite(p.repository)
-    mirror = {f"url.{rewrite[0]}.insteadOf": rewrite[1]} if rewrite else None  # a token may be in it
+    mirror = mirror_config(*rewrite) if rewrite else None  # a token may be in its address
     if rewrite:
         log("cloning it from this host's mirror (its url.*.insteadOf)")
     _revision_git("clone", "-q", "--no-checkout", "--", p.repository, str(source), writes=named or workdir,
