@@ -366,6 +366,84 @@ def rebuilt_layer(_: int) -> str:
             f"would be read (and a 64 MiB gzip, 64 GiB: {took * 64:.0f} s at this rate, extrapolated)")
 
 
+def rebuilt_manifest(_: int) -> str:
+    """reproduce's comparison of a rebuilt manifest that lists one layer 1,000 times (a hostile
+    revision's; 25,000 fit the 4 MiB document cap), that layer a gzip of 1 GiB of zeros: each
+    distinct layer unpacked once, within the original's budget, the rest named."""
+    import json
+    import zlib as z
+
+    from bakery.oci.refs import Descriptor
+    from bakery.release import reproduce
+
+    header = _header("zeros")
+    header = header[:124] + b"%011o\0" % ((1 << 30) - 4096) + header[136:148] + b" " * 8 + header[156:]
+    header = header[:148] + b"%06o\0 " % sum(header) + header[156:]
+    out = z.compressobj(9, z.DEFLATED, 31)
+    blob = out.compress(header) + b"".join(out.compress(bytes(64 << 20)) for _ in range(16)) + out.flush()
+    small = gzip_layer(["a"])
+    layer, original = (Descriptor.of("application/vnd.oci.image.layer.v1.tar+gzip", b) for b in (blob, small))
+    blobs = {layer.digest: blob, original.digest: small}
+    store = type("Store", (), {"stream": lambda self, d: iter([blobs[d.digest]])})()
+
+    def manifest(*descs) -> bytes:
+        return json.dumps({"config": {"digest": "sha256:" + "0" * 64}, "layers": [d.to_json() for d in descs]}).encode()
+
+    start = time.monotonic()
+    diffs = reproduce.differences(store, manifest(original), store, manifest(*[layer] * 1000))
+    took = time.monotonic() - start
+    return (f"1,000 listings of a {len(blob) / 2**20:.1f} MiB gzip of 1 GiB: unpacked once in {took:.1f} s "
+            f"({len(diffs)} rows: it, {sum('same_as_layer' in d for d in diffs)} named the same, one naming the "
+            f"{1000 - 1 - reproduce.EXTRA_LAYERS} not unpacked); "
+            f"unbounded, each unpacked: {took * 1000 / 3600:.1f} h (25,000: {took * 25000 / 3600:.0f} h; extrapolated)")
+
+
+def symbol_table(_: int) -> str:
+    """A compile output's code object whose .symtab holds SYMBOLS_MAX symbols, each naming the start
+    of a 4 KiB string table without a NUL, then one more: compared in place; the old parse copied
+    each name out whole (extrapolated from 1,000)."""
+    import struct
+
+    from bakery.errors import IntegrityError
+    from bakery.inputs import device_code
+
+    def bundle_with(symbols: int) -> bytes:
+        strtab = b"\0" + b"k" * 4096
+        symtab = struct.pack("<IBBHQQ", 1, 0, 0, 0, 0, 0) * symbols
+        names = b"\0.shstrtab\0.symtab\0.strtab\0"
+        body = names + symtab + strtab
+        head = (b"\x7fELF\x02\x01\x01" + b"\0" * 9 + struct.pack("<HHIQQQIHHHHHH", 3, device_code.EM_AMDGPU, 1, 0, 0,
+                                                                    64 + len(body), device_code.ARCHS["gfx942"],
+                                                                    64, 0, 0, 64, 4, 1))
+        code = head + body + b"\0" * 64 + struct.pack("<IIQQQQIIQQ", 1, 3, 0, 0, 64, len(names), 0, 0, 1, 0) \
+            + struct.pack("<IIQQQQIIQQ", 11, 2, 0, 0, 64 + len(names), len(symtab), 3, 0, 8, 24) \
+            + struct.pack("<IIQQQQIIQQ", 19, 3, 0, 0, 64 + len(names) + len(symtab), len(strtab), 0, 0, 1, 0)
+        bundle = device_code.BUNDLE_MAGIC + struct.pack("<Q", 1) + struct.pack("<QQQ", 62, len(code), 6) + b"hipv4-" + code
+        names2 = b"\0.shstrtab\0.hip_fatbin\0"
+        return (b"\x7fELF\x02\x01\x01" + b"\0" * 9 + struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, 64 + len(names2)
+                                                                    + len(bundle), 0, 64, 0, 0, 64, 3, 1)
+                + names2 + bundle + b"\0" * 64 + struct.pack("<IIQQQQIIQQ", 1, 3, 0, 0, 64, len(names2), 0, 0, 1, 0)
+                + struct.pack("<IIQQQQIIQQ", 11, 1, 0, 0, 64 + len(names2), len(bundle), 0, 0, 1, 0))
+
+    said = []
+    for symbols in (device_code.SYMBOLS_MAX, device_code.SYMBOLS_MAX + 1):
+        elf = bundle_with(symbols)
+        start = time.monotonic()
+        try:
+            device_code.check_device_code(elf, "gfx942", ["k0", "k1"])
+            result = "read"
+        except IntegrityError as e:
+            result = "refused" if "symbols, more than" in str(e) else "lacks the kernels"
+        said.append(f"{symbols:,} symbols ({len(elf) / 2**20:.0f} MiB): {result}, {time.monotonic() - start:.1f} s")
+    strtab = b"k" * 4096 + b"\0"
+    t0 = time.monotonic()
+    copied = {strtab[1 + i % 7:strtab.index(b"\0", 1)] for i in range(1000)}
+    one = (time.monotonic() - t0) / 1000
+    del copied
+    return "; ".join(said) + (f"; the old parse, each name copied whole: {one * 1e6:.1f} us and up to a string table's "
+                              f"size each (2 MiB: 80 GB for 40,000 symbols, the review's figure)")
+
+
 CASES = {  # name: (function, argument, bound)
     "layer entries": (layer_entries, 0, "ENTRIES_LIMIT"),
     "layer entries + 1": (layer_entries, 1, "ENTRIES_LIMIT"),
@@ -381,6 +459,8 @@ CASES = {  # name: (function, argument, bound)
     "offload bundle": (offload_bundle, 0, "entries within the bundle, their sizes summed"),
     "records": (records, 0, "RECORD_LIMIT, RECORD_BATCH, a row at a time"),
     "rebuilt layer": (rebuilt_layer, 0, "UNPACKED_RATIO x size, UNPACKED_FLOOR"),
+    "rebuilt manifest": (rebuilt_manifest, 0, "distinct layers once, the original's budget, EXTRA_LAYERS"),
+    "symbol table": (symbol_table, 0, "SYMBOLS_MAX, names compared in place"),
 }
 
 
