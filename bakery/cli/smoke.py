@@ -97,7 +97,7 @@ def release_order(tag: str) -> tuple | None:
 def _committed_at(project: Path, tag: str | None):
     """For verify's as_of: the policy with the base (image/base.yaml) and smoke spec
     (provenance/smoke.yaml) committed at the revision an earlier release was built from, which must
-    be in this checkout's history before HEAD (a release of this line, older than the candidate) and,
+    be in this checkout's history (HEAD or one of its ancestors: a release of this line) and,
     where the reference came by its release tag, the commit that git tag names (a registry tag moved
     onto another release is refused)."""
     import dataclasses
@@ -116,7 +116,7 @@ def _committed_at(project: Path, tag: str | None):
         ancestor = git("merge-base", "--is-ancestor", revision, "HEAD").returncode
         if ancestor == 1:
             raise InputError(f"the reference was built from {revision[:12]}, which is not in this checkout's "
-                             f"history before HEAD: not an earlier release of this line")
+                             f"history: not an earlier release of this line")
         if ancestor != 0:
             raise InputError(f"the reference was built from {revision[:12]}, which this checkout does not have "
                              f"(a shallow clone? check out with fetch-depth: 0)")
