@@ -183,13 +183,19 @@ def mirror_config(base: str, prefix: str) -> dict[str, str]:
     import base64
     import urllib.parse
 
-    parts = urllib.parse.urlsplit(base)
+    try:
+        parts = urllib.parse.urlsplit(base)
+    except ValueError as e:
+        raise InputError(f"this host's git mirror rule url.<base>.insteadOf names a base that is not a URL ({e}): "
+                         f"fix it in the git configuration") from None
     if parts.username is None and parts.password is None:
         return {f"url.{base}.insteadOf": prefix}
     bare = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
-    pair = f"{urllib.parse.unquote(parts.username or '')}:{urllib.parse.unquote(parts.password or '')}"
+    pair = urllib.parse.unquote_to_bytes(parts.username or "") + b":" + urllib.parse.unquote_to_bytes(parts.password or "")
+    # git copies an extra header to whatever host a redirect moves the fetch to: none is followed
     return {f"url.{bare}.insteadOf": prefix,
-            f"http.{bare}.extraHeader": "Authorization: Basic " + base64.b64encode(pair.encode()).decode()}
+            f"http.{bare}.extraHeader": "Authorization: Basic " + base64.b64encode(pair).decode(),
+            f"http.{bare}.followRedirects": "false"}
 
 
 WORKDIR_MARK = ".bakery-rebuild"  # in a --workdir: a rebuild made it, and one holds its lock while it runs
