@@ -433,7 +433,7 @@ def symbol_table(_: int) -> str:
             device_code.check_device_code(elf, "gfx942", ["k0", "k1"])
             result = "read"
         except IntegrityError as e:
-            result = "refused" if "symbols, more than" in str(e) else "lacks the kernels"
+            result = "refused" if "symbols, past the" in str(e) else "lacks the kernels"
         said.append(f"{symbols:,} symbols ({len(elf) / 2**20:.0f} MiB): {result}, {time.monotonic() - start:.1f} s")
     strtab = b"k" * 4096 + b"\0"
     t0 = time.monotonic()

@@ -161,27 +161,54 @@ def test_malformed_device_code_is_one_line_never_a_parser_exception():
         device_code.check_device_code(bytes(huge), "gfx942", KERNELS)
 
 
-def test_a_symbol_table_past_what_a_library_holds_is_refused(monkeypatch):
-    """Each symbol is compared in a Python loop, outside the sandbox and its time limit: 24 MiB of
-    symbols took 3.5 s (fourth attacker review), a 1 GiB .so would take minutes. A table of more
-    than SYMBOLS_MAX entries (small here) is one line."""
+def code_object_with(symbols: int, alias: bool = False) -> bytes:
+    """A gfx942 code object whose .symtab holds `symbols` entries, the kernel k and its k.kd among
+    them (and, alias, whose .dynsym/.dynstr are the same bytes again)."""
     import struct
 
-    monkeypatch.setattr(device_code, "SYMBOLS_MAX", 100, raising=False)  # without the cap: read whole, then 'lacks'
-    symtab = b"".join(struct.pack("<IBBHQQ", 1, 0, 0, 0, 0, 0) for _ in range(101))
-    names = b"\0.shstrtab\0.symtab\0.strtab\0"
-    strtab = b"\0k\0"
+    symtab = b"".join(struct.pack("<IBBHQQ", 3 if i == 1 else 1, 0, 0, 0, 0, 0) for i in range(symbols))
+    names = b"\0.shstrtab\0.symtab\0.strtab\0.dynsym\0.dynstr\0"
+    strtab = b"\0k\0k.kd\0"
     body = names + symtab + strtab
     head = (b"\x7fELF\x02\x01\x01" + b"\0" * 9 + struct.pack("<HHIQQQIHHHHHH", 3, device_code.EM_AMDGPU, 1, 0, 0,
                                                                 64 + len(body), device_code.ARCHS["gfx942"],
-                                                                64, 0, 0, 64, 4, 1))
+                                                                64, 0, 0, 64, 6 if alias else 4, 1))
+    at_symtab, at_strtab = 64 + len(names), 64 + len(names) + len(symtab)
     sections = (b"\0" * 64 + struct.pack("<IIQQQQIIQQ", 1, 3, 0, 0, 64, len(names), 0, 0, 1, 0)
-                + struct.pack("<IIQQQQIIQQ", 11, 2, 0, 0, 64 + len(names), len(symtab), 3, 0, 8, 24)
-                + struct.pack("<IIQQQQIIQQ", 19, 3, 0, 0, 64 + len(names) + len(symtab), len(strtab), 0, 0, 1, 0))
-    code = head + body + sections
-    bundle = device_code.BUNDLE_MAGIC + struct.pack("<Q", 1) + struct.pack("<QQQ", 62, len(code), 6) + b"hipv4-" + code
-    with pytest.raises(IntegrityError, match="device code object hipv4-: .symtab holds 101 symbols, more than the 100"):
-        device_code.check_device_code(elf_with_fatbin(bundle), "gfx942", KERNELS)
+                + struct.pack("<IIQQQQIIQQ", 11, 2, 0, 0, at_symtab, len(symtab), 3, 0, 8, 24)
+                + struct.pack("<IIQQQQIIQQ", 19, 3, 0, 0, at_strtab, len(strtab), 0, 0, 1, 0))
+    if alias:
+        sections += (struct.pack("<IIQQQQIIQQ", 27, 11, 0, 0, at_symtab, len(symtab), 5, 0, 8, 24)
+                     + struct.pack("<IIQQQQIIQQ", 35, 3, 0, 0, at_strtab, len(strtab), 0, 0, 1, 0))
+    return head + body + sections
+
+
+def bundle_of_objects(*codes: bytes) -> bytes:
+    import struct
+
+    headers, data = b"", b""
+    at = 32 + sum(24 + 12 for _ in codes)
+    for i, code in enumerate(codes):
+        headers += struct.pack("<QQQ", at + len(data), len(code), 12) + b"hipv4-gfx%03d" % i
+        data += code
+    return elf_with_fatbin(device_code.BUNDLE_MAGIC + struct.pack("<Q", len(codes)) + headers + data)
+
+
+def test_symbol_tables_past_what_a_library_holds_together_are_refused(monkeypatch):
+    """Each symbol is compared in a Python loop, outside the sandbox and its time limit: 24 MiB of
+    symbols took 3.5 s (fourth attacker review), a 1 GiB .so would take minutes. The library's tables
+    together, each code object's and each alias of the same bytes counted (fifth review), hold at
+    most SYMBOLS_MAX (small here), and a bundle at most HIP_OBJECTS_MAX device code objects."""
+    monkeypatch.setattr(device_code, "SYMBOLS_MAX", 100, raising=False)  # without the cap: read whole
+    with pytest.raises(IntegrityError, match="device code object hipv4-gfx000: .symtab holds 101 symbols, past the 100"):
+        device_code.check_device_code(bundle_of_objects(code_object_with(101)), "gfx942", ["k"])
+    with pytest.raises(IntegrityError, match="hipv4-gfx000: .dynsym holds 60 symbols, past the 100 a library's symbol"):
+        device_code.check_device_code(bundle_of_objects(code_object_with(60, alias=True)), "gfx942", ["k"])
+    with pytest.raises(IntegrityError, match="hipv4-gfx001: .symtab holds 60 symbols, past the 100"):
+        device_code.check_device_code(bundle_of_objects(code_object_with(60), code_object_with(60)), "gfx942", ["k"])
+    monkeypatch.setattr(device_code, "HIP_OBJECTS_MAX", 2, raising=False)
+    with pytest.raises(IntegrityError, match="holds 3 device code objects, more than the 2"):
+        device_code.check_device_code(bundle_of_objects(*[code_object_with(1)] * 3), "gfx942", ["k"])
 
 
 def test_two_compiles_are_bit_identical(two_compiles):

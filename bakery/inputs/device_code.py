@@ -15,8 +15,10 @@ EM_AMDGPU = 224
 BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
 # UnicodeDecodeError is a ValueError; OverflowError: an offset past what struct can index (2^63)
 MALFORMED = (struct.error, IndexError, ValueError, OverflowError)
-# symbols a table may hold: a HIP extension names a few thousand; each is compared in a Python loop
+# symbols a library's tables may hold together, every table of every code object counted (one may
+# alias another's bytes): a HIP extension names a few thousand; each is compared in a Python loop
 SYMBOLS_MAX = 1 << 20
+HIP_OBJECTS_MAX = 16  # device code objects in one bundle: one an arch (the recipe names one)
 SYMBOL_TABLES = ((".symtab", ".strtab"), (".dynsym", ".dynstr"))
 
 
@@ -60,9 +62,10 @@ def _names(elf: bytes, table_at: int, table_size: int, offset: int, spelled: byt
     return offset < table_size and offset + len(spelled) <= table_size and elf.startswith(spelled, table_at + offset)
 
 
-def _defined(elf: bytes, wanted: set[str]) -> set[str]:
+def _defined(elf: bytes, wanted: set[str], budget: list[int]) -> set[str]:
     """Which of the wanted symbols the ELF's symbol tables name: each entry compared in place with
-    the few names wanted, never a name set built (memory stays the file's, whatever it holds)."""
+    the few names wanted, never a name set built (memory stays the file's, whatever it holds).
+    budget: [symbols the library may still have compared], charged."""
     secs = _sections(elf, tuple(name for pair in SYMBOL_TABLES for name in pair))
     targets = {w: w.encode() + b"\0" for w in wanted}
     found: set[str] = set()
@@ -71,9 +74,10 @@ def _defined(elf: bytes, wanted: set[str]) -> set[str]:
             continue
         _, off, size, _ = secs[table]
         _, soff, ssize, _ = secs[strings]
-        if size // 24 > SYMBOLS_MAX:
-            raise IntegrityError(f"{table} holds {size // 24:,} symbols, more than the {SYMBOLS_MAX:,} a library "
-                                 f"checked here may (a HIP extension has a few thousand)")
+        budget[0] -= size // 24
+        if budget[0] < 0:
+            raise IntegrityError(f"{table} holds {size // 24:,} symbols, past the {SYMBOLS_MAX:,} a library's symbol "
+                                 f"tables may hold together (a HIP extension has a few thousand)")
         for i in range(0, size - size % 24, 24):
             name_off, = struct.unpack_from("<I", elf, off + i)
             found.update(w for w, spelled in targets.items() if _names(elf, soff, ssize, name_off, spelled))
@@ -122,12 +126,14 @@ def check_device_code(shared_object: bytes, arch: str, kernels: list[str]) -> li
         objects = code_objects(shared_object)
     except MALFORMED as e:
         raise IntegrityError(f"the library is not a well-formed ELF file ({type(e).__name__})") from None
-    found = []
-    for ident, blob in objects.items():
-        if not ident.startswith("hip"):
-            continue  # the host entry of the bundle
+    device = [(ident, blob) for ident, blob in objects.items() if ident.startswith("hip")]  # not the host entry
+    if len(device) > HIP_OBJECTS_MAX:
+        raise IntegrityError(f"the library's offload bundle holds {len(device)} device code objects, more than the "
+                             f"{HIP_OBJECTS_MAX} a library checked here may (a recipe names one arch)")
+    found, budget = [], [SYMBOLS_MAX]
+    for ident, blob in device:
         try:
-            found.append(_code_object(ident, blob, arch, kernels))
+            found.append(_code_object(ident, blob, arch, kernels, budget))
         except MALFORMED as e:
             raise IntegrityError(f"device code object {untrusted.safe(ident, limit=64)} is not a well-formed ELF "
                                  f"file ({type(e).__name__})") from None
@@ -136,7 +142,7 @@ def check_device_code(shared_object: bytes, arch: str, kernels: list[str]) -> li
     return found
 
 
-def _code_object(ident: str, blob: bytes, arch: str, kernels: list[str]) -> dict:
+def _code_object(ident: str, blob: bytes, arch: str, kernels: list[str], budget: list[int]) -> dict:
     machine, = struct.unpack_from("<H", blob, 0x12)
     flags, = struct.unpack_from("<I", blob, 0x30)
     name = untrusted.safe(ident, limit=64)  # the toolchain's words
@@ -146,7 +152,7 @@ def _code_object(ident: str, blob: bytes, arch: str, kernels: list[str]) -> dict
         named = {v: k for k, v in ARCHS.items()}.get(flags & 0xFF, hex(flags & 0xFF))
         raise IntegrityError(f"device code object {name} is for {named}, the recipe asks for {arch}")
     try:
-        symbols = _defined(blob, {*kernels, *(f"{k}.kd" for k in kernels)})
+        symbols = _defined(blob, {*kernels, *(f"{k}.kd" for k in kernels)}, budget)
     except IntegrityError as e:
         raise IntegrityError(f"device code object {name}: {e}") from None
     missing = [k for k in kernels if k not in symbols or f"{k}.kd" not in symbols]
