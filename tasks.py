@@ -310,13 +310,13 @@ def attest_rebuild(c, image, outcome, release_key=None, policy=None, key=None):
 @reports_errors
 def smoke(c, image, model_dir=None, port=8000, report=None, reference=None, record=None, endpoint=None,
           reference_endpoint=None, approvals=None, bench_client=None, tokenizer=None, bfcl=None, attest=False, key=None,
-          envelope=None, release_key=None, smoke_key=None):
+          envelope=None, release_key=None, smoke_key=None, not_promoted=None):
     """MI300X acceptance gate: A/B against a reference on both paths, needles, tool calls, speed; signed JSON report."""
     from bakery.cli import render, smoke as cmd
 
     smoked = cmd.smoke(PROJECT, image, model_dir, port, report, reference, record, endpoint, reference_endpoint,
                        approvals, bench_client, tokenizer, bfcl, attest, key, envelope, release_key, smoke_key,
-                       log=_log)
+                       not_promoted, log=_log)
     for line in render.smoked_log(smoked):
         _log(line)
     print(render.smoked(smoked))

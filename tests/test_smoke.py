@@ -315,8 +315,8 @@ def test_the_reference_is_the_last_release_in_git_or_the_seed_stack_before_the_f
     tags, not the registry's listing: a release tag only the registry has, or one on a branch never
     merged, is not taken; the candidate put under an earlier release's tag is refused (second attacker
     review: it made the gate skip to an older release or the seed-style stack), and so is a release git
-    has and the registry does not (never promoted, or its tag deleted: the reference is then named by
-    hand); with no earlier release tag in git, the seed-style stack."""
+    has and the registry does not (never promoted, or its tag deleted), unless --not-promoted lists it;
+    with no earlier release tag in git, the seed-style stack."""
     import subprocess
 
     from bakery.cli import smoke as smoke_cmd
@@ -360,9 +360,20 @@ def test_the_reference_is_the_last_release_in_git_or_the_seed_stack_before_the_f
         smoke_cmd._last_promoted(project, candidate, said.append)
     failed = "test/promoted-failed"  # only v1.9.0 was ever promoted here (or v1.10.0's tag was deleted)
     image(failed, "v1.9.0", 1)
+    failed_candidate = image(failed, "candidate-1", 0)
     with pytest.raises(InputError, match="git's release tag v1.10.0 has no tag in .*: its release was never promoted, "
-                                         "or the tag was deleted; name the reference"):
-        smoke_cmd._last_promoted(project, image(failed, "candidate-1", 0), said.append)
+                                         "or the tag was deleted; if it was never promoted, say so with --not-promoted"):
+        smoke_cmd._last_promoted(project, failed_candidate, said.append)
+    # an admin's word that v1.10.0 and its rc were never promoted: those two passed over, and no other
+    listed = smoke_cmd.release_tags("v1.10.0, v1.10.0-rc1")
+    assert smoke_cmd._last_promoted(project, failed_candidate, said.append, listed)[1] == "v1.9.0"
+    assert said[-3:-1] == ["git's v1.10.0 passed over: --not-promoted says its release was never promoted",
+                           "git's v1.10.0-rc1 passed over: --not-promoted says its release was never promoted"]
+    with pytest.raises(InputError, match="git's release tag v1.10.0-rc1 has no tag"):
+        smoke_cmd._last_promoted(project, failed_candidate, said.append, smoke_cmd.release_tags("v1.10.0"))
+    with pytest.raises(InputError, match="--not-promoted 'latest' is not a release tag"):
+        smoke_cmd.release_tags("v1.10.0 latest")
+    assert smoke_cmd.release_tags("") == frozenset()
     first = tmp_path / "first"
     commit(repository(first), "v1.0.0")
     assert smoke_cmd._last_promoted(first, candidate, said.append) == ("seed-stack", None)

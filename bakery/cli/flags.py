@@ -152,6 +152,8 @@ SMOKE = {"image": "REGISTRY/REPO@sha256:DIGEST to gate (the candidate)",
                       "promoted release, verified with its smoke result as of the revision it was built from, which "
                       "must be in this checkout's history), or seed-stack (the pinned base with each "
                       "baked file bind-mounted read-only: the first release)",
+         "not_promoted": "with --reference last-promoted: release tags (by spaces or commas) whose release was "
+                         "never promoted, passed over (else a release tag without its registry tag stops the gate)",
          "release_key": "a release public key that verifies a promoted reference (default: provenance/policy.yaml's)",
          "smoke_key": "a smoke public key that verifies a promoted reference's smoke result (default: the policy's)",
          "record": "with --reference seed-stack: the candidate's build record (default: out/build-record.json)",

@@ -46,7 +46,7 @@ def _base_of(image: str) -> str | None:
 
 
 def _reference(project: Path, candidate, reference: str | None, record: str | None, launching: bool, log,
-               release_key: str | None = None, smoke_key: str | None = None):
+               release_key: str | None = None, smoke_key: str | None = None, not_promoted: str | None = None):
     """(what the candidate is compared with, whether it has the candidate's base, the build record
     for a seed-style stack). A promoted reference is verified as verify does, smoke result required."""
     from ..trust import record as record_mod
@@ -60,7 +60,7 @@ def _reference(project: Path, candidate, reference: str | None, record: str | No
         return GateReference("endpoint", None, None), True, None
     tag = None
     if reference == "last-promoted":
-        reference, tag = _last_promoted(project, candidate, log)
+        reference, tag = _last_promoted(project, candidate, log, release_tags(not_promoted or ""))
     if reference == "seed-stack":
         rec = record_mod.read(Path(record) if record else Project(project).out / "build-record.json")
         if rec.manifest.digest != candidate.digest:
@@ -139,14 +139,25 @@ def _committed_at(project: Path, tag: str | None):
     return as_of
 
 
-def _last_promoted(project: Path, candidate, log) -> tuple[str, str | None]:
+def release_tags(text: str) -> frozenset[str]:
+    """--not-promoted: release tags, by spaces or commas, each as a release tag is spelled."""
+    tags = frozenset(t for t in re.split(r"[\s,]+", text) if t)
+    wrong = sorted(t for t in tags if release_order(t) is None)
+    if wrong:
+        raise InputError(f"--not-promoted {untrusted.safe(wrong[0], limit=60)!r} is not a release tag (v1.2.3, "
+                         f"v1.2.3-rc1)")
+    return tags
+
+
+def _last_promoted(project: Path, candidate, log, not_promoted: frozenset[str] = frozenset()) -> tuple[str, str | None]:
     """The last release before the candidate, as (REPO@DIGEST, its tag): the newest release tag in
     git (`v1.2.3` by its numbers; the tags the ruleset protects) merged into HEAD and not at HEAD (the
     candidate's own), resolved once in the candidate's repository (the tag may move meanwhile).
     Chosen from git, not from the registry's listing: anyone who may push could else hide a release
     by putting the candidate under its tag. A git release tag with no registry tag (its release never
-    promoted, or the tag deleted) is refused, as is one whose registry tag is the candidate: the
-    reference is then named by hand.
+    promoted, or the tag deleted) is refused, as is one whose registry tag is the candidate, unless
+    `not_promoted` lists it (a repository admin's word that its release failed): then it is passed
+    over, said in the log.
     Seed-stack where git has no earlier release tag (the first release). It is then verified as any
     reference is, as of its own revision (_committed_at)."""
     import subprocess
@@ -167,6 +178,9 @@ def _last_promoted(project: Path, candidate, log) -> tuple[str, str | None]:
     for tag in sorted(tags, key=lambda t: release_order(t) or (), reverse=True):
         if git("rev-parse", f"refs/tags/{tag}^{{commit}}")[0] == head:
             continue  # the candidate's own tag
+        if tag in not_promoted:
+            log(f"git's {tag} passed over: --not-promoted says its release was never promoted")
+            continue
         ref = candidate.with_tag(tag)
         try:
             _, _, digest = registry.get_manifest(ref)
@@ -174,9 +188,9 @@ def _last_promoted(project: Path, candidate, log) -> tuple[str, str | None]:
             # never promoted (its release failed), or deleted: which, the registry cannot say, and
             # passing over it would let whoever may delete tags pick an older reference
             raise InputError(f"git's release tag {tag} has no tag in {candidate.registry}/{candidate.repository}: "
-                             f"its release was never promoted, or the tag was deleted; name the reference "
-                             f"(--reference REPO:TAG or seed-stack; in the release workflow, the repository "
-                             f"variable BAKERY_SMOKE_REFERENCE)") from None
+                             f"its release was never promoted, or the tag was deleted; if it was never promoted, "
+                             f"say so with --not-promoted {tag} (in the release workflow, the repository variable "
+                             f"BAKERY_NOT_PROMOTED), else put the tag back") from None
         if digest == candidate.digest:
             raise InputError(f"the registry's {tag}, an earlier release in git, is the candidate {candidate.digest} "
                              f"itself: the tag was moved; point it back at its release, or name the reference "
@@ -265,7 +279,7 @@ def _launches(spec, candidate: str, reference: GateReference, rec, model_dir: st
 
 def smoke(project: Path, image: str, model_dir: str | None = None, port=8000, report=None, reference=None,
           record=None, endpoint=(), reference_endpoint=(), approvals=None, bench_client=None, tokenizer=None,
-          bfcl=None, attest=False, key=None, envelope=None, release_key=None, smoke_key=None,
+          bfcl=None, attest=False, key=None, envelope=None, release_key=None, smoke_key=None, not_promoted=None,
           log=lambda m: None) -> Smoked:
     import hashlib
     import json
@@ -296,7 +310,7 @@ def smoke(project: Path, image: str, model_dir: str | None = None, port=8000, re
     approval_file = Path(approvals) if approvals else Project(project).root / "provenance" / "smoke-approvals.yaml"
     approved = ab.load_approvals(approval_file) if approvals or approval_file.exists() else None
     gate_reference, same_base, rec = _reference(project, ref, reference, record, launching, log, release_key,
-                                                smoke_key)
+                                                smoke_key, not_promoted)
     with tempfile.TemporaryDirectory(prefix="bakery-smoke-") as tmp:
         work = Path(tmp)
         bench = _bench(gate_reference.image or str(ref), model_dir, bench_client, tokenizer, spec, work)
