@@ -686,6 +686,22 @@ def test_an_earlier_release_is_judged_by_what_its_own_revision_committed(honest,
     assert verified(then, "v2.0.0")[0] == (f"the registry's v2.0.0 was built from {then[:12]}, but this checkout's git "
                                         f"tag v2.0.0 is absent: the registry tag was moved, or the git tags "
                                            f"were not fetched")
+    # named by hand as REPO:TAG (the gate's --reference), a release tag is held to git's tag of that
+    # name too (fifth attacker review: a hand-named tag was tied to no git tag)
+    dev_policy(project / "provenance" / "policy.yaml", "127.0.0.1:5000/other/base@sha256:" + "2" * 64)
+    ref = clone(honest, "as-of-by-hand")
+    reattest(lambda r: r["source"].update(revision=then), smoke_signer="smoke", spec=spec_then)(honest, ref, {})
+    registry = Registry(ref.registry)
+    body, media_type, _ = registry.get_manifest(ref)
+    for tag in ("v1.0.0", "v2.0.0"):
+        registry.put_manifest(ref.repository, tag, body, media_type)
+    keys = (str(honest["root"] / "k" / "release.pub"), str(honest["root"] / "k" / "smoke.pub"))
+    taken = smoke_cmd._reference(project, ref, f"{ref.registry}/{ref.repository}:v1.0.0", None, True, lambda m: None,
+                                 *keys)[0]
+    assert (taken.kind, taken.image) == ("promoted", str(ref))
+    with pytest.raises(IntegrityError, match="the registry's v2.0.0 was built from .*, but this checkout's git tag "
+                                             "v2.0.0 is absent"):
+        smoke_cmd._reference(project, ref, f"{ref.registry}/{ref.repository}:v2.0.0", None, True, lambda m: None, *keys)
 
 
 def test_verify_without_a_smoke_key_notes_the_result_it_cannot_judge(honest, tmp_path):

@@ -73,8 +73,12 @@ def _reference(project: Path, candidate, reference: str | None, record: str | No
             raise InputError(f"the build record's base {rec.base.manifest_digest} is not the base the candidate's "
                              f"manifest names: pass --record of the build that made {candidate.digest}")
         return GateReference("seed-stack", base, str(rec.base.manifest_digest)), True, rec
+    from ..oci.refs import Reference
     from . import release
 
+    named = Reference.parse(reference)
+    if tag is None and named.digest is None and named.tag and release_order(named.tag) is not None:
+        tag = named.tag  # a release named by its tag by hand: held to git's tag of that name, as last-promoted's is
     verified = release.verify(project, reference, key=release_key, smoke_key=smoke_key, require_smoke=True, log=log,
                               as_of=_committed_at(project, tag))
     from ..trust import verify as verify_mod
