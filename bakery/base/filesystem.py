@@ -20,15 +20,22 @@ from ..errors import IntegrityError
 from ..oci.refs import Descriptor, Digest
 from ..oci.registry import Registry
 from .layercache import LayerCache
-from .scan import WORKERS, folders_above, index_into_cache, normalize, scan_layer
+from .scan import WORKERS, KeptBudget, folders_above, index_into_cache, normalize, scan_layer, share_budget
 from .spec import Image
 
 # a ROCm base names a few hundred thousand entries in all; each costs a few hundred bytes in memory
 IMAGE_ENTRIES_LIMIT = 4_000_000
-# the files a base's layers keep in the cache, together (a ROCm base: tens of MiB): past it the base
-# is refused and no layer not yet begun is streamed, so a thousand layers each within their own
-# limit (scan.KEPT_BYTES_LIMIT) cannot fill the cache's disk
+# the files a base's layers keep in the cache, together (a ROCm base: tens of MiB), charged as each
+# is read (scan.KeptBudget) by the processes that scan the layers, the layers cached already counted
+# first: a thousand layers each within their own limit (scan.KEPT_BYTES_LIMIT) cannot fill the disk
 IMAGE_KEPT_LIMIT = 2 << 30
+_TOO_MUCH_KEPT = ("the files its layers keep (copyright texts, package metadata, sources) add up to more than "
+                  "{} MiB together, past what bakery keeps for one image; refused")
+
+
+def _kept_bytes(index: dict) -> int:
+    """What a layer's index says its kept files hold (their sizes as its tar headers gave them)."""
+    return sum(index["entries"][p][1] for p in index["files"] if p in index["entries"])
 
 
 @dataclass(frozen=True)
@@ -147,14 +154,12 @@ class BaseFilesystem:
         if desc.digest not in self._counted:  # a layer's entries are fixed by its digest: counted once a place it is at
             self._counted.add(desc.digest)
             self._entries += self._places[desc.digest] * (len(index["entries"]) + len(index["whiteouts"]) + len(index["opaque"]))
-            self._kept += sum(index["entries"][p][1] for p in index["files"] if p in index["entries"])
+            self._kept += _kept_bytes(index)
         if self._entries > IMAGE_ENTRIES_LIMIT:
             raise IntegrityError(f"base {self.image.ref}: its layers name more than {IMAGE_ENTRIES_LIMIT:,} entries "
                                  f"together, past what bakery holds in memory for one image; refused")
         if self._kept > IMAGE_KEPT_LIMIT:
-            raise IntegrityError(f"base {self.image.ref}: the files its layers keep (copyright texts, package "
-                                 f"metadata, sources) add up to more than {IMAGE_KEPT_LIMIT >> 20} MiB together, "
-                                 f"past what bakery keeps for one image; refused")
+            raise IntegrityError(f"base {self.image.ref}: {_TOO_MUCH_KEPT.format(IMAGE_KEPT_LIMIT >> 20)}")
         return index
 
     def _index(self, desc: Descriptor, wanted: set[str]) -> dict:
@@ -193,9 +198,17 @@ class BaseFilesystem:
         if len(todo) < 2 and sink is None:
             return None
         taken: dict = {}
+        # what the layers cached already keep counts first: a base refused once is not streamed further
+        # by a second try (each try adding the budget again)
+        streamed = {d.digest for d in todo}
+        cached = [self.cache.index(d) for d in {d.digest: d for d in self.image.layers}.values()
+                  if d.digest not in streamed]
+        budget = KeptBudget(IMAGE_KEPT_LIMIT, sum(_kept_bytes(i) for i in cached if i is not None))
+        if budget.left.value < 0:
+            raise IntegrityError(f"base {self.image.ref}: {_TOO_MUCH_KEPT.format(IMAGE_KEPT_LIMIT >> 20)}")
         if len(todo) == 1:  # one layer: no pool to start
             index, found, taken[todo[0].digest] = scan_layer(self.registry, self.image.ref.repository, todo[0], set(),
-                                                             self.cache, self.keep, sink)
+                                                             self.cache, self.keep, sink, budget)
             index["files"].update(found)
             self.cache.save_index(todo[0], self._checked(todo[0], index))
         elif todo:
@@ -205,8 +218,8 @@ class BaseFilesystem:
             todo.sort(key=lambda d: -d.size)
             jobs = [(self.registry.name, self.image.ref.repository, d.to_json(), self.keep, str(self.cache.root), sink)
                     for d in todo]
-            with ProcessPoolExecutor(min(len(todo), WORKERS), mp_context=multiprocessing.get_context("fork")) \
-                    as pool:
+            with ProcessPoolExecutor(min(len(todo), WORKERS), mp_context=multiprocessing.get_context("fork"),
+                                     initializer=share_budget, initargs=(budget,)) as pool:
                 try:
                     for desc, (downloads, index, took) in zip(todo, pool.map(index_into_cache, jobs), strict=True):
                         self.cache.downloads += downloads

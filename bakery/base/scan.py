@@ -305,7 +305,7 @@ class BlobSource(Protocol):
 
 
 def scan_layer(registry: BlobSource, repo: str, desc: Descriptor, wanted: set[str],
-               cache: LayerCache, keep: tuple[str, ...] = (), sink=None) -> Scanned:
+               cache: LayerCache, keep: tuple[str, ...] = (), sink=None, budget: KeptBudget | None = None) -> Scanned:
     """Stream one layer: list everything in it, keep the contents of `wanted` regular files
     and of those matching a `keep` pattern (files known to be needed later, e.g. dist-info), and
     hand the regular files `sink` wants to it (base/extract.py's Sink).
@@ -316,16 +316,16 @@ def scan_layer(registry: BlobSource, repo: str, desc: Descriptor, wanted: set[st
     """
     cache.downloads += 1
     with cache.staged() as staged:  # kept files reach the cache once the digest holds
-        return _scan(registry, repo, desc, wanted, staged, keep, sink)
+        return _scan(registry, repo, desc, wanted, staged, keep, sink, budget)
 
 
 def _scan(registry: BlobSource, repo: str, desc: Descriptor, wanted: set[str], staged: Staged,
-          keep: tuple[str, ...], sink) -> Scanned:
+          keep: tuple[str, ...], sink, budget: KeptBudget | None = None) -> Scanned:
     import zstandard  # a layer is streamed: what the warm path never needs
 
     decode = _decoder(desc.media_type)
     layer = _Layer(wanted, re.compile("|".join(f"(?:{fnmatch.translate(k)})" for k in keep)) if keep else None,
-                   staged, sink)
+                   staged, sink, budget)
     pipe = _LayerPipe(registry.stream_blob(repo, desc, label=f"layer {desc.digest.hex[:12]}"), decode)
     # While the tar reader runs Python, a stage coming back from zlib or hashlib waits for the GIL
     # up to the switch interval, for each piece: 5 ms would stall it longer than the work itself.
@@ -361,6 +361,35 @@ def _scan(registry: BlobSource, repo: str, desc: Descriptor, wanted: set[str], s
     return Scanned(index, layer.found, layer.taken)
 
 
+class KeptBudget:
+    """What a base's layers may still keep in the cache, together: charged by each file kept, before
+    it is read, in whichever process scans its layer (the processes share it: a pool forked after it
+    was made), so no layer keeps past it however far the others have run."""
+
+    def __init__(self, limit: int, spent: int = 0):
+        import multiprocessing
+
+        self.limit = limit
+        self.left = multiprocessing.get_context("fork").Value("q", limit - spent)
+
+    def charge(self, size: int) -> bool:
+        with self.left.get_lock():
+            if size > self.left.value:
+                self.left.value = -1  # the base is refused: every later file too
+                return False
+            self.left.value -= size
+            return True
+
+
+_budget: KeptBudget | None = None  # a pool worker's, from share_budget
+
+
+def share_budget(budget: KeptBudget | None) -> None:
+    """A pool worker's initializer: the base's budget, inherited (a forked process's memory)."""
+    global _budget
+    _budget = budget
+
+
 def index_into_cache(job) -> tuple[int, dict, dict]:
     """In a worker process: stream one layer, record its index and kept files in the cache, and
     hand the index back (unpickling it beats parsing the JSON again), with what the sink took."""
@@ -369,7 +398,7 @@ def index_into_cache(job) -> tuple[int, dict, dict]:
     registry, repo, desc, keep, root, sink = job
     desc = Descriptor.from_json(desc)
     cache = LayerCache(Path(root))
-    index, found, taken = scan_layer(Registry(registry), repo, desc, set(), cache, keep, sink)
+    index, found, taken = scan_layer(Registry(registry), repo, desc, set(), cache, keep, sink, _budget)
     index["files"].update(found)
     cache.save_index(desc, index)
     return cache.downloads, index, taken
@@ -429,8 +458,8 @@ class _Layer:
     its members no longer matters, and every engine unpacks it alike (what lower layers hold is
     checked across layers, by the filesystem)."""
 
-    def __init__(self, wanted: set[str], keep, staged: Staged, sink):
-        self.wanted, self.keep, self.staged, self.sink = wanted, keep, staged, sink
+    def __init__(self, wanted: set[str], keep, staged: Staged, sink, budget: KeptBudget | None = None):
+        self.wanted, self.keep, self.staged, self.sink, self.budget = wanted, keep, staged, sink, budget
         self.entries: dict[str, list] = {}
         self.whiteouts: list[str] = []
         self.opaque: list[str] = []
@@ -510,6 +539,9 @@ class _Layer:
             if self.kept_bytes > KEPT_BYTES_LIMIT:
                 raise TooLarge(f"the files it keeps (copyright texts, package metadata, sources) add up to more "
                                f"than {KEPT_BYTES_LIMIT >> 20} MiB, past what one layer's pass may stage")
+            if self.budget is not None and not self.budget.charge(member.size):
+                raise TooLarge(f"the files the base's layers keep add up to more than {self.budget.limit >> 20} MiB "
+                               f"together, past what bakery keeps for one image")
             data = reader.read_data(member)
             self.found[path] = self.staged.store(data)
             if take:
