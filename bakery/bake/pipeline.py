@@ -316,17 +316,17 @@ def python_distributions(fs: BaseFilesystem) -> list[Distribution]:
     """Name and version of each Python distribution installed in the base, from its dist-info. They
     go into the SBOM and the signed record: a missing, non-ASCII or odd one refuses the base in one
     line, before anything is pushed."""
-    found = fs.read(fs.glob(DIST_INFO))
+    found = fs.read(fs.glob(DIST_INFO), limit=METADATA_LIMIT)  # past it: its size, its bytes never held
     dists = []
     for path, f in sorted(found.items()):
         if not DIST_INFO_PATH.fullmatch(path):  # the glob's * takes any character, and the path is signed
             raise IntegrityError(f"the base's /{untrusted.safe(path)} is no dist-info folder's METADATA an installer "
                                  f"writes (folders named with letters, digits and ._+-): the base is refused (its SBOM "
                                  f"would name that path)")
+        if f and f.kind in ("file", "hardlink") and f.size > METADATA_LIMIT:
+            raise IntegrityError(f"the base's /{untrusted.safe(path)} is {f.size} bytes, past "
+                                 f"{METADATA_LIMIT}: not a METADATA file; refused")
         if f and f.data:
-            if len(f.data) > METADATA_LIMIT:
-                raise IntegrityError(f"the base's /{untrusted.safe(path)} is {len(f.data)} bytes, past "
-                                     f"{METADATA_LIMIT}: not a METADATA file; refused")
             meta = email.parser.BytesParser().parsebytes(f.data, headersonly=True)
             who, fields = supplier(meta, path), {}
             for field, pattern in (("Name", DIST_NAME), ("Version", DIST_VERSION)):

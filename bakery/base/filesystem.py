@@ -26,8 +26,9 @@ from .spec import Image
 # a ROCm base names a few hundred thousand entries in all; each costs a few hundred bytes in memory
 IMAGE_ENTRIES_LIMIT = 4_000_000
 # the files a base's layers keep in the cache, together (a ROCm base: tens of MiB), charged as each
-# is read (scan.KeptBudget) by the processes that scan the layers, the layers cached already counted
-# first: a thousand layers each within their own limit (scan.KEPT_BYTES_LIMIT) cannot fill the disk
+# is read (scan.KeptBudget) by whatever scans a layer (the pool's workers, a layer streamed again for
+# a file a link names), the layers cached already counted first: a thousand layers each within their
+# own limit (scan.KEPT_BYTES_LIMIT) cannot fill the disk
 IMAGE_KEPT_LIMIT = 2 << 30
 _TOO_MUCH_KEPT = ("the files its layers keep (copyright texts, package metadata, sources) add up to more than "
                   "{} MiB together, past what bakery keeps for one image; refused")
@@ -169,8 +170,11 @@ class BaseFilesystem:
                     not self.cache.has_content(index["files"].get(p, "-")))}
         if index is not None and not missing:
             return self._checked(desc, index)
+        counted = desc.digest in self._counted  # then what this pass keeps besides is counted here
         fresh, found, _ = scan_layer(self.registry, self.image.ref.repository, desc, missing or set(), self.cache,
-                                     self.keep if index is None else ())
+                                     self.keep if index is None else (), budget=KeptBudget(IMAGE_KEPT_LIMIT, self._kept))
+        if counted:
+            self._kept += sum(fresh["entries"][p][1] for p in found if p in fresh["entries"])
         if index is not None:
             fresh["files"] = {k: v for k, v in index["files"].items() if self.cache.has_content(v)}
         fresh["files"].update(found)
@@ -198,8 +202,7 @@ class BaseFilesystem:
         if len(todo) < 2 and sink is None:
             return None
         taken: dict = {}
-        # what the layers cached already keep counts first: a base refused once is not streamed further
-        # by a second try (each try adding the budget again)
+        # what the layers cached already keep counts first: a second try keeps nothing past the budget
         streamed = {d.digest for d in todo}
         cached = [self.cache.index(d) for d in {d.digest: d for d in self.image.layers}.values()
                   if d.digest not in streamed]
