@@ -355,6 +355,11 @@ def test_the_reference_is_the_last_release_in_git_or_the_seed_stack_before_the_f
     # resolved once, by digest: the tag may move before the reference is verified
     assert smoke_cmd._last_promoted(project, candidate, said.append) == (str(pushed["v1.10.0"]), "v1.10.0")
     assert said == [f"the reference: {registry}/{repo}:v1.10.0 ({pushed['v1.10.0'].digest}), the last promoted release"]
+    # a tag pusher's v2.0.0 on v1.9.0's old commit would be every later gate's reference: out of order
+    subprocess.run([*git, "tag", "v2.0.0", "v1.9.0"], check=True)
+    with pytest.raises(InputError, match="git's release tags are out of order: v2.0.0 is on .*, before v1.10.0's"):
+        smoke_cmd._last_promoted(project, candidate, said.append)
+    subprocess.run([*git, "tag", "-d", "v2.0.0"], check=True, capture_output=True)
     image(repo, "v1.10.0", 0)  # the candidate under an earlier release's tag
     with pytest.raises(InputError, match="the registry's v1.10.0, an earlier release in git, is the candidate"):
         smoke_cmd._last_promoted(project, candidate, said.append)

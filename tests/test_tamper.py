@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bakery.errors import IntegrityError
+from bakery.errors import InputError, IntegrityError
 from bakery.inputs import hip, hip_compile, kernel_artifact
 from bakery.oci.refs import Descriptor, Digest, Reference
 from bakery.oci.registry import OCI_MANIFEST, Registry
@@ -702,6 +702,10 @@ def test_an_earlier_release_is_judged_by_what_its_own_revision_committed(honest,
     with pytest.raises(IntegrityError, match="the registry's v2.0.0 was built from .*, but this checkout's git tag "
                                              "v2.0.0 is absent"):
         smoke_cmd._reference(project, ref, f"{ref.registry}/{ref.repository}:v2.0.0", None, True, lambda m: None, *keys)
+    # a tag that is no release tag is held to nothing in git: named so, it is refused (sixth review)
+    registry.put_manifest(ref.repository, "latest", body, media_type)
+    with pytest.raises(InputError, match="name a release by its release tag .REPO:v1.2.3"):
+        smoke_cmd._reference(project, ref, f"{ref.registry}/{ref.repository}:latest", None, True, lambda m: None, *keys)
 
 
 def test_verify_without_a_smoke_key_notes_the_result_it_cannot_judge(honest, tmp_path):

@@ -77,7 +77,10 @@ def _reference(project: Path, candidate, reference: str | None, record: str | No
     from . import release
 
     named = Reference.parse(reference)
-    if tag is None and named.digest is None and named.tag and release_order(named.tag) is not None:
+    if tag is None and named.digest is None:
+        if not named.tag or release_order(named.tag) is None:
+            raise InputError(f"--reference {untrusted.safe(reference, limit=120)}: name a release by its release "
+                             f"tag (REPO:v1.2.3, held to git's tag of that name) or its digest (REPO@sha256:...)")
         tag = named.tag  # a release named by its tag by hand: held to git's tag of that name, as last-promoted's is
     verified = release.verify(project, reference, key=release_key, smoke_key=smoke_key, require_smoke=True, log=log,
                               as_of=_committed_at(project, tag))
@@ -153,6 +156,17 @@ def release_tags(text: str) -> frozenset[str]:
     return tags
 
 
+def _in_order(tag: str, tags: list[str], commit: dict[str, str], git) -> None:
+    """Release numbers follow history: no release of a lower number on a commit after `tag`'s (a
+    v9.0.0 tagged on an old release's commit would else be every later gate's reference)."""
+    for lower in tags:
+        if (release_order(lower) or ()) < (release_order(tag) or ()) and commit[lower] != commit[tag] and \
+                git("merge-base", "--is-ancestor", commit[tag], commit[lower], check=False) == 0:
+            raise InputError(f"git's release tags are out of order: {tag} is on {commit[tag][:12]}, before "
+                             f"{lower}'s {commit[lower][:12]} in history; which release is the last cannot be told: "
+                             f"name the reference (--reference REPO:TAG)")
+
+
 def _last_promoted(project: Path, candidate, log, not_promoted: frozenset[str] = frozenset()) -> tuple[str, str | None]:
     """The last release before the candidate, as (REPO@DIGEST, its tag): the newest release tag in
     git (`v1.2.3` by its numbers; the tags the ruleset protects) merged into HEAD and not at HEAD (the
@@ -169,8 +183,10 @@ def _last_promoted(project: Path, candidate, log, not_promoted: frozenset[str] =
     from ..errors import NotFound
     from ..oci.registry import Registry
 
-    def git(*args: str) -> list[str]:
+    def git(*args: str, check: bool = True):
         done = subprocess.run(["git", "-C", str(project), *args], capture_output=True, text=True, errors="replace")
+        if not check:
+            return done.returncode
         if done.returncode != 0:
             raise InputError(f"cannot read the release tags of {project}: git {args[0]}: "
                              f"{untrusted.safe(done.stderr.strip(), limit=200)}")
@@ -178,10 +194,12 @@ def _last_promoted(project: Path, candidate, log, not_promoted: frozenset[str] =
 
     head = git("rev-parse", "HEAD")[0]
     tags = [t for t in git("tag", "--merged", "HEAD", "--list", "v*") if release_order(t) is not None]
+    commit = {t: git("rev-parse", f"refs/tags/{t}^{{commit}}")[0] for t in tags}
     registry = Registry(candidate.registry)
     for tag in sorted(tags, key=lambda t: release_order(t) or (), reverse=True):
-        if git("rev-parse", f"refs/tags/{tag}^{{commit}}")[0] == head:
+        if commit[tag] == head:
             continue  # the candidate's own tag
+        _in_order(tag, tags, commit, git)
         if tag in not_promoted:
             log(f"git's {tag} passed over: --not-promoted says its release was never promoted")
             continue
