@@ -301,6 +301,23 @@ def test_an_image_whose_layers_keep_too_much_together_is_refused(registry, tmp_p
     with pytest.raises(IntegrityError, match="add up to more than 0 MiB together"):
         BaseFilesystem(registry_client, image, LayerCache(tmp_path / "cache"), ()).read([f"x/l{n}" for n in range(12)])
     assert kept() - before <= 500, kept() - before
+    # the budget starts from what every cached layer keeps, not the layers this process touched: a
+    # second image of the first one's cached layers and one new layer (seventh review: 511 MiB more)
+    shared = [tar(*[(f"usr/share/doc/s{n}-{i}/copyright", "file", bytes([n, i, 7]) * 33 + b"!", 0o644)
+                    for i in range(2)]) for n in range(2)]
+    first_image = base_mod.resolve(registry_client, push_image(registry, "test/engines-keeps-first",
+                                                               [busybox_layer(), *shared]), "linux/amd64")
+    fresh = tar(*[(f"usr/share/doc/f-{i}/copyright", "file", bytes([9, i]) * 50, 0o644) for i in range(2)])
+    second_image = base_mod.resolve(registry_client, push_image(registry, "test/engines-keeps-second",
+                                                                [busybox_layer(), fresh, *shared]), "linux/amd64")
+    monkeypatch.setattr(filesystem_mod, "IMAGE_KEPT_LIMIT", 2400)
+    cache3 = tmp_path / "cache3"
+    BaseFilesystem(registry_client, first_image, LayerCache(cache3), keep).prefetch()  # 400 bytes kept
+    held = sum(f.stat().st_size for f in (cache3 / "files").iterdir() if f.is_file())
+    monkeypatch.setattr(filesystem_mod, "IMAGE_KEPT_LIMIT", 500)
+    with pytest.raises(IntegrityError, match="add up to more than 0 MiB together"):
+        BaseFilesystem(registry_client, second_image, LayerCache(cache3), keep).check_layers()
+    assert sum(f.stat().st_size for f in (cache3 / "files").iterdir() if f.is_file()) == held  # the new layer kept nothing
     monkeypatch.setattr(filesystem_mod, "IMAGE_KEPT_LIMIT", 2400)  # the control: 12 layers of 200 bytes
     BaseFilesystem(registry_client, image, LayerCache(tmp_path / "cache2"), keep).prefetch()
 

@@ -302,9 +302,11 @@ def test_smoke_attestation_gates_verify(tmp_path, registry, fixture_base, fixtur
 
 
 def test_release_tags_sort_by_their_numbers_a_pre_release_first():
+    """A number has one spelling: v01.10.0 would be v1.10.0 again, a second tag of the same number
+    that the order check could not place (seventh attacker review)."""
     from bakery.cli.smoke import release_order
 
-    tags = ["v1.10.0", "v1.9.0", "v1.10.0-rc1", "v2", "latest", "candidate-abc", "v1.x", "vnext"]
+    tags = ["v1.10.0", "v1.9.0", "v1.10.0-rc1", "v2", "latest", "candidate-abc", "v1.x", "vnext", "v01.10.0", "v1.010"]
     ordered = sorted((t for t in tags if release_order(t) is not None), key=lambda t: release_order(t) or ())
     assert ordered == ["v1.9.0", "v1.10.0-rc1", "v1.10.0", "v2"]
 

@@ -170,6 +170,7 @@ class BaseFilesystem:
                     not self.cache.has_content(index["files"].get(p, "-")))}
         if index is not None and not missing:
             return self._checked(desc, index)
+        self._count_cached()  # the budget below starts from what every cached layer keeps
         counted = desc.digest in self._counted  # then what this pass keeps besides is counted here
         fresh, found, _ = scan_layer(self.registry, self.image.ref.repository, desc, missing or set(), self.cache,
                                      self.keep if index is None else (), budget=KeptBudget(IMAGE_KEPT_LIMIT, self._kept))
@@ -180,6 +181,14 @@ class BaseFilesystem:
         fresh["files"].update(found)
         self.cache.save_index(desc, fresh)
         return self._checked(desc, fresh)
+
+    def _count_cached(self) -> None:
+        """Every cached layer of the image counted (its entries and kept bytes), before a layer is
+        streamed: a budget started from the layers this process happened to touch let a new layer
+        keep its 512 MiB over what the cached ones already hold."""
+        for d in self.image.layers:
+            if d.digest not in self._counted and (index := self.cache.index(d)) is not None:
+                self._checked(d, index)
 
     def check_layers(self) -> None:
         """Every layer decompresses to the diff_id its config lists. Once per image: the view keeps

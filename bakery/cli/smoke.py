@@ -95,7 +95,8 @@ def _reference(project: Path, candidate, reference: str | None, record: str | No
 def release_order(tag: str) -> tuple | None:
     """A promoted release's tag (v1.2.3, v1.2.3-rc1, v2026.12) as it sorts among releases: by its
     numbers, a pre-release (a suffix) before the release itself; None for any other tag."""
-    m = re.fullmatch(r"v(\d+(?:\.\d+)*)(?:-([0-9A-Za-z.-]+))?", tag)
+    # no leading zeros: v01.10.0 would be v1.10.0 spelled otherwise, a second tag of the same number
+    m = re.fullmatch(r"v((?:0|[1-9][0-9]*)(?:\.(?:0|[1-9][0-9]*))*)(?:-([0-9A-Za-z.-]+))?", tag)
     if not m:
         return None
     return tuple(int(n) for n in m.group(1).split(".")), m.group(2) is None, m.group(2) or ""
