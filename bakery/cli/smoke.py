@@ -102,6 +102,14 @@ def release_order(tag: str) -> tuple | None:
     return tuple(int(n) for n in m.group(1).split(".")), m.group(2) is None, m.group(2) or ""
 
 
+def _git(project: Path, *args: str):
+    """git in the checkout the gate runs from (ours: its history and tags name the releases); bytes
+    out, as a committed file's sha256 needs them."""
+    import subprocess
+
+    return subprocess.run(["git", "-C", str(project), *args], capture_output=True)
+
+
 def _committed_at(project: Path, tag: str | None):
     """For verify's as_of: the policy with the base (image/base.yaml) and smoke spec
     (provenance/smoke.yaml) committed at the revision an earlier release was built from, which must
@@ -110,13 +118,12 @@ def _committed_at(project: Path, tag: str | None):
     onto another release is refused)."""
     import dataclasses
     import hashlib
-    import subprocess
 
     from ..base.spec import load_spec
     from ..trust.policy import SMOKE_SPEC
 
-    def git(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["git", "-C", str(project), *args], capture_output=True)
+    def git(*args: str):
+        return _git(project, *args)
 
     def as_of(policy, revision):
         if not isinstance(revision, str) or not re.fullmatch(r"[0-9a-f]{40}", revision):
@@ -179,19 +186,17 @@ def _last_promoted(project: Path, candidate, log, not_promoted: frozenset[str] =
     over, said in the log.
     Seed-stack where git has no earlier release tag (the first release). It is then verified as any
     reference is, as of its own revision (_committed_at)."""
-    import subprocess
-
     from ..errors import NotFound
     from ..oci.registry import Registry
 
     def git(*args: str, check: bool = True):
-        done = subprocess.run(["git", "-C", str(project), *args], capture_output=True, text=True, errors="replace")
+        done = _git(project, *args)
         if not check:
             return done.returncode
         if done.returncode != 0:
             raise InputError(f"cannot read the release tags of {project}: git {args[0]}: "
-                             f"{untrusted.safe(done.stderr.strip(), limit=200)}")
-        return done.stdout.split()
+                             f"{untrusted.safe(done.stderr.decode(errors='replace').strip(), limit=200)}")
+        return done.stdout.decode(errors="replace").split()
 
     head = git("rev-parse", "HEAD")[0]
     tags = [t for t in git("tag", "--merged", "HEAD", "--list", "v*") if release_order(t) is not None]
