@@ -96,6 +96,29 @@ def ensure_registry(port: int = REGISTRY_PORT, auth: dict | None = None, name: s
     raise EnvironmentProblem(f"registry on {host} did not start: see {base / 'registry.log'}")
 
 
+REFERRERS_PORT = 5002
+
+
+def ensure_referrers_registry(port: int = REFERRERS_PORT, timeout: float = 30) -> str:
+    """Start go-containerregistry's registry (the OCI 1.1 referrers API on, blobs in memory, so a
+    restart empties it) on 127.0.0.1:port unless one answers; return host:port. Built into .tools/
+    by scripts/fetch-tools.sh: Debian's docker-registry 2.8 has no referrers API."""
+    host = f"127.0.0.1:{port}"
+    if registry_up(port):
+        return host
+    binary = Path(__file__).resolve().parents[2] / ".tools" / "bin" / "referrers-registry"
+    if not binary.exists():
+        raise EnvironmentProblem(f"{binary} is missing: run scripts/fetch-tools.sh")
+    log = open(state_dir() / f"referrers-registry-{port}.log", "ab")
+    subprocess.Popen([str(binary), host], stdout=log, stderr=log, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if registry_up(port):
+            return host
+        time.sleep(0.3)
+    raise EnvironmentProblem(f"the referrers registry on {host} did not start: see {log.name}")
+
+
 def up() -> str:
     """Engine and the default registry; returns the registry's host:port."""
     ensure_dockerd()

@@ -232,7 +232,7 @@ class Registry:
                 hasher.update(chunk)
                 end = offset + len(chunk) - 1
                 resp = self.transport.request(
-                    "PATCH", location, scopes=push(repo), body=chunk, ok=(202,),
+                    "PATCH", location, scopes=push(repo), body=chunk, ok=(202, 204),  # ggcr's registry: 204
                     headers={"Content-Type": "application/octet-stream",
                              "Content-Range": f"{offset}-{end}", "Content-Length": str(len(chunk))})
                 location = _location(self.transport, resp)
