@@ -236,7 +236,7 @@ def attach(c, image, envelope, key, role="smoke"):
     """Attach a signed attestation (made on another machine) to IMAGE@DIGEST, after checking its signature."""
     from bakery.cli import release as cmd, render
 
-    ref, kind, digest = cmd.attach(image, envelope, key, role)
+    ref, kind, digest = cmd.attach(PROJECT, image, envelope, key, role)
     _log(render.attached(ref, kind, digest))
     print(ref)
 

@@ -440,12 +440,33 @@ def test_a_mirrored_image_verifies_by_digest(signed, keypair, policy, mirror_reg
     assert offline.returncode == 0, offline.stdout + offline.stderr
 
 
+def test_cosign3_reads_the_bundles_of_a_real_build_with_or_without_the_referrers_api(signed, keypair, policy):
+    """attest writes both formats: cosign 3.1 reads the bundles, through the fallback tag on
+    docker-registry 2.8 and through the referrers API on a copy (go-containerregistry's registry,
+    which `invoke mirror` fills with the bundles as referrers); verify says which it read."""
+    from bakery.dev import stack
+    from test_bundles import cosign3
+
+    ref, _ = signed["a"]
+    copied = invoke(signed["project"], "mirror", "--image", str(ref),
+                    "--to", f"{stack.ensure_referrers_registry()}/internal/dsv4:mirrored")
+    assert copied.returncode == 0, copied.stderr
+    for where, via in ((str(ref), f"bundle(s) via the fallback tag sha256-{ref.pin.hex}"),
+                       (last_line(copied), "bundle(s) via the referrers API")):
+        assert cosign3("verify", "--key", str(keypair[1]), where).returncode == 0
+        for kind in ("slsaprovenance1", "spdxjson", "openvex"):
+            result = cosign3("verify-attestation", "--key", str(keypair[1]), "--type", kind, where)
+            assert result.returncode == 0, (kind, result.stderr)
+        ok = verify(signed["project"], where, keypair[1], policy)
+        assert ok.returncode == 0 and via in ok.stdout, ok.stdout + ok.stderr
+
+
 def test_mirroring_an_unsigned_image_is_refused_and_tags_nothing(signed, mirror_registry, registry, fixture_base):
     built = invoke(signed["project"], "build", "--base", str(fixture_base), "--push", f"{registry}/unsigned/x:1",
                    "--out", str(signed["project"] / "out-unsigned"))
     ref = Reference.parse(last_line(built))
     result = invoke(signed["project"], "mirror", "--image", str(ref), "--to", f"{mirror_registry}/unsigned/x:1")
-    assert result.returncode == 2 and "has no sha256-" in result.stderr and "invoke attest" in result.stderr
+    assert result.returncode == 2 and "has no signature (sha256-" in result.stderr and "invoke attest" in result.stderr
     assert Registry(mirror_registry).manifest_exists("unsigned/x", ref.pin) is False
 
 

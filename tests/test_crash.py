@@ -20,8 +20,10 @@ attest and lock 2026-12-03, the rest 2026-12-04; each sweep run once, its time a
                                            its tag not); sweep: 41 (first and
                                            last of each kind)
   attest    36 (26 up to the image's .att)  CI: the 4 manifests it stores;          verify refuses after the signature
-                                           sweep: each of the 26                   alone; passes from the .att on; rerun
-                                                                                   passes
+            (counted before bundles; now   sweep: each of the 26                   alone; passes from the .att on; rerun
+            each bundle adds a referrer    (since bundles: CI kills at 7 of the    passes (since bundles: passes from
+            manifest and its fallback-tag  16 manifest writes: the first, the      the last bundle listed on, where one
+            index, by digest and by tag)   last two bundle writes, the tags' 4)    format is whole; verify reads either)
   mirror    10 (the base's manifest, a     sweep: all 10, each reached (a run      no tag; rerun: the same digest
             HEAD and a mount per blob,     from the same start counts the same     (10 of 10, 24 s)
             the manifest by digest)        10: none ends first, none skipped)
@@ -370,17 +372,16 @@ def verified(scene, repo: str) -> subprocess.CompletedProcess:
                str(scene["pub"]), "--policy", str(scene["policy"]), env={})
 
 
-def killed_attest_then_again(scene, k: int, last_write: int) -> list[str]:
-    """Kill attest at point k: verify must pass only if the kill came after the clean run stored the
-    image's last signed document (signatures are not deterministic: the tags' digests cannot be
-    compared); run again, verify passes."""
+def killed_attest_then_again(scene, k: int, whole: int) -> list[str]:
+    """Kill attest at point k: verify must pass only if the kill came after the clean run had stored
+    one format whole (the bundles, written first; verify reads either); run again, verify passes."""
     repo, wrong = f"{scene['prefix']}/attest-k{k}", []
     copy_image(scene["registry"], f"{scene['prefix']}/clean", repo, scene["digest"])
     killed = run(scene["project"], *attest_args(scene, repo), env=attest_env(scene, f"k{k}"), crash_at=k)
     if killed.returncode != -9:
         return [f"point {k}: exit {killed.returncode}, not killed"]
     check = verified(scene, repo)
-    if (check.returncode == 0) != (k >= last_write):
+    if (check.returncode == 0) != (k >= whole):
         wrong.append(f"point {k} ({scene['attest_seen'][k - 1]}): verify exit {check.returncode} with the tags "
                      f"{sorted(tags(scene['registry'], repo))}: {check.stdout[-300:]}")
     again = run(scene["project"], *attest_args(scene, repo), env=attest_env(scene, f"k{k}"))
@@ -389,26 +390,34 @@ def killed_attest_then_again(scene, k: int, last_write: int) -> list[str]:
     return wrong
 
 
-def attest_writes(scene) -> list[int]:
+def attest_writes(scene) -> tuple[list[int], int]:
     """The points where the image's repository stored a manifest, up to its last signed document
-    (.sig, .att); after it, attest signs the kernel artifact, in the repository the build pushed it to."""
+    (after it, attest signs the kernel artifact, in the repository the build pushed it to), and the
+    point at which one format was whole: the last bundle listed in the fallback tag's index (this
+    registry has no referrers API), before the tags (.sig, .att)."""
     own = f"/v2/{scene['prefix']}/attest-clean/manifests/"
-    writes = [i for i, s in enumerate(scene["attest_seen"], 1) if s.startswith(f"PUT {own}")]
-    last = max(i for i in writes if re.search(r"\.(sig|att) answered", scene["attest_seen"][i - 1]))
-    return [i for i in writes if i <= last]
+    seen = scene["attest_seen"]
+    writes = [i for i, s in enumerate(seen, 1) if s.startswith(f"PUT {own}")]
+    tagged = [i for i in writes if re.search(r"\.(sig|att) answered", seen[i - 1])]
+    listed = [i for i in writes if f"{own}sha256-{scene['digest'].split(':')[1]} answered" in seen[i - 1]]
+    assert listed and max(listed) < min(tagged), "attest listed no bundle before the tags (both formats are written)"
+    return [i for i in writes if i <= max(tagged)], max(listed)
 
 
 def test_attest_killed_after_each_document_it_stores_is_refused_by_verify_until_run_again(attest_scene):
-    """The half-attested states: after the signature, after each attestation, before the last."""
-    writes = attest_writes(attest_scene)
-    wrong = [w for k in writes for w in killed_attest_then_again(attest_scene, k, writes[-1])]
+    """The half-attested states: after the first bundle write and the one before the last, once
+    every bundle is stored (whole), after each tag; run again, each passes (the sweep: every write)."""
+    writes, whole = attest_writes(attest_scene)
+    before = [i for i in writes if i < whole]
+    chosen = sorted({before[0], before[-1], whole} | {i for i in writes if i > whole})
+    wrong = [w for k in chosen for w in killed_attest_then_again(attest_scene, k, whole)]
     assert wrong == [], "\n".join(wrong)
 
 
 @pytest.mark.sweep
 def test_attest_killed_at_every_point(attest_scene):
-    last = attest_writes(attest_scene)[-1]
-    wrong = [w for k in range(1, last + 1) for w in killed_attest_then_again(attest_scene, k, last)]
+    writes, whole = attest_writes(attest_scene)
+    wrong = [w for k in range(1, writes[-1] + 1) for w in killed_attest_then_again(attest_scene, k, whole)]
     assert wrong == [], "\n".join(wrong)
 
 

@@ -22,6 +22,8 @@ import yaml
 
 from bakery.errors import InputError, IntegrityError
 from bakery.inputs import hip, hip_compile, kernel_artifact
+from bakery.oci import referrers
+from bakery.oci.manifest import Manifest
 from bakery.oci.refs import Descriptor, Digest, Reference
 from bakery.oci.registry import OCI_MANIFEST, Registry
 from bakery.oci.store import RegistryStore, signature_tag
@@ -318,6 +320,12 @@ def clone(h, name: str) -> Reference:
         for d in [doc["config"]] + doc["layers"]:
             reg.mount_blob(dest.repository, Digest.parse(d["digest"]), src.repository)
         reg.put_manifest(dest.repository, tag, body, media_type)
+    for desc in referrers.listing(RegistryStore(src), src.pin).manifests():  # its bundles, attached as they were
+        body = reg.get_manifest(src.with_digest(desc.digest))[0]
+        manifest = Manifest.parse(body, "referrer")
+        for d in manifest.blobs:
+            reg.mount_blob(dest.repository, d.digest, src.repository)
+        referrers.attach(RegistryStore(dest), dest.pin, body, str(manifest.artifact_type), manifest.annotations)
     return dest
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import InputError, NotFound, NotReproduced
 from ..project import Project
+from ..trust.policy import signature_formats
 from .trust_flags import load_policy, role_keys
 
 if TYPE_CHECKING:  # the commands import these when they run
@@ -33,7 +34,7 @@ def attest(project: Path, image: str, record: str | None, key: str | None, layou
     rec = record_mod.read(Path(record) if record else Project(project).out / "build-record.json")
     signer = sign.Signer(keys.load_private(Path(key) if key else None))
     written = attest_mod.attest(store.open_store(ref, Path(layout) if layout else None), ref, rec, signer,
-                                sign_kernels=not layout)
+                                sign_kernels=not layout, formats=signature_formats(project))
     return ref, written
 
 
@@ -47,7 +48,7 @@ def may_attach(kind: str, role: str, envelope: str) -> None:
                          f"sign: not attached (it would stand beside, or in place of, another role's)")
 
 
-def attach(image: str, envelope: str, key: str, role: str):
+def attach(project: Path, image: str, envelope: str, key: str, role: str):
     """(the image, the statement type, the digest of the attestations now attached)."""
     from ..oci import store
     from ..oci.refs import Reference
@@ -61,7 +62,8 @@ def attach(image: str, envelope: str, key: str, role: str):
     kind, _ = attest_mod.statement_of(data, ref, f"envelope {envelope}")
     may_attach(kind, role, envelope)
     sign.open_envelope(data, keys.load_public(Path(key)), f"envelope {envelope} ({kind}, a {role} statement)")
-    return ref, kind, attest_mod.attach_envelopes(store.RegistryStore(ref), ref, {kind: data})
+    return ref, kind, attest_mod.attach_envelopes(store.RegistryStore(ref), ref, {kind: data},
+                                                  signature_formats(project))
 
 
 @dataclass(frozen=True)
@@ -178,7 +180,8 @@ def reproduce(project: Path, image: str, release_key=None, policy=None, toolchai
     attested_as = None
     if attest:  # the key is read only now, after the revision's code has finished
         signer = sign.Signer(keys.load_private(Path(key) if key else None, keys.REBUILDER_KEY_ENV))
-        attest_mod.attach(where, ref, {provenance.REBUILD_PREDICATE: rep.statement(ref, plan, digest, diffs)}, signer)
+        attest_mod.attach(where, ref, {provenance.REBUILD_PREDICATE: rep.statement(ref, plan, digest, diffs)}, signer,
+                          signature_formats(project))
         attested_as = signer.keyid
     return Reproduced(ref, plan, digest, diffs, work, attested_as)
 
@@ -197,7 +200,8 @@ def attest_rebuild(project: Path, image: str, outcome: str, release_key=None, po
     manifest, diffs = rep.read_outcome(Path(outcome), ref)
     digest = Digest.of(manifest)  # the file's claim of a match counts for nothing: the bytes decide
     signer = sign.Signer(keys.load_private(Path(key) if key else None, keys.REBUILDER_KEY_ENV))
-    attest_mod.attach(where, ref, {provenance.REBUILD_PREDICATE: rep.statement(ref, plan, digest, diffs)}, signer)
+    attest_mod.attach(where, ref, {provenance.REBUILD_PREDICATE: rep.statement(ref, plan, digest, diffs)}, signer,
+                      signature_formats(project))
     return ref, digest
 
 

@@ -66,8 +66,12 @@ def attested(ref, written: dict) -> list[str]:
     """What `invoke attest` wrote, for the log."""
     from ..oci import store
 
-    out = [f"signature   {store.signature_tag(ref.digest, 'sig')} -> {written['signature']}",
-           f"attestations {store.signature_tag(ref.digest, 'att')} -> {written['attestations']}"]
+    out = []
+    if "bundle" in written.get("formats", ()):
+        out.append(f"bundles     the signature and each attestation, as referrers listed via {written['bundles']}")
+    if "tag" in written.get("formats", ()):
+        out += [f"signature   {store.signature_tag(ref.digest, 'sig')} -> {written['signature']}",
+                f"attestations {store.signature_tag(ref.digest, 'att')} -> {written['attestations']}"]
     if written.get("kernels"):
         out.append(f"kernel artifact {written['kernels']['artifact']} signed -> {written['kernels']['signature']}")
     out += [f"proof verdict {v['artifact']} signed -> {v['signature']}" for v in written.get("verdicts") or []]

@@ -12,6 +12,7 @@ from .. import untrusted
 from ..errors import EnvironmentProblem, InputError, SmokeFailure
 from ..project import Project
 from ..release.smoke_report import Reference as GateReference, SmokeReport
+from ..trust.policy import signature_formats
 
 
 @dataclass(frozen=True)
@@ -369,6 +370,7 @@ def smoke(project: Path, image: str, model_dir: str | None = None, port=8000, re
             write_blob(Path(envelope), sign.envelope(signer, statement))
             attested = f"envelope {envelope}"
         else:
-            smoke_report.attach_report(store.RegistryStore(ref), ref, result.to_json(), spec_path.read_bytes(), signer)
+            smoke_report.attach_report(store.RegistryStore(ref), ref, result.to_json(), spec_path.read_bytes(), signer,
+                                       signature_formats(project))
             attested = "attached"
     return Smoked(ref, result, out, attested, Path(page) if page else None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from .manifest import Manifest
-from .refs import Descriptor, Reference
+from .refs import Descriptor, Digest, Reference
 from .registry import INDEX_TYPES, Registry
 
 
@@ -51,11 +51,13 @@ def copy(src: Reference, dest: Reference, registries: dict | None = None, log=pr
 
 
 def copy_signed(src, ref: Reference, dest, tag: str | None = None, log=print) -> None:
-    """Copy one of our images by digest with its cosign signature and attestations (sha256-<hex>.sig
-    and .att) from one store to another (registry or OCI layout). Every blob is checked on the way;
-    the tags are written last, so a failed copy leaves no tag behind. The signatures still name the
+    """Copy one of our images by digest with its signatures and attestations, in each format it has:
+    cosign's tags (sha256-<hex>.sig and .att) and the referrers listed for it (Sigstore bundles),
+    from one store to another (registry or OCI layout). Every blob is checked on the way; the image's
+    tag is written last, so a failed copy leaves no tag behind. The signatures still name the
     repository the image was signed for: verify binds by digest and the policy's allowed list."""
     from ..errors import InputError
+    from . import referrers
     from .store import signature_tag
 
     manifests = [(str(ref.digest), src.manifest(str(ref.digest)))]
@@ -64,13 +66,27 @@ def copy_signed(src, ref: Reference, dest, tag: str | None = None, log=print) ->
     for suffix in ("sig", "att"):
         name = signature_tag(ref.pin, suffix)
         body = src.manifest(name)
-        if body is None:
-            raise InputError(f"{ref} has no {name}: sign and attest it (`invoke attest`) before mirroring")
-        manifests.append((name, body))
-    for name, body in manifests:
+        if body is not None:
+            manifests.append((name, body))
+    attached = []
+    for desc in referrers.listing(src, ref.pin).manifests():
+        body = src.manifest(str(desc.digest))
+        if body is not None and desc.digest not in {Digest.of(b) for _, b in manifests}:
+            attached.append(body)
+    if len(manifests) == 1 and not attached:
+        raise InputError(f"{ref} has no signature ({signature_tag(ref.pin, 'sig')} or a bundle): sign and attest it "
+                         f"(`invoke attest`) before mirroring")
+    for name, body in manifests + [(f"referrer {Digest.of(b)}", b) for b in attached]:
         blobs = Manifest.parse(body, f"manifest {name} of {ref.name}").blobs
         for desc in blobs:
             log(f"  {name}: blob {desc.digest.hex[:12]} ({desc.size} bytes)")
             dest.put_stream(desc, lambda d=desc: src.stream(d))
+    dest.put_manifest(None, manifests[0][1])
+    copied = {Digest.of(body) for body in attached} | {Digest.of(body) for _, body in manifests}
+    stale = tuple(d.digest for d in referrers.listing(dest, ref.pin).manifests() if d.digest not in copied)
+    for i, body in enumerate(attached):  # the copy's referrers become the source's: an older copy's go
+        parsed = Manifest.parse(body, f"referrer of {ref.name}")
+        referrers.attach(dest, ref.pin, body, parsed.artifact_type or parsed.config.media_type, parsed.annotations,
+                         stale if i == len(attached) - 1 else ())
     for name, body in manifests[1:] + [(tag or manifests[0][0], manifests[0][1])]:
         dest.put_manifest(name, body)

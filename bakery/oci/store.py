@@ -59,9 +59,13 @@ class RegistryStore:
         """Store a blob from a re-openable stream of its bytes (never whole in memory)."""
         self.registry.upload_blob(self.repo, desc, open_source)
 
-    def put_manifest(self, tag: str, body: bytes) -> Digest:
-        self.registry.put_manifest(self.repo, str(Digest.of(body)), body, OCI_MANIFEST)
-        return self.registry.put_manifest(self.repo, tag, body, OCI_MANIFEST)
+    def put_manifest(self, tag: str | None, body: bytes, media_type: str = OCI_MANIFEST) -> Digest:
+        """A manifest (or index) by its digest, then under `tag` unless None."""
+        digest = self.registry.put_manifest(self.repo, str(Digest.of(body)), body, media_type)
+        return self.registry.put_manifest(self.repo, tag, body, media_type) if tag else digest
+
+    def put_index(self, tag: str, body: bytes) -> Digest:
+        return self.put_manifest(tag, body, OCI_INDEX)
 
 
 class LayoutStore:
@@ -186,14 +190,20 @@ class LayoutStore:
                 hint = "the disk is full" if e.errno == 28 else e.strerror
                 raise EnvironmentProblem(f"writing {dest.name[:12]} to {dest.parent}: {hint}; nothing was kept") from None
 
-    def put_manifest(self, tag: str, body: bytes) -> Digest:
-        desc = self.put_blob(body, OCI_MANIFEST)
+    def put_manifest(self, tag: str | None, body: bytes, media_type: str = OCI_MANIFEST) -> Digest:
+        """A manifest (or index) as a blob, then named `tag` in index.json unless None."""
+        desc = self.put_blob(body, media_type)
+        if tag is None:
+            return desc.digest
         index = self._index()
         index["manifests"] = [m for m in index["manifests"] if (m.get("annotations") or {}).get(REF_NAME) != tag]
-        index["manifests"].append(Descriptor(OCI_MANIFEST, desc.digest, desc.size, {REF_NAME: tag}).to_json())
+        index["manifests"].append(Descriptor(media_type, desc.digest, desc.size, {REF_NAME: tag}).to_json())
         index.setdefault("mediaType", OCI_INDEX)
         write_blob(self.path / "index.json", json.dumps(index, sort_keys=True, indent=1).encode())
         return desc.digest
+
+    def put_index(self, tag: str, body: bytes) -> Digest:
+        return self.put_manifest(tag, body, OCI_INDEX)
 
 
 def open_store(ref: Reference, layout: Path | None):

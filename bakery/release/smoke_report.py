@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import InputError
+from ..trust.policy import SIGNATURE_FORMATS
 from ..trust.provenance import TEST_RESULT_PREDICATE as TEST_RESULT
 from .ab import Approvals, PathResult
 from .smoke_spec import SmokeSpec, SpeedGate
@@ -239,8 +240,9 @@ def statement(ref, report: dict, spec_bytes: bytes) -> bytes:
     return provenance.statement(ref, TEST_RESULT, predicate)
 
 
-def attach_report(store, ref, report: dict, spec_bytes: bytes, signer) -> None:
+def attach_report(store, ref, report: dict, spec_bytes: bytes, signer,
+                  formats: tuple[str, ...] = SIGNATURE_FORMATS) -> None:
     """Sign the smoke report onto the digest as an in-toto test-result attestation."""
     from ..trust import attest
 
-    attest.attach(store, ref, {TEST_RESULT: statement(ref, report, spec_bytes)}, signer)
+    attest.attach(store, ref, {TEST_RESULT: statement(ref, report, spec_bytes)}, signer, formats)

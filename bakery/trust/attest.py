@@ -1,8 +1,11 @@
-"""`invoke attest`: sign an image digest and attach its SBOM and provenance, the way cosign does.
+"""`invoke attest`: sign an image digest and attach its SBOM and provenance, the way cosign does,
+in each format the policy's signature_formats names:
 
-Signature: tag sha256-<hex>.sig, one simple-signing layer with its signature as an annotation.
-Attestations: tag sha256-<hex>.att, one DSSE envelope layer per predicate type. Every byte is
-deterministic, so attesting the same build twice changes nothing.
+- tags (cosign 2): sha256-<hex>.sig, one simple-signing layer with its signature as an annotation;
+  sha256-<hex>.att, one DSSE envelope layer per predicate type;
+- bundles (cosign 3): one Sigstore bundle per statement, each a referrer of the image (bundle.py).
+
+Every byte is deterministic, so attesting the same build twice changes nothing.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ from typing import Any
 
 from ..errors import InputError, IntegrityError, malformed
 from ..files import canonical_json
+from ..oci import referrers
 from ..oci.manifest import Manifest
 from ..oci.refs import Descriptor, Digest, Reference
 from ..oci.registry import OCI_MANIFEST
 from ..oci.store import signature_tag
-from . import provenance, sbom, sign, vex
+from . import bundle, provenance, sbom, sign, vex
+from .policy import SIGNATURE_FORMATS
 from .record import Artifact, BuildRecord, Verdict
 
 SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
@@ -45,23 +50,72 @@ def _manifest(store, layers: list[Descriptor], subject: Reference, artifact_type
                            "subject": Descriptor(OCI_MANIFEST, subject.pin, len(image)).to_json()})
 
 
-def sign_image(store, subject: Reference, signer: sign.Signer) -> Digest:
-    payload = sign.simple_signing_payload(subject, subject.pin)
-    desc = store.put_blob(payload, SIMPLE_SIGNING)
-    signature = base64.b64encode(signer.sign(payload)).decode()
-    layer = Descriptor(desc.media_type, desc.digest, desc.size, {SIGNATURE_ANNOTATION: signature})
-    return store.put_manifest(signature_tag(subject.pin, "sig"), _manifest(store, [layer], subject, SIMPLE_SIGNING))
+FORMATS = SIGNATURE_FORMATS
 
 
-def attach(store, subject: Reference, statements: dict[str, bytes], signer: sign.Signer) -> Digest:
-    """Sign `statements` ({predicateType: statement}) and put them into the .att manifest."""
+def sign_image(store, subject: Reference, signer: sign.Signer, formats: tuple[str, ...] = FORMATS) -> Digest:
+    """Sign the digest: a bundle of cosign 3's signature statement, then cosign's .sig tag; returns
+    the digest of the last written."""
+    written = None
+    if "bundle" in formats:
+        envelope = sign.envelope(signer, bundle.signature_statement(subject))
+        written = _attach_bundle(store, subject, bundle.COSIGN_SIGN, envelope)
+    if "tag" in formats:
+        payload = sign.simple_signing_payload(subject, subject.pin)
+        desc = store.put_blob(payload, SIMPLE_SIGNING)
+        signature = base64.b64encode(signer.sign(payload)).decode()
+        layer = Descriptor(desc.media_type, desc.digest, desc.size, {SIGNATURE_ANNOTATION: signature})
+        written = store.put_manifest(signature_tag(subject.pin, "sig"),
+                                     _manifest(store, [layer], subject, SIMPLE_SIGNING))
+    if written is None:
+        raise InputError(f"no signature format chosen (formats: {', '.join(FORMATS)})")
+    return written
+
+
+def attach(store, subject: Reference, statements: dict[str, bytes], signer: sign.Signer,
+           formats: tuple[str, ...] = FORMATS) -> Digest:
+    """Sign `statements` ({predicateType: statement}) and attach them in each format."""
     return attach_envelopes(store, subject, {kind: sign.envelope(signer, statement)
-                                             for kind, statement in statements.items()})
+                                             for kind, statement in statements.items()}, formats)
 
 
-def attach_envelopes(store, subject: Reference, envelopes: dict[str, bytes]) -> Digest:
-    """Put signed DSSE envelopes ({predicateType: envelope}) into the .att manifest, replacing one of
-    the same type and keeping the others (one statement per type: verify refuses two)."""
+def _attach_bundle(store, subject: Reference, predicate_type: str, envelope: bytes) -> Digest:
+    """One bundle referrer of `subject`, superseding the bundles of the same predicate type (for a
+    rebuild: of the same rebuilder's key), as the .att tag's layers are replaced."""
+    data = bundle.of_envelope(envelope)
+    desc = store.put_blob(data, bundle.BUNDLE)
+    signer = json.loads(data)["verificationMaterial"]["publicKey"]["hint"]
+    superseded = []
+    for old in referrers.listing(store, subject.pin).manifests():
+        try:
+            read = bundle.read_referrer(store, old, f"referrer {old.digest}")
+        except IntegrityError:
+            continue  # not one of ours to replace; verify judges it
+        if read is None:
+            continue
+        kind, _, hint = read
+        if kind == predicate_type and (predicate_type != provenance.REBUILD_PREDICATE or hint == signer):
+            superseded.append(old.digest)
+    body = bundle.referrer_manifest(store, desc, subject, predicate_type)
+    digest, _ = referrers.attach(store, subject.pin, body, bundle.BUNDLE,
+                                 {bundle.CONTENT: "dsse-envelope", bundle.PREDICATE_TYPE: predicate_type},
+                                 tuple(superseded))
+    return digest
+
+
+def attach_envelopes(store, subject: Reference, envelopes: dict[str, bytes],
+                     formats: tuple[str, ...] = FORMATS) -> Digest:
+    """Attach signed DSSE envelopes ({predicateType: envelope}): each as a bundle referrer, and into
+    the .att manifest, replacing one of the same type and keeping the others (one statement per
+    type: verify refuses two). Returns the .att manifest's digest (the last bundle's without tags)."""
+    written = None
+    if "bundle" in formats:
+        for predicate_type, envelope in envelopes.items():
+            written = _attach_bundle(store, subject, predicate_type, envelope)
+    if "tag" not in formats:
+        if written is None:
+            raise InputError(f"no attestation format chosen (formats: {', '.join(FORMATS)})")
+        return written
     tag = signature_tag(subject.pin, "att")
     existing = store.manifest(tag)
     layers = {}
@@ -108,7 +162,8 @@ def statements(subject: Reference, record: BuildRecord) -> dict[str, bytes]:
     }
 
 
-def attest(store, subject: Reference, record: BuildRecord, signer: sign.Signer, sign_kernels: bool = True) -> dict:
+def attest(store, subject: Reference, record: BuildRecord, signer: sign.Signer, sign_kernels: bool = True,
+           formats: tuple[str, ...] = FORMATS) -> dict:
     """Sign the digest, attach SBOM, provenance and VEX, and sign the kernel artifact the record names
     (so that a later build may bake it instead of compiling); return what was written."""
     if subject.digest is None:
@@ -118,8 +173,13 @@ def attest(store, subject: Reference, record: BuildRecord, signer: sign.Signer, 
                          f"pass the record of that build with --record")
     if store.manifest(str(subject.digest)) is None:
         raise InputError(f"{subject} is not in {getattr(store, 'path', subject.name)}: push it first")
-    written: dict[str, Any] = {"signature": sign_image(store, subject, signer),
-               "attestations": attach(store, subject, statements(subject, record), signer)}
+    written: dict[str, Any] = {"formats": formats}
+    signed = statements(subject, record)
+    for form in (f for f in ("bundle", "tag") if f in formats):  # the bundles whole first, then the tags
+        written["signature"] = sign_image(store, subject, signer, (form,))
+        written["attestations"] = attach(store, subject, signed, signer, (form,))
+    if "bundle" in formats:
+        written["bundles"] = referrers.listing(store, subject.pin).via
     if record.kernels.artifact and sign_kernels:
         written["kernels"] = sign_artifact(record.kernels.artifact, signer, record.artifacts)
     if sign_kernels:

@@ -21,7 +21,8 @@ SMOKE_SPEC = "provenance/smoke.yaml"
 POLICY_KEYS = {"roles": dict, "allowed_sources": list, "allowed_builders": list, "allowed_repositories": list,
                "allow_dirty": bool, "base": str, "require_smoke": bool, "require_rebuilds": int, "smoke_spec": str,
                "smoke_arch": str,
-               "smoke_compute_units": int}
+               "smoke_compute_units": int, "signature_formats": list}
+SIGNATURE_FORMATS = ("tag", "bundle")  # cosign's .sig/.att tags; Sigstore bundles (v0.3) as OCI referrers
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class Policy:
     smoke_arch: str = "gfx942"  # the GPU a smoke result must come from: an MI300X is gfx942 with 304 CUs
     smoke_compute_units: int = 304  # (MI300A and MI308X are gfx942 too, with 228 and 80)
     require_rebuilds: int = 0  # distinct rebuilder keys that must attest a matching rebuild
+    signature_formats: tuple[str, ...] = SIGNATURE_FORMATS  # what attest writes; verify reads either
 
     def role_for(self, predicate_type: str) -> Role | None:
         """The role whose keys may sign a statement of this type; None: no key may."""
@@ -98,7 +100,21 @@ def load_policy(path: Path, project: Path, keys: dict | None = None) -> Policy:
                       load_spec(Project(project).base_yaml).image),
                   bool(doc.get("require_smoke", False)), _smoke_spec(doc.get("smoke_spec"), project, path),
                   doc.get("smoke_arch") or "gfx942", doc.get("smoke_compute_units") or 304,
-                  int(doc.get("require_rebuilds") or 0))
+                  int(doc.get("require_rebuilds") or 0), _formats(doc.get("signature_formats"), path))
+
+
+def _formats(given: list | None, path: Path) -> tuple[str, ...]:
+    if given is None:
+        return SIGNATURE_FORMATS
+    if not given or len(set(given)) != len(given) or not set(given) <= set(SIGNATURE_FORMATS):
+        raise InputError(f"{path}: signature_formats must list one or both of {', '.join(SIGNATURE_FORMATS)}, "
+                         f"each once")
+    return tuple(f for f in SIGNATURE_FORMATS if f in given)
+
+
+def signature_formats(project: Path) -> tuple[str, ...]:
+    """What attest, attach, smoke and reproduce write: the project policy's signature_formats."""
+    return load_policy(Project(project).policy, project).signature_formats
 
 
 def _one_role_per_key(roles: dict, path: Path) -> None:

@@ -15,7 +15,7 @@ from ..errors import BakeryError, InputError, IntegrityError, malformed
 from ..oci.manifest import Manifest
 from ..oci.refs import Descriptor, Digest, Reference
 from ..oci.store import signature_tag
-from . import keys as keys_mod, policy as policy_mod, provenance, sbom, sign
+from . import bundle, keys as keys_mod, policy as policy_mod, provenance, sbom, sign
 
 
 @dataclass
@@ -62,17 +62,41 @@ def _signers(role, check) -> set[str]:
     return out
 
 
-def cosign_signers(store, digest: Digest, role, policy) -> tuple[set[str], list[str]] | None:
-    """The distinct keys of `role` whose cosign signature (sha256-<hex>.sig) is for `digest` and
-    names a repository the policy allows (not necessarily the one read from: a mirror keeps the
-    original's signature), with why each other signature did not count; None if there is none."""
+@dataclass
+class Signers:
+    """Who signed an image digest, read from every format present: the distinct keys of a role that
+    count, why each other signature did not, and where they were read."""
+    by: set
+    reasons: list
+    read: list  # "tag sha256-<hex>.sig", "2 bundle(s) via the referrers API", ...
+
+
+def _judge_signature(role, policy, digest: Digest, signature: bytes, payload: bytes, signed_digest, signed_name,
+                     verify_with, reasons: list) -> set[str]:
+    """The role's keys that signed one image signature which is for `digest` and names a repository
+    the policy allows (not necessarily the one read from: a mirror keeps the original's signature)."""
+    keyids = _signers(role, verify_with)
+    if not keyids:
+        reasons.append(f"not signed by a {role.name} key of the policy")
+    elif signed_digest != str(digest):
+        reasons.append(f"signature is for {signed_digest}, not {digest} (copied from another image)")
+    elif not isinstance(signed_name, str) or not policy.repository_allowed(signed_name):
+        reasons.append(f"signature names repository {signed_name}, which the policy's allowed_repositories "
+                       f"do not list")
+    else:
+        return keyids
+    return set()
+
+
+def _tag_signers(store, digest: Digest, role, policy) -> tuple[set[str], list[str]] | None:
+    """cosign's tag scheme (sha256-<hex>.sig, simple-signing payloads); None if there is none."""
     tag = signature_tag(digest, "sig")
     manifest = store.manifest(tag)
     if manifest is None:
         return None
-    reasons, signed_by = [], set()
-    layers = _layers(manifest, f"signature manifest {tag}")
-    for desc in layers:
+    reasons: list[str] = []
+    signed_by: set[str] = set()
+    for desc in _layers(manifest, f"signature manifest {tag}"):
         try:
             payload = store.document(desc, f"signature payload in {tag}")
             signature = base64.b64decode(desc.annotations.get("dev.cosignproject.cosign/signature", ""))
@@ -83,31 +107,82 @@ def cosign_signers(store, digest: Digest, role, policy) -> tuple[set[str], list[
             reasons.append(f"unreadable signature: {e}")
             continue
         # _signers calls the check before the loop moves on; the defaults bind this layer's bytes all the same
-        keyids = _signers(role, lambda k, signature=signature, payload=payload:
-                          sign.check(k, signature, payload, "image signature"))
-        if not keyids:
-            reasons.append(f"not signed by a {role.name} key of the policy")
-        elif signed_digest != str(digest):
-            reasons.append(f"signature is for {signed_digest}, not {digest} (copied from another image)")
-        elif not isinstance(signed_name, str) or not policy.repository_allowed(signed_name):
-            reasons.append(f"signature names repository {signed_name}, which the policy's allowed_repositories "
-                           f"do not list")
-        else:
-            signed_by.update(keyids)
+        signed_by |= _judge_signature(role, policy, digest, signature, payload, signed_digest, signed_name,
+                                      lambda k, signature=signature, payload=payload:
+                                      sign.check(k, signature, payload, "image signature"), reasons)
     return signed_by, reasons
+
+
+def _bundles(store, digest: Digest) -> tuple[list[tuple[str, bytes]], str, list[str]]:
+    """([(annotated predicate type, DSSE envelope)] of the image's bundle referrers, how they were
+    listed, the unreadable ones' reasons)."""
+    from ..oci import referrers
+
+    listing = referrers.listing(store, digest)
+    found, reasons = [], []
+    for desc in listing.manifests():
+        try:
+            read = bundle.read_referrer(store, desc, f"referrer {desc.digest}")
+        except IntegrityError as e:
+            reasons.append(str(e))
+            continue
+        if read is not None:
+            found.append(read[:2])
+    return found, listing.via, reasons
+
+
+def _bundle_signers(digest: Digest, role, policy, bundles) -> tuple[set[str], list[str]] | None:
+    """The image signature as bundles carry it (cosign 3's sign statement); None if there is none."""
+    reasons: list[str] = []
+    signed_by: set[str] = set()
+    signatures = [envelope for kind, envelope in bundles if kind == bundle.COSIGN_SIGN]
+    for envelope in signatures:
+        try:
+            payload_type, payload, _ = sign.read_envelope(envelope, "bundle signature")
+            statement = json.loads(payload)
+            if statement["predicateType"] != bundle.COSIGN_SIGN or payload_type != sign.IN_TOTO:
+                raise ValueError(f"a statement of type {str(statement['predicateType'])[:80]}")
+            subject, = statement["subject"]
+            signed_digest, signed_name = f"sha256:{subject['digest']['sha256']}", subject.get("name")
+        except (IntegrityError, ValueError, KeyError, TypeError) as e:
+            reasons.append(f"unreadable bundle signature: {e}")
+            continue
+        signed_by |= _judge_signature(role, policy, digest, b"", payload, signed_digest, signed_name,
+                                      lambda k, envelope=envelope: sign.open_envelope(envelope, k, "bundle signature"),
+                                      reasons)
+    return (signed_by, reasons) if signatures else None
+
+
+def cosign_signers(store, digest: Digest, role, policy) -> Signers | None:
+    """The image's signature in both formats cosign reads (the .sig tag, bundles as referrers); where
+    both exist they must be signed by the same keys, or none count. None if neither exists."""
+    bundles, via, unreadable = _bundles(store, digest)
+    tagged = _tag_signers(store, digest, role, policy)
+    bundled = _bundle_signers(digest, role, policy, bundles)
+    read = ([f"tag {signature_tag(digest, 'sig')}"] if tagged else []) + \
+           ([f"{sum(k == bundle.COSIGN_SIGN for k, _ in bundles)} bundle(s) via {via}"] if bundled else [])
+    if tagged is None and bundled is None:
+        return None
+    if tagged is not None and bundled is not None and tagged[0] != bundled[0]:
+        return Signers(set(), [f"the tag signature (by {len(tagged[0])} {role.name} key(s)) and the bundle signature "
+                               f"(by {len(bundled[0])}) disagree: refused (a verifier reading either format must see "
+                               f"the same signers)"] + tagged[1] + [r for r in bundled[1] if r not in tagged[1]], read)
+    by, reasons = tagged or bundled or (set(), [])
+    more = (bundled[1] if tagged and bundled else []) + unreadable
+    return Signers(by, reasons + [r for r in more if r not in reasons], read)  # each reason once
 
 
 def _signature(store, ref: Reference, policy, report: Report) -> None:
     """The cosign signature: signed by enough release keys, for this digest, naming an allowed repository."""
     role = policy.roles["release"]
     found = cosign_signers(store, ref.pin, role, policy)
-    if not report.check(found is not None, f"signature manifest {signature_tag(ref.pin, 'sig')} present") \
+    if not report.check(found is not None, f"signature manifest {signature_tag(ref.pin, 'sig')} or a bundle signature present") \
             or found is None:
         return
-    signed_by, reasons = found
-    ok = len(signed_by) >= role.threshold
-    report.check(ok, f"signature valid for this digest, by {len(signed_by)} of {role.threshold} required release "
-                     f"key(s), naming an allowed repository" + ("" if ok or not reasons else f": {'; '.join(reasons)}"))
+    ok = len(found.by) >= role.threshold
+    report.check(ok, f"signature valid for this digest, by {len(found.by)} of {role.threshold} required release "
+                     f"key(s), naming an allowed repository (read: {', '.join(found.read)})"
+                 + ("" if ok or not found.reasons else f": {'; '.join(found.reasons)}"))
 
 
 def require_signed(store, ref: Reference, policy, what: str) -> None:
@@ -121,8 +196,9 @@ def require_signed(store, ref: Reference, policy, what: str) -> None:
     remembered = _remembered_signers(path, decided_by)
     if remembered is not None and len(remembered) >= role.threshold:
         return
-    signed_by, reasons = cosign_signers(store, ref.pin, role, policy) or \
-        (set(), [f"it has no signature manifest {signature_tag(ref.pin, 'sig')}"])
+    found = cosign_signers(store, ref.pin, role, policy) or \
+        Signers(set(), [f"it has no signature manifest {signature_tag(ref.pin, 'sig')} and no bundle signature"], [])
+    signed_by, reasons = found.by, found.reasons
     if len(signed_by) < role.threshold:
         raise IntegrityError(f"{what} {ref} is signed by {len(signed_by)} of {role.threshold} required release "
                              f"key(s)" + (f" ({'; '.join(reasons)})" if reasons else ""))
@@ -184,21 +260,20 @@ class Unjudged(Exception):
     """A statement whose role has no key here (and is not required): it can be neither accepted nor refused."""
 
 
-def _open_statement(store, desc: Descriptor, policy) -> tuple[str, dict, set[str]]:
-    """(predicateType, statement, signing keyids) of one attestation layer, opened with the keys of
-    the role that the statement's own predicateType names. The layer's annotation is not signed: it
-    must agree with the statement or the layer is refused. A rebuild statement is one rebuilder's:
-    one key; how many rebuilders agree is counted across statements (_rebuilds)."""
-    labelled = str(desc.annotations.get("predicateType", "(none)"))
-    data = store.document(desc, f"attestation layer {labelled}")
-    payload_type, payload, _ = sign.read_envelope(data, f"attestation layer {labelled}")
-    with malformed(f"attestation layer {labelled}"):
+def _open_statement(data: bytes, labelled: str, policy, where: str) -> tuple[str, dict, set[str], bytes]:
+    """(predicateType, statement, signing keyids, payload) of one signed envelope (a .att layer or a
+    bundle's), opened with the keys of the role that the statement's own predicateType names. The
+    label beside it is not signed: it must agree with the statement or the envelope is refused. A
+    rebuild statement is one rebuilder's: one key; how many rebuilders agree is counted across
+    statements (_rebuilds)."""
+    payload_type, payload, _ = sign.read_envelope(data, f"{where} {labelled}")
+    with malformed(f"{where} {labelled}"):
         statement = json.loads(payload)
         kind = statement["predicateType"]
         if not isinstance(kind, str) or not isinstance(statement["predicate"], dict):
             raise TypeError("predicateType or predicate of the wrong type")
     if kind != labelled:
-        raise IntegrityError(f"attestation layer annotated {labelled} holds a statement of type {kind}: refused "
+        raise IntegrityError(f"{where} annotated {labelled} holds a statement of type {kind}: refused "
                              f"(the annotation is unsigned; the signed statement decides which keys may open it)")
     role = policy.role_for(kind)
     if role is None:
@@ -215,42 +290,82 @@ def _open_statement(store, desc: Descriptor, policy) -> tuple[str, dict, set[str
     if len(signers) < needed:
         raise IntegrityError(f"attestation {kind} signed by {len(signers)} of {needed} required "
                              f"{role.name} key(s)")
-    return kind, statement, signers
+    return kind, statement, signers, payload
+
+
+def _envelopes(store, ref: Reference, report: Report) -> dict[str, list[tuple[str, bytes]]]:
+    """{"tag" | "bundle": [(label, envelope)]}: the attestations in each format present."""
+    tag = signature_tag(ref.pin, "att")
+    out: dict[str, list[tuple[str, bytes]]] = {}
+    manifest = store.manifest(tag)
+    if manifest is not None:
+        out["tag"] = []
+        for desc in _layers(manifest, f"attestation manifest {tag}"):
+            labelled = str(desc.annotations.get("predicateType", "(none)"))
+            try:
+                out["tag"].append((labelled, store.document(desc, f"attestation layer {labelled}")))
+            except IntegrityError as e:
+                report.check(False, str(e))
+    bundles, via, unreadable = _bundles(store, ref.pin)
+    for reason in unreadable:
+        report.check(False, reason)
+    statements = [(kind, envelope) for kind, envelope in bundles if kind != bundle.COSIGN_SIGN]
+    if statements:
+        out["bundle"] = statements
+    read = ([f"tag {tag}"] if "tag" in out else []) + ([f"{len(statements)} bundle(s) via {via}"] if statements else [])
+    report.check(bool(out), f"attestations present (read: {', '.join(read) or f'neither tag {tag} nor a bundle'})")
+    return out
+
+
+_WHERE = {"tag": "attestation layer", "bundle": "bundle"}
 
 
 def _attestations(store, ref: Reference, policy, report: Report) -> dict:
     """{predicateType: predicate} of the statements about this digest, each signed by its role;
-    two statements of one type are both refused (which one counts would be the pusher's choice)."""
-    tag = signature_tag(ref.pin, "att")
-    manifest = store.manifest(tag)
+    two statements of one type in one format are both refused (which one counts would be the
+    pusher's choice); where both formats are present, each type must be the same statements in both
+    (a verifier reading only one format must see what the other sees)."""
     found: dict[str, Any] = {}  # a rebuild's: a list of (signers, predicate), one per rebuilder
-    if not report.check(manifest is not None, f"attestation manifest {tag} present"):
-        return found
-    counts: dict[str, int] = {}
-    for desc in _layers(manifest, f"attestation manifest {tag}"):
-        try:
-            kind, statement, signers = _open_statement(store, desc, policy)
-        except IntegrityError as e:
-            report.check(False, str(e))
-            continue
-        except Unjudged as e:
-            report.check(True, str(e))
-            continue
-        counts[kind] = counts.get(kind, 0) + 1
-        with malformed(f"attestation {kind}"):
-            subjects = [s["digest"].get("sha256") for s in statement.get("subject", [])]
-        if report.check(ref.pin.hex in subjects, f"attestation {kind} is about this digest"
-                        + ("" if ref.pin.hex in subjects else f" (it names sha256:{', '.join(map(str, subjects))})")):
-            if kind == provenance.REBUILD_PREDICATE:  # one per rebuilder: counted by key, never one for all
-                found.setdefault(kind, []).append((signers, statement["predicate"]))
-            else:
-                found[kind] = statement["predicate"]
-            if kind == provenance.TEST_RESULT_PREDICATE:
-                _remember_failure(ref, statement["predicate"])  # even one refused below as a duplicate
-    for kind, n in sorted(counts.items()):
+    seen: dict[str, dict[str, set[bytes]]] = {}  # format -> type -> signed payloads
+    counts: dict[tuple[str, str], int] = {}
+    forms = _envelopes(store, ref, report)
+    for form, envelopes in forms.items():
+        for labelled, data in envelopes:
+            try:
+                kind, statement, signers, payload = _open_statement(data, labelled, policy, _WHERE[form])
+            except IntegrityError as e:
+                report.check(False, str(e))
+                continue
+            except Unjudged as e:
+                report.check(True, str(e))
+                continue
+            counts[(form, kind)] = counts.get((form, kind), 0) + 1
+            if payload in seen.setdefault(form, {}).setdefault(kind, set()):
+                continue
+            seen[form][kind].add(payload)
+            if form == "bundle" and payload in seen.get("tag", {}).get(kind, set()):
+                continue  # the same signed statement in both formats: counted once
+            with malformed(f"attestation {kind}"):
+                subjects = [s["digest"].get("sha256") for s in statement.get("subject", [])]
+            if report.check(ref.pin.hex in subjects, f"attestation {kind} is about this digest"
+                            + ("" if ref.pin.hex in subjects else f" (it names sha256:{', '.join(map(str, subjects))})")):
+                if kind == provenance.REBUILD_PREDICATE:  # one per rebuilder: counted by key, never one for all
+                    found.setdefault(kind, []).append((signers, statement["predicate"]))
+                else:
+                    found[kind] = statement["predicate"]
+                if kind == provenance.TEST_RESULT_PREDICATE:
+                    _remember_failure(ref, statement["predicate"])  # even one refused below as a duplicate
+    for (form, kind), n in sorted(counts.items()):
         if n > 1 and kind != provenance.REBUILD_PREDICATE:
-            report.check(False, f"{n} signed statements of type {kind} for this digest: refused (one per type; "
-                                f"which one counts must not be the choice of whoever can push)")
+            report.check(False, f"{n} signed statements of type {kind} for this digest"
+                                f"{' in its bundles' if form == 'bundle' else ''}: refused (one per type; which one "
+                                f"counts must not be the choice of whoever can push)")
+            found.pop(kind, None)
+    tagged, bundled = seen.get("tag", {}), seen.get("bundle", {})
+    for kind in sorted(set(tagged) | set(bundled)) if len(forms) == 2 else ():
+        if tagged.get(kind, set()) != bundled.get(kind, set()):
+            report.check(False, f"the {kind} statements under the tag and in the bundles differ: refused (a verifier "
+                                f"reading either format must see the same statements)")
             found.pop(kind, None)
     return found
 

@@ -1,0 +1,192 @@
+"""Sigstore bundles (v0.3, key mode) as OCI referrers, on a registry with the referrers API
+(go-containerregistry's pkg/registry) and one without (Debian's docker-registry 2.8: the spec's
+fallback tag). Judged by cosign 3.1 (Debian sid), which reads bundles, and by our verify; where a
+bundle and a tag signature both exist they must agree. The image is a small one pushed here: what
+is signed, not how big, is under test (tests/test_attest.py signs a real build)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from bakery.dev import stack
+from bakery.oci import referrers
+from bakery.oci.refs import Reference
+from bakery.oci.registry import OCI_MANIFEST
+from bakery.oci.store import RegistryStore, signature_tag
+from bakery.trust import attest, bundle, keys, policy as policy_mod, provenance, sign, verify
+from support import ROOT
+
+COSIGN3 = ROOT / ".tools" / "bin" / "cosign3"
+SLSA = provenance.SLSA_PREDICATE
+SMOKE = provenance.TEST_RESULT_PREDICATE
+
+
+@pytest.fixture(scope="module", params=["api", "fallback"])
+def where(request, registry):
+    """(registry host, how it lists referrers)."""
+    if request.param == "api":
+        return stack.ensure_referrers_registry(), referrers.API
+    return registry, "the fallback tag"
+
+
+def signer() -> sign.Signer:
+    return sign.Signer(ec.generate_private_key(ec.SECP256R1()))
+
+
+def pem(tmp_path, s: sign.Signer, name: str) -> str:
+    path = tmp_path / f"{name}.pub"
+    path.write_bytes(keys.public_pem(s.private_key.public_key()))
+    return str(path)
+
+
+def image(host: str, name: str) -> Reference:
+    """A one-layer image of its own, a fresh digest each run (the registries outlive a test run)."""
+    store = RegistryStore(Reference(host, f"bundles/{name}", "1"))
+    layer = store.put_blob(os.urandom(64), "application/vnd.oci.image.layer.v1.tar")
+    config = store.put_blob(json.dumps({"architecture": "amd64", "os": "linux",
+                                        "rootfs": {"type": "layers", "diff_ids": [str(layer.digest)]}}).encode(),
+                            "application/vnd.oci.image.config.v1+json")
+    body = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": config.to_json(),
+                       "layers": [layer.to_json()]}).encode()
+    digest = store.put_manifest("1", body)
+    return Reference(host, f"bundles/{name}", None, digest)
+
+
+def bundles(store, ref: Reference) -> list:
+    """(predicate type, envelope, hint) of each bundle the listing names."""
+    read = [bundle.read_referrer(store, d, "referrer") for d in referrers.listing(store, ref.pin).manifests()]
+    return [r for r in read if r is not None]
+
+
+def rules(*signers: sign.Signer) -> policy_mod.Policy:
+    release = policy_mod.Role("release", tuple(s.private_key.public_key() for s in signers))
+    return policy_mod.Policy({"release": release, "smoke": policy_mod.Role("smoke", ()),
+                              "rebuilder": policy_mod.Role("rebuilder", ())}, ("*",), ("local",), ("127.0.0.1:*/*",),
+                             True, "", False, "")
+
+
+def cosign3(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(COSIGN3), *args, "--insecure-ignore-tlog=true", "--allow-http-registry"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": "/tmp"})
+
+
+def provenance_of(ref: Reference, builder: str) -> bytes:
+    return provenance.statement(ref, SLSA, {"runDetails": {"builder": {"id": builder}}})
+
+
+def test_cosign3_reads_our_bundles_where_the_registry_lists_them(where, tmp_path):
+    host, via = where
+    key = signer()
+    ref = image(host, f"both-{via[:8].replace(' ', '')}")
+    store = RegistryStore(ref)
+    attest.sign_image(store, ref, key)
+    attest.attach(store, ref, {SLSA: provenance_of(ref, "local")}, key)
+    listing = referrers.listing(store, ref.pin)
+    assert listing.via.startswith(via) and len(bundles(store, ref)) == 2
+    # cosign 3 reads the bundles (not the tags: delete those and it still passes, below)
+    assert cosign3("verify", "--key", pem(tmp_path, key, "k"), str(ref)).returncode == 0
+    att = cosign3("verify-attestation", "--key", pem(tmp_path, key, "k"), "--type", "slsaprovenance1", str(ref))
+    assert att.returncode == 0, att.stderr
+    wrong = cosign3("verify", "--key", pem(tmp_path, signer(), "other"), str(ref))
+    assert wrong.returncode != 0
+    found = verify.cosign_signers(store, ref.pin, rules(key).roles["release"], rules(key))
+    assert found is not None and found.by == {key.keyid}, found
+    assert found.read == [f"tag {signature_tag(ref.pin, 'sig')}", f"1 bundle(s) via {listing.via}"]
+
+
+def test_bundles_alone_verify_with_cosign3_and_ours(where, tmp_path):
+    host, via = where
+    key = signer()
+    ref = image(host, f"bundle-only-{via[:8].replace(' ', '')}")
+    store = RegistryStore(ref)
+    attest.sign_image(store, ref, key, ("bundle",))
+    attest.attach(store, ref, {SLSA: provenance_of(ref, "local")}, key, ("bundle",))
+    assert store.manifest(signature_tag(ref.pin, "sig")) is None and store.manifest(signature_tag(ref.pin, "att")) is None
+    assert cosign3("verify", "--key", pem(tmp_path, key, "k"), str(ref)).returncode == 0
+    assert cosign3("verify-attestation", "--key", pem(tmp_path, key, "k"), "--type", "slsaprovenance1",
+                   str(ref)).returncode == 0
+    policy = rules(key)
+    found = verify.cosign_signers(store, ref.pin, policy.roles["release"], policy)
+    assert found is not None and found.by == {key.keyid} and found.read[0].startswith("1 bundle(s) via " + via)
+    report = verify.Report()
+    assert verify._attestations(store, ref, policy, report)[SLSA]["runDetails"]["builder"]["id"] == "local"
+    assert not report.failures, report.checks
+
+
+def test_a_bundle_and_a_tag_signature_by_different_keys_disagree(where):
+    """Both keys are release keys and each signature is valid alone: a verifier reading tags would
+    count one key, one reading bundles the other. Refused, in one line."""
+    host, via = where
+    a, b = signer(), signer()
+    ref = image(host, f"disagree-{via[:8].replace(' ', '')}")
+    store = RegistryStore(ref)
+    attest.sign_image(store, ref, a, ("bundle",))
+    attest.sign_image(store, ref, b, ("tag",))
+    policy = rules(a, b)
+    found = verify.cosign_signers(store, ref.pin, policy.roles["release"], policy)
+    assert found is not None and found.by == set() and len(found.reasons) == 1
+    assert "the tag signature (by 1 release key(s)) and the bundle signature (by 1) disagree" in found.reasons[0]
+    with pytest.raises(Exception, match="disagree"):
+        verify.require_signed(store, ref, policy, "image")
+
+
+def test_statements_that_differ_between_formats_are_refused(where):
+    """A provenance in the bundles and another under the .att tag, both signed by the release key."""
+    host, via = where
+    key = signer()
+    ref = image(host, f"differ-{via[:8].replace(' ', '')}")
+    store = RegistryStore(ref)
+    attest.attach(store, ref, {SLSA: provenance_of(ref, "local")}, key, ("bundle",))
+    attest.attach(store, ref, {SLSA: provenance_of(ref, "elsewhere")}, key, ("tag",))
+    report = verify.Report()
+    found = verify._attestations(store, ref, rules(key), report)
+    assert SLSA not in found
+    assert [f for f in report.failures if "differ" in f] == [
+        f"the {SLSA} statements under the tag and in the bundles differ: refused (a verifier reading either format "
+        f"must see the same statements)"]
+
+
+def test_a_new_statement_supersedes_the_bundle_of_its_type(where):
+    """A FAILED smoke result then a PASSED one: one bundle of that type stays listed, as the .att tag
+    keeps one layer per type (verify refuses two of one type)."""
+    host, via = where
+    key = signer()
+    ref = image(host, f"supersede-{via[:8].replace(' ', '')}")
+    store = RegistryStore(ref)
+    for result in ("FAILED", "PASSED"):
+        attest.attach(store, ref, {SMOKE: provenance.statement(ref, SMOKE, {"result": result})}, key)
+    attest.attach(store, ref, {SLSA: provenance_of(ref, "local")}, key)
+    assert sorted(kind for kind, _, _ in bundles(store, ref)) == sorted([SMOKE, SLSA])
+    payloads = [json.loads(sign.read_envelope(envelope, "r")[1]) for _, envelope, _ in bundles(store, ref)]
+    assert {p["predicate"].get("result") for p in payloads if p["predicateType"] == SMOKE} == {"PASSED"}
+
+
+def test_a_bundle_with_a_certificate_is_not_read_in_key_mode():
+    data = json.dumps({"mediaType": bundle.BUNDLE, "dsseEnvelope": {},
+                       "verificationMaterial": {"certificate": {"rawBytes": "AA=="}}}).encode()
+    with pytest.raises(Exception, match="not a public key"):
+        bundle.envelope_of(data, "bundle")
+    with pytest.raises(Exception, match="not application/vnd.dev.sigstore.bundle.v0.3"):
+        bundle.envelope_of(json.dumps({"mediaType": "application/vnd.dev.sigstore.bundle+json;version=0.2",
+                                       "dsseEnvelope": {}, "verificationMaterial": {}}).encode(), "bundle")
+
+
+def test_a_bundle_copied_from_another_image_is_refused(where, tmp_path):
+    """Image A's signature bundle, attached to image B as its referrer: the statement names A."""
+    host, via = where
+    key = signer()
+    a, b = (image(host, f"copied-{n}-{via[:8].replace(' ', '')}") for n in ("a", "b"))
+    store = RegistryStore(b)
+    envelope = sign.envelope(key, bundle.signature_statement(a))
+    desc = store.put_blob(bundle.of_envelope(envelope), bundle.BUNDLE)
+    referrers.attach(store, b.pin, bundle.referrer_manifest(store, desc, b, bundle.COSIGN_SIGN), bundle.BUNDLE, {})
+    policy = rules(key)
+    found = verify.cosign_signers(store, b.pin, policy.roles["release"], policy)
+    assert found is not None and found.by == set()
+    assert found.reasons == [f"signature is for {a.pin}, not {b.pin} (copied from another image)"]
+    assert cosign3("verify", "--key", pem(tmp_path, key, "k"), str(b)).returncode != 0
