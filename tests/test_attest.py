@@ -512,3 +512,41 @@ def test_builder_and_source_come_from_the_ci_environment(monkeypatch, tmp_path):
     assert record_mod.source_repository(tmp_path, _git) == "https://github.com/acme/bakery"
     subprocess.run(["git", "-C", str(tmp_path), "remote", "set-url", "origin", "/srv/git/bakery.git"], check=True)
     assert record_mod.source_repository(tmp_path, _git) == "file:///srv/git/bakery"  # a URI, as SPDX needs
+
+
+def test_attest_keyless_then_verify_by_the_release_workflows_identity(signed, fixture_base, registry, tmp_path):
+    """`invoke attest --keyless` as the release workflow's signing job would run it (the OIDC token
+    in SIGSTORE_ID_TOKEN, from the GitHub stand-in), against the Sigstore stand-in; `invoke verify`
+    with a policy naming that identity and no key, and cosign 3.1 from the same trusted root."""
+    import shutil
+
+    from bakery.dev import stack
+    from bakery.dev.github_stand_in import oidc_token
+    from test_keyless import ISSUER, REPO, TAG, WORKFLOWS, cosign3
+
+    trust = stack.ensure_sigstore_stand_in()
+    ref, record = signed["a"]
+    reg = Registry(registry)
+    body, media_type, _ = reg.get_manifest(ref)
+    for d in [json.loads(body)["config"]] + json.loads(body)["layers"]:
+        reg.mount_blob("signed/keyless", Digest.parse(d["digest"]), ref.repository)
+    reg.put_manifest("signed/keyless", str(ref.digest), body, media_type)
+    image = f"{registry}/signed/keyless@{ref.digest}"
+    token = oidc_token(REPO, WORKFLOWS["release"], TAG)
+    attested = invoke(signed["project"], "attest", image, "--record", str(record), "--keyless", "--trust-config",
+                      str(trust / "trust_config.json"), env={"SIGSTORE_ID_TOKEN": token})
+    assert attested.returncode == 0, attested.stderr
+    shutil.copy(trust / "trusted_root.json", tmp_path / "trusted_root.json")
+    policy = dev_policy(tmp_path / "policy.yaml", fixture_base, keyless={
+        "trusted_root": "trusted_root.json", "roles": {role: {"issuer": ISSUER, "repository": REPO, "workflow": w,
+                                                             "ref": "refs/tags/v*"} for role, w in WORKFLOWS.items()}})
+    ok = invoke(signed["project"], "verify", image, "--policy", str(policy))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "signature valid for this digest, by 1 of 1 required release key(s)" in ok.stdout
+    assert cosign3(trust, image, WORKFLOWS["release"]).returncode == 0  # the log checked too, offline
+    smoke = oidc_token(REPO, WORKFLOWS["smoke"], TAG)  # the smoke job's identity signs no release
+    again = invoke(signed["project"], "attest", image, "--record", str(record), "--keyless", "--trust-config",
+                   str(trust / "trust_config.json"), env={"SIGSTORE_ID_TOKEN": smoke})
+    assert again.returncode == 0, again.stderr
+    refused = invoke(signed["project"], "verify", image, "--policy", str(policy))
+    assert refused.returncode == 5 and "not the release role's identity" in refused.stdout, refused.stdout

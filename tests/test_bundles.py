@@ -15,8 +15,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from bakery.dev import stack
 from bakery.oci import referrers
-from bakery.oci.refs import Reference
-from bakery.oci.registry import OCI_MANIFEST
+from bakery.oci.refs import Digest, Reference
+from bakery.oci.registry import OCI_MANIFEST, Registry
 from bakery.oci.store import RegistryStore, signature_tag
 from bakery.trust import attest, bundle, keys, policy as policy_mod, provenance, sign, verify
 from support import ROOT
@@ -58,8 +58,8 @@ def image(host: str, name: str) -> Reference:
 
 
 def bundles(store, ref: Reference) -> list:
-    """(predicate type, envelope, hint) of each bundle the listing names."""
-    read = [bundle.read_referrer(store, d, "referrer") for d in referrers.listing(store, ref.pin).manifests()]
+    """(predicate type, bundle bytes, hint) of each bundle the listing names."""
+    read = [bundle.read_referrer(store, r, ref.pin, "referrer") for r in referrers.listing(store, ref.pin).referrers]
     return [r for r in read if r is not None]
 
 
@@ -162,7 +162,7 @@ def test_a_new_statement_supersedes_the_bundle_of_its_type(where):
         attest.attach(store, ref, {SMOKE: provenance.statement(ref, SMOKE, {"result": result})}, key)
     attest.attach(store, ref, {SLSA: provenance_of(ref, "local")}, key)
     assert sorted(kind for kind, _, _ in bundles(store, ref)) == sorted([SMOKE, SLSA])
-    payloads = [json.loads(sign.read_envelope(envelope, "r")[1]) for _, envelope, _ in bundles(store, ref)]
+    payloads = [json.loads(sign.read_envelope(bundle.envelope_of(data, "r"), "r")[1]) for _, data, _ in bundles(store, ref)]
     assert {p["predicate"].get("result") for p in payloads if p["predicateType"] == SMOKE} == {"PASSED"}
 
 
@@ -190,3 +190,91 @@ def test_a_bundle_copied_from_another_image_is_refused(where, tmp_path):
     assert found is not None and found.by == set()
     assert found.reasons == [f"signature is for {a.pin}, not {b.pin} (copied from another image)"]
     assert cosign3("verify", "--key", pem(tmp_path, key, "k"), str(b)).returncode != 0
+
+
+# -- a registry's listing is only where to look (the attacker review of 2026-12-06) --------------------
+
+def put_listing(store, subject: Reference, entries: list[dict]) -> None:
+    """The fallback tag's index as a pusher may write it."""
+    store.put_index(referrers.fallback_tag(subject.pin), json.dumps(
+        {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": entries}).encode())
+
+
+def entry(store, digest, artifact_type: str) -> dict:
+    body = store.manifest(str(digest))
+    return {"mediaType": OCI_MANIFEST, "digest": str(digest), "size": len(body), "artifactType": artifact_type}
+
+
+def test_mirror_never_deletes_what_a_pushed_listing_names_that_is_not_a_referrer(registry):
+    """A pusher lists image B in A's fallback index at the mirror; mirroring A must leave B be."""
+    from bakery.oci import mirror
+
+    key = signer()
+    a, b = image(registry, "mirror-src"), image(registry, "mirror-victim")
+    attest.sign_image(RegistryStore(a), a, key)
+    dest = RegistryStore(Reference(registry, b.repository, None))  # A is copied into B's repository
+    put_listing(dest, a, [entry(dest, b.pin, bundle.BUNDLE)])
+    mirror.copy_signed(RegistryStore(a), a, dest, log=lambda line: None)
+    assert dest.manifest(str(b.pin)) is not None
+
+
+def test_a_referrer_marked_a_bundle_anywhere_is_judged_not_skipped(registry):
+    """cosign 3 takes the listing's artifactType: a manifest it reads as a bundle must not be one we
+    pass over because the manifest's own artifactType says otherwise."""
+    key = signer()
+    ref = image(registry, "marked")
+    store = RegistryStore(ref)
+    attest.sign_image(store, ref, key)
+    envelope = sign.envelope(key, provenance_of(ref, "an old statement"))
+    desc = store.put_blob(bundle.of_envelope(envelope), bundle.BUNDLE)
+    doc = json.loads(bundle.referrer_manifest(store, desc, ref, SLSA))
+    del doc["artifactType"]
+    body = json.dumps(doc).encode()
+    store.put_manifest(None, body)
+    listed = json.loads(store.manifest(referrers.fallback_tag(ref.pin)) or b"")["manifests"]
+    put_listing(store, ref, listed + [{**entry(store, Digest.of(body), bundle.BUNDLE)}])
+    found, _, reasons = verify._bundles(store, ref.pin)
+    assert reasons == [f"referrer {Digest.of(body)}: marked a bundle, but not one {bundle.BUNDLE} layer under that "
+                       f"artifactType: refused"]
+
+
+def test_a_bundle_of_another_image_in_the_listing_is_refused_and_never_superseded(registry):
+    key = signer()
+    a, b = image(registry, "subject-a"), image(registry, "subject-b")
+    store_b = RegistryStore(b)
+    attest.attach(store_b, b, {SLSA: provenance_of(b, "local")}, key, ("bundle",))
+    b_bundle = bundles(store_b, b)
+    store_a = RegistryStore(Reference(registry, b.repository, None, a.pin))
+    body = RegistryStore(a).manifest(str(a.pin))
+    assert body is not None
+    for d in json.loads(body)["layers"] + [json.loads(body)["config"]]:  # image A beside B, as a pusher may
+        Registry(registry).mount_blob(b.repository, Digest.parse(d["digest"]), a.repository)
+    store_a.put_manifest(None, body)
+    b_referrer = json.loads(store_b.manifest(referrers.fallback_tag(b.pin)) or b"")["manifests"]
+    put_listing(store_a, a, b_referrer)
+    _, _, reasons = verify._bundles(store_a, a.pin)
+    assert len(reasons) == 1 and f"a bundle about {b.pin}, listed as a referrer of {a.pin}: refused" in reasons[0]
+    attest.attach(store_a, a, {SLSA: provenance_of(a, "local")}, key, ("bundle",))  # supersedes its own only
+    assert bundles(store_b, b) == b_bundle
+
+
+@pytest.mark.parametrize("listing, says", [
+    ({"manifests": [{"mediaType": OCI_MANIFEST, "size": 1}]}, "an entry without a digest"),
+    ({"manifests": [{"mediaType": OCI_MANIFEST, "digest": "sha512:" + "a" * 128, "size": 1}]}, "not named by a sha256"),
+    ({"manifests": "x"}, "manifests is not a list"),
+])
+def test_a_malformed_listing_is_an_integrity_error(listing, says):
+    from bakery.errors import IntegrityError
+
+    with pytest.raises(IntegrityError, match=says):
+        referrers._parse(json.dumps(listing).encode(), "listing")
+
+
+def test_a_rebuilder_key_with_two_words_for_one_digest_is_not_counted():
+    """An old match=True put back beside the rebuilder's newer match=False."""
+    ref = Reference("r.example", "x", None, Digest("sha256", "ab" * 32))
+    report = verify.Report()
+    verify._rebuilds([({"k1"}, {"match": True, "result": str(ref.digest)}),
+                      ({"k1"}, {"match": False, "result": "sha256:" + "cd" * 32})], ref, 1, report)
+    assert report.failures[0].startswith("1 rebuilder key(s) signed more than one rebuild statement")
+    assert "rebuilt to this digest by 0 of 1" in report.failures[1]

@@ -76,7 +76,11 @@ AWAIT_RUNNER = {"job": "the job's name as the run shows it (its `name:`)",
 ATTEST = {"image": "the image REGISTRY/REPO@sha256:DIGEST to sign",
           "record": "its build record (default: out/build-record.json)",
           "key": "encrypted private key file (default: BAKERY_SIGNING_KEY from the environment)",
-          "layout": "attest inside this OCI layout directory instead of a registry"}
+          "layout": "attest inside this OCI layout directory instead of a registry",
+          "keyless": "sign without a key, as the workflow identity of the OIDC token (SIGSTORE_ID_TOKEN, else the "
+                     "GitHub Actions job's own): Sigstore bundles only, with a Fulcio certificate and a Rekor entry",
+          "trust_config": "keyless: the Sigstore services and root (a ClientTrustConfig JSON; default: the public "
+                          "instance's, fetched by TUF)"}
 
 ATTACH = {"image": "the image REGISTRY/REPO@sha256:DIGEST the statement is about",
           "envelope": "a signed DSSE envelope (e.g. from `invoke smoke --attest --envelope FILE`)",

@@ -24,15 +24,19 @@ def keygen(out: str, role: str) -> tuple[Path, Path]:
     return keys.generate(Path(out), role)
 
 
-def attest(project: Path, image: str, record: str | None, key: str | None, layout: str | None):
+def attest(project: Path, image: str, record: str | None, key: str | None, layout: str | None, keyless: bool = False,
+           trust_config: str | None = None):
     """(the image, what was written: signature, attestations, kernels, verdicts)."""
     from ..oci import store
     from ..oci.refs import Reference
-    from ..trust import attest as attest_mod, keys, record as record_mod, sign
+    from ..trust import attest as attest_mod, keyless as keyless_mod, keys, record as record_mod, sign
 
     ref = Reference.parse_pinned(image, "image")
     rec = record_mod.read(Path(record) if record else Project(project).out / "build-record.json")
-    signer = sign.Signer(keys.load_private(Path(key) if key else None))
+    if keyless and key:
+        raise InputError("--keyless signs as the workflow identity, --key with a key: give one")
+    signer = keyless_mod.ambient_signer(Path(trust_config) if trust_config else None) if keyless else \
+        sign.Signer(keys.load_private(Path(key) if key else None))
     written = attest_mod.attest(store.open_store(ref, Path(layout) if layout else None), ref, rec, signer,
                                 sign_kernels=not layout, formats=signature_formats(project))
     return ref, written

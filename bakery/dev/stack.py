@@ -119,6 +119,42 @@ def ensure_referrers_registry(port: int = REFERRERS_PORT, timeout: float = 30) -
     raise EnvironmentProblem(f"the referrers registry on {host} did not start: see {log.name}")
 
 
+SIGSTORE_PORT = 5003
+
+
+def ensure_sigstore_stand_in(port: int = SIGSTORE_PORT, timeout: float = 30) -> Path:
+    """Start the Sigstore stand-in (scripts/sigstore-stand-in: @sigstore/mock's Fulcio and Rekor on
+    127.0.0.1:port) unless it answers; return the folder holding its trusted_root.json,
+    signing_config.json and trust_config.json. Its keys are made at each start: a restart makes
+    every bundle signed before it unverifiable against the new root, as a new trust root would."""
+    folder = state_dir() / f"sigstore-{port}"
+    project = Path(__file__).resolve().parents[2]
+    if _answers(port) and (folder / "trust_config.json").exists():
+        return folder
+    node = project / ".tools" / "sigstore" / "node_modules" / ".bin" / "node"
+    if not node.exists():
+        raise EnvironmentProblem(f"{node} is missing: run scripts/fetch-tools.sh")
+    shutil.rmtree(folder, ignore_errors=True)
+    log = open(state_dir() / f"sigstore-{port}.log", "ab")
+    subprocess.Popen([str(node), str(project / "scripts" / "sigstore-stand-in" / "server.js"), str(port), str(folder)],
+                     stdout=log, stderr=log, start_new_session=True,
+                     env={**os.environ, "NODE_PATH": str(project / ".tools" / "sigstore" / "node_modules")})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _answers(port) and (folder / "trust_config.json").exists():
+            return folder
+        time.sleep(0.3)
+    raise EnvironmentProblem(f"the Sigstore stand-in on 127.0.0.1:{port} did not start: see {log.name}")
+
+
+def _answers(port: int) -> bool:
+    try:
+        requests.get(f"http://127.0.0.1:{port}/", timeout=2)
+        return True
+    except requests.RequestException:
+        return False
+
+
 def up() -> str:
     """Engine and the default registry; returns the registry's host:port."""
     ensure_dockerd()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from ..errors import InputError, IntegrityError
 from .manifest import Manifest
 from .refs import Descriptor, Digest, Reference
 from .registry import INDEX_TYPES, Registry
@@ -56,7 +57,6 @@ def copy_signed(src, ref: Reference, dest, tag: str | None = None, log=print) ->
     from one store to another (registry or OCI layout). Every blob is checked on the way; the image's
     tag is written last, so a failed copy leaves no tag behind. The signatures still name the
     repository the image was signed for: verify binds by digest and the policy's allowed list."""
-    from ..errors import InputError
     from . import referrers
     from .store import signature_tag
 
@@ -68,11 +68,9 @@ def copy_signed(src, ref: Reference, dest, tag: str | None = None, log=print) ->
         body = src.manifest(name)
         if body is not None:
             manifests.append((name, body))
-    attached = []
-    for desc in referrers.listing(src, ref.pin).manifests():
-        body = src.manifest(str(desc.digest))
-        if body is not None and desc.digest not in {Digest.of(b) for _, b in manifests}:
-            attached.append(body)
+    tagged = {Digest.of(b) for _, b in manifests}
+    attached = [body for body in (_referrer(src, desc, ref) for desc in referrers.listing(src, ref.pin).manifests()
+                                  if desc.digest not in tagged) if body is not None]
     if len(manifests) == 1 and not attached:
         raise InputError(f"{ref} has no signature ({signature_tag(ref.pin, 'sig')} or a bundle): sign and attest it "
                          f"(`invoke attest`) before mirroring")
@@ -82,11 +80,36 @@ def copy_signed(src, ref: Reference, dest, tag: str | None = None, log=print) ->
             log(f"  {name}: blob {desc.digest.hex[:12]} ({desc.size} bytes)")
             dest.put_stream(desc, lambda d=desc: src.stream(d))
     dest.put_manifest(None, manifests[0][1])
-    copied = {Digest.of(body) for body in attached} | {Digest.of(body) for _, body in manifests}
-    stale = tuple(d.digest for d in referrers.listing(dest, ref.pin).manifests() if d.digest not in copied)
+    copied = {Digest.of(body) for body in attached} | tagged
+    kinds = {Manifest.parse(body, "referrer").artifact_type for body in attached}
+    stale = tuple(d.digest for d in referrers.listing(dest, ref.pin).manifests()
+                  if d.digest not in copied and _referrer(dest, d, ref, kinds) is not None)
     for i, body in enumerate(attached):  # the copy's referrers become the source's: an older copy's go
         parsed = Manifest.parse(body, f"referrer of {ref.name}")
         referrers.attach(dest, ref.pin, body, parsed.artifact_type or parsed.config.media_type, parsed.annotations,
                          stale if i == len(attached) - 1 else ())
     for name, body in manifests[1:] + [(tag or manifests[0][0], manifests[0][1])]:
         dest.put_manifest(name, body)
+
+
+def _referrer(store, desc: Descriptor, ref: Reference, kinds: set | None = None) -> bytes | None:
+    """A listed referrer's manifest, only if it is one: its `subject` is ref's digest, each blob it
+    names is small (a signature or bundle, never an image's layers) and, with `kinds`, its
+    artifactType is one of them (what a copy may replace). A listing is the registry's word: what
+    it names otherwise is neither copied nor deleted."""
+    from .registry import check_document_size
+    from .transport import DOCUMENT_LIMIT
+
+    body = store.manifest(str(desc.digest))
+    if body is None or len(body) > DOCUMENT_LIMIT:
+        return None
+    try:
+        doc = json.loads(body)
+        manifest = Manifest.parse(body, f"referrer {desc.digest}", 16)
+        for blob in manifest.blobs:
+            check_document_size(blob, f"blob of referrer {desc.digest}")
+        if (doc.get("subject") or {}).get("digest") != str(ref.pin):
+            return None
+    except (ValueError, TypeError, AttributeError, IntegrityError, InputError):
+        return None
+    return body if kinds is None or manifest.artifact_type in kinds else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ..errors import IntegrityError, NotFound, RegistryError, malformed
+from ..errors import InputError, IntegrityError, NotFound, RegistryError, malformed
 from ..files import canonical_json
 from .refs import Descriptor, Digest
 from .registry import OCI_INDEX, OCI_MANIFEST
@@ -38,11 +38,13 @@ class Listing:
 
     def manifests(self) -> tuple[Descriptor, ...]:
         """Every referrer listed, whatever type the listing says: registries derive it differently
-        (go-containerregistry's from the config's media type), so the manifest itself decides."""
+        (go-containerregistry's from the config's media type), so the manifest is read too."""
         return tuple(r.descriptor for r in self.referrers)
 
 
 def _parse(body: bytes, what: str) -> tuple[Referrer, ...]:
+    """The entries of a referrers index; each must name a manifest by a sha256 digest (the only
+    kind read through a digest check), or the whole listing is refused."""
     with malformed(what, IntegrityError):
         doc = json.loads(body)
         entries = doc["manifests"]
@@ -50,7 +52,13 @@ def _parse(body: bytes, what: str) -> tuple[Referrer, ...]:
             raise TypeError("manifests is not a list")
         if len(entries) > REFERRERS_LIMIT:
             raise ValueError(f"it lists {len(entries)} referrers, past the {REFERRERS_LIMIT} an image may have")
-        return tuple(Referrer(Descriptor.from_json(e), str(e.get("artifactType") or "")) for e in entries)
+        try:
+            found = tuple(Referrer(Descriptor.from_json(e), str(e.get("artifactType") or "")) for e in entries)
+        except (InputError, AttributeError):
+            raise ValueError("an entry without a digest, size or media type") from None
+        if any(r.descriptor.digest.algorithm != "sha256" for r in found):
+            raise ValueError("an entry not named by a sha256 digest")
+        return found
 
 
 def api_listing(registry, repo: str, digest: Digest) -> bytes | None:

@@ -21,7 +21,7 @@ from ..oci.manifest import Manifest
 from ..oci.refs import Descriptor, Digest, Reference
 from ..oci.registry import OCI_MANIFEST
 from ..oci.store import signature_tag
-from . import bundle, provenance, sbom, sign, vex
+from . import bundle, keyless, provenance, sbom, sign, vex
 from .policy import SIGNATURE_FORMATS
 from .record import Artifact, BuildRecord, Verdict
 
@@ -53,13 +53,25 @@ def _manifest(store, layers: list[Descriptor], subject: Reference, artifact_type
 FORMATS = SIGNATURE_FORMATS
 
 
-def sign_image(store, subject: Reference, signer: sign.Signer, formats: tuple[str, ...] = FORMATS) -> Digest:
+def _bundle_of(signer, statement: bytes) -> bytes:
+    """A bundle over a statement: keyless (a certificate for the workflow identity) or by key."""
+    if isinstance(signer, keyless.KeylessSigner):
+        return signer.bundle(statement)
+    return bundle.of_envelope(sign.envelope(signer, statement))
+
+
+def _formats_of(signer, formats: tuple[str, ...]) -> tuple[str, ...]:
+    """A keyless signer writes bundles only: cosign's tags hold no certificate here."""
+    return ("bundle",) if isinstance(signer, keyless.KeylessSigner) else formats
+
+
+def sign_image(store, subject: Reference, signer, formats: tuple[str, ...] = FORMATS) -> Digest:
     """Sign the digest: a bundle of cosign 3's signature statement, then cosign's .sig tag; returns
-    the digest of the last written."""
+    the digest of the last written. `signer`: a sign.Signer (a key) or a keyless.KeylessSigner."""
     written = None
+    formats = _formats_of(signer, formats)
     if "bundle" in formats:
-        envelope = sign.envelope(signer, bundle.signature_statement(subject))
-        written = _attach_bundle(store, subject, bundle.COSIGN_SIGN, envelope)
+        written = _attach_bundle(store, subject, bundle.COSIGN_SIGN, _bundle_of(signer, bundle.signature_statement(subject)))
     if "tag" in formats:
         payload = sign.simple_signing_payload(subject, subject.pin)
         desc = store.put_blob(payload, SIMPLE_SIGNING)
@@ -72,30 +84,37 @@ def sign_image(store, subject: Reference, signer: sign.Signer, formats: tuple[st
     return written
 
 
-def attach(store, subject: Reference, statements: dict[str, bytes], signer: sign.Signer,
+def attach(store, subject: Reference, statements: dict[str, bytes], signer,
            formats: tuple[str, ...] = FORMATS) -> Digest:
     """Sign `statements` ({predicateType: statement}) and attach them in each format."""
+    if isinstance(signer, keyless.KeylessSigner):
+        written = None
+        for kind, statement in statements.items():
+            written = _attach_bundle(store, subject, kind, signer.bundle(statement))
+        if written is None:
+            raise InputError("nothing to attach")
+        return written
     return attach_envelopes(store, subject, {kind: sign.envelope(signer, statement)
                                              for kind, statement in statements.items()}, formats)
 
 
-def _attach_bundle(store, subject: Reference, predicate_type: str, envelope: bytes) -> Digest:
+def _attach_bundle(store, subject: Reference, predicate_type: str, data: bytes) -> Digest:
     """One bundle referrer of `subject`, superseding the bundles of the same predicate type (for a
     rebuild: of the same rebuilder's key), as the .att tag's layers are replaced."""
-    data = bundle.of_envelope(envelope)
     desc = store.put_blob(data, bundle.BUNDLE)
-    signer = json.loads(data)["verificationMaterial"]["publicKey"]["hint"]
+    key = json.loads(data)["verificationMaterial"].get("publicKey")
+    signer = key.get("hint", "") if isinstance(key, dict) else ""
     superseded = []
-    for old in referrers.listing(store, subject.pin).manifests():
+    for old in referrers.listing(store, subject.pin).referrers:
         try:
-            read = bundle.read_referrer(store, old, f"referrer {old.digest}")
+            read = bundle.read_referrer(store, old, subject.pin, f"referrer {old.descriptor.digest}")
         except IntegrityError:
             continue  # not one of ours to replace; verify judges it
         if read is None:
             continue
         kind, _, hint = read
         if kind == predicate_type and (predicate_type != provenance.REBUILD_PREDICATE or hint == signer):
-            superseded.append(old.digest)
+            superseded.append(old.descriptor.digest)
     body = bundle.referrer_manifest(store, desc, subject, predicate_type)
     digest, _ = referrers.attach(store, subject.pin, body, bundle.BUNDLE,
                                  {bundle.CONTENT: "dsse-envelope", bundle.PREDICATE_TYPE: predicate_type},
@@ -111,7 +130,7 @@ def attach_envelopes(store, subject: Reference, envelopes: dict[str, bytes],
     written = None
     if "bundle" in formats:
         for predicate_type, envelope in envelopes.items():
-            written = _attach_bundle(store, subject, predicate_type, envelope)
+            written = _attach_bundle(store, subject, predicate_type, bundle.of_envelope(envelope))
     if "tag" not in formats:
         if written is None:
             raise InputError(f"no attestation format chosen (formats: {', '.join(FORMATS)})")
@@ -162,7 +181,7 @@ def statements(subject: Reference, record: BuildRecord) -> dict[str, bytes]:
     }
 
 
-def attest(store, subject: Reference, record: BuildRecord, signer: sign.Signer, sign_kernels: bool = True,
+def attest(store, subject: Reference, record: BuildRecord, signer, sign_kernels: bool = True,
            formats: tuple[str, ...] = FORMATS) -> dict:
     """Sign the digest, attach SBOM, provenance and VEX, and sign the kernel artifact the record names
     (so that a later build may bake it instead of compiling); return what was written."""
@@ -173,6 +192,7 @@ def attest(store, subject: Reference, record: BuildRecord, signer: sign.Signer, 
                          f"pass the record of that build with --record")
     if store.manifest(str(subject.digest)) is None:
         raise InputError(f"{subject} is not in {getattr(store, 'path', subject.name)}: push it first")
+    formats = _formats_of(signer, formats)
     written: dict[str, Any] = {"formats": formats}
     signed = statements(subject, record)
     for form in (f for f in ("bundle", "tag") if f in formats):  # the bundles whole first, then the tags

@@ -16,7 +16,7 @@ import json
 from ..errors import IntegrityError, malformed
 from ..files import canonical_json
 from ..oci.manifest import Manifest
-from ..oci.refs import Descriptor, Reference
+from ..oci.refs import Descriptor, Digest, Reference
 from ..oci.registry import OCI_MANIFEST
 
 BUNDLE = "application/vnd.dev.sigstore.bundle.v0.3+json"
@@ -74,19 +74,46 @@ def referrer_manifest(store, bundle_desc: Descriptor, subject: Reference, predic
                            "subject": Descriptor(OCI_MANIFEST, subject.pin, len(image or b"")).to_json()})
 
 
-def read_referrer(store, desc: Descriptor, what: str) -> tuple[str, bytes, str] | None:
-    """(the annotated predicate type, the envelope, the key hint) of a bundle referrer, None for a
-    referrer that is no bundle (cosign's .sig and .att manifests name the image as subject too);
-    annotation and hint are unsigned and only say which older bundle a new one supersedes."""
+def is_keyless(data: bytes) -> bool:
+    """Whether a bundle carries a certificate (keyless) rather than a public key's hint."""
+    try:
+        material = json.loads(data)["verificationMaterial"]
+        return isinstance(material, dict) and bool({"certificate", "x509CertificateChain"} & set(material))
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+def read_referrer(store, referrer, subject: Digest, what: str) -> tuple[str, bytes, str] | None:
+    """(the annotated predicate type, the bundle's bytes, the key hint) of a bundle referrer of
+    `subject`, None for a referrer that is no bundle (cosign's .sig and .att manifests name the
+    image as subject too). A referrer is a bundle if anything says so (the listing's artifactType,
+    the manifest's, its config's or a layer's media type: cosign 3 reads the listing's, we must not
+    skip what it reads), and then it must be whole: one bundle layer, about this subject.
+    Annotation and hint are unsigned and only say which older bundle a new one supersedes."""
     from .verify import SIGNATURE_LAYERS
 
-    manifest = Manifest.parse(store.manifest(str(desc.digest)) or b"", what, SIGNATURE_LAYERS)
-    if manifest.artifact_type != BUNDLE:
+    desc = referrer.descriptor
+    body = store.manifest(str(desc.digest))
+    if body is None:
+        raise IntegrityError(f"{what} is listed but not in the repository: refused")
+    manifest = Manifest.parse(body, what, SIGNATURE_LAYERS)
+    marks = {referrer.artifact_type, manifest.artifact_type, manifest.config.media_type} | \
+        {layer.media_type for layer in manifest.layers}
+    if BUNDLE not in marks:
         return None
-    if len(manifest.layers) != 1 or manifest.layers[0].media_type != BUNDLE:
-        raise IntegrityError(f"{what}: a bundle referrer that is not one {BUNDLE} layer: refused")
+    with malformed(what, IntegrityError):
+        named = json.loads(body).get("subject") or {}
+        about = named.get("digest") if isinstance(named, dict) else None
+    if manifest.artifact_type != BUNDLE or len(manifest.layers) != 1 or manifest.layers[0].media_type != BUNDLE:
+        raise IntegrityError(f"{what}: marked a bundle, but not one {BUNDLE} layer under that artifactType: refused")
+    if about != str(subject):
+        raise IntegrityError(f"{what}: a bundle about {str(about)[:80]}, listed as a referrer of {subject}: refused")
     data = store.document(manifest.layers[0], what)
-    envelope = envelope_of(data, what)
-    key = json.loads(data)["verificationMaterial"].get("publicKey")  # envelope_of parsed it: an object
+    with malformed(what, IntegrityError):
+        doc = json.loads(data)
+        if not isinstance(doc, dict) or doc.get("mediaType") != BUNDLE:
+            raise ValueError(f"not a {BUNDLE} document")
+    material = doc.get("verificationMaterial")
+    key = material.get("publicKey") if isinstance(material, dict) else None
     hint = key.get("hint", "") if isinstance(key, dict) else ""
-    return str(manifest.annotations.get(PREDICATE_TYPE, "")), envelope, str(hint)
+    return str(manifest.annotations.get(PREDICATE_TYPE, "")), data, str(hint)

@@ -4,13 +4,14 @@ repositories are allowed, and what `invoke verify` demands beyond a valid signat
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import schema
 from ..errors import InputError
 from ..oci.refs import Reference
 from ..project import Project
+from . import keyless
 from .provenance import REBUILD_PREDICATE, SLSA_PREDICATE, SPDX_PREDICATE, TEST_RESULT_PREDICATE, VEX_PREDICATE
 
 # Whose keys may sign a statement of each predicate type. The type is read from the signed
@@ -21,7 +22,7 @@ SMOKE_SPEC = "provenance/smoke.yaml"
 POLICY_KEYS = {"roles": dict, "allowed_sources": list, "allowed_builders": list, "allowed_repositories": list,
                "allow_dirty": bool, "base": str, "require_smoke": bool, "require_rebuilds": int, "smoke_spec": str,
                "smoke_arch": str,
-               "smoke_compute_units": int, "signature_formats": list}
+               "smoke_compute_units": int, "signature_formats": list, "keyless": dict}
 SIGNATURE_FORMATS = ("tag", "bundle")  # cosign's .sig/.att tags; Sigstore bundles (v0.3) as OCI referrers
 
 
@@ -48,6 +49,12 @@ class Policy:
     smoke_compute_units: int = 304  # (MI300A and MI308X are gfx942 too, with 228 and 80)
     require_rebuilds: int = 0  # distinct rebuilder keys that must attest a matching rebuild
     signature_formats: tuple[str, ...] = SIGNATURE_FORMATS  # what attest writes; verify reads either
+    identities: dict = field(default_factory=dict)  # role -> keyless.RoleIdentity (signing without keys)
+    trusted_root: Path | None = None  # the trusted_root.json keyless bundles are checked against, offline
+
+    def may_sign(self, role: str) -> bool:
+        """Whether anything here can vouch for the role: a key, or a keyless identity."""
+        return bool(self.roles[role].keys) or role in self.identities
 
     def role_for(self, predicate_type: str) -> Role | None:
         """The role whose keys may sign a statement of this type; None: no key may."""
@@ -100,7 +107,8 @@ def load_policy(path: Path, project: Path, keys: dict | None = None) -> Policy:
                       load_spec(Project(project).base_yaml).image),
                   bool(doc.get("require_smoke", False)), _smoke_spec(doc.get("smoke_spec"), project, path),
                   doc.get("smoke_arch") or "gfx942", doc.get("smoke_compute_units") or 304,
-                  int(doc.get("require_rebuilds") or 0), _formats(doc.get("signature_formats"), path))
+                  int(doc.get("require_rebuilds") or 0), _formats(doc.get("signature_formats"), path),
+                  *keyless.load_identities(doc.get("keyless"), path))
 
 
 def _formats(given: list | None, path: Path) -> tuple[str, ...]:

@@ -72,10 +72,11 @@ class Signers:
 
 
 def _judge_signature(role, policy, digest: Digest, signature: bytes, payload: bytes, signed_digest, signed_name,
-                     verify_with, reasons: list) -> set[str]:
-    """The role's keys that signed one image signature which is for `digest` and names a repository
-    the policy allows (not necessarily the one read from: a mirror keeps the original's signature)."""
-    keyids = _signers(role, verify_with)
+                     verify_with, reasons: list, verified: set[str] | None = None) -> set[str]:
+    """The role's keys (or `verified`: the keyless identity already checked) that signed one image
+    signature which is for `digest` and names a repository the policy allows (not necessarily the
+    one read from: a mirror keeps the original's signature)."""
+    keyids = verified if verified is not None else _signers(role, verify_with)
     if not keyids:
         reasons.append(f"not signed by a {role.name} key of the policy")
     elif signed_digest != str(digest):
@@ -114,15 +115,15 @@ def _tag_signers(store, digest: Digest, role, policy) -> tuple[set[str], list[st
 
 
 def _bundles(store, digest: Digest) -> tuple[list[tuple[str, bytes]], str, list[str]]:
-    """([(annotated predicate type, DSSE envelope)] of the image's bundle referrers, how they were
-    listed, the unreadable ones' reasons)."""
+    """([(annotated predicate type, the bundle's bytes)] of the image's bundle referrers, how they
+    were listed, the unreadable ones' reasons)."""
     from ..oci import referrers
 
     listing = referrers.listing(store, digest)
     found, reasons = [], []
-    for desc in listing.manifests():
+    for referrer in listing.referrers:
         try:
-            read = bundle.read_referrer(store, desc, f"referrer {desc.digest}")
+            read = bundle.read_referrer(store, referrer, digest, f"referrer {referrer.descriptor.digest}")
         except IntegrityError as e:
             reasons.append(str(e))
             continue
@@ -135,22 +136,44 @@ def _bundle_signers(digest: Digest, role, policy, bundles) -> tuple[set[str], li
     """The image signature as bundles carry it (cosign 3's sign statement); None if there is none."""
     reasons: list[str] = []
     signed_by: set[str] = set()
-    signatures = [envelope for kind, envelope in bundles if kind == bundle.COSIGN_SIGN]
-    for envelope in signatures:
+    signatures = [data for kind, data in bundles if kind == bundle.COSIGN_SIGN]
+    for data in signatures:
         try:
-            payload_type, payload, _ = sign.read_envelope(envelope, "bundle signature")
+            if bundle.is_keyless(data):
+                payload, identity = _keyless_payload(data, role.name, policy, "bundle signature")
+            else:
+                envelope = bundle.envelope_of(data, "bundle signature")
+                payload_type, payload, _ = sign.read_envelope(envelope, "bundle signature")
+                if payload_type != sign.IN_TOTO:
+                    raise ValueError(f"payloadType {payload_type[:80]}")
             statement = json.loads(payload)
-            if statement["predicateType"] != bundle.COSIGN_SIGN or payload_type != sign.IN_TOTO:
+            if statement["predicateType"] != bundle.COSIGN_SIGN:
                 raise ValueError(f"a statement of type {str(statement['predicateType'])[:80]}")
             subject, = statement["subject"]
             signed_digest, signed_name = f"sha256:{subject['digest']['sha256']}", subject.get("name")
         except (IntegrityError, ValueError, KeyError, TypeError) as e:
             reasons.append(f"unreadable bundle signature: {e}")
             continue
-        signed_by |= _judge_signature(role, policy, digest, b"", payload, signed_digest, signed_name,
-                                      lambda k, envelope=envelope: sign.open_envelope(envelope, k, "bundle signature"),
-                                      reasons)
+        if bundle.is_keyless(data):  # verified above, by the role's identity: only what it says is left to judge
+            signed_by |= _judge_signature(role, policy, digest, b"", payload, signed_digest, signed_name,
+                                          lambda k: None, reasons, {identity})
+        else:
+            signed_by |= _judge_signature(role, policy, digest, b"", payload, signed_digest, signed_name,
+                                          lambda k, envelope=envelope: sign.open_envelope(envelope, k,
+                                                                                          "bundle signature"), reasons)
     return (signed_by, reasons) if signatures else None
+
+
+def _keyless_payload(data: bytes, role: str, policy, what: str) -> tuple[bytes, str]:
+    """(payload, "keyless <signer URI>") of a keyless bundle signed by the role's identity."""
+    from . import keyless
+
+    identity = policy.identities.get(role)
+    if identity is None or policy.trusted_root is None:
+        raise IntegrityError(f"{what} is signed keyless, but the policy names no keyless identity for the {role} "
+                             f"role (keyless.roles.{role})")
+    payload, signer = keyless.open_bundle(data, identity, policy.trusted_root, what)
+    return payload, f"keyless {signer}"
 
 
 def cosign_signers(store, digest: Digest, role, policy) -> Signers | None:
@@ -293,8 +316,31 @@ def _open_statement(data: bytes, labelled: str, policy, where: str) -> tuple[str
     return kind, statement, signers, payload
 
 
+def _open_keyless_statement(data: bytes, labelled: str, policy) -> tuple[str, dict, set[str], bytes]:
+    """_open_statement for a keyless bundle: the role its statement's type names, then that role's
+    identity must have signed it (the chain, log proof and signature checked offline)."""
+    from . import keyless
+
+    kind = keyless.bundle_statement(data, f"bundle {labelled}")["predicateType"]
+    if kind != labelled:
+        raise IntegrityError(f"bundle annotated {labelled} holds a statement of type {kind}: refused (the annotation "
+                             f"is unsigned; the signed statement decides whose identity may sign it)")
+    role = policy.role_for(kind)
+    if role is None:
+        raise IntegrityError(f"attestation of type {kind}: no role of the policy may sign that type; refused")
+    if role.name not in policy.identities:
+        raise Unjudged(f"attestation {kind} signed keyless, not checked: the policy names no keyless identity for "
+                       f"the {role.name} role")
+    payload, signer = _keyless_payload(data, role.name, policy, f"attestation {kind}")
+    with malformed(f"attestation {kind}"):
+        statement = json.loads(payload)
+        if statement["predicateType"] != kind or not isinstance(statement["predicate"], dict):
+            raise TypeError("predicateType or predicate changed")
+    return kind, statement, {signer}, payload
+
+
 def _envelopes(store, ref: Reference, report: Report) -> dict[str, list[tuple[str, bytes]]]:
-    """{"tag" | "bundle": [(label, envelope)]}: the attestations in each format present."""
+    """{"tag" | "bundle": [(label, envelope or bundle)]}: the attestations in each format present."""
     tag = signature_tag(ref.pin, "att")
     out: dict[str, list[tuple[str, bytes]]] = {}
     manifest = store.manifest(tag)
@@ -309,7 +355,7 @@ def _envelopes(store, ref: Reference, report: Report) -> dict[str, list[tuple[st
     bundles, via, unreadable = _bundles(store, ref.pin)
     for reason in unreadable:
         report.check(False, reason)
-    statements = [(kind, envelope) for kind, envelope in bundles if kind != bundle.COSIGN_SIGN]
+    statements = [(kind, data) for kind, data in bundles if kind != bundle.COSIGN_SIGN]
     if statements:
         out["bundle"] = statements
     read = ([f"tag {tag}"] if "tag" in out else []) + ([f"{len(statements)} bundle(s) via {via}"] if statements else [])
@@ -326,13 +372,17 @@ def _attestations(store, ref: Reference, policy, report: Report) -> dict:
     pusher's choice); where both formats are present, each type must be the same statements in both
     (a verifier reading only one format must see what the other sees)."""
     found: dict[str, Any] = {}  # a rebuild's: a list of (signers, predicate), one per rebuilder
-    seen: dict[str, dict[str, set[bytes]]] = {}  # format -> type -> signed payloads
+    seen: dict[str, dict[str, set]] = {}  # format -> type -> {(signed payload, its signers)}
     counts: dict[tuple[str, str], int] = {}
     forms = _envelopes(store, ref, report)
     for form, envelopes in forms.items():
         for labelled, data in envelopes:
             try:
-                kind, statement, signers, payload = _open_statement(data, labelled, policy, _WHERE[form])
+                if form == "bundle" and bundle.is_keyless(data):
+                    kind, statement, signers, payload = _open_keyless_statement(data, labelled, policy)
+                else:
+                    envelope = bundle.envelope_of(data, f"bundle {labelled}") if form == "bundle" else data
+                    kind, statement, signers, payload = _open_statement(envelope, labelled, policy, _WHERE[form])
             except IntegrityError as e:
                 report.check(False, str(e))
                 continue
@@ -340,10 +390,11 @@ def _attestations(store, ref: Reference, policy, report: Report) -> dict:
                 report.check(True, str(e))
                 continue
             counts[(form, kind)] = counts.get((form, kind), 0) + 1
-            if payload in seen.setdefault(form, {}).setdefault(kind, set()):
+            signed = (payload, frozenset(signers))  # two rebuilders sign the very same statement
+            if signed in seen.setdefault(form, {}).setdefault(kind, set()):
                 continue
-            seen[form][kind].add(payload)
-            if form == "bundle" and payload in seen.get("tag", {}).get(kind, set()):
+            seen[form][kind].add(signed)
+            if form == "bundle" and signed in seen.get("tag", {}).get(kind, set()):
                 continue  # the same signed statement in both formats: counted once
             with malformed(f"attestation {kind}"):
                 subjects = [s["digest"].get("sha256") for s in statement.get("subject", [])]
@@ -435,10 +486,18 @@ def _rebuilds(rebuilds: list, ref: Reference, needed: int, report: Report) -> No
     agreeing: set[str]
     disagreeing: set[str]
     agreeing, disagreeing = set(), set()
+    said: dict[str, int] = {}
     for signers, predicate in rebuilds:
         with malformed("a rebuild attestation"):
             match = predicate["match"] is True and predicate["result"] == str(ref.digest)
         (agreeing if match else disagreeing).update(signers)
+        for signer in signers:
+            said[signer] = said.get(signer, 0) + 1
+    twice = {signer for signer, n in said.items() if n > 1}  # an old word put back beside a newer one
+    agreeing -= twice | disagreeing
+    if twice:
+        report.check(False, f"{len(twice)} rebuilder key(s) signed more than one rebuild statement for this digest: "
+                            f"not counted (one word per rebuilder; which one counts must not be the pusher's choice)")
     report.check(len(agreeing) >= needed, f"rebuilt to this digest by {len(agreeing)} of {needed} required rebuilder "
                                           f"key(s)" + (f"; {len(disagreeing)} rebuilder(s) got other bytes"
                                                        if disagreeing else ""))
@@ -455,9 +514,9 @@ def verify(store, ref: Reference, policy, require_smoke: bool = False, blobs: bo
     flags = {"release": "key", "smoke": "smoke-key", "rebuilder": "rebuilder-key"}
     for name in ("release",) + (("smoke",) if require_smoke or policy.require_smoke else ()) \
             + (("rebuilder",) if rebuilds_needed else ()):
-        if not policy.roles[name].keys:
-            raise InputError(f"no {name} public key: pass --{flags[name]} FILE, or "
-                             f"list it under roles.{name}.keys in the policy")
+        if not policy.may_sign(name):
+            raise InputError(f"no {name} public key: pass --{flags[name]} FILE, or list it under "
+                             f"roles.{name}.keys in the policy (or name the role's identity under keyless.roles)")
     manifest = store.manifest(str(ref.digest))
     if not report.check(manifest is not None, f"image {ref} present"):
         return report

@@ -1,0 +1,204 @@
+"""Keyless signing: Sigstore bundles whose certificate names the workflow identity that signed.
+
+Each role is one GitHub workflow (build-and-sign, smoke, rebuild), so a Fulcio certificate's Build
+Signer URI says which role signed: separation of duties rests on identities GitHub asserts, not on
+who holds which key. The chain to the trusted root, the SCT, the transparency log's inclusion proof
+and signed entry timestamp, and the DSSE signature are checked by sigstore-python, offline, against
+the trusted_root.json the policy ships; what the identity must be is ours (RoleIdentity).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import InputError, IntegrityError
+
+GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
+ISSUER_V2 = "1.3.6.1.4.1.57264.1.8"
+BUILD_SIGNER_URI = "1.3.6.1.4.1.57264.1.9"
+SOURCE_REPOSITORY_URI = "1.3.6.1.4.1.57264.1.12"
+SOURCE_REPOSITORY_REF = "1.3.6.1.4.1.57264.1.14"
+
+
+@dataclass(frozen=True)
+class RoleIdentity:
+    """Who may sign for a role without a key: the OIDC issuer, the repository (OWNER/NAME), the
+    workflow file that must have run the job, and the git ref it ran on (a shell-style pattern)."""
+    role: str
+    issuer: str
+    repository: str
+    workflow: str
+    ref: str
+
+    @property
+    def signer_uri(self) -> str:
+        """The Build Signer URI pattern: https://github.com/OWNER/NAME/WORKFLOW@REF."""
+        return f"https://github.com/{self.repository}/{self.workflow}@{self.ref}"
+
+    def check(self, cert) -> str:
+        """The certificate's Build Signer URI if it is this identity's; IntegrityError naming the
+        first claim that is not."""
+        claims = {oid: _extension(cert, oid) for oid in (ISSUER_V2, BUILD_SIGNER_URI, SOURCE_REPOSITORY_URI,
+                                                         SOURCE_REPOSITORY_REF)}
+        signer, ref = claims[BUILD_SIGNER_URI] or "", claims[SOURCE_REPOSITORY_REF] or ""
+        wanted = [(claims[ISSUER_V2] == self.issuer, f"issuer {claims[ISSUER_V2]}, not {self.issuer}"),
+                  (claims[SOURCE_REPOSITORY_URI] == f"https://github.com/{self.repository}",
+                   f"repository {claims[SOURCE_REPOSITORY_URI]}, not https://github.com/{self.repository}"),
+                  (fnmatch.fnmatchcase(ref, self.ref), f"ref {ref or '(none)'}, not {self.ref}"),
+                  (fnmatch.fnmatchcase(signer, self.signer_uri) and "@" in signer
+                   and signer.rsplit("@", 1)[1] == ref,
+                   f"workflow {signer or '(none)'}, not the {self.role} role's {self.signer_uri}")]
+        failed = [why for ok, why in wanted if not ok]
+        if failed:
+            raise IntegrityError(f"signed by {signer or 'an unnamed identity'}, not the {self.role} role's identity: "
+                                 f"{failed[0]}")
+        return signer
+
+
+def _extension(cert, oid: str) -> str | None:
+    """A Fulcio extension's text (DER UTF8String), None where absent or not one."""
+    from cryptography import x509
+
+    try:
+        raw = cert.extensions.get_extension_for_oid(x509.ObjectIdentifier(oid)).value.value
+    except x509.ExtensionNotFound:
+        return None
+    if len(raw) < 2 or raw[0] != 0x0C:
+        return None
+    length, at = raw[1], 2
+    if length & 0x80:  # long form: the next (length & 0x7f) bytes
+        count = length & 0x7F
+        length, at = int.from_bytes(raw[2:2 + count], "big"), 2 + count
+    body = raw[at:at + length]
+    return body.decode("utf-8", "replace") if len(body) == length and at + length == len(raw) else None
+
+
+ROLE_KEYS = {"issuer", "repository", "workflow", "ref"}
+
+
+def load_identities(doc: dict | None, path: Path) -> tuple[dict[str, RoleIdentity], Path | None]:
+    """The policy's `keyless` section: ({role: RoleIdentity}, the trusted root file)."""
+    if not doc:
+        return {}, None
+    if not isinstance(doc, dict) or set(doc) - {"trusted_root", "roles"} or not isinstance(doc.get("roles"), dict):
+        raise InputError(f"{path}: keyless must be {{trusted_root: FILE, roles: {{ROLE: {{issuer, repository, "
+                         f"workflow, ref}}}}}}")
+    identities = {}
+    for role, entry in doc["roles"].items():
+        if not isinstance(entry, dict) or set(entry) != ROLE_KEYS or not all(isinstance(v, str) and v
+                                                                             for v in entry.values()):
+            raise InputError(f"{path}: keyless.roles.{role} must give {', '.join(sorted(ROLE_KEYS))}, each a string")
+        identities[role] = RoleIdentity(role, **entry)
+    root = doc.get("trusted_root")
+    if not isinstance(root, str):
+        raise InputError(f"{path}: keyless.trusted_root must name the trusted_root.json shipped with the policy")
+    return identities, Path(path).parent / root
+
+
+def bundle_statement(data: bytes, what: str) -> dict:
+    """The in-toto statement inside a keyless bundle, unverified (it says which role must have signed)."""
+    import base64
+
+    try:
+        statement = json.loads(base64.b64decode(json.loads(data)["dsseEnvelope"]["payload"], validate=True))
+        if not isinstance(statement, dict) or not isinstance(statement.get("predicateType"), str):
+            raise TypeError("no predicateType")
+        return statement
+    except (ValueError, KeyError, TypeError) as e:
+        raise IntegrityError(f"{what}: not a DSSE bundle of an in-toto statement ({type(e).__name__})") from None
+
+
+def open_bundle(data: bytes, identity: RoleIdentity, trusted_root: Path, what: str) -> tuple[bytes, str]:
+    """(the signed payload, the signer's URI) of a keyless bundle that verifies offline against the
+    trusted root (chain, SCT, inclusion proof and signed entry timestamp, DSSE signature) and was
+    signed by `identity`; IntegrityError naming what failed otherwise."""
+    from sigstore.errors import Error as SigstoreError
+    from sigstore.models import Bundle, TrustedRoot
+    from sigstore.verify import Verifier
+
+    signer: list[str] = []
+
+    class Policy:  # sigstore-python's policy protocol: verify(cert) raises VerificationError
+        def verify(self, cert) -> None:
+            from sigstore.errors import VerificationError
+
+            try:
+                signer.append(identity.check(cert))
+            except IntegrityError as e:
+                raise VerificationError(str(e)) from None
+
+    try:
+        root = TrustedRoot.from_file(str(trusted_root))
+    except (OSError, ValueError, SigstoreError) as e:
+        raise InputError(f"trusted root {trusted_root} cannot be read: {e}") from None
+    try:
+        bundle = Bundle.from_json(data)
+        payload_type, payload = Verifier(trusted_root=root).verify_dsse(bundle, Policy())
+    except (SigstoreError, ValueError) as e:
+        raise IntegrityError(f"{what}: {_said(e)}") from None
+    if payload_type != "application/vnd.in-toto+json":
+        raise IntegrityError(f"{what}: payloadType {payload_type}, not application/vnd.in-toto+json")
+    return payload, signer[0]
+
+
+@dataclass(frozen=True)
+class KeylessSigner:
+    """Signs as the workflow identity an OIDC token names (attest takes it where it takes a key)."""
+    token: str
+    trust_config: Path | None  # None: the public Sigstore instance's, fetched by TUF
+
+    def bundle(self, statement: bytes) -> bytes:
+        return sign_statement(statement, self.token, self.trust_config)
+
+
+def ambient_signer(trust_config: Path | None) -> KeylessSigner:
+    """The signer of this job: the token in SIGSTORE_ID_TOKEN (as cosign takes it), else the one
+    GitHub Actions gives a job with `id-token: write` (sigstore-python asks for it)."""
+    import os
+
+    token = os.environ.get("SIGSTORE_ID_TOKEN")
+    if not token:
+        from sigstore.errors import Error as SigstoreError
+        from sigstore.oidc import detect_credential
+
+        try:
+            token = detect_credential()
+        except (SigstoreError, OSError, ValueError) as e:
+            raise InputError(f"--keyless: no OIDC token: set SIGSTORE_ID_TOKEN, or run in a GitHub Actions job "
+                             f"with `permissions: id-token: write` ({str(e).splitlines()[0][:200]})") from None
+        if not token:
+            raise InputError("--keyless: no OIDC token: set SIGSTORE_ID_TOKEN, or run in a GitHub Actions job with "
+                             "`permissions: id-token: write`")
+    return KeylessSigner(token, trust_config)
+
+
+def sign_statement(statement: bytes, token: str, trust_config: Path | None) -> bytes:
+    """A keyless bundle over an in-toto statement: an ephemeral key, its Fulcio certificate for the
+    identity in `token`, the signature entered in Rekor; the services and root from `trust_config`
+    (sigstore's ClientTrustConfig JSON; None: the public instance's, by TUF)."""
+    from sigstore import dsse
+    from sigstore.errors import Error as SigstoreError
+    from sigstore.models import ClientTrustConfig
+    from sigstore.oidc import IdentityToken
+    from sigstore.sign import SigningContext
+
+    try:
+        config = ClientTrustConfig.from_json(Path(trust_config).read_text()) if trust_config else \
+            ClientTrustConfig.production()
+        context = SigningContext.from_trust_config(config)
+        with context.signer(IdentityToken(token)) as signer:
+            return signer.sign_dsse(dsse.Statement(statement)).to_json().encode()
+    except OSError as e:
+        raise InputError(f"trust config {trust_config} cannot be read ({e.strerror})") from None
+    except (SigstoreError, ValueError) as e:
+        raise IntegrityError(f"keyless signing failed: {_said(e)}") from None
+
+
+def _said(e: Exception) -> str:
+    """A library's error, as one printable line of at most 300 characters."""
+    from .. import untrusted
+
+    return untrusted.safe(str(e).splitlines()[0] if str(e) else type(e).__name__, limit=300)

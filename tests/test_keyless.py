@@ -1,0 +1,159 @@
+"""Keyless signing, one workflow identity per role, verified offline from the policy's trusted root.
+
+No Fulcio, Rekor or GitHub can be reached here. The stand-ins, and what they cannot show:
+- Sigstore: @sigstore/mock's Fulcio and Rekor served on loopback (scripts/sigstore-stand-in). Its
+  log holds one leaf per entry (every inclusion proof is of a tree of one), and its Fulcio takes the
+  token's claims without checking the token's signature.
+- GitHub: bakery.dev.github_stand_in.oidc_token mints the token GitHub Actions gives a job of a
+  reusable workflow, with GitHub's claims, signed by a throwaway key.
+Signing and verifying are sigstore-python's; cosign 3.1 judges the same bundles independently.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+
+import pytest
+
+from bakery.dev import stack
+from bakery.dev.github_stand_in import oidc_token
+from bakery.oci import referrers
+from bakery.oci.store import RegistryStore
+from bakery.trust import attest, bundle, keyless, policy as policy_mod, verify
+from support import ROOT
+from test_bundles import SLSA, image, provenance_of, signer
+
+COSIGN3 = ROOT / ".tools" / "bin" / "cosign3"
+REPO = "dsv4-mi300x/bakery"
+ISSUER = keyless.GITHUB_ISSUER
+WORKFLOWS = {"release": ".github/workflows/build-and-sign.yml", "smoke": ".github/workflows/smoke.yml",
+             "rebuilder": ".github/workflows/rebuild.yml"}
+TAG = "refs/tags/v1.2.3"
+
+
+@pytest.fixture(scope="module")
+def trust():
+    return stack.ensure_sigstore_stand_in()
+
+
+def identities() -> dict:
+    return {role: keyless.RoleIdentity(role, ISSUER, REPO, workflow, "refs/tags/v*")
+            for role, workflow in WORKFLOWS.items()}
+
+
+def rules(trust, keys=()) -> policy_mod.Policy:
+    roles = {name: policy_mod.Role(name, tuple(k.private_key.public_key() for k in keys) if name == "release" else ())
+             for name in ("release", "smoke", "rebuilder")}
+    return policy_mod.Policy(roles, ("*",), ("local",), ("127.0.0.1:*/*",), True, "", False, "",
+                             identities=identities(), trusted_root=trust / "trusted_root.json")
+
+
+def as_role(trust, role: str, ref: str = TAG, repository: str = REPO, workflow: str | None = None):
+    token = oidc_token(repository, workflow or WORKFLOWS[role], ref)
+    return keyless.KeylessSigner(token, trust / "trust_config.json")
+
+
+def signed_image(registry, trust, name: str, role: str = "release", **who):
+    ref = image(registry, name)
+    store = RegistryStore(ref)
+    attest.sign_image(store, ref, as_role(trust, role, **who))
+    return ref, store
+
+
+def cosign3(trust, ref, workflow: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(COSIGN3), "verify", "--trusted-root", str(trust / "trusted_root.json"),
+                           "--certificate-identity", f"https://github.com/{REPO}/{workflow}@{TAG}",
+                           "--certificate-oidc-issuer", ISSUER, "--allow-http-registry", *extra, str(ref)],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": "/tmp"})
+
+
+def test_a_keyless_signature_and_attestation_verify_by_the_roles_identity(registry, trust):
+    ref, store = signed_image(registry, trust, "keyless-ok")
+    attest.attach(store, ref, {SLSA: provenance_of(ref, "local")}, as_role(trust, "release"))
+    policy = rules(trust)
+    found = verify.cosign_signers(store, ref.pin, policy.roles["release"], policy)
+    assert found is not None and found.by == {f"keyless https://github.com/{REPO}/{WORKFLOWS['release']}@{TAG}"}
+    report = verify.Report()
+    assert verify._attestations(store, ref, policy, report)[SLSA]["runDetails"]["builder"]["id"] == "local"
+    assert not report.failures, report.checks
+    # cosign 3.1, offline from the same trusted root, by the release workflow's identity and no other
+    assert cosign3(trust, ref, WORKFLOWS["release"]).returncode == 0
+    assert cosign3(trust, ref, WORKFLOWS["smoke"]).returncode != 0
+
+
+@pytest.mark.parametrize("who, says", [
+    ({"role": "smoke"}, f"workflow https://github.com/{REPO}/{WORKFLOWS['smoke']}@{TAG}, not the release role's"),
+    ({"repository": "someone/else"}, "repository https://github.com/someone/else, not https://github.com/" + REPO),
+    ({"ref": "refs/heads/main"}, "ref refs/heads/main, not refs/tags/v*"),
+    ({"workflow": ".github/workflows/release.yml"}, "workflow https://github.com/dsv4-mi300x/bakery/.github/"
+                                                    "workflows/release.yml@refs/tags/v1.2.3, not the release role's"),
+])
+def test_a_provenance_signed_by_another_identity_is_refused(registry, trust, who, says):
+    """The drills: the smoke workflow signing a provenance, a certificate for another repository, a
+    ref that is no v* tag, the caller workflow instead of the role's own."""
+    ref = image(registry, "keyless-drill")
+    store = RegistryStore(ref)
+    attest.attach(store, ref, {SLSA: provenance_of(ref, "local")}, as_role(trust, "release", **{
+        k: v for k, v in who.items() if k != "role"}) if "role" not in who else as_role(trust, who["role"]))
+    report = verify.Report()
+    found = verify._attestations(store, ref, rules(trust), report)
+    assert SLSA not in found
+    assert len(report.failures) == 1 and says in report.failures[0], report.failures
+
+
+def test_an_inclusion_proof_that_does_not_verify_is_refused(registry, trust):
+    ref = image(registry, "keyless-proof")
+    store = RegistryStore(ref)
+    data = json.loads(as_role(trust, "release").bundle(provenance_of(ref, "local")))
+    proof = data["verificationMaterial"]["tlogEntries"][0]["inclusionProof"]
+    proof["rootHash"] = base64.b64encode(bytes(32)).decode()  # another tree's root
+    forged = json.dumps(data).encode()
+    with pytest.raises(Exception, match="attestation"):
+        keyless.open_bundle(forged, identities()["release"], trust / "trusted_root.json", "attestation")
+    desc = store.put_blob(forged, bundle.BUNDLE)
+    referrers.attach(store, ref.pin, bundle.referrer_manifest(store, desc, ref, SLSA), bundle.BUNDLE, {})
+    report = verify.Report()
+    assert SLSA not in verify._attestations(store, ref, rules(trust), report)
+    assert len(report.failures) == 1 and report.failures[0].startswith(f"attestation {SLSA}: "), report.failures
+
+
+def test_a_keyless_bundle_and_a_key_signed_tag_that_disagree_are_refused(registry, trust):
+    """A migration policy accepts both the release key and the release workflow's identity: each is
+    a signer, and where both formats are present they must be the same signers."""
+    key = signer()
+    ref, store = signed_image(registry, trust, "keyless-migrate")
+    attest.sign_image(store, ref, key, ("tag",))
+    policy = rules(trust, keys=[key])
+    found = verify.cosign_signers(store, ref.pin, policy.roles["release"], policy)
+    assert found is not None and found.by == set() and "disagree" in found.reasons[0]
+
+
+def test_a_policy_without_the_roles_identity_does_not_read_keyless_bundles(registry, trust):
+    ref, store = signed_image(registry, trust, "keyless-nopolicy")
+    key_only = policy_mod.Policy({n: policy_mod.Role(n, ()) for n in ("release", "smoke", "rebuilder")}, ("*",),
+                                 ("local",), ("127.0.0.1:*/*",), True, "", False, "")
+    found = verify.cosign_signers(store, ref.pin, key_only.roles["release"], key_only)
+    assert found is not None and found.by == set()
+    assert "signed keyless, but the policy names no keyless identity for the release role" in found.reasons[0]
+
+
+def test_the_policy_file_loads_keyless_identities(tmp_path, trust):
+    import shutil
+
+    shutil.copy(trust / "trusted_root.json", tmp_path / "trusted_root.json")
+    (tmp_path / "policy.yaml").write_text(json.dumps({
+        "allowed_sources": ["*"], "allowed_builders": ["*"], "allowed_repositories": ["*"], "base": "r.example/b@sha256:"
+        + "ab" * 32, "smoke_spec": "sha256:" + "cd" * 32,
+        "keyless": {"trusted_root": "trusted_root.json", "roles": {role: {
+            "issuer": ISSUER, "repository": REPO, "workflow": w, "ref": "refs/tags/v*"} for role, w in WORKFLOWS.items()}}}))
+    loaded = policy_mod.load_policy(tmp_path / "policy.yaml", ROOT)
+    assert loaded.identities == identities() and loaded.trusted_root == tmp_path / "trusted_root.json"
+    assert loaded.may_sign("smoke") and not loaded.roles["smoke"].keys
+    (tmp_path / "bad.yaml").write_text(json.dumps({
+        "allowed_sources": ["*"], "allowed_builders": ["*"], "allowed_repositories": ["*"],
+        "keyless": {"trusted_root": "trusted_root.json", "roles": {"release": {"issuer": ISSUER}}}}))
+    with pytest.raises(Exception, match="keyless.roles.release must give issuer, ref, repository, workflow"):
+        policy_mod.load_policy(tmp_path / "bad.yaml", ROOT)
