@@ -111,37 +111,89 @@ def bundle_statement(data: bytes, what: str) -> dict:
         raise IntegrityError(f"{what}: not a DSSE bundle of an in-toto statement ({type(e).__name__})") from None
 
 
-def open_bundle(data: bytes, identity: RoleIdentity, trusted_root: Path, what: str) -> tuple[bytes, str]:
-    """(the signed payload, the signer's URI) of a keyless bundle that verifies offline against the
-    trusted root (chain, SCT, inclusion proof and signed entry timestamp, DSSE signature) and was
-    signed by `identity`; IntegrityError naming what failed otherwise."""
+class _Checked:
+    """sigstore-python's policy protocol around a check(cert) of ours: verify(cert) raises its
+    VerificationError; what the check returns is kept (the signer's URI)."""
+
+    def __init__(self, check):
+        self.check, self.seen = check, ""
+
+    def verify(self, cert) -> None:
+        from sigstore.errors import VerificationError
+
+        try:
+            self.seen = self.check(cert) or ""
+        except IntegrityError as e:
+            raise VerificationError(str(e)) from None
+
+
+def _verified(data: bytes, policy, trusted_root: Path | None, what: str, artifact: bytes | None = None) -> bytes:
+    """The signed payload of a bundle sigstore-python verifies, offline: the certificate chain to
+    `trusted_root` (None: the public instance's root sigstore-python ships), the SCT, the log
+    entry's inclusion proof and signed entry timestamp or checkpoint, the signature, and `policy`
+    on the certificate. A DSSE bundle gives its payload; a message signature must be over
+    `artifact` and gives it back. IntegrityError, one line, otherwise."""
     from sigstore.errors import Error as SigstoreError
-    from sigstore.models import Bundle, TrustedRoot
+    from sigstore.models import Bundle, ClientTrustConfig, TrustedRoot
     from sigstore.verify import Verifier
 
-    signer: list[str] = []
-
-    class Policy:  # sigstore-python's policy protocol: verify(cert) raises VerificationError
-        def verify(self, cert) -> None:
-            from sigstore.errors import VerificationError
-
-            try:
-                signer.append(identity.check(cert))
-            except IntegrityError as e:
-                raise VerificationError(str(e)) from None
-
     try:
-        root = TrustedRoot.from_file(str(trusted_root))
+        root = TrustedRoot.from_file(str(trusted_root)) if trusted_root else \
+            ClientTrustConfig.production(offline=True).trusted_root
     except (OSError, ValueError, SigstoreError) as e:
-        raise InputError(f"trusted root {trusted_root} cannot be read: {e}") from None
+        raise InputError(f"trusted root {trusted_root} cannot be read: {_said(e)}") from None
     try:
         bundle = Bundle.from_json(data)
-        payload_type, payload = Verifier(trusted_root=root).verify_dsse(bundle, Policy())
-    except (SigstoreError, ValueError) as e:
+        verifier = Verifier(trusted_root=root)
+        if bundle._dsse_envelope is not None:
+            payload_type, payload = verifier.verify_dsse(bundle, policy)
+            if payload_type != "application/vnd.in-toto+json":
+                raise IntegrityError(f"{what}: payloadType {_said(ValueError(payload_type))}, not "
+                                     f"application/vnd.in-toto+json")
+            return payload
+        if artifact is None:
+            raise IntegrityError(f"{what}: a message signature, not a DSSE envelope: bakery signs statements")
+        verifier.verify_artifact(artifact, bundle, policy)
+        return artifact
+    except (SigstoreError, ValueError, TypeError, KeyError) as e:
         raise IntegrityError(f"{what}: {_said(e)}") from None
-    if payload_type != "application/vnd.in-toto+json":
-        raise IntegrityError(f"{what}: payloadType {payload_type}, not application/vnd.in-toto+json")
-    return payload, signer[0]
+
+
+def open_bundle(data: bytes, identity: RoleIdentity, trusted_root: Path, what: str) -> tuple[bytes, str]:
+    """(the signed payload, the signer's URI) of a keyless DSSE bundle that verifies offline against
+    the trusted root and was signed by `identity`; IntegrityError naming what failed otherwise."""
+    policy = _Checked(identity.check)
+    return _verified(data, policy, trusted_root, what), policy.seen
+
+
+def verify_bundle(data: bytes, artifact: bytes, identity: str, issuer: str, trusted_root: Path | None) -> None:
+    """A bundle as sigstore-conformance's cases pose it: signed by exactly `identity` (the
+    certificate's SAN) from `issuer`, over `artifact` (for an in-toto statement: its subject's
+    sha256); IntegrityError otherwise. The same verification as open_bundle's, by another policy."""
+    import hashlib
+
+    def exact(cert) -> str:
+        from cryptography import x509
+
+        try:
+            sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        except x509.ExtensionNotFound:
+            raise IntegrityError("the certificate names no identity") from None
+        names = sans.get_values_for_type(x509.UniformResourceIdentifier) + sans.get_values_for_type(x509.RFC822Name)
+        if identity not in names or _extension(cert, ISSUER_V2) != issuer:
+            raise IntegrityError(f"signed by {', '.join(names) or '(none)'} from {_extension(cert, ISSUER_V2)}, not "
+                                 f"{identity} from {issuer}")
+        return identity
+
+    payload = _verified(data, _Checked(exact), trusted_root, "bundle", artifact)
+    if payload is artifact:
+        return
+    try:
+        subjects = [s["digest"]["sha256"] for s in json.loads(payload)["subject"]]
+    except (ValueError, KeyError, TypeError):
+        raise IntegrityError("bundle: its statement names no sha256 subject") from None
+    if hashlib.sha256(artifact).hexdigest() not in subjects:
+        raise IntegrityError("bundle: its statement is about other bytes than the artifact")
 
 
 @dataclass(frozen=True)
