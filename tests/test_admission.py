@@ -142,3 +142,36 @@ def test_invoke_policy_k8s_writes_the_files_and_refuses_what_it_cannot_say(tmp_p
         assert refused.returncode == 2 and said in refused.stderr, refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1
         assert not any(Path(a).exists() for a in args if a.startswith(str(tmp_path / "o")))
+
+
+def test_keyless_roles_are_rendered_by_workflow_identity_and_valid_against_each_crd():
+    """Keyless only (no keys) and, for the release role, a migration policy accepting its key or
+    its workflow identity: each controller is asked for the identity's issuer and subject."""
+    import dataclasses
+    import re
+
+    from bakery.trust.keyless import GITHUB_ISSUER, RoleIdentity
+
+    workflows = {"release": "build-and-sign", "smoke": "smoke", "rebuilder": "rebuild"}
+    identities = {r: RoleIdentity(r, GITHUB_ISSUER, "dsv4-mi300x/bakery", f".github/workflows/{w}.yml", "refs/tags/v*")
+                  for r, w in workflows.items()}
+    p = dataclasses.replace(policy_with(release=1, smoke=0, rebuilders=0), identities=identities)
+    files = {name: yaml.safe_load(body) for name, body in admission.admission_files(p).items()}
+    for name, doc in files.items():
+        crd = "kyverno-clusterpolicies.yaml" if name.startswith("kyverno/") else \
+            "policy-controller-clusterimagepolicy.yaml"
+        assert accepted(doc, crd) == [], name
+    release = files["policy-controller/bakery-release.yaml"]["spec"]["authorities"]
+    assert [sorted(a) for a in release] == [["key", "name"], ["keyless", "name"]]
+    subject = release[1]["keyless"]["identities"][0]["subjectRegExp"]
+    assert re.fullmatch(subject, "https://github.com/dsv4-mi300x/bakery/.github/workflows/build-and-sign.yml@refs/tags/v1.2.3")
+    assert not re.fullmatch(subject, "https://github.com/dsv4-mi300x/bakery/.github/workflows/smoke.yml@refs/tags/v1.2.3")
+    assert not re.fullmatch(subject, "https://github.com/dsv4-mi300x/bakery/.github/workflows/build-and-sign.yml@refs/heads/main")
+    smoke = files["policy-controller/bakery-smoke.yaml"]["spec"]["authorities"]
+    assert len(smoke) == 1 and smoke[0]["keyless"]["identities"][0]["issuer"] == GITHUB_ISSUER
+    assert smoke[0]["attestations"][0]["predicateType"] == admission.PREDICATES["smoke"]
+    rule = files["kyverno/bakery-verify-images.yaml"]["spec"]["rules"][0]["verifyImages"][0]
+    assert [sorted(e) for e in rule["attestors"][0]["entries"]] == [["keys"], ["keyless"]]
+    assert rule["attestors"][0]["count"] == 1
+    assert [a["attestors"][0]["entries"][0]["keyless"]["subjectRegExp"].split("/")[-3] for a in rule["attestations"]] \
+        == [r"smoke\.yml@refs", r"rebuild\.yml@refs"]

@@ -11,12 +11,16 @@ same thing in the two admission controllers ops use:
 
 Each asks of the smoke result what can be read from its signed predicate: PASSED, both sides
 launched by the gate, the pinned spec's sha256, the GPU the policy names; of the rebuild, that it
-matched. The signatures are cosign's (.sig/.att tags), checked without a transparency log (none is
-used). Pure functions; the task writes. No cluster runs them here: they are checked against each
+matched. A key's signatures are checked without a transparency log (none is used); a role the
+policy signs keyless (keyless.roles) is matched by its workflow identity, issuer and certificate
+subject, against the public Sigstore instance's roots and logs (each controller's default; a
+private instance needs the controller's own trust-root resource). Pure functions; the task writes. No cluster runs them here: they are checked against each
 controller's own CRD schema (tests/test_admission.py).
 """
 
 from __future__ import annotations
+
+import re
 
 import yaml
 
@@ -46,9 +50,15 @@ ROLES = ("release", "smoke", "rebuilder")
 
 def _needed(policy: Policy, name: str) -> int:
     """How many of the role's keys must have signed: its threshold (release, smoke), or the policy's
-    require_rebuilds, at least one (each rebuilder signs its own rebuild)."""
+    require_rebuilds, at least one (each rebuilder signs its own rebuild). A role signed keyless
+    (its workflow identity) is one signer."""
     role = policy.roles[name]
     needed = max(1, policy.require_rebuilds) if name == "rebuilder" else role.threshold
+    if name in policy.identities:
+        if needed != 1:
+            raise InputError(f"{needed} {name} signatures are asked for, and the role signs keyless too (one "
+                             f"workflow identity): admission can say one signature of either, not {needed}")
+        return 1
     if not role.keys:
         raise InputError(f"the policy lists no {name} key, and admission would ask for its signature: add keys "
                          f"under roles.{name} in provenance/policy.yaml, or pass --{'key' if name == 'release' else name + '-key'} FILE")
@@ -94,8 +104,11 @@ def cluster_image_policies(policy: Policy) -> dict[str, dict]:
         groups = [pems] if needed == 1 else [[pem] for pem in pems]
         for g, group in enumerate(groups):
             authorities = []
-            for k, pem in enumerate(group):
-                authority: dict = {"name": f"{name}-{g + k}", "key": {"data": pem, "hashAlgorithm": "sha256"}}
+            signers: list[dict] = [{"key": {"data": pem, "hashAlgorithm": "sha256"}} for pem in group]
+            if name in policy.identities:  # any authority of a policy may pass: the key(s) or the identity
+                signers.append({"keyless": {"identities": [_identity(policy, name)]}})
+            for k, signer in enumerate(signers):
+                authority: dict = {"name": f"{name}-{g + k}", **signer}
                 if name in PREDICATES:
                     authority["attestations"] = [{"name": f"{name}-statement", "predicateType": PREDICATES[name],
                                                   "policy": {"type": "cue", "data": _cue(policy, name)}}]
@@ -107,10 +120,19 @@ def cluster_image_policies(policy: Policy) -> dict[str, dict]:
     return out
 
 
+def _identity(policy: Policy, name: str) -> dict:
+    """The role's workflow identity as both controllers match it: the issuer, and the certificate's
+    subject (the Build Signer URI) as an RE2 expression from the policy's pattern."""
+    identity = policy.identities[name]
+    return {"issuer": identity.issuer, "subjectRegExp": "^" + re.escape(identity.signer_uri).replace(r"\*", ".*") + "$"}
+
+
 def _attestor(policy: Policy, name: str) -> dict:
     keys = {"signatureAlgorithm": "sha256", "rekor": {"ignoreTlog": True}, "ctlog": {"ignoreSCT": True}}
-    return {"count": _needed(policy, name),
-            "entries": [{"keys": {"publicKeys": pem, **keys}} for pem in _pems(policy.roles[name])]}
+    entries: list[dict] = [{"keys": {"publicKeys": pem, **keys}} for pem in _pems(policy.roles[name])]
+    if name in policy.identities:  # checked against the transparency log and CT log of the public instance
+        entries.append({"keyless": {**_identity(policy, name), "rekor": {"url": "https://rekor.sigstore.dev"}}})
+    return {"count": _needed(policy, name), "entries": entries}
 
 
 def kyverno_policy(policy: Policy) -> dict:
