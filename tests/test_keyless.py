@@ -75,7 +75,7 @@ def test_a_keyless_signature_and_attestation_verify_by_the_roles_identity(regist
     attest.attach(store, ref, {SLSA: provenance_of(ref, "local")}, as_role(trust, "release"))
     policy = rules(trust)
     found = verify.cosign_signers(store, ref.pin, policy.roles["release"], policy)
-    assert found is not None and found.by == {f"keyless https://github.com/{REPO}/{WORKFLOWS['release']}@{TAG}"}
+    assert found is not None and found.by == {f"keyless https://github.com/{REPO}/{WORKFLOWS['release']}@refs/tags/v*"}
     report = verify.Report()
     assert verify._attestations(store, ref, policy, report)[SLSA]["runDetails"]["builder"]["id"] == "local"
     assert not report.failures, report.checks
@@ -211,3 +211,18 @@ def test_the_conformance_cases_are_the_vendored_ones():
             for p in CASES.rglob("*") if p.is_file()}
     assert held == vendored["sha256"] and len(conformance_cases()) == 70
     assert sum(c.endswith("_fail") for c in conformance_cases()) == 49
+
+
+def test_one_identity_is_one_signer_whatever_tag_its_job_ran_on(registry, trust):
+    """Two signatures by the release workflow, at v1.2.3 and v1.2.4: not two of a threshold of two."""
+    import dataclasses
+
+    ref, store = signed_image(registry, trust, "keyless-twice")
+    data = as_role(trust, "release", ref="refs/tags/v1.2.4").bundle(bundle.signature_statement(ref))
+    desc = store.put_blob(data, bundle.BUNDLE)  # beside the first, not in its place (as a pusher may)
+    referrers.attach(store, ref.pin, bundle.referrer_manifest(store, desc, ref, bundle.COSIGN_SIGN), bundle.BUNDLE, {})
+    assert len(verify._bundles(store, ref.pin)[0]) == 2
+    policy = rules(trust)
+    two = dataclasses.replace(policy, roles={**policy.roles, "release": policy_mod.Role("release", (), 2)})
+    with pytest.raises(Exception, match="signed by 1 of 2 required release key"):
+        verify.require_signed(store, ref, two, "image")

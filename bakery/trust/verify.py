@@ -165,15 +165,17 @@ def _bundle_signers(digest: Digest, role, policy, bundles) -> tuple[set[str], li
 
 
 def _keyless_payload(data: bytes, role: str, policy, what: str) -> tuple[bytes, str]:
-    """(payload, "keyless <signer URI>") of a keyless bundle signed by the role's identity."""
+    """(payload, "keyless <the role's signer URI pattern>") of a keyless bundle signed by the role's
+    identity: one identity is one signer, whichever tag its job ran on (two bundles from one
+    workflow are not two of a threshold)."""
     from . import keyless
 
     identity = policy.identities.get(role)
     if identity is None or policy.trusted_root is None:
         raise IntegrityError(f"{what} is signed keyless, but the policy names no keyless identity for the {role} "
                              f"role (keyless.roles.{role})")
-    payload, signer = keyless.open_bundle(data, identity, policy.trusted_root, what)
-    return payload, f"keyless {signer}"
+    payload, _ = keyless.open_bundle(data, identity, policy.trusted_root, what)
+    return payload, f"keyless {identity.signer_uri}"
 
 
 def cosign_signers(store, digest: Digest, role, policy) -> Signers | None:
