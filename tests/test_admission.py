@@ -172,6 +172,8 @@ def test_keyless_roles_are_rendered_by_workflow_identity_and_valid_against_each_
     assert smoke[0]["attestations"][0]["predicateType"] == admission.PREDICATES["smoke"]
     rule = files["kyverno/bakery-verify-images.yaml"]["spec"]["rules"][0]["verifyImages"][0]
     assert [sorted(e) for e in rule["attestors"][0]["entries"]] == [["keys"], ["keyless"]]
+    assert rule["attestors"][0]["entries"][1]["keyless"]["additionalExtensions"] == {
+        "githubWorkflowRepository": "dsv4-mi300x/bakery", "githubWorkflowTrigger": "push"}
     assert rule["attestors"][0]["count"] == 1
     assert [a["attestors"][0]["entries"][0]["keyless"]["subjectRegExp"].split("/")[-3] for a in rule["attestations"]] \
         == [r"smoke\.yml@refs", r"rebuild\.yml@refs"]

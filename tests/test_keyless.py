@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -22,7 +23,7 @@ from bakery.dev import stack
 from bakery.dev.github_stand_in import oidc_token
 from bakery.oci import referrers
 from bakery.oci.store import RegistryStore
-from bakery.trust import attest, bundle, keyless, policy as policy_mod, verify
+from bakery.trust import attest, bundle, keyless, policy as policy_mod, provenance, verify
 from support import ROOT
 from test_bundles import SLSA, image, provenance_of, signer
 
@@ -51,8 +52,9 @@ def rules(trust, keys=()) -> policy_mod.Policy:
                              identities=identities(), trusted_root=trust / "trusted_root.json")
 
 
-def as_role(trust, role: str, ref: str = TAG, repository: str = REPO, workflow: str | None = None):
-    token = oidc_token(repository, workflow or WORKFLOWS[role], ref)
+def as_role(trust, role: str, ref: str = TAG, repository: str = REPO, workflow: str | None = None,
+            event: str = "push"):
+    token = oidc_token(repository, workflow or WORKFLOWS[role], ref, event=event)
     return keyless.KeylessSigner(token, trust / "trust_config.json")
 
 
@@ -90,6 +92,9 @@ def test_a_keyless_signature_and_attestation_verify_by_the_roles_identity(regist
     ({"ref": "refs/heads/main"}, "ref refs/heads/main, not refs/tags/v*"),
     ({"workflow": ".github/workflows/release.yml"}, "workflow https://github.com/dsv4-mi300x/bakery/.github/"
                                                     "workflows/release.yml@refs/tags/v1.2.3, not the release role's"),
+    ({"workflow": WORKFLOWS["release"] + "@refs/tags/v9"}, f"workflow https://github.com/{REPO}/"
+                                                           f"{WORKFLOWS['release']}@refs/tags/v9@{TAG}, not the release"),
+    ({"event": "workflow_dispatch"}, "run by a workflow_dispatch event, not push"),
 ])
 def test_a_provenance_signed_by_another_identity_is_refused(registry, trust, who, says):
     """The drills: the smoke workflow signing a provenance, a certificate for another repository, a
@@ -226,3 +231,67 @@ def test_one_identity_is_one_signer_whatever_tag_its_job_ran_on(registry, trust)
     two = dataclasses.replace(policy, roles={**policy.roles, "release": policy_mod.Role("release", (), 2)})
     with pytest.raises(Exception, match="signed by 1 of 2 required release key"):
         verify.require_signed(store, ref, two, "image")
+
+
+def test_a_role_with_an_identity_and_a_threshold_over_one_is_refused(registry, trust, tmp_path):
+    """One identity is one signer: a keyless statement cannot meet a threshold of two (it would have
+    stood for both release keys)."""
+    import dataclasses
+
+    policy = rules(trust)
+    two = dataclasses.replace(policy, roles={**policy.roles, "release": policy_mod.Role("release", (), 2)})
+    ref = image(registry, "keyless-threshold")
+    store = RegistryStore(ref)
+    attest.attach(store, ref, {SLSA: provenance_of(ref, "local")}, as_role(trust, "release"))
+    report = verify.Report()
+    assert SLSA not in verify._attestations(store, ref, two, report)
+    assert report.failures == [f"attestation {SLSA} signed keyless: one identity, and 2 release signers are required"]
+    (tmp_path / "p.yaml").write_text(json.dumps({
+        "allowed_sources": ["*"], "allowed_builders": ["*"], "allowed_repositories": ["*"],
+        "roles": {"release": {"threshold": 2}}, "keyless": {"trusted_root": "t.json", "roles": {"release": {
+            "issuer": ISSUER, "repository": REPO, "workflow": WORKFLOWS["release"], "ref": "refs/tags/v*"}}}}))
+    with pytest.raises(Exception, match="threshold is 2, and the role signs keyless too"):
+        policy_mod.load_policy(tmp_path / "p.yaml", ROOT)
+
+
+@pytest.mark.parametrize("entry, says", [
+    ({"workflow": ".github/workflows/*.yml"}, "only ref may be a pattern"),
+    ({"repository": "dsv4-mi300x/*"}, "only ref may be a pattern"),
+    ({"ref": "refs/tags/v[0-9]*"}, "only ref may be a pattern, and only with '*'"),
+])
+def test_patterns_outside_the_ref_do_not_load(tmp_path, entry, says):
+    role = {"issuer": ISSUER, "repository": REPO, "workflow": WORKFLOWS["release"], "ref": "refs/tags/v*", **entry}
+    (tmp_path / "p.yaml").write_text(json.dumps({
+        "allowed_sources": ["*"], "allowed_builders": ["*"], "allowed_repositories": ["*"],
+        "keyless": {"trusted_root": "t.json", "roles": {"release": role}}}))
+    with pytest.raises(Exception, match=re.escape(says)):
+        policy_mod.load_policy(tmp_path / "p.yaml", ROOT)
+
+
+def test_two_roles_with_one_workflow_do_not_load(tmp_path):
+    same = {"issuer": ISSUER, "repository": REPO, "workflow": WORKFLOWS["release"], "ref": "refs/tags/v*"}
+    (tmp_path / "p.yaml").write_text(json.dumps({
+        "allowed_sources": ["*"], "allowed_builders": ["*"], "allowed_repositories": ["*"],
+        "keyless": {"trusted_root": "t.json", "roles": {"release": same, "smoke": same}}}))
+    with pytest.raises(Exception, match="two roles name the same workflow"):
+        policy_mod.load_policy(tmp_path / "p.yaml", ROOT)
+
+
+def test_a_bundle_whose_log_time_overflows_is_refused_not_a_crash(registry, trust):
+    from bakery.errors import IntegrityError
+
+    ref = image(registry, "keyless-overflow")
+    data = json.loads(as_role(trust, "release").bundle(provenance_of(ref, "local")))
+    data["verificationMaterial"]["tlogEntries"][0]["integratedTime"] = str(2 ** 62)
+    with pytest.raises(IntegrityError):
+        keyless.open_bundle(json.dumps(data).encode(), identities()["release"], trust / "trusted_root.json", "b")
+
+
+def test_a_rebuild_by_an_identity_the_policy_does_not_list_is_not_counted(registry, trust):
+    ref = image(registry, "keyless-rebuilder")
+    store = RegistryStore(ref)
+    statement = provenance.statement(ref, provenance.REBUILD_PREDICATE, {"match": True, "result": str(ref.digest)})
+    attest.attach(store, ref, {provenance.REBUILD_PREDICATE: statement}, as_role(trust, "release"))
+    report = verify.Report()
+    assert provenance.REBUILD_PREDICATE not in verify._attestations(store, ref, rules(trust), report)
+    assert not report.failures and any("not counted" in what for ok, what in report.checks), report.checks

@@ -402,7 +402,7 @@ class GitHubStandIn:
 
 
 def oidc_token(repository: str, job_workflow: str, ref: str, caller: str = ".github/workflows/release.yml",
-               sha: str = "0" * 40, lifetime: int = 300) -> str:
+               sha: str = "0" * 40, lifetime: int = 300, event: str = "push") -> str:
     """An OIDC token with the claims GitHub Actions puts in one for a job that a reusable workflow
     (`job_workflow`, a path in `repository`) runs for `caller` on `ref`. Signed with a throwaway key:
     the Sigstore stand-in's Fulcio does not check token signatures (real Fulcio checks GitHub's)."""
@@ -419,5 +419,5 @@ def oidc_token(repository: str, job_workflow: str, ref: str, caller: str = ".git
               "repository_visibility": "public", "ref": ref, "ref_type": "tag" if ref.startswith("refs/tags/") else
               "branch", "sha": sha, "workflow": "release", "workflow_ref": f"{repository}/{caller}@{ref}",
               "workflow_sha": sha, "job_workflow_ref": f"{repository}/{job_workflow}@{ref}", "job_workflow_sha": sha,
-              "event_name": "push", "runner_environment": "github-hosted", "run_id": "1", "run_attempt": "1"}
+              "event_name": event, "runner_environment": "github-hosted", "run_id": "1", "run_attempt": "1"}
     return jwt.encode(claims, ec.generate_private_key(ec.SECP256R1()), algorithm="ES256")

@@ -21,6 +21,7 @@ ISSUER_V2 = "1.3.6.1.4.1.57264.1.8"
 BUILD_SIGNER_URI = "1.3.6.1.4.1.57264.1.9"
 SOURCE_REPOSITORY_URI = "1.3.6.1.4.1.57264.1.12"
 SOURCE_REPOSITORY_REF = "1.3.6.1.4.1.57264.1.14"
+BUILD_TRIGGER = "1.3.6.1.4.1.57264.1.20"
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class RoleIdentity:
     repository: str
     workflow: str
     ref: str
+    trigger: str = "push"  # the event that ran it: a tag pushed, not a dispatch anyone with write access can start
 
     @property
     def signer_uri(self) -> str:
@@ -42,15 +44,16 @@ class RoleIdentity:
         """The certificate's Build Signer URI if it is this identity's; IntegrityError naming the
         first claim that is not."""
         claims = {oid: _extension(cert, oid) for oid in (ISSUER_V2, BUILD_SIGNER_URI, SOURCE_REPOSITORY_URI,
-                                                         SOURCE_REPOSITORY_REF)}
+                                                         SOURCE_REPOSITORY_REF, BUILD_TRIGGER)}
         signer, ref = claims[BUILD_SIGNER_URI] or "", claims[SOURCE_REPOSITORY_REF] or ""
+        # only the ref is a pattern; the signer is exactly this workflow at the ref the job ran on
         wanted = [(claims[ISSUER_V2] == self.issuer, f"issuer {claims[ISSUER_V2]}, not {self.issuer}"),
                   (claims[SOURCE_REPOSITORY_URI] == f"https://github.com/{self.repository}",
                    f"repository {claims[SOURCE_REPOSITORY_URI]}, not https://github.com/{self.repository}"),
                   (fnmatch.fnmatchcase(ref, self.ref), f"ref {ref or '(none)'}, not {self.ref}"),
-                  (fnmatch.fnmatchcase(signer, self.signer_uri) and "@" in signer
-                   and signer.rsplit("@", 1)[1] == ref,
-                   f"workflow {signer or '(none)'}, not the {self.role} role's {self.signer_uri}")]
+                  (signer == f"https://github.com/{self.repository}/{self.workflow}@{ref}",
+                   f"workflow {signer or '(none)'}, not the {self.role} role's {self.signer_uri}"),
+                  (claims[BUILD_TRIGGER] == self.trigger, f"run by a {claims[BUILD_TRIGGER]} event, not {self.trigger}")]
         failed = [why for ok, why in wanted if not ok]
         if failed:
             raise IntegrityError(f"signed by {signer or 'an unnamed identity'}, not the {self.role} role's identity: "
@@ -77,6 +80,7 @@ def _extension(cert, oid: str) -> str | None:
 
 
 ROLE_KEYS = {"issuer", "repository", "workflow", "ref"}
+PATTERN = set("*?[]")
 
 
 def load_identities(doc: dict | None, path: Path) -> tuple[dict[str, RoleIdentity], Path | None]:
@@ -88,10 +92,18 @@ def load_identities(doc: dict | None, path: Path) -> tuple[dict[str, RoleIdentit
                          f"workflow, ref}}}}}}")
     identities = {}
     for role, entry in doc["roles"].items():
-        if not isinstance(entry, dict) or set(entry) != ROLE_KEYS or not all(isinstance(v, str) and v
-                                                                             for v in entry.values()):
-            raise InputError(f"{path}: keyless.roles.{role} must give {', '.join(sorted(ROLE_KEYS))}, each a string")
+        if not isinstance(entry, dict) or not ROLE_KEYS <= set(entry) <= ROLE_KEYS | {"trigger"} or \
+                not all(isinstance(v, str) and v for v in entry.values()):
+            raise InputError(f"{path}: keyless.roles.{role} must give {', '.join(sorted(ROLE_KEYS))} (and may give "
+                             f"trigger), each a string")
+        exact = [k for k in ("issuer", "repository", "workflow", "trigger") if PATTERN & set(entry.get(k, ""))]
+        if exact or set("?[]") & set(entry["ref"]):
+            raise InputError(f"{path}: keyless.roles.{role}: only ref may be a pattern, and only with '*' "
+                             f"({', '.join(exact) or 'ref'} has a pattern character)")
         identities[role] = RoleIdentity(role, **entry)
+    workflows = [(i.repository, i.workflow) for i in identities.values()]
+    if len(set(workflows)) != len(workflows):
+        raise InputError(f"{path}: keyless.roles: two roles name the same workflow; one identity vouches for one thing")
     root = doc.get("trusted_root")
     if not isinstance(root, str):
         raise InputError(f"{path}: keyless.trusted_root must name the trusted_root.json shipped with the policy")
@@ -155,7 +167,9 @@ def _verified(data: bytes, policy, trusted_root: Path | None, what: str, artifac
             raise IntegrityError(f"{what}: a message signature, not a DSSE envelope: bakery signs statements")
         verifier.verify_artifact(artifact, bundle, policy)
         return artifact
-    except (SigstoreError, ValueError, TypeError, KeyError) as e:
+    except IntegrityError:
+        raise
+    except Exception as e:  # whatever a hostile bundle makes the library raise is a refusal
         raise IntegrityError(f"{what}: {_said(e)}") from None
 
 

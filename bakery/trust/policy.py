@@ -100,6 +100,11 @@ def load_policy(path: Path, project: Path, keys: dict | None = None) -> Policy:
     if unknown:
         raise InputError(f"{path}: unknown role(s) {', '.join(sorted(unknown))}; roles: {', '.join(keys_mod.ROLES)}")
     _one_role_per_key(roles, path)
+    identities, trusted_root = keyless.load_identities(doc.get("keyless"), path)
+    for name in identities:
+        if roles[name].threshold != 1:  # one identity is one signer: k of n has no keyless spelling
+            raise InputError(f"{path}: roles.{name}.threshold is {roles[name].threshold}, and the role signs keyless "
+                             f"too (one workflow identity, one signer): a threshold over 1 cannot be met by it")
     base = doc.get("base")
     return Policy(roles, tuple(doc["allowed_sources"]), tuple(doc["allowed_builders"]),
                   tuple(doc["allowed_repositories"]), bool(doc.get("allow_dirty", False)),
@@ -108,7 +113,7 @@ def load_policy(path: Path, project: Path, keys: dict | None = None) -> Policy:
                   bool(doc.get("require_smoke", False)), _smoke_spec(doc.get("smoke_spec"), project, path),
                   doc.get("smoke_arch") or "gfx942", doc.get("smoke_compute_units") or 304,
                   int(doc.get("require_rebuilds") or 0), _formats(doc.get("signature_formats"), path),
-                  *keyless.load_identities(doc.get("keyless"), path))
+                  identities, trusted_root)
 
 
 def _formats(given: list | None, path: Path) -> tuple[str, ...]:

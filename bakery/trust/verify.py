@@ -333,7 +333,16 @@ def _open_keyless_statement(data: bytes, labelled: str, policy) -> tuple[str, di
     if role.name not in policy.identities:
         raise Unjudged(f"attestation {kind} signed keyless, not checked: the policy names no keyless identity for "
                        f"the {role.name} role")
-    payload, signer = _keyless_payload(data, role.name, policy, f"attestation {kind}")
+    needed = 1 if kind == provenance.REBUILD_PREDICATE else role.threshold
+    if needed != 1:
+        raise IntegrityError(f"attestation {kind} signed keyless: one identity, and {needed} {role.name} signers "
+                             f"are required")
+    try:
+        payload, signer = _keyless_payload(data, role.name, policy, f"attestation {kind}")
+    except IntegrityError as e:
+        if kind == provenance.REBUILD_PREDICATE:  # as by key: anyone may rebuild; only the listed count
+            raise Unjudged(f"{e}: not counted") from None
+        raise
     with malformed(f"attestation {kind}"):
         statement = json.loads(payload)
         if statement["predicateType"] != kind or not isinstance(statement["predicate"], dict):

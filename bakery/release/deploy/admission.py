@@ -131,7 +131,10 @@ def _attestor(policy: Policy, name: str) -> dict:
     keys = {"signatureAlgorithm": "sha256", "rekor": {"ignoreTlog": True}, "ctlog": {"ignoreSCT": True}}
     entries: list[dict] = [{"keys": {"publicKeys": pem, **keys}} for pem in _pems(policy.roles[name])]
     if name in policy.identities:  # checked against the transparency log and CT log of the public instance
-        entries.append({"keyless": {**_identity(policy, name), "rekor": {"url": "https://rekor.sigstore.dev"}}})
+        identity = policy.identities[name]
+        entries.append({"keyless": {**_identity(policy, name), "rekor": {"url": "https://rekor.sigstore.dev"},
+                                    "additionalExtensions": {"githubWorkflowRepository": identity.repository,
+                                                             "githubWorkflowTrigger": identity.trigger}}})
     return {"count": _needed(policy, name), "entries": entries}
 
 
