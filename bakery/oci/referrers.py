@@ -119,9 +119,8 @@ def _entry(desc: Descriptor, artifact_type: str) -> dict:
 
 
 def _delete(registry, repo: str, digest: Digest) -> None:
-    """Best effort: a registry that refuses deletes keeps the old manifest, no longer listed where
-    the fallback index is ours; with the API it stays listed, and verify refuses two statements of
-    one type, so say what to do."""
+    """Delete a superseded referrer. A registry that refuses: one line saying what to do (with the
+    API the old one stays listed beside the new, and verify refuses two statements of one type)."""
     from .registry import push
 
     try:

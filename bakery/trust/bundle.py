@@ -1,11 +1,12 @@
-"""Sigstore bundles (v0.3) in key mode, stored as cosign 3 stores them: one bundle per referrer.
+"""Sigstore bundles (v0.3), stored as cosign 3 stores them: one bundle per referrer.
 
-A bundle holds a DSSE envelope and a hint naming the public key (base64 of the sha256 of its DER
-SubjectPublicKeyInfo, which is our keyid's hex in another spelling). The image signature is an
+A key-mode bundle (made here) holds a DSSE envelope and a hint naming the public key (base64 of the
+sha256 of its DER SubjectPublicKeyInfo, which is our keyid's hex in another spelling); a keyless
+one (keyless.py) a Fulcio certificate and its log entry instead. The image signature is an
 in-toto statement of type https://sigstore.dev/cosign/sign/v1 about the digest; each attestation
 is its own statement. The referrer manifest: artifactType the bundle's media type, the empty
 config, the bundle as its one layer, and two annotations naming the content and predicate type.
-Nothing here is trusted on read: the envelope inside is opened with the role's keys (verify).
+Nothing here is trusted on read: verify opens each with the role's keys or identity.
 """
 
 from __future__ import annotations
