@@ -278,3 +278,25 @@ def test_a_rebuilder_key_with_two_words_for_one_digest_is_not_counted():
                       ({"k1"}, {"match": False, "result": "sha256:" + "cd" * 32})], ref, 1, report)
     assert report.failures[0].startswith("1 rebuilder key(s) signed more than one rebuild statement")
     assert "rebuilt to this digest by 0 of 1" in report.failures[1]
+
+
+def test_verify_lists_and_reads_each_referrer_once(registry):
+    """The signature and the attestations are judged from one reading of the listing: a registry
+    that lists 256 referrers is asked for each once, not once per check."""
+    key = signer()
+    ref = image(registry, "read-once")
+    store = RegistryStore(ref)
+    attest.sign_image(store, ref, key)
+    attest.attach(store, ref, {SLSA: provenance_of(ref, "local")}, key)
+    asked: list[str] = []
+    original = store.manifest
+
+    def counting(reference: str):
+        asked.append(reference)
+        return original(reference)
+
+    store.manifest = counting  # type: ignore[method-assign]
+    verify.verify(store, ref, rules(key), blobs=False)
+    listed = [str(r.descriptor.digest) for r in referrers.listing(RegistryStore(ref), ref.pin).referrers]
+    assert len(listed) == 2 and all(asked.count(d) == 1 for d in listed), asked
+    assert asked.count(referrers.fallback_tag(ref.pin)) == 1

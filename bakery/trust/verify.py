@@ -178,10 +178,10 @@ def _keyless_payload(data: bytes, role: str, policy, what: str) -> tuple[bytes, 
     return payload, f"keyless {identity.signer_uri}"
 
 
-def cosign_signers(store, digest: Digest, role, policy) -> Signers | None:
+def cosign_signers(store, digest: Digest, role, policy, read_bundles=None) -> Signers | None:
     """The image's signature in both formats cosign reads (the .sig tag, bundles as referrers); where
     both exist they must be signed by the same keys, or none count. None if neither exists."""
-    bundles, via, unreadable = _bundles(store, digest)
+    bundles, via, unreadable = read_bundles or _bundles(store, digest)
     tagged = _tag_signers(store, digest, role, policy)
     bundled = _bundle_signers(digest, role, policy, bundles)
     read = ([f"tag {signature_tag(digest, 'sig')}"] if tagged else []) + \
@@ -197,10 +197,10 @@ def cosign_signers(store, digest: Digest, role, policy) -> Signers | None:
     return Signers(by, reasons + [r for r in more if r not in reasons], read)  # each reason once
 
 
-def _signature(store, ref: Reference, policy, report: Report) -> None:
+def _signature(store, ref: Reference, policy, report: Report, read_bundles=None) -> None:
     """The cosign signature: signed by enough release keys, for this digest, naming an allowed repository."""
     role = policy.roles["release"]
-    found = cosign_signers(store, ref.pin, role, policy)
+    found = cosign_signers(store, ref.pin, role, policy, read_bundles)
     if not report.check(found is not None, f"signature manifest {signature_tag(ref.pin, 'sig')} or a bundle signature present") \
             or found is None:
         return
@@ -350,7 +350,7 @@ def _open_keyless_statement(data: bytes, labelled: str, policy) -> tuple[str, di
     return kind, statement, {signer}, payload
 
 
-def _envelopes(store, ref: Reference, report: Report) -> dict[str, list[tuple[str, bytes]]]:
+def _envelopes(store, ref: Reference, report: Report, read_bundles=None) -> dict[str, list[tuple[str, bytes]]]:
     """{"tag" | "bundle": [(label, envelope or bundle)]}: the attestations in each format present."""
     tag = signature_tag(ref.pin, "att")
     out: dict[str, list[tuple[str, bytes]]] = {}
@@ -363,7 +363,7 @@ def _envelopes(store, ref: Reference, report: Report) -> dict[str, list[tuple[st
                 out["tag"].append((labelled, store.document(desc, f"attestation layer {labelled}")))
             except IntegrityError as e:
                 report.check(False, str(e))
-    bundles, via, unreadable = _bundles(store, ref.pin)
+    bundles, via, unreadable = read_bundles or _bundles(store, ref.pin)
     for reason in unreadable:
         report.check(False, reason)
     statements = [(kind, data) for kind, data in bundles if kind != bundle.COSIGN_SIGN]
@@ -377,7 +377,7 @@ def _envelopes(store, ref: Reference, report: Report) -> dict[str, list[tuple[st
 _WHERE = {"tag": "attestation layer", "bundle": "bundle"}
 
 
-def _attestations(store, ref: Reference, policy, report: Report) -> dict:
+def _attestations(store, ref: Reference, policy, report: Report, read_bundles=None) -> dict:
     """{predicateType: predicate} of the statements about this digest, each signed by its role;
     two statements of one type in one format are both refused (which one counts would be the
     pusher's choice); where both formats are present, each type must be the same statements in both
@@ -385,7 +385,7 @@ def _attestations(store, ref: Reference, policy, report: Report) -> dict:
     found: dict[str, Any] = {}  # a rebuild's: a list of (signers, predicate), one per rebuilder
     seen: dict[str, dict[str, set]] = {}  # format -> type -> {(signed payload, its signers)}
     counts: dict[tuple[str, str], int] = {}
-    forms = _envelopes(store, ref, report)
+    forms = _envelopes(store, ref, report, read_bundles)
     for form, envelopes in forms.items():
         for labelled, data in envelopes:
             try:
@@ -533,9 +533,11 @@ def verify(store, ref: Reference, policy, require_smoke: bool = False, blobs: bo
         return report
     if blobs:
         _step(report, f"image manifest {ref.digest}", _blobs, store, manifest, report, f"image manifest {ref.digest}")
-    _step(report, f"signature {signature_tag(ref.pin, 'sig')}", _signature, store, ref, policy, report)
+    read: tuple = _step(report, "the image's referrers", _bundles, store, ref.pin) or \
+        ([], "an unreadable listing", [])  # listed and read once, for both (its failure is a check already)
+    _step(report, f"signature {signature_tag(ref.pin, 'sig')}", _signature, store, ref, policy, report, read)
     found = _step(report, f"attestations {signature_tag(ref.pin, 'att')}", _attestations, store, ref, policy,
-                  report) or {}
+                  report, read) or {}
     report.check(sbom.SPDX_PREDICATE in found, "SBOM (SPDX 2.3) attestation present and signed")
     vex_doc = found.get(provenance.VEX_PREDICATE)
     if report.check(vex_doc is not None, "VEX (OpenVEX 0.2.0) attestation present and signed"):
