@@ -118,7 +118,8 @@ def test_deploy_asks_for_the_rebuild_the_shipped_policy_asks_for(honest, image, 
             *keyargs(honest), "--policy", str(policy)]
     no_key = invoke(honest["project"], *args)
     assert no_key.returncode == 2 and no_key.stderr.strip() == (
-        "error: no rebuilder public key: pass --rebuilder-key FILE, or list it under roles.rebuilder.keys in the policy")
+        "error: no rebuilder public key: pass --rebuilder-key FILE, or list it under roles.rebuilder.keys in the policy "
+        "(or name the role's identity under keyless.roles)")
     assert invoke(honest["project"], "keygen", "--role", "rebuilder", "--out", str(tmp_path / "r"),
                   env={"BAKERY_KEY_PASSWORD": "pw"}).returncode == 0
     result = invoke(honest["project"], *args, "--rebuilder-key", str(tmp_path / "r" / "rebuilder.pub"))
