@@ -96,7 +96,7 @@ def ensure_registry(port: int = REGISTRY_PORT, auth: dict | None = None, name: s
     raise EnvironmentProblem(f"registry on {host} did not start: see {base / 'registry.log'}")
 
 
-REFERRERS_PORT = 5002
+REFERRERS_PORT = 5012  # 5001-5004 are the tests' registries and token service
 
 
 def ensure_referrers_registry(port: int = REFERRERS_PORT, timeout: float = 30) -> str:
@@ -119,7 +119,7 @@ def ensure_referrers_registry(port: int = REFERRERS_PORT, timeout: float = 30) -
     raise EnvironmentProblem(f"the referrers registry on {host} did not start: see {log.name}")
 
 
-SIGSTORE_PORT = 5003
+SIGSTORE_PORT = 5013
 
 
 def ensure_sigstore_stand_in(port: int = SIGSTORE_PORT, timeout: float = 30) -> Path:
