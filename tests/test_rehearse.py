@@ -237,7 +237,7 @@ def test_the_promoted_digest_passes_the_node_policy_on_podman(promoted, tmp_path
     ("smoke-failed", "smoke", "FAILED"),
     ("rebuild-mismatch", "attest-rebuild", "(other bytes)"),
     ("foreign-revision", "build", "which is not on main: refused"),
-    ("dirty-checkout", "build", "has changes (above): refused"),
+    ("dirty-checkout", "build", "has changes (below): refused"),
 ])
 def test_drill_stops_the_release(rehearsals, drill, stops_at, says):
     outcome = run(rehearsals, drill, drill=drill)
