@@ -17,6 +17,7 @@ from ..errors import EnvironmentProblem
 from ..project import cache_dir
 
 REGISTRY_PORT = 5000
+PROJECT = Path(__file__).resolve().parents[2]  # the checkout: its .tools/ and scripts/
 
 
 def state_dir() -> Path:
@@ -86,14 +87,21 @@ def ensure_registry(port: int = REGISTRY_PORT, auth: dict | None = None, name: s
     base.mkdir(parents=True, exist_ok=True)
     config = base / "config.yml"
     config.write_text(registry_config(port, base / "data", auth))
-    log = open(base / "registry.log", "ab")
-    subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=log, start_new_session=True)
+    _start([binary, "serve", str(config)], base / "registry.log", lambda: registry_up(port), f"registry on {host}",
+           timeout)
+    return host
+
+
+def _start(argv: list[str], log_path: Path, ready, what: str, timeout: float, env: dict | None = None) -> None:
+    """Start a server detached, its output to log_path, and wait until ready() says it answers."""
+    log = open(log_path, "ab")
+    subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True, env=env)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if registry_up(port):
-            return host
+        if ready():
+            return
         time.sleep(0.3)
-    raise EnvironmentProblem(f"registry on {host} did not start: see {base / 'registry.log'}")
+    raise EnvironmentProblem(f"{what} did not start: see {log_path}")
 
 
 REFERRERS_PORT = 5012  # 5001-5004 are the tests' registries and token service
@@ -106,17 +114,12 @@ def ensure_referrers_registry(port: int = REFERRERS_PORT, timeout: float = 30) -
     host = f"127.0.0.1:{port}"
     if registry_up(port):
         return host
-    binary = Path(__file__).resolve().parents[2] / ".tools" / "bin" / "referrers-registry"
+    binary = PROJECT / ".tools" / "bin" / "referrers-registry"
     if not binary.exists():
         raise EnvironmentProblem(f"{binary} is missing: run scripts/fetch-tools.sh")
-    log = open(state_dir() / f"referrers-registry-{port}.log", "ab")
-    subprocess.Popen([str(binary), host], stdout=log, stderr=log, start_new_session=True)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if registry_up(port):
-            return host
-        time.sleep(0.3)
-    raise EnvironmentProblem(f"the referrers registry on {host} did not start: see {log.name}")
+    _start([str(binary), host], state_dir() / f"referrers-registry-{port}.log", lambda: registry_up(port),
+           f"the referrers registry on {host}", timeout)
+    return host
 
 
 SIGSTORE_PORT = 5013
@@ -128,23 +131,17 @@ def ensure_sigstore_stand_in(port: int = SIGSTORE_PORT, timeout: float = 30) -> 
     signing_config.json and trust_config.json. Its keys are made at each start: a restart makes
     every bundle signed before it unverifiable against the new root, as a new trust root would."""
     folder = state_dir() / f"sigstore-{port}"
-    project = Path(__file__).resolve().parents[2]
-    if _answers(port) and (folder / "trust_config.json").exists():
+    ready = lambda: _answers(port) and (folder / "trust_config.json").exists()  # noqa: E731
+    if ready():
         return folder
-    node = project / ".tools" / "sigstore" / "node_modules" / ".bin" / "node"
-    if not node.exists():
-        raise EnvironmentProblem(f"{node} is missing: run scripts/fetch-tools.sh")
+    modules = PROJECT / ".tools" / "sigstore" / "node_modules"
+    if not (modules / ".bin" / "node").exists():
+        raise EnvironmentProblem(f"{modules / '.bin' / 'node'} is missing: run scripts/fetch-tools.sh")
     shutil.rmtree(folder, ignore_errors=True)
-    log = open(state_dir() / f"sigstore-{port}.log", "ab")
-    subprocess.Popen([str(node), str(project / "scripts" / "sigstore-stand-in" / "server.js"), str(port), str(folder)],
-                     stdout=log, stderr=log, start_new_session=True,
-                     env={**os.environ, "NODE_PATH": str(project / ".tools" / "sigstore" / "node_modules")})
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if _answers(port) and (folder / "trust_config.json").exists():
-            return folder
-        time.sleep(0.3)
-    raise EnvironmentProblem(f"the Sigstore stand-in on 127.0.0.1:{port} did not start: see {log.name}")
+    _start([str(modules / ".bin" / "node"), str(PROJECT / "scripts" / "sigstore-stand-in" / "server.js"), str(port),
+            str(folder)], state_dir() / f"sigstore-{port}.log", ready, f"the Sigstore stand-in on 127.0.0.1:{port}",
+           timeout, env={**os.environ, "NODE_PATH": str(modules)})
+    return folder
 
 
 def _answers(port: int) -> bool:
