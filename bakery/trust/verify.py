@@ -297,12 +297,7 @@ def _open_statement(data: bytes, labelled: str, policy, where: str) -> tuple[str
         kind = statement["predicateType"]
         if not isinstance(kind, str) or not isinstance(statement["predicate"], dict):
             raise TypeError("predicateType or predicate of the wrong type")
-    if kind != labelled:
-        raise IntegrityError(f"{where} annotated {labelled} holds a statement of type {kind}: refused "
-                             f"(the annotation is unsigned; the signed statement decides which keys may open it)")
-    role = policy.role_for(kind)
-    if role is None:
-        raise IntegrityError(f"attestation of type {kind}: no role of the policy may sign that type; refused")
+    role = _signing_role(kind, labelled, where, policy)
     if not role.keys:
         raise Unjudged(f"attestation {kind} not checked: no {role.name} key given (--{role.name}-key, or "
                        f"roles.{role.name}.keys in the policy)")
@@ -318,18 +313,25 @@ def _open_statement(data: bytes, labelled: str, policy, where: str) -> tuple[str
     return kind, statement, signers, payload
 
 
+def _signing_role(kind: str, labelled: str, where: str, policy):
+    """The role whose keys or identity may sign a statement of this (signed) type; the unsigned label
+    beside it must say the same."""
+    if kind != labelled:
+        raise IntegrityError(f"{where} annotated {labelled} holds a statement of type {kind}: refused "
+                             f"(the annotation is unsigned; the signed statement decides who may sign it)")
+    role = policy.role_for(kind)
+    if role is None:
+        raise IntegrityError(f"attestation of type {kind}: no role of the policy may sign that type; refused")
+    return role
+
+
 def _open_keyless_statement(data: bytes, labelled: str, policy) -> tuple[str, dict, set[str], bytes]:
     """_open_statement for a keyless bundle: the role its statement's type names, then that role's
     identity must have signed it (the chain, log proof and signature checked offline)."""
     from . import keyless
 
     kind = keyless.bundle_statement(data, f"bundle {labelled}")["predicateType"]
-    if kind != labelled:
-        raise IntegrityError(f"bundle annotated {labelled} holds a statement of type {kind}: refused (the annotation "
-                             f"is unsigned; the signed statement decides whose identity may sign it)")
-    role = policy.role_for(kind)
-    if role is None:
-        raise IntegrityError(f"attestation of type {kind}: no role of the policy may sign that type; refused")
+    role = _signing_role(kind, labelled, "bundle", policy)
     if role.name not in policy.identities:
         raise Unjudged(f"attestation {kind} signed keyless, not checked: the policy names no keyless identity for "
                        f"the {role.name} role")
