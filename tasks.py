@@ -232,11 +232,11 @@ def attest(c, image, record=None, key=None, layout=None, keyless=False, trust_co
 
 @task(help=flags.ATTACH)
 @reports_errors
-def attach(c, image, envelope, key, role="smoke"):
+def attach(c, image, envelope, key=None, role="smoke", policy=None):
     """Attach a signed attestation (made on another machine) to IMAGE@DIGEST, after checking its signature."""
     from bakery.cli import release as cmd, render
 
-    ref, kind, digest = cmd.attach(PROJECT, image, envelope, key, role)
+    ref, kind, digest = cmd.attach(PROJECT, image, envelope, key, role, policy)
     _log(render.attached(ref, kind, digest))
     print(ref)
 
@@ -299,24 +299,25 @@ def reproduce(c, image, release_key=None, policy=None, toolchain=None, workdir=N
 
 @task(help=flags.ATTEST_REBUILD)
 @reports_errors
-def attest_rebuild(c, image, outcome, release_key=None, policy=None, key=None):
+def attest_rebuild(c, image, outcome, release_key=None, policy=None, key=None, keyless=False, trust_config=None):
     """Sign a rebuild's outcome as a rebuilder where no build runs; the match is recomputed from the manifest."""
     from bakery.cli import release as cmd, render
 
-    print(render.rebuild_attested(*cmd.attest_rebuild(PROJECT, image, outcome, release_key, policy, key)))
+    print(render.rebuild_attested(*cmd.attest_rebuild(PROJECT, image, outcome, release_key, policy, key, keyless,
+                                                      trust_config)))
 
 
 @task(help=flags.SMOKE, iterable=["endpoint", "reference_endpoint"])
 @reports_errors
 def smoke(c, image, model_dir=None, port=8000, report=None, reference=None, record=None, endpoint=None,
           reference_endpoint=None, approvals=None, bench_client=None, tokenizer=None, bfcl=None, attest=False, key=None,
-          envelope=None, release_key=None, smoke_key=None, not_promoted=None):
+          envelope=None, release_key=None, smoke_key=None, not_promoted=None, keyless=False, trust_config=None):
     """MI300X acceptance gate: A/B against a reference on both paths, needles, tool calls, speed; signed JSON report."""
     from bakery.cli import render, smoke as cmd
 
     smoked = cmd.smoke(PROJECT, image, model_dir, port, report, reference, record, endpoint, reference_endpoint,
                        approvals, bench_client, tokenizer, bfcl, attest, key, envelope, release_key, smoke_key,
-                       not_promoted, log=_log)
+                       not_promoted, keyless, trust_config, log=_log)
     for line in render.smoked_log(smoked):
         _log(line)
     print(render.smoked(smoked))

@@ -514,32 +514,43 @@ def test_builder_and_source_come_from_the_ci_environment(monkeypatch, tmp_path):
     assert record_mod.source_repository(tmp_path, _git) == "file:///srv/git/bakery"  # a URI, as SPDX needs
 
 
-def test_attest_keyless_then_verify_by_the_release_workflows_identity(signed, fixture_base, registry, tmp_path):
-    """`invoke attest --keyless` as the release workflow's signing job would run it (the OIDC token
-    in SIGSTORE_ID_TOKEN, from the GitHub stand-in), against the Sigstore stand-in; `invoke verify`
-    with a policy naming that identity and no key, and cosign 3.1 from the same trusted root."""
+def keyless_release(signed, fixture_base, registry, tmp_path, name: str):
+    """The signed fixture image copied to signed/NAME and attested by `invoke attest --keyless` as the
+    release workflow's signing job would run it (the OIDC token in SIGSTORE_ID_TOKEN, from the GitHub
+    stand-in), against the Sigstore stand-in; a policy naming each role's workflow and no key.
+    Returns (image, record, policy, the stand-in's folder)."""
     import shutil
 
     from bakery.dev import stack
     from bakery.dev.github_stand_in import oidc_token
-    from test_keyless import ISSUER, REPO, TAG, WORKFLOWS, cosign3
+    from test_keyless import ISSUER, REPO, TAG, WORKFLOWS
 
     trust = stack.ensure_sigstore_stand_in()
     ref, record = signed["a"]
     reg = Registry(registry)
     body, media_type, _ = reg.get_manifest(ref)
     for d in [json.loads(body)["config"]] + json.loads(body)["layers"]:
-        reg.mount_blob("signed/keyless", Digest.parse(d["digest"]), ref.repository)
-    reg.put_manifest("signed/keyless", str(ref.digest), body, media_type)
-    image = f"{registry}/signed/keyless@{ref.digest}"
-    token = oidc_token(REPO, WORKFLOWS["release"], TAG)
+        reg.mount_blob(f"signed/{name}", Digest.parse(d["digest"]), ref.repository)
+    reg.put_manifest(f"signed/{name}", str(ref.digest), body, media_type)
+    image = f"{registry}/signed/{name}@{ref.digest}"
     attested = invoke(signed["project"], "attest", image, "--record", str(record), "--keyless", "--trust-config",
-                      str(trust / "trust_config.json"), env={"SIGSTORE_ID_TOKEN": token})
+                      str(trust / "trust_config.json"), env={"SIGSTORE_ID_TOKEN": oidc_token(REPO, WORKFLOWS["release"],
+                                                                                           TAG)})
     assert attested.returncode == 0, attested.stderr
     shutil.copy(trust / "trusted_root.json", tmp_path / "trusted_root.json")
     policy = dev_policy(tmp_path / "policy.yaml", fixture_base, keyless={
         "trusted_root": "trusted_root.json", "roles": {role: {"issuer": ISSUER, "repository": REPO, "workflow": w,
                                                              "ref": "refs/tags/v*"} for role, w in WORKFLOWS.items()}})
+    return image, record, policy, trust
+
+
+def test_attest_keyless_then_verify_by_the_release_workflows_identity(signed, fixture_base, registry, tmp_path):
+    """`invoke verify` with a policy naming the release workflow's identity and no key, and cosign
+    3.1 from the same trusted root; a release signed again by the smoke workflow is refused."""
+    from bakery.dev.github_stand_in import oidc_token
+    from test_keyless import REPO, TAG, WORKFLOWS, cosign3
+
+    image, record, policy, trust = keyless_release(signed, fixture_base, registry, tmp_path, "keyless")
     ok = invoke(signed["project"], "verify", image, "--policy", str(policy))
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "signature valid for this digest, by 1 of 1 required release key(s)" in ok.stdout
@@ -550,3 +561,48 @@ def test_attest_keyless_then_verify_by_the_release_workflows_identity(signed, fi
     assert again.returncode == 0, again.stderr
     refused = invoke(signed["project"], "verify", image, "--policy", str(policy))
     assert refused.returncode == 5 and "not the release role's identity" in refused.stdout, refused.stdout
+
+
+def test_the_rebuilder_and_the_smoke_job_sign_keyless_as_their_own_workflows(signed, fixture_base, registry,
+                                                                             tmp_path):
+    """`invoke attest-rebuild --keyless` as the rebuild workflow, and the smoke workflow's keyless
+    result (what `invoke smoke --attest --keyless --envelope F` writes) carried by `invoke attach`
+    with no key: verify then counts the smoke result and one rebuild by identity alone. A smoke
+    result signed by the release workflow is refused by attach, and nothing is attached."""
+    from bakery.dev.github_stand_in import oidc_token
+    from bakery.release import reproduce, smoke_report
+    from bakery.trust import keyless
+    from support import passing_report
+    from test_keyless import REPO, TAG, WORKFLOWS
+
+    import secrets
+
+    # a repository of its own each run: the registry outlives the session, and what it holds is judged
+    image, _, policy, trust = keyless_release(signed, fixture_base, registry, tmp_path,
+                                              f"keyless-roles-{secrets.token_hex(4)}")
+    ref = Reference.parse(image)
+    config = trust / "trust_config.json"
+    manifest, _, _ = Registry(registry).get_manifest(ref)
+    reproduce.write_outcome(tmp_path / "outcome.json", ref, manifest, [])
+    rebuilt = invoke(signed["project"], "attest-rebuild", image, "--outcome", str(tmp_path / "outcome.json"),
+                     "--policy", str(policy), "--keyless", "--trust-config", str(config),
+                     env={"SIGSTORE_ID_TOKEN": oidc_token(REPO, WORKFLOWS["rebuilder"], TAG)})
+    assert rebuilt.returncode == 0 and rebuilt.stdout.rstrip().endswith("(match)"), rebuilt.stdout + rebuilt.stderr
+    statement = smoke_report.statement(ref, passing_report(image), (ROOT / "provenance" / "smoke.yaml").read_bytes())
+    for who, code in (("release", 5), ("smoke", 0)):
+        signed_by = keyless.KeylessSigner(oidc_token(REPO, WORKFLOWS[who], TAG), config)
+        (tmp_path / f"smoke-{who}.json").write_bytes(signed_by.bundle(statement))
+        attached = invoke(signed["project"], "attach", image, "--envelope", str(tmp_path / f"smoke-{who}.json"),
+                          "--policy", str(policy))
+        errors = [line for line in attached.stderr.splitlines() if line.startswith("error:")]
+        assert attached.returncode == code, attached.stderr
+        assert not code or (len(errors) == 1 and "not the smoke role's identity" in errors[0]), attached.stderr
+        if who == "release":
+            judged = invoke(signed["project"], "verify", image, "--policy", str(policy), "--require-smoke")
+            assert judged.returncode != 0 and "smoke" in judged.stdout, judged.stdout  # nothing was attached
+    ok = invoke(signed["project"], "verify", image, "--policy", str(policy), "--require-smoke", "--require-rebuilds",
+                "1")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    with_key = invoke(signed["project"], "attach", image, "--envelope", str(tmp_path / "smoke-smoke.json"),
+                      "--key", str(tmp_path / "policy.yaml"))
+    assert with_key.returncode == 2 and "a keyless bundle" in with_key.stderr, with_key.stderr

@@ -295,3 +295,16 @@ def test_a_rebuild_by_an_identity_the_policy_does_not_list_is_not_counted(regist
     report = verify.Report()
     assert provenance.REBUILD_PREDICATE not in verify._attestations(store, ref, rules(trust), report)
     assert not report.failures and any("not counted" in what for ok, what in report.checks), report.checks
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--keyless"], "--keyless says how to sign, and nothing is signed here: add --attest"),
+    (["--attest", "--keyless", "--key", "smoke.key"], "--keyless signs as the workflow identity, --key with a key"),
+])
+def test_smoke_refuses_a_keyless_request_it_cannot_keep_before_the_gate_runs(args, says):
+    from support import invoke
+
+    refused = invoke(ROOT, "smoke", "127.0.0.1:5000/x@sha256:" + "a" * 64, *args)
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert refused.returncode == 2 and errors == [f"error: {says}"] or (len(errors) == 1 and says in errors[0]), \
+        refused.stderr

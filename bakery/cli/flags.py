@@ -83,8 +83,10 @@ ATTEST = {"image": "the image REGISTRY/REPO@sha256:DIGEST to sign",
                           "instance's, fetched by TUF)"}
 
 ATTACH = {"image": "the image REGISTRY/REPO@sha256:DIGEST the statement is about",
-          "envelope": "a signed DSSE envelope (e.g. from `invoke smoke --attest --envelope FILE`)",
-          "key": "the public key of ROLE (e.g. smoke.pub): the envelope must verify with it",
+          "envelope": "a signed DSSE envelope or keyless bundle (e.g. from `invoke smoke --attest --envelope FILE`)",
+          "key": "the public key of ROLE (e.g. smoke.pub): the envelope must verify with it (none for a keyless "
+                 "bundle: it must verify by ROLE's identity under keyless.roles in the policy)",
+          "policy": "verification policy, for a keyless bundle (default: provenance/policy.yaml)",
           "role": "the role the envelope comes from (default smoke): only statement types that role signs are "
                   "attached"}
 
@@ -144,7 +146,8 @@ ATTEST_REBUILD = {"image": "the released REGISTRY/REPO@sha256:DIGEST that was re
             "outcome": "the file `invoke reproduce --outcome` wrote",
             "release_key": "a release public key PEM (the provenance is re-read and checked here)",
             "policy": "verification policy (default: provenance/policy.yaml)",
-            "key": "this rebuilder's encrypted private key (default: BAKERY_REBUILDER_SIGNING_KEY)"}
+            "key": "this rebuilder's encrypted private key (default: BAKERY_REBUILDER_SIGNING_KEY)",
+            "keyless": ATTEST["keyless"], "trust_config": ATTEST["trust_config"]}
 
 SMOKE = {"image": "REGISTRY/REPO@sha256:DIGEST to gate (the candidate)",
          "model_dir": "the model snapshot directory (.../snapshots/<revision>), mounted read-only; needed to launch "
@@ -174,7 +177,10 @@ SMOKE = {"image": "REGISTRY/REPO@sha256:DIGEST to gate (the candidate)",
          "attest": "sign the report onto the digest with the smoke key (--key or BAKERY_SMOKE_SIGNING_KEY)",
          "key": "encrypted smoke private key file for --attest (smoke.key)",
          "envelope": "with --attest: write the signed envelope to this file instead of pushing it (a job "
-                     "without push rights hands it to `invoke attach`)"}
+                     "without push rights hands it to `invoke attach`)",
+         "keyless": "with --attest: sign as this job's workflow identity (the smoke role's under keyless.roles), "
+                    "not with a key; the OIDC token is asked for when the gate has finished",
+         "trust_config": ATTEST["trust_config"]}
 
 PROMOTE = {"image": "the smoke-tested REGISTRY/REPO@sha256:DIGEST",
            "tag": "the release tag to point at it (e.g. v1.2.0)",

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ..errors import InputError, NotFound, NotReproduced
 from ..project import Project
 from ..trust.policy import signature_formats
-from .trust_flags import load_policy, role_keys
+from .trust_flags import check_signer, load_policy, role_keys, signer_for
 
 if TYPE_CHECKING:  # the commands import these when they run
     from ..oci.refs import Digest, Reference
@@ -29,15 +29,12 @@ def attest(project: Path, image: str, record: str | None, key: str | None, layou
     """(the image, what was written: signature, attestations, kernels, verdicts)."""
     from ..oci import store
     from ..oci.refs import Reference
-    from ..trust import attest as attest_mod, keyless as keyless_mod, keys, record as record_mod, sign
+    from ..trust import attest as attest_mod, record as record_mod
 
     ref = Reference.parse_pinned(image, "image")
     rec = record_mod.read(Path(record) if record else Project(project).out / "build-record.json")
-    if keyless and key:
-        raise InputError("--keyless signs as the workflow identity, --key with a key: give one")
-    signer = keyless_mod.ambient_signer(Path(trust_config) if trust_config else None) if keyless else \
-        sign.Signer(keys.load_private(Path(key) if key else None))
-    written = attest_mod.attest(store.open_store(ref, Path(layout) if layout else None), ref, rec, signer,
+    written = attest_mod.attest(store.open_store(ref, Path(layout) if layout else None), ref, rec,
+                                signer_for("release", keyless, trust_config, key),
                                 sign_kernels=not layout, formats=signature_formats(project))
     return ref, written
 
@@ -52,20 +49,32 @@ def may_attach(kind: str, role: str, envelope: str) -> None:
                          f"sign: not attached (it would stand beside, or in place of, another role's)")
 
 
-def attach(project: Path, image: str, envelope: str, key: str, role: str):
-    """(the image, the statement type, the digest of the attestations now attached)."""
+def attach(project: Path, image: str, envelope: str, key: str | None, role: str, policy: str | None = None):
+    """(the image, the statement type, the digest of what is now attached). A DSSE envelope must verify
+    with --key; a keyless bundle (`smoke --attest --keyless --envelope`) by the role's identity in the
+    policy, offline from its trusted root, and is attached as a bundle only."""
     from ..oci import store
     from ..oci.refs import Reference
-    from ..trust import attest as attest_mod, keys, sign
+    from ..trust import attest as attest_mod, bundle, keys, sign, verify as verify_mod
 
     ref = Reference.parse_pinned(image, "image")
     try:
         data = Path(envelope).read_bytes()
     except OSError as e:
         raise InputError(f"cannot read --envelope {envelope}: {e.strerror}") from None
+    keyless = bundle.is_keyless(data)
+    if keyless and key:
+        raise InputError(f"--envelope {envelope} is a keyless bundle: the role's identity in the policy vouches for "
+                         f"it, not --key: give no --key")
     kind, _ = attest_mod.statement_of(data, ref, f"envelope {envelope}")
     may_attach(kind, role, envelope)
-    sign.open_envelope(data, keys.load_public(Path(key)), f"envelope {envelope} ({kind}, a {role} statement)")
+    what = f"envelope {envelope} ({kind}, a {role} statement)"
+    if keyless:
+        verify_mod.keyless_payload(data, role, load_policy(project, policy, role_keys()), what)
+        return ref, kind, attest_mod.attach_bundle(store.RegistryStore(ref), ref, kind, data)
+    if not key:
+        raise InputError(f"--envelope {envelope} is signed by a key: give --key, the {role} role's public key")
+    sign.open_envelope(data, keys.load_public(Path(key)), what)
     return ref, kind, attest_mod.attach_envelopes(store.RegistryStore(ref), ref, {kind: data},
                                                   signature_formats(project))
 
@@ -154,7 +163,7 @@ def reproduce(project: Path, image: str, release_key=None, policy=None, toolchai
     from ..oci import store
     from ..oci.refs import Reference
     from ..release import reproduce as rep
-    from ..trust import attest as attest_mod, keys, provenance, sign
+    from ..trust import attest as attest_mod, provenance
 
     ref = Reference.parse_pinned(image, "image")
     where = store.open_store(ref, None)
@@ -183,29 +192,31 @@ def reproduce(project: Path, image: str, release_key=None, policy=None, toolchai
         rep.write_outcome(Path(outcome), ref, manifest, diffs)
     attested_as = None
     if attest:  # the key is read only now, after the revision's code has finished
-        signer = sign.Signer(keys.load_private(Path(key) if key else None, keys.REBUILDER_KEY_ENV))
+        signer = signer_for("rebuilder", key=key)  # keyless is attest-rebuild's, in a job that runs no build
         attest_mod.attach(where, ref, {provenance.REBUILD_PREDICATE: rep.statement(ref, plan, digest, diffs)}, signer,
                           signature_formats(project))
         attested_as = signer.keyid
     return Reproduced(ref, plan, digest, diffs, work, attested_as)
 
 
-def attest_rebuild(project: Path, image: str, outcome: str, release_key=None, policy=None, key=None):
-    """(the image, the digest the rebuild gave): signed as this rebuilder, recomputed from the manifest."""
+def attest_rebuild(project: Path, image: str, outcome: str, release_key=None, policy=None, key=None, keyless=False,
+                   trust_config=None):
+    """(the image, the digest the rebuild gave): signed as this rebuilder (a key, or --keyless this job's
+    workflow identity), recomputed from the manifest."""
     from ..oci import store
     from ..oci.refs import Digest, Reference
     from ..release import reproduce as rep
-    from ..trust import attest as attest_mod, keys, provenance, sign
+    from ..trust import attest as attest_mod, provenance
 
+    check_signer(keyless, key)
     ref = Reference.parse_pinned(image, "image")
     where = store.open_store(ref, None)
     rules = load_policy(project, policy, role_keys(release_key, None))
     plan = rep.plan(rep.signed_provenance(where, ref, rules))  # from the signed provenance, not the file
     manifest, diffs = rep.read_outcome(Path(outcome), ref)
     digest = Digest.of(manifest)  # the file's claim of a match counts for nothing: the bytes decide
-    signer = sign.Signer(keys.load_private(Path(key) if key else None, keys.REBUILDER_KEY_ENV))
-    attest_mod.attach(where, ref, {provenance.REBUILD_PREDICATE: rep.statement(ref, plan, digest, diffs)}, signer,
-                      signature_formats(project))
+    attest_mod.attach(where, ref, {provenance.REBUILD_PREDICATE: rep.statement(ref, plan, digest, diffs)},
+                      signer_for("rebuilder", keyless, trust_config, key), signature_formats(project))
     return ref, digest
 
 

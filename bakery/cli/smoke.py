@@ -13,6 +13,7 @@ from ..errors import EnvironmentProblem, InputError, SmokeFailure
 from ..project import Project
 from ..release.smoke_report import Reference as GateReference, SmokeReport
 from ..trust.policy import signature_formats
+from .trust_flags import check_signer, signer_for
 
 
 @dataclass(frozen=True)
@@ -309,7 +310,7 @@ def _launches(spec, candidate: str, reference: GateReference, rec, model_dir: st
 def smoke(project: Path, image: str, model_dir: str | None = None, port=8000, report=None, reference=None,
           record=None, endpoint=(), reference_endpoint=(), approvals=None, bench_client=None, tokenizer=None,
           bfcl=None, attest=False, key=None, envelope=None, release_key=None, smoke_key=None, not_promoted=None,
-          log=lambda m: None) -> Smoked:
+          keyless=False, trust_config=None, log=lambda m: None) -> Smoked:
     import hashlib
     import json
     import os
@@ -318,9 +319,10 @@ def smoke(project: Path, image: str, model_dir: str | None = None, port=8000, re
     from ..oci.layer import write_blob
     from ..oci.refs import Reference
     from ..release import ab, bfcl as bfcl_mod, smoke as smoke_mod, smoke_report, smoke_spec, step_summary
-    from ..trust import keys, sign, smoke_ledger
+    from ..trust import sign, smoke_ledger
 
     ref = Reference.parse_pinned(image, "image")
+    check_signer(keyless, key, attest)
     spec_path = Project(project).smoke_spec
     spec = smoke_spec.load_spec(spec_path)
     mine = smoke_mod.parse_endpoints(endpoint or (), spec.paths, "--endpoint")
@@ -364,10 +366,12 @@ def smoke(project: Path, image: str, model_dir: str | None = None, port=8000, re
             f.write(step_summary.smoke(result.to_json()))
     attested = None
     if attest:  # the key is decrypted once the servers are gone, not for the hours they run
-        signer = sign.Signer(keys.load_private(Path(key) if key else None, keys.SMOKE_KEY_ENV))
+        # keyless: the token is asked for now, not hours ago (GitHub's expire in minutes)
+        signer = signer_for("smoke", keyless, trust_config, key)
         statement = smoke_report.statement(ref, result.to_json(), spec_path.read_bytes())
         if envelope:
-            write_blob(Path(envelope), sign.envelope(signer, statement))
+            signed = signer.bundle(statement) if keyless else sign.envelope(signer, statement)
+            write_blob(Path(envelope), signed)
             attested = f"envelope {envelope}"
         else:
             smoke_report.attach_report(store.RegistryStore(ref), ref, result.to_json(), spec_path.read_bytes(), signer,

@@ -27,3 +27,24 @@ def kernel_trust(project: Path, key: str | None, policy: str | None, registry):
     from ..bake.pipeline import Options
 
     return Options.from_flags(project, key=key, policy=policy).kernel_trust(registry)
+
+
+def check_signer(keyless: bool, key: str | None, signing: bool = True) -> None:
+    """Refuse --keyless with --key (or with nothing to sign) now, before a long run that ends in signing."""
+    from ..errors import InputError
+
+    if keyless and key:
+        raise InputError("--keyless signs as the workflow identity, --key with a key: give one")
+    if keyless and not signing:
+        raise InputError("--keyless says how to sign, and nothing is signed here: add --attest")
+
+
+def signer_for(role: str, keyless: bool = False, trust_config: str | None = None, key: str | None = None):
+    """What signs for `role`: its encrypted private key (--key FILE, else the role's environment
+    variable), or with --keyless the workflow identity of this job's OIDC token."""
+    from ..trust import keyless as keyless_mod, keys, sign
+
+    check_signer(keyless, key)
+    if keyless:
+        return keyless_mod.ambient_signer(Path(trust_config) if trust_config else None)
+    return sign.Signer(keys.load_private(Path(key) if key else None, keys.ENV_OF_ROLE[role]))

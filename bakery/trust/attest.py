@@ -71,7 +71,7 @@ def sign_image(store, subject: Reference, signer, formats: tuple[str, ...] = FOR
     written = None
     formats = _formats_of(signer, formats)
     if "bundle" in formats:
-        written = _attach_bundle(store, subject, bundle.COSIGN_SIGN, _bundle_of(signer, bundle.signature_statement(subject)))
+        written = attach_bundle(store, subject, bundle.COSIGN_SIGN, _bundle_of(signer, bundle.signature_statement(subject)))
     if "tag" in formats:
         payload = sign.simple_signing_payload(subject, subject.pin)
         desc = store.put_blob(payload, SIMPLE_SIGNING)
@@ -90,7 +90,7 @@ def attach(store, subject: Reference, statements: dict[str, bytes], signer,
     if isinstance(signer, keyless.KeylessSigner):
         written = None
         for kind, statement in statements.items():
-            written = _attach_bundle(store, subject, kind, signer.bundle(statement))
+            written = attach_bundle(store, subject, kind, signer.bundle(statement))
         if written is None:
             raise InputError("nothing to attach")
         return written
@@ -98,7 +98,7 @@ def attach(store, subject: Reference, statements: dict[str, bytes], signer,
                                              for kind, statement in statements.items()}, formats)
 
 
-def _attach_bundle(store, subject: Reference, predicate_type: str, data: bytes) -> Digest:
+def attach_bundle(store, subject: Reference, predicate_type: str, data: bytes) -> Digest:
     """One bundle referrer of `subject`, superseding the bundles of the same predicate type (for a
     rebuild: of the same rebuilder's key), as the .att tag's layers are replaced."""
     desc = store.put_blob(data, bundle.BUNDLE)
@@ -130,7 +130,7 @@ def attach_envelopes(store, subject: Reference, envelopes: dict[str, bytes],
     written = None
     if "bundle" in formats:
         for predicate_type, envelope in envelopes.items():
-            written = _attach_bundle(store, subject, predicate_type, bundle.of_envelope(envelope))
+            written = attach_bundle(store, subject, predicate_type, bundle.of_envelope(envelope))
     if "tag" not in formats:
         if written is None:
             raise InputError(f"no attestation format chosen (formats: {', '.join(FORMATS)})")
@@ -154,10 +154,11 @@ def attach_envelopes(store, subject: Reference, envelopes: dict[str, bytes],
 
 
 def statement_of(envelope: bytes, subject: Reference, what: str) -> tuple[str, dict]:
-    """(predicateType, statement) of a signed envelope about `subject`'s digest (signature unchecked)."""
-    _, payload, _ = sign.read_envelope(envelope, what)
+    """(predicateType, statement) of a signed envelope or keyless bundle about `subject`'s digest
+    (signature unchecked)."""
     with malformed(what, InputError):
-        statement = json.loads(payload)
+        statement = keyless.bundle_statement(envelope, what) if bundle.is_keyless(envelope) else \
+            json.loads(sign.read_envelope(envelope, what)[1])
         kind = statement["predicateType"]
         subjects = [s["digest"]["sha256"] for s in statement["subject"]]
     if subject.pin.hex not in subjects:

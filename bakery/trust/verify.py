@@ -140,7 +140,7 @@ def _bundle_signers(digest: Digest, role, policy, bundles) -> tuple[set[str], li
     for data in signatures:
         try:
             if bundle.is_keyless(data):
-                payload, identity = _keyless_payload(data, role.name, policy, "bundle signature")
+                payload, identity = keyless_payload(data, role.name, policy, "bundle signature")
             else:
                 envelope = bundle.envelope_of(data, "bundle signature")
                 payload_type, payload, _ = sign.read_envelope(envelope, "bundle signature")
@@ -164,7 +164,7 @@ def _bundle_signers(digest: Digest, role, policy, bundles) -> tuple[set[str], li
     return (signed_by, reasons) if signatures else None
 
 
-def _keyless_payload(data: bytes, role: str, policy, what: str) -> tuple[bytes, str]:
+def keyless_payload(data: bytes, role: str, policy, what: str) -> tuple[bytes, str]:
     """(payload, "keyless <the role's signer URI pattern>") of a keyless bundle signed by the role's
     identity: one identity is one signer, whichever tag its job ran on (two bundles from one
     workflow are not two of a threshold)."""
@@ -340,7 +340,7 @@ def _open_keyless_statement(data: bytes, labelled: str, policy) -> tuple[str, di
         raise IntegrityError(f"attestation {kind} signed keyless: one identity, and {needed} {role.name} signers "
                              f"are required")
     try:
-        payload, signer = _keyless_payload(data, role.name, policy, f"attestation {kind}")
+        payload, signer = keyless_payload(data, role.name, policy, f"attestation {kind}")
     except IntegrityError as e:
         if kind == provenance.REBUILD_PREDICATE:  # as by key: anyone may rebuild; only the listed count
             raise Unjudged(f"{e}: not counted") from None
