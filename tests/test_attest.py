@@ -569,13 +569,13 @@ def test_the_rebuilder_and_the_smoke_job_sign_keyless_as_their_own_workflows(sig
     result (what `invoke smoke --attest --keyless --envelope F` writes) carried by `invoke attach`
     with no key: verify then counts the smoke result and one rebuild by identity alone. A smoke
     result signed by the release workflow is refused by attach, and nothing is attached."""
+    import secrets
+
     from bakery.dev.github_stand_in import oidc_token
     from bakery.release import reproduce, smoke_report
     from bakery.trust import keyless
     from support import passing_report
     from test_keyless import REPO, TAG, WORKFLOWS
-
-    import secrets
 
     # a repository of its own each run: the registry outlives the session, and what it holds is judged
     image, _, policy, trust = keyless_release(signed, fixture_base, registry, tmp_path,
