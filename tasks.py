@@ -133,6 +133,15 @@ def rebase(c, base, lock=None, out=None):
     print(render.rebased_next(rebased))
 
 
+@task(help=flags.PRUNE)
+@reports_errors
+def prune(c, repository, key=None, policy=None, retention=None, ledger=None, apply=False):
+    """Keep every release and what it needs, the newest candidates and nightlies; delete the rest bakery wrote."""
+    from bakery.cli import release as cmd, render
+
+    print(render.lines(render.pruned(cmd.prune(PROJECT, repository, key, policy, retention, ledger, apply, log=_log))))
+
+
 @task(help=flags.TRACK)
 @reports_errors
 def track(c, from_=None, mirror=None, tags="*", ledger=None, no_bump=False, report=None, list_=False):

@@ -46,6 +46,10 @@ class Project:
         return self.root / "provenance" / "policy.yaml"
 
     @property
+    def retention(self) -> Path:
+        return self.root / "provenance" / "retention.yaml"
+
+    @property
     def smoke_spec(self) -> Path:
         return self.root / "provenance" / "smoke.yaml"
 

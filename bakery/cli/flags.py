@@ -212,3 +212,10 @@ REHEARSE = {"workflow": "release (default: a v* tag push) or nightly (a schedule
             "smoke_stand_in": "release: the smoke job's MI300X step signs the tests' stand-in report (there is no "
                               "MI300X here), so attach-smoke and promote run",
             "work": "folder for the rehearsal's clone, keys, logs and artifacts (default: out/rehearsal)"}
+
+PRUNE = {"repository": "the image repository, REGISTRY/REPO (the mirror is the ledger's)",
+         "key": "a release public key PEM (a release's signed provenance says what it needs kept)",
+         "policy": "verification policy (default: provenance/policy.yaml)",
+         "retention": "the retention policy (default: provenance/retention.yaml)",
+         "ledger": "the nightly ledger (default: image/nightlies.yaml; none: the mirror is not pruned)",
+         "apply": "delete what the plan deletes (default: a dry run that only prints it)"}

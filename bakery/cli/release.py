@@ -266,3 +266,62 @@ def await_runner(job: str, minutes: float, log) -> str:
                          "GITHUB_REPOSITORY are not set (it runs in a workflow)")
     poll = float(os.environ.get("BAKERY_POLL_SECONDS", "30"))
     return github.await_runner(github.GitHub(), repository, run_id, job, float(minutes), log=log, poll=poll)
+
+
+@dataclass(frozen=True)
+class Pruned:
+    decisions: list
+    reclaimable: int  # bytes, once the registry collects garbage
+    deleted: int | None  # None: a dry run
+
+
+def prune(project: Path, repository: str, key=None, policy=None, retention=None, ledger=None, apply=False,
+          log=lambda m: None) -> Pruned:
+    """The retention policy on REGISTRY/REPO (and on the ledger's mirror): what is kept and why, what
+    is deleted; deleted only with apply."""
+    import subprocess
+
+    from ..base.spec import load_spec
+    from ..oci.refs import Reference
+    from ..oci.registry import Registry
+    from ..oci.store import RegistryStore
+    from ..release import prune as prune_mod
+    from ..release.track.ledger import load_ledger
+
+    place = Project(project)
+    repo = Reference.parse(repository)
+    if repo.tag or repo.digest:
+        raise InputError(f"prune takes a repository, REGISTRY/REPO, not an image: {repository}")
+    kept = prune_mod.Retention.load(Path(retention) if retention else place.retention)
+    ledger_path = Path(ledger) if ledger else place.ledger
+    nightlies = load_ledger(ledger_path) if ledger_path.exists() else None
+    mirror = Reference.parse(nightlies.mirror) if nightlies else None
+    if mirror and mirror.repository == repo.repository:
+        raise InputError(f"the ledger's mirror {nightlies.mirror if nightlies else ''} is the image repository: "
+                         f"keep the nightlies in a repository of their own")
+    registries = {repo.repository: Registry(repo.registry)}
+    if mirror:
+        registries[mirror.repository] = Registry(mirror.registry)
+    rules = load_policy(project, policy, role_keys(key, None))
+    log(f"listing {repository}" + (f" and the mirror {mirror.name}" if mirror else ""))
+    image = prune_mod.inventory(registries[repo.repository], repo.repository)
+    mirrored = prune_mod.inventory(registries[mirror.repository], mirror.repository, mirror=True) if mirror else []
+
+    def store_of(digest):
+        ref = Reference(repo.registry, repo.repository, None, digest)
+        return RegistryStore(ref), ref
+
+    def commit_time(sha: str) -> int | None:
+        shown = subprocess.run(["git", "-C", str(project), "log", "-1", "--format=%ct", sha, "--"],
+                               capture_output=True, text=True)
+        if shown.returncode != 0 or not shown.stdout.strip().isdigit():
+            log(f"candidate-{sha}: not a commit of this checkout's history: ranked oldest")
+            return None
+        return int(shown.stdout.strip())
+
+    pinned = load_spec(place.base_yaml).image.pin if place.base_yaml.exists() else None
+    roots = prune_mod.roots(image, mirrored, mirror.repository if mirror else None, kept,
+                            prune_mod.verified_provenance(store_of, rules), commit_time, nightlies, pinned)
+    decisions = prune_mod.decide(image + mirrored, roots)
+    deleted = prune_mod.apply(registries, decisions, log) if apply else None
+    return Pruned(decisions, prune_mod.reclaimable(decisions), deleted)

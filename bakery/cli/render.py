@@ -178,3 +178,17 @@ def rehearsed(r) -> str:
     if r.outcome.image:
         out.append(f"candidate: {r.outcome.image}")
     return lines(out)
+
+
+def pruned(p) -> list[str]:
+    """The plan as a table (each manifest: kept or deleted, what it is, its size, why), then the total."""
+    rows = [f"{'':<7} {'kind':<11} {'MB':>8}  {'manifest':<40} why"]
+    for d in p.decisions:
+        s = d.stored
+        rows.append(f"{'keep' if d.keep else 'delete':<7} {s.kind:<11} {s.bytes / 1e6:>8.1f}  "
+                    f"{(s.repo + '@' + s.digest.hex[:12]):<40} {s.label()}: {d.why}")
+    gone = sum(1 for d in p.decisions if not d.keep)
+    done = f"deleted {p.deleted}" if p.deleted is not None else "a dry run: --apply deletes them"
+    rows.append(f"{len(p.decisions)} manifests: {len(p.decisions) - gone} kept, {gone} to delete ({done}); up to "
+                f"{p.reclaimable / 1e6:.1f} MB freed once the registry collects garbage")
+    return rows

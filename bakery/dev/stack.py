@@ -57,15 +57,20 @@ def registry_up(port: int) -> bool:
         return False
 
 
-def registry_config(port: int, root: Path, auth: dict | None = None) -> str:
-    """distribution's YAML config: filesystem storage, deletes allowed, listening on loopback only."""
+def registry_config(port: int, root: Path, auth: dict | None = None, collected: bool = False,
+                    deletes: bool = True) -> str:
+    """distribution's YAML config: filesystem storage, deletes allowed, listening on loopback only.
+    collected: for a registry whose garbage is collected while it serves (garbage_collect): no blob
+    descriptor cache, which would still answer for the blobs collected."""
     import yaml
 
+    storage: dict = {"filesystem": {"rootdirectory": str(root)}, "delete": {"enabled": deletes}}
+    if not collected:
+        storage["cache"] = {"blobdescriptor": "inmemory"}
     config = {
         "version": 0.1,
         "log": {"level": "warn"},
-        "storage": {"filesystem": {"rootdirectory": str(root)}, "delete": {"enabled": True},
-                    "cache": {"blobdescriptor": "inmemory"}},
+        "storage": storage,
         "http": {"addr": f"127.0.0.1:{port}", "secret": f"bakery-local-{port}"},
     }
     if auth:
@@ -74,7 +79,7 @@ def registry_config(port: int, root: Path, auth: dict | None = None) -> str:
 
 
 def ensure_registry(port: int = REGISTRY_PORT, auth: dict | None = None, name: str | None = None,
-                    timeout: float = 30) -> str:
+                    timeout: float = 30, collected: bool = False, deletes: bool = True) -> str:
     """Start `docker-registry serve` on 127.0.0.1:port unless one answers; return host:port."""
     host = f"127.0.0.1:{port}"
     if registry_up(port):
@@ -86,10 +91,23 @@ def ensure_registry(port: int = REGISTRY_PORT, auth: dict | None = None, name: s
     base = state_dir() / (name or f"registry-{port}")
     base.mkdir(parents=True, exist_ok=True)
     config = base / "config.yml"
-    config.write_text(registry_config(port, base / "data", auth))
+    config.write_text(registry_config(port, base / "data", auth, collected, deletes))
     _start([binary, "serve", str(config)], base / "registry.log", lambda: registry_up(port), f"registry on {host}",
            timeout)
     return host
+
+
+def garbage_collect(port: int, name: str | None = None) -> str:
+    """distribution's own `garbage-collect` over a registry this stack started (with collected=True):
+    the blobs no manifest names are removed from its disk. What prune deletes is freed only then."""
+    binary = shutil.which("docker-registry") or shutil.which("registry")
+    config = state_dir() / (name or f"registry-{port}") / "config.yml"
+    if not binary or not config.exists():
+        raise EnvironmentProblem(f"no registry of this stack at {config}")
+    done = subprocess.run([binary, "garbage-collect", str(config)], capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise EnvironmentProblem(f"garbage-collect {config}: {(done.stderr or done.stdout).strip()[-300:]}")
+    return done.stdout
 
 
 def _start(argv: list[str], log_path: Path, ready, what: str, timeout: float, env: dict | None = None) -> None:

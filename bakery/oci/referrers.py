@@ -121,11 +121,8 @@ def _entry(desc: Descriptor, artifact_type: str) -> dict:
 def _delete(registry, repo: str, digest: Digest) -> None:
     """Delete a superseded referrer. A registry that refuses: one line saying what to do (with the
     API the old one stays listed beside the new, and verify refuses two statements of one type)."""
-    from .registry import push
-
     try:
-        registry.transport.request("DELETE", f"/v2/{repo}/manifests/{digest}", scopes=push(repo),
-                                   ok=(200, 202, 404))
+        registry.delete_manifest(repo, digest)
     except RegistryError as e:
         raise RegistryError(f"{registry.name}/{repo} refused to delete superseded referrer {digest} ({e}): "
                             f"delete it by hand, or allow deletes on the registry") from None

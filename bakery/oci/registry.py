@@ -108,6 +108,17 @@ class Registry:
             raise IntegrityError(f"registry stored manifest as {_quoted(echoed)}, we sent {digest}")
         return digest
 
+    def delete_manifest(self, repo: str, digest: Digest) -> bool:
+        """DELETE REPO@digest (and with it every tag naming it); False where it was already gone. A
+        registry that refuses deletes is one error saying so."""
+        resp = self.transport.request("DELETE", f"/v2/{repo}/manifests/{digest}", scopes=push(repo),
+                                      ok=(200, 202, 404, 405))
+        if resp.status_code == 405:
+            raise RegistryError(f"{self.name}/{repo} refuses deletes (HTTP 405): allow them (docker-registry: "
+                                f"storage.delete.enabled, or REGISTRY_STORAGE_DELETE_ENABLED=true; GHCR deletes "
+                                f"package versions through GitHub's API instead)")
+        return resp.status_code != 404
+
     # -- blobs ---------------------------------------------------------------------------
     def blob_exists(self, repo: str, digest: Digest) -> bool:
         resp = self.transport.request("HEAD", f"/v2/{repo}/blobs/{digest}", scopes=pull(repo), ok=(200, 404))

@@ -1,0 +1,267 @@
+"""`invoke prune`: the registry kept to what releases need, by the retention policy in the repository
+(provenance/retention.yaml).
+
+Kept: every promoted release (a `v*` tag) with what verifies and rebuilds it (its signatures,
+attestations and bundles, the kernel and proof-verdict artifacts and the base its signed provenance
+names), the newest candidates, the newest mirrored nightlies, and the nightlies the ledger has in
+flight. Deleted: every other manifest bakery wrote, and only those. What bakery wrote is known by
+its tags (candidate-<sha>, kernels-<key>, proof-<key>, kept-sha256-<hex>, and cosign's and the
+referrers fallback's sha256-<hex> tags); a manifest under any other tag is never touched, and a
+signature, attestation or bundle goes with its subject, after it, so a kill at any point leaves every
+kept image with all of its signatures (a rerun deletes what a kill left behind).
+
+The plan is a pure function of what the registry lists, the verified provenances, the ledger and the
+commit dates (decide); the registry is read and written at the edges (inventory, apply).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import schema
+from ..errors import InputError, IntegrityError, NotFound
+from ..oci.refs import Digest, Reference
+
+RELEASE = re.compile(r"v[0-9][A-Za-z0-9._-]*")
+CANDIDATE = re.compile(r"candidate-([0-9a-f]{40})")
+KERNELS = re.compile(r"kernels-[0-9a-f]{16,64}")
+VERDICT = re.compile(r"proof-[0-9A-Za-z._-]{1,64}")
+NIGHTLY = re.compile(r"kept-sha256-([0-9a-f]{64})")
+SIGNATURE = re.compile(r"sha256-([0-9a-f]{64})\.(sig|att)")
+FALLBACK = re.compile(r"sha256-([0-9a-f]{64})")
+# what goes with its subject, after it; the rest are subjects, deleted first
+DEPENDENT = ("referrer", "referrers", "attestation", "signature")
+ORDER = ("candidate", "kernels", "verdict", "nightly", *DEPENDENT)
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How many of the unreleased to keep: the newest candidates and the newest mirrored nightlies."""
+    candidates: int
+    nightlies: int
+
+    @classmethod
+    def load(cls, path: Path) -> Retention:
+        doc = schema.load_yaml(path, {"candidates": int, "nightlies": int})
+        for key in ("candidates", "nightlies"):
+            if not isinstance(doc.get(key), int) or isinstance(doc[key], bool) or doc[key] < 1:
+                raise InputError(f"{path}: {key} must be a whole number of at least 1 (the newest is always kept)")
+        return cls(doc["candidates"], doc["nightlies"])
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One manifest of a repository, as listed: its tags, what it is, and what it belongs to."""
+    repo: str
+    digest: Digest
+    tags: tuple[str, ...]
+    kind: str  # release, candidate, kernels, verdict, nightly, signature, attestation, referrers, referrer, foreign
+    subject: Digest | None = None  # a dependent's subject
+    blobs: tuple[tuple[Digest, int], ...] = ()  # its config and layers, with their sizes
+    size: int = 0  # the manifest's own bytes
+
+    @property
+    def bytes(self) -> int:
+        return self.size + sum(size for _, size in self.blobs)
+
+    def label(self) -> str:
+        return ", ".join(self.tags) if self.tags else f"(untagged, of {self.subject.hex[:12] if self.subject else '?'})"
+
+
+@dataclass(frozen=True)
+class Decision:
+    stored: Stored
+    keep: bool
+    why: str
+
+
+def kind_of(tags: tuple[str, ...], mirror: bool) -> tuple[str, Digest | None]:
+    """What a manifest is, from its tags: a manifest with any tag bakery does not write is foreign."""
+    kinds, subjects = set(), set()
+    for tag in tags:
+        for kind, pattern in ((("nightly", NIGHTLY),) if mirror else
+                              (("release", RELEASE), ("candidate", CANDIDATE), ("kernels", KERNELS),
+                               ("verdict", VERDICT), ("signature", SIGNATURE), ("referrers", FALLBACK))):
+            m = pattern.fullmatch(tag)
+            if m:
+                if kind == "signature":
+                    kind = "attestation" if m.group(2) == "att" else "signature"
+                    subjects.add(Digest.parse("sha256:" + m.group(1)))
+                elif kind == "referrers":
+                    subjects.add(Digest.parse("sha256:" + m.group(1)))
+                kinds.add(kind)
+                break
+        else:
+            return "foreign", None
+    for kind in ("release", "candidate", "kernels", "verdict", "nightly", "attestation", "signature", "referrers"):
+        if kind in kinds:
+            if len(kinds) > 1 and (kinds & set(DEPENDENT) or len(subjects) > 1):
+                return "foreign", None  # a subject's tag and a signature's on one manifest: not ours to judge
+            return kind, next(iter(subjects), None)
+    return "foreign", None
+
+
+def decide(stored: list[Stored], roots: dict[tuple[str, Digest], str]) -> list[Decision]:
+    """Keep each root (why), each foreign manifest, and each dependent whose subject is kept; delete
+    the rest, subjects first and their signatures after them, in a fixed order."""
+    kept_subjects = {(s.repo, s.digest) for s in stored if (s.repo, s.digest) in roots or s.kind == "foreign"}
+    decisions = []
+    for s in stored:
+        if s.kind == "foreign":
+            decisions.append(Decision(s, True, "not written by bakery: never touched"))
+        elif (s.repo, s.digest) in roots:
+            decisions.append(Decision(s, True, roots[(s.repo, s.digest)]))
+        elif s.kind in DEPENDENT and (s.repo, s.subject) in kept_subjects:
+            decisions.append(Decision(s, True, f"{s.kind} of a kept {s.subject.hex[:12] if s.subject else ''}"))
+        elif s.kind in DEPENDENT:
+            decisions.append(Decision(s, False, f"its subject {s.subject.hex[:12] if s.subject else ''} is not kept"))
+        else:
+            decisions.append(Decision(s, False, f"{s.kind}: past what the retention policy keeps"))
+    return sorted(decisions, key=lambda d: (d.keep, ORDER.index(d.stored.kind) if d.stored.kind in ORDER else 0,
+                                            d.stored.repo, str(d.stored.digest)))
+
+
+def reclaimable(decisions: list[Decision]) -> int:
+    """Bytes the registry's garbage collection can free: blobs only deleted manifests name (in the
+    repositories listed; a blob another repository names stays)."""
+    kept = {digest for d in decisions if d.keep for digest, _ in d.stored.blobs}
+    freed = {digest: size for d in decisions if not d.keep for digest, size in d.stored.blobs if digest not in kept}
+    return sum(freed.values()) + sum(d.stored.size for d in decisions if not d.keep)
+
+
+# -- what the registry holds (I/O) ---------------------------------------------------------------
+
+def inventory(registry, repo: str, mirror: bool = False) -> list[Stored]:
+    """Every tagged manifest of REPO, and the referrers of each subject bakery wrote."""
+    from ..oci import referrers
+    from ..oci.store import RegistryStore
+    from .track.upstream import list_tags
+
+    try:
+        tags = list_tags(registry, repo)
+    except NotFound:
+        return []
+    by_digest: dict[Digest, tuple[list[str], bytes]] = {}
+    for tag in tags:
+        try:
+            body, _, digest = registry.get_manifest(Reference(registry.name, repo, tag, None))
+        except NotFound:
+            continue  # deleted since it was listed
+        by_digest.setdefault(digest, ([], body))[0].append(tag)
+    found = []
+    for digest, (named, body) in sorted(by_digest.items(), key=lambda item: str(item[0])):
+        kind, subject = kind_of(tuple(sorted(named)), mirror)
+        found.append(Stored(repo, digest, tuple(sorted(named)), kind, subject, _blobs(body), len(body)))
+    store = RegistryStore(Reference(registry.name, repo, None, None))
+    seen = {s.digest for s in found}
+    for s in list(found):
+        if s.kind in DEPENDENT or s.kind == "foreign":
+            continue
+        for r in referrers.listing(store, s.digest).referrers:
+            if r.descriptor.digest in seen:
+                continue
+            seen.add(r.descriptor.digest)
+            ours = r.artifact_type.startswith("application/vnd.dev.sigstore.bundle")
+            found.append(Stored(repo, r.descriptor.digest, (), "referrer" if ours else "foreign", s.digest,
+                                _blobs(store.manifest(str(r.descriptor.digest)) or b"{}"), r.descriptor.size))
+    return found
+
+
+def _blobs(body: bytes) -> tuple[tuple[Digest, int], ...]:
+    import json
+
+    try:
+        doc = json.loads(body)
+        return tuple((Digest.parse(d["digest"]), int(d["size"])) for d in [doc["config"], *doc.get("layers", [])])
+    except (ValueError, KeyError, TypeError):
+        return ()  # an index, or no image: its own bytes only
+
+
+def named_by(provenance: dict) -> set[Digest]:
+    """The manifests a signed provenance says its image needs: the base (and its platform image),
+    the kernel artifact and the proof verdicts (docker://NAME@sha256:... in its dependencies)."""
+    build, run = provenance.get("buildDefinition", {}), provenance.get("runDetails", {})
+    uris = [d.get("uri", "") for d in [*build.get("resolvedDependencies", []), *run.get("byproducts", [])]
+            if isinstance(d, dict)]
+    return {Digest.parse(u.rsplit("@", 1)[1]) for u in uris
+            if isinstance(u, str) and u.startswith("docker://") and re.search(r"@sha256:[0-9a-f]{64}$", u)}
+
+
+def roots(image: list[Stored], mirror: list[Stored], mirror_repo: str | None, retention: Retention, provenance,
+          commit_time, ledger, pinned: Digest | None) -> dict[tuple[str, Digest], str]:
+    """What the policy keeps and why. provenance(digest, required) -> the verified provenance (or
+    raises, for a release); commit_time(sha) -> its commit's epoch seconds, None where unknown;
+    ledger: the nightly ledger or None; pinned: image/base.yaml's digest."""
+    keep: dict[tuple[str, Digest], str] = {}
+
+    def needs(s: Stored, why: str, prov: dict | None) -> None:
+        keep.setdefault((s.repo, s.digest), why)
+        for digest in named_by(prov or {}):
+            for other in image:
+                if other.digest == digest:
+                    keep.setdefault((other.repo, digest), f"named by {why}")
+            if mirror_repo:
+                keep.setdefault((mirror_repo, digest), f"base of {why}")
+
+    for s in image:
+        if s.kind == "release":
+            needs(s, f"release {', '.join(t for t in s.tags if RELEASE.fullmatch(t))}", provenance(s.digest, True))
+    candidates = [s for s in image if s.kind == "candidate"]
+
+    def newest(s: Stored) -> tuple:  # its newest commit's time (unknown: oldest), then the digest
+        times = [commit_time(m.group(1)) for t in s.tags if (m := CANDIDATE.fullmatch(t))]
+        return (max((t for t in times if t is not None), default=-1), str(s.digest))
+
+    for i, s in enumerate(sorted(candidates, key=newest, reverse=True)[:retention.candidates]):
+        needs(s, f"candidate {i + 1} of the {retention.candidates} newest", provenance(s.digest, False))
+    if ledger is not None and mirror_repo:
+        from .track.ledger import CARRIED, newest_first
+
+        ordered = newest_first(ledger)
+        pin_order = next((n.order for n in ordered if pinned and pinned in (n.digest, n.index)), None)
+        for i, n in enumerate(ordered):
+            why = None
+            if i < retention.nightlies:
+                why = f"nightly {i + 1} of the {retention.nightlies} newest"
+            if pinned and pinned in (n.digest, n.index):
+                why = "the pinned base (image/base.yaml)"
+            elif n.tried and n.tried.pinning:
+                why = "in flight: a bump is pinning it"
+            elif n.tried and n.tried.outcome == CARRIED and pin_order is not None and n.order > pin_order:
+                why = "in flight: carried, newer than the pin (a bump's pull request proposes it)"
+            if why:
+                keep.setdefault((mirror_repo, n.digest), why)
+    return keep
+
+
+def apply(registries: dict, decisions: list[Decision], log) -> int:
+    """Delete what the plan deletes, in its order (subjects, then what signs them); the count."""
+    gone = [d for d in decisions if not d.keep]
+    for i, d in enumerate(gone, 1):
+        registry = registries[d.stored.repo]
+        registry.delete_manifest(d.stored.repo, d.stored.digest)  # the transport's crash point follows it
+        log(f"deleted {i}/{len(gone)}: {registry.name}/{d.stored.repo}@{d.stored.digest} ({d.stored.kind})")
+    return len(gone)
+
+
+def verified_provenance(store_of, policy):
+    """provenance(digest, required): the SLSA provenance the release role signed for a digest the
+    release role signed; what it says is not judged against today's policy (an older release was
+    built from an older base). A release whose provenance does not verify stops the prune (what it
+    needs cannot be known); a candidate's keeps nothing more."""
+    from ..trust import provenance as provenance_mod, verify
+
+    def provenance(digest: Digest, required: bool) -> dict | None:
+        store, ref = store_of(digest)
+        report = verify.Report()
+        verify._signature(store, ref, policy, report)
+        found = verify._attestations(store, ref, policy, report)
+        failure = report.failures[0] if report.failures else \
+            None if provenance_mod.SLSA_PREDICATE in found else "no SLSA provenance signed by the release role"
+        if failure and required:
+            raise IntegrityError(f"{ref}: {failure}: prune deletes nothing while a release cannot show what it needs")
+        return None if failure else found[provenance_mod.SLSA_PREDICATE]
+
+    return provenance

@@ -1,0 +1,264 @@
+"""`invoke prune` on a real docker-registry 2.8 whose garbage is then collected by its own
+`garbage-collect`: a simulated month (bakery/dev/month.py) and one real release, built, attested and
+verified by `invoke verify` before and after. What must be kept is worked out here from the month's
+own record (which candidates are newest by commit, which nightly each release was built on), not
+from prune's table."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+from pathlib import Path
+
+import pytest
+import requests
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from bakery.dev import month as month_mod, stack
+from bakery.oci import mirror
+from bakery.oci.refs import Reference
+from bakery.oci.registry import Registry
+from bakery.release.track.upstream import list_tags
+from bakery.trust import keys, sign
+from support import copy_project, dev_policy, invoke, last_line
+
+PORT = 5014  # 5000-5004 and 5010-5013 are other tests'
+PASSWORD = {"BAKERY_KEY_PASSWORD": "prune test password"}
+
+
+@pytest.fixture(scope="module")
+def host():
+    return stack.ensure_registry(PORT, name="registry-prune", collected=True)
+
+
+def on_disk(host_name: str) -> int:
+    """Bytes under the registry's storage root."""
+    root = stack.state_dir() / "registry-prune" / "data"
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+
+
+def blob_present(host_name: str, repo: str, digest) -> bool:
+    return requests.head(f"http://{host_name}/v2/{repo}/blobs/{digest}", timeout=10).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def world(host, fixture_base, fixture_lock, tmp_path_factory):
+    """The month (6 nightlies, 2 candidates a day, 2 promoted) plus a real release (v1.0.0) built on
+    the fixture base mirrored as the oldest nightly; the project, keys, policy, ledger, retention."""
+    tmp = tmp_path_factory.mktemp("prune")
+    run = secrets.token_hex(3)
+    app, mirror_repo = f"prune-{run}/app", f"prune-{run}/mirror"
+    project = copy_project(tmp / "project", fixture_lock)
+    d = tmp / "keys"
+    assert invoke(project, "keygen", "--out", str(d), env=PASSWORD).returncode == 0
+    os.environ.update(PASSWORD)  # the key is decrypted here, for the month's signatures
+    try:
+        signer = sign.Signer(keys.load_private(d / "release.key"))
+    finally:
+        for k in PASSWORD:
+            os.environ.pop(k, None)
+    # the real release first: the fixture base as the mirror's oldest nightly, a build on it, attested
+    base = Reference(host, mirror_repo, None, fixture_base.digest)
+    copied = mirror.copy(fixture_base, base.with_tag(f"kept-sha256-{fixture_base.pin.hex}"), log=lambda m: None)
+    sha = subprocess.run(["git", "-C", str(project), "rev-parse", "HEAD"], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    # pinned as a user pins it: upstream's name, read from the mirror
+    (project / "image" / "base.yaml").write_text(f"image: {fixture_base}\nplatform: linux/amd64\n"
+                                                 f"mirror: {host}/{mirror_repo}\n")
+    built = invoke(project, "build", "--push", f"{host}/{app}:candidate-{sha}", env={"SOURCE_DATE_EPOCH": "1700000000"})
+    assert built.returncode == 0, built.stderr
+    real = Reference.parse(last_line(built))
+    attested = invoke(project, "attest", str(real), "--key", str(d / "release.key"), env=PASSWORD)
+    assert attested.returncode == 0, attested.stderr
+    Registry(host).put_manifest(app, "v1.0.0", *Registry(host).get_manifest(real)[:2])
+    month = month_mod.simulate(host, app, mirror_repo, project, signer, nightlies=6, candidates_per=2, promoted=2,
+                               layer_bytes=64 * 1024)
+    ledger = tmp / "nightlies.yaml"
+    text = month_mod.ledger_text(month, host, "upstream.invalid/rocm/vllm-dev", mirror_repo)
+    ledger.write_text(text)
+    _add_base_to_ledger(ledger, copied, host, mirror_repo)
+    (tmp / "retention.yaml").write_text("candidates: 3\nnightlies: 2\n")
+    policy = dev_policy(tmp / "policy.yaml", fixture_base)
+    return {"host": host, "app": app, "mirror": mirror_repo, "project": project, "month": month, "real": real,
+            "base": copied, "pub": d / "release.pub", "ledger": ledger, "policy": policy,
+            "retention": tmp / "retention.yaml", "tmp": tmp}
+
+
+def _add_base_to_ledger(ledger: Path, base: Reference, host: str, mirror_repo: str) -> None:
+    """The fixture base as the ledger's oldest nightly."""
+    import yaml
+
+    doc = yaml.safe_load(ledger.read_text())
+    doc["nightlies"].append({"digest": str(base.digest), "index": None, "created": "2025-11-01T00:00:00Z",
+                             "seen": "2025-11-01T00:00:00Z", "tags": ["nightly-fixture"], "moved": {}, "deleted": [],
+                             "vllm": {"version": "0.26.0", "commit": None}, "aiter": {"version": "0.1.7", "commit": None},
+                             "mirrored": f"{host}/{mirror_repo}@{base.digest}", "tried": None})
+    ledger.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def prune(w, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return invoke(w["project"], "prune", f"{w['host']}/{w['app']}", "--key", str(w["pub"]), "--policy",
+                  str(w["policy"]), "--retention", str(w["retention"]), "--ledger", str(w["ledger"]), *extra, env=env)
+
+
+def rows(out: str) -> dict[str, str]:
+    """{digest hex prefix: keep|delete} from prune's table."""
+    found = {}
+    for line in out.splitlines():
+        m = re.match(r"(keep|delete)\s+\S+\s+[\d.]+\s+\S+@([0-9a-f]{12})\s", line)
+        if m:
+            found[m.group(2)] = m.group(1)
+    return found
+
+
+def expected(w) -> tuple[set[str], set[str]]:
+    """(kept, deleted) subjects' digest prefixes, from the month's record: the 3 newest candidates by
+    commit (the real release's commit is the oldest), every release, the kernel artifacts of those,
+    the 2 newest nightlies and each release's base."""
+    m = w["month"]
+    newest = [c for _, c in m.candidates][-3:]
+    releases = list(m.releases.values())
+    kept = {c.pin.hex[:12] for c in newest + releases} | {w["real"].pin.hex[:12]}
+    kept |= {m.kernels[str(c.digest)].pin.hex[:12] for c in newest + releases}
+    digests = [str(c.digest) for _, c in m.candidates]
+    bases = {m.nightlies[digests.index(str(r.digest)) // 2].pin.hex[:12] for r in releases}  # 2 candidates a day
+    kept |= {n.pin.hex[:12] for n in m.nightlies[-2:]} | bases | {w["base"].pin.hex[:12]}
+    every = {c.pin.hex[:12] for _, c in m.candidates} | {k.pin.hex[:12] for k in m.kernels.values()} | \
+        {n.pin.hex[:12] for n in m.nightlies}
+    return kept, every - kept
+
+
+def tags_of(w) -> dict[str, list[str]]:
+    reg = Registry(w["host"])
+    return {repo: sorted(list_tags(reg, repo)) for repo in (w["app"], w["mirror"])}
+
+
+def release_whole(w, ref: Reference) -> None:
+    """A synthetic release still verifies: its signature and provenance by the release key, and every
+    blob of it, its kernel artifact and its base is in the registry."""
+    from bakery.oci.store import RegistryStore
+    from bakery.release import prune as prune_mod
+    from bakery.trust import policy as policy_mod
+
+    rules = policy_mod.load_policy(w["policy"], w["project"], {"release": [w["pub"]]})
+    store_of = lambda digest: (RegistryStore(ref.with_digest(digest)), ref.with_digest(digest))  # noqa: E731
+    prov = prune_mod.verified_provenance(store_of, rules)(ref.digest, True)
+    reg = Registry(w["host"])
+    for repo, digest in [(w["app"], ref.digest), *[(w["app"] if w["app"] in u else w["mirror"], d)
+                                                 for u, d in _named(prov)]]:
+        body, _, _ = reg.get_manifest(Reference(w["host"], repo, None, digest))
+        for blob, _ in prune_mod._blobs(body):
+            assert blob_present(w["host"], repo, blob), f"{repo}@{digest}: blob {blob} is gone"
+
+
+def _named(prov: dict) -> list:
+    from bakery.oci.refs import Digest
+
+    return [(d["uri"], Digest.parse(d["uri"].rsplit("@", 1)[1]))
+            for d in prov["buildDefinition"]["resolvedDependencies"] if d.get("uri", "").startswith("docker://")]
+
+
+def test_a_dry_run_prints_the_plan_and_changes_nothing(world):
+    before = tags_of(world)
+    planned = prune(world)
+    assert planned.returncode == 0, planned.stderr
+    table = rows(planned.stdout)
+    kept, deleted = expected(world)
+    assert {h for h in kept if table.get(h) != "keep"} == set(), planned.stdout
+    assert {h for h in deleted if table.get(h) != "delete"} == set(), planned.stdout
+    # each signature, attestation and bundle goes with its subject: kept with a kept one, deleted with a deleted one
+    dependents = 0
+    for line in planned.stdout.splitlines():
+        m = re.match(r"(keep|delete)\s+(signature|attestation|referrers|referrer)\s.*?(?:sha256-([0-9a-f]{12})|of "
+                     r"([0-9a-f]{12}))", line)
+        if m:
+            dependents += 1
+            subject = m.group(3) or m.group(4)
+            assert table.get(subject) == m.group(1), line
+    assert dependents > 4 * len(world["month"].candidates)
+    assert "a dry run: --apply deletes them" in planned.stdout
+    assert re.search(r"up to [\d.]+ MB freed once the registry collects garbage", planned.stdout)
+    assert tags_of(world) == before
+
+
+def test_a_foreign_tag_is_never_touched(world):
+    """A tag bakery does not write (someone's `latest`) on a candidate prune would delete: kept, and
+    with it that candidate's signatures."""
+    m = world["month"]
+    old = m.candidates[1][1]
+    reg = Registry(world["host"])
+    reg.put_manifest(world["app"], "latest", *reg.get_manifest(old)[:2])
+    try:
+        planned = prune(world)
+        assert planned.returncode == 0, planned.stderr
+        line = next(line for line in planned.stdout.splitlines() if old.pin.hex[:12] in line and "latest" in line)
+        assert line.startswith("keep") and "never touched" in line
+    finally:
+        reg.delete_manifest(world["app"], old.digest)  # gone with its tags: the next test's plan is the month's
+
+
+def test_apply_killed_midway_leaves_every_release_whole_and_a_rerun_finishes(world, tmp_path):
+    """Killed after its third delete: every release still verifies (subjects go first, their
+    signatures after); run again, prune finishes and a third run finds nothing to delete. Then the
+    registry's garbage collection frees at least what prune said, and `invoke verify` still passes
+    on the real release, blobs fetched."""
+    trace = tmp_path / "trace"
+    dry = prune(world, env={"BAKERY_CRASH_TRACE": str(trace)})
+    assert dry.returncode == 0, dry.stderr
+    reclaimable = float(re.search(r"up to ([\d.]+) MB freed", dry.stdout).group(1)) * 1e6
+    listing_points = len(trace.read_text().splitlines())
+    disk_before = on_disk(world["host"])
+    killed = prune(world, "--apply", env={"BAKERY_CRASH_AT": str(listing_points + 3)})
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    for ref in world["month"].releases.values():
+        release_whole(world, ref)
+    verified = invoke(world["project"], "verify", str(world["real"]), "--key", str(world["pub"]), "--policy",
+                      str(world["policy"]))
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    before_rerun = rows(prune(world).stdout)
+    kinds = {m.group(2): m.group(1) for m in re.finditer(r"delete\s+(\S+)\s+[\d.]+\s+\S+@([0-9a-f]{12})\s",
+                                                           prune(world).stdout)}
+    deletes = tmp_path / "deletes"
+    again = prune(world, "--apply", env={"BAKERY_CRASH_TRACE": str(deletes)})
+    assert again.returncode == 0 and re.search(r"deleted \d+", again.stdout), again.stdout + again.stderr
+    order = [kinds[m.group(1)] for m in re.finditer(r"DELETE /v2/\S+/manifests/sha256:([0-9a-f]{12})",
+                                                      deletes.read_text())]
+    assert sorted(order) and len(order) == sum(1 for v in before_rerun.values() if v == "delete")
+    dependents = [i for i, kind in enumerate(order) if kind in ("signature", "attestation", "referrers", "referrer")]
+    assert dependents and max(i for i, k in enumerate(order) if i not in dependents) < min(dependents), order
+    settled = prune(world)
+    assert settled.returncode == 0 and ", 0 to delete" in settled.stdout, settled.stdout
+    stack.garbage_collect(PORT, "registry-prune")
+    freed = disk_before - on_disk(world["host"])
+    assert freed >= 0.95 * reclaimable > 0, (freed, reclaimable)
+    for ref in world["month"].releases.values():
+        release_whole(world, ref)
+    verified = invoke(world["project"], "verify", str(world["real"]), "--key", str(world["pub"]), "--policy",
+                      str(world["policy"]))
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    _, deleted = expected(world)
+    gone = [c for _, c in world["month"].candidates if c.pin.hex[:12] in deleted]
+    assert gone and not any(Registry(world["host"]).manifest_exists(world["app"], c.digest) for c in gone)
+
+
+def test_a_registry_that_refuses_deletes_is_one_line(world, tmp_path):
+    """docker-registry with deletes off answers 405: prune --apply says so, and what to do, in one line."""
+    host = stack.ensure_registry(5015, name="registry-nodelete", deletes=False)
+    reg = Registry(host)
+    store_month = month_mod.simulate(host, "nodelete/app", "nodelete/mirror", world["project"],
+                                     _signer(tmp_path), nightlies=2, candidates_per=2, promoted=0, layer_bytes=1024)
+    assert store_month.candidates
+    refused = invoke(world["project"], "prune", f"{host}/nodelete/app", "--key", str(tmp_path / "release.pub"),
+                     "--policy", str(world["policy"]), "--retention", str(world["retention"]), "--ledger",
+                     str(tmp_path / "none.yaml"), "--apply")
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert refused.returncode != 0 and len(errors) == 1 and "refuses deletes (HTTP 405)" in errors[0], refused.stderr
+    assert reg.manifest_exists("nodelete/app", store_month.candidates[0][1].digest)
+
+
+def _signer(tmp_path: Path) -> sign.Signer:
+    key = ec.generate_private_key(ec.SECP256R1())
+    (tmp_path / "release.pub").write_bytes(keys.public_pem(key.public_key()))
+    return sign.Signer(key)
