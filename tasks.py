@@ -376,11 +376,11 @@ def compile(c, toolchain=None, verify=False, registry=None, key=None, policy=Non
 
 @task(help=flags.REHEARSE)
 @reports_errors
-def rehearse(c, workflow="release", drill=None, smoke_stand_in=False, work=None):
+def rehearse(c, workflow="release", drill=None, smoke_stand_in=False, work=None, keyless=False):
     """Run a workflow end to end on this machine under act, against the local registry; print the job table."""
     from bakery.cli import dev as cmd, render
 
-    rehearsed = cmd.rehearse(PROJECT, workflow, drill, smoke_stand_in, work, log=_log)
+    rehearsed = cmd.rehearse(PROJECT, workflow, drill, smoke_stand_in, work, keyless, log=_log)
     print(render.rehearsed(rehearsed))
     rehearsed.check()
     _log(f"rehearsed as expected; act's log: {rehearsed.outcome.log}")

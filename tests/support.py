@@ -292,3 +292,11 @@ def passing_report(ref: str, **over) -> dict:
             "passed": ["ab:dspark", "speed:decode-1-stream"], "failed": [], "same_base": True,
             "launched_container": True, "launched": {"candidate": True, "reference": True},
             "host": {"gfx_arch": "gfx942", "compute_units": 304}, **over}
+
+
+def release_jobs() -> dict[str, dict]:
+    """The release's jobs by id: release.yml's own, and in place of each job that calls a role
+    workflow (build-and-sign.yml, rebuild.yml, smoke.yml), that workflow's jobs."""
+    from bakery.dev.act_jobs import flat_jobs
+
+    return {job_id: job for job_id, (_, job) in flat_jobs(ROOT / ".github" / "workflows" / "release.yml").items()}

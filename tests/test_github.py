@@ -151,7 +151,7 @@ SHORTFALLS = {
     "a second MI300X runner registered to the repository": (lambda r: r.repo_runners.append(MI300X),
                                                             "an MI300X runner is registered to the repository itself"),
     "a runner group open to any workflow": (lambda r: r.groups[0].workflows.clear(),
-                                            "is open to more than dsv4-mi300x/bakery's release.yml"),
+                                            "is open to more than dsv4-mi300x/bakery's .github/workflows/smoke.yml"),
     "a runner group open to another repository": (lambda r: r.groups[0].repositories.append("dsv4-mi300x/other"),
                                                   "is open to more than"),
     "a second runner group open to all": (lambda r: r.groups.append(stand_in.RunnerGroup("gpus", "all",
@@ -252,7 +252,7 @@ def test_a_workflow_naming_a_secret_outside_its_scope_stops_preflight(ready_proj
     settings.write_text(yaml.safe_dump(doc))
     result = invoke(project, "preflight", "--repository", f"{OWNER}/{NAME}", "--api", gh.api,
                     env={"GITHUB_TOKEN": TOKEN})
-    assert result.returncode == 2 and "job build (no environment) reads vars.BAKERY_RELEASE_PUBLIC_KEY" in result.stderr
+    assert result.returncode == 2 and "release.yml: job promote (no environment) reads vars.BAKERY_" in result.stderr
 
 
 # -- the MI300X runner's watch ----------------------------------------------------------------------
@@ -304,12 +304,13 @@ def test_the_task_fails_with_an_annotation(gh, tmp_path):
 def test_public_keys_in_an_environment_would_reach_four_jobs_empty():
     """Where the public keys live, enforced: kept beside their secrets, build, rebuild, attach-smoke
     and promote (no environment) would read them empty; the committed settings pass."""
-    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "release.yml").read_text())
-    assert settings_mod.unscoped(workflow, SETTINGS, "release.yml") == []
+    workflows = {name: yaml.safe_load((ROOT / ".github" / "workflows" / name).read_text())
+                 for name in ("release.yml", "build-and-sign.yml", "rebuild.yml", "smoke.yml")}
+    assert [p for name, wf in workflows.items() for p in settings_mod.unscoped(wf, SETTINGS, name)] == []
     moved = dataclasses.replace(SETTINGS, variables={}, environments={
         **SETTINGS.environments,
         "release": dataclasses.replace(SETTINGS.environments["release"], variables=tuple(SETTINGS.variables))})
-    problems = settings_mod.unscoped(workflow, moved, "release.yml")
+    problems = [p for name, wf in workflows.items() for p in settings_mod.unscoped(wf, moved, name)]
     jobs = {p.split("job ")[1].split(" ")[0] for p in problems}
     assert {"build", "rebuild", "attach-smoke", "promote"} <= jobs
     assert "sign" not in jobs  # in the release environment itself, it would see them

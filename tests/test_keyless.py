@@ -308,3 +308,17 @@ def test_smoke_refuses_a_keyless_request_it_cannot_keep_before_the_gate_runs(arg
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert refused.returncode == 2 and errors == [f"error: {says}"] or (len(errors) == 1 and says in errors[0]), \
         refused.stderr
+
+
+def test_an_acceptance_remembered_under_one_identity_is_not_taken_under_another(registry, trust, tmp_path,
+                                                                                monkeypatch):
+    """require_signed remembers an accepted key signature (BAKERY_CACHE/verified), keyed by the keys
+    that decided it; a keyless acceptance is checked again each time, so a policy that names another
+    workflow refuses what an earlier policy accepted."""
+    monkeypatch.setenv("BAKERY_CACHE", str(tmp_path / "cache"))
+    ref, store = signed_image(registry, trust, "keyless-remembered")
+    verify.require_signed(store, ref, rules(trust), "kernel artifact")  # accepted, and remembered
+    other = rules(trust)
+    other.identities["release"] = keyless.RoleIdentity("release", ISSUER, REPO, WORKFLOWS["smoke"], "refs/tags/v*")
+    with pytest.raises(Exception, match="signed by 0 of 1 required release key"):
+        verify.require_signed(store, ref, other, "kernel artifact")

@@ -138,8 +138,12 @@ def test_the_smoke_job_verified_the_candidate_before_running_it(promoted):
 
 
 def test_the_stand_in_changes_one_step_of_the_smoke_job_and_nothing_else(promoted):
-    committed = yaml.safe_load((promoted.extra["stage"].repo / ".github" / "workflows" / "release.yml").read_text())
-    ran = yaml.safe_load((promoted.work / "release-smoke-stand-in.yml").read_text())
+    repo = promoted.extra["stage"].repo
+    status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True).stdout
+    assert status.split() == ["M", ".github/workflows/smoke.yml"]  # only act's copy; the tag has the committed one
+    committed = yaml.safe_load(subprocess.run(["git", "-C", str(repo), "show", "HEAD:.github/workflows/smoke.yml"],
+                                              capture_output=True, text=True, check=True).stdout)
+    ran = yaml.safe_load((repo / ".github" / "workflows" / "smoke.yml").read_text())
     ran["on"] = ran.pop("on", None)
     committed["on"] = committed.pop(True)
     smoke_ran, smoke_committed = ran["jobs"].pop("smoke"), committed["jobs"].pop("smoke")
@@ -227,6 +231,56 @@ def test_the_promoted_digest_passes_the_node_policy_on_podman(promoted, tmp_path
                            node, "sh", "-c", script], capture_output=True, text=True, timeout=900)
     assert "ours 0" in done.stdout and "run 0" in done.stdout, done.stdout + done.stderr
     assert other  # the node's refusals of other digests are tests/test_nodes.py's
+
+
+# -- keyless: each role signs as its own workflow's identity, no key given at all ---------------------------
+# Stand-ins, besides the MI300X's: Sigstore is @sigstore/mock's Fulcio and Rekor on loopback (its log
+# holds one leaf per entry, its Fulcio does not check the token's signature); the GitHub stand-in gives
+# each job that asks the OIDC token GitHub would, naming the workflow the job is defined in, and only to
+# a job with `id-token: write`; it learns which job asks from the asking process's own environment,
+# which a step could change (GitHub's runtime token cannot be forged).
+
+@pytest.fixture(scope="module")
+def keyless(rehearsals):
+    return run(rehearsals, "keyless", smoke="stand-in", signing="keyless")
+
+
+def test_a_keyless_release_runs_every_job_and_each_role_signs_as_its_workflow(keyless):
+    assert all(j.result == "success" for j in keyless.jobs.values()), keyless.table()
+    assert tag_digest(keyless, rehearse.TAG) == keyless.image.split("@")[1]
+    # the three tokens given: one per signing job, each naming its own role's workflow at the tag
+    minted = sorted(keyless.extra["github"].minted)
+    assert minted == sorted(f"{rehearsal_stage.REPOSITORY}/.github/workflows/{w}@refs/tags/{rehearse.TAG}"
+                            for w in ("build-and-sign.yml", "rebuild.yml", "smoke.yml")), minted
+    assert "keycheck" not in job_log(keyless, "sign")  # no key was given to check
+
+
+def test_a_keyless_release_verifies_by_identity_with_invoke_verify_and_cosign3(keyless):
+    stage = keyless.extra["stage"]
+    ref = f"{stage.image_repo}@{tag_digest(keyless, rehearse.TAG)}"
+    done = invoke(stage.repo, "verify", ref, "--require-smoke", "--require-rebuilds", "1", env=registry_env(keyless))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "keyless https://github.com/dsv4-mi300x/bakery/.github/workflows/smoke.yml@refs/tags/v*" in done.stdout
+    trust = stage.repo / "provenance" / "sigstore-trusted-root.json"
+    import base64
+
+    host, user, password = stage.registry
+    config = keyless.work / "cosign3-docker"
+    config.mkdir(exist_ok=True)
+    (config / "config.json").write_text(json.dumps(
+        {"auths": {host: {"auth": base64.b64encode(f"{user}:{password}".encode()).decode()}}}))
+
+    def cosign3(workflow: str, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(ROOT / ".tools" / "bin" / "cosign3"), *args, "--trusted-root", str(trust),
+                               "--certificate-identity", f"https://github.com/{rehearsal_stage.REPOSITORY}/.github/"
+                               f"workflows/{workflow}@refs/tags/{rehearse.TAG}", "--certificate-oidc-issuer",
+                               "https://token.actions.githubusercontent.com", "--allow-http-registry", ref],
+                              capture_output=True, text=True, timeout=120, env={**os.environ, "DOCKER_CONFIG": str(config)})
+
+    assert cosign3("build-and-sign.yml", "verify").returncode == 0
+    assert cosign3("smoke.yml", "verify").returncode != 0  # the smoke workflow signed no image
+    smoke = cosign3("smoke.yml", "verify-attestation", "--type", "https://in-toto.io/attestation/test-result/v0.1")
+    assert smoke.returncode == 0, smoke.stderr
 
 
 # -- failure drills: each stops the release at the right job, nothing promoted ----------------------------

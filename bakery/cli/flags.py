@@ -211,7 +211,9 @@ REHEARSE = {"workflow": "release (default: a v* tag push) or nightly (a schedule
                      "dirty-checkout (each must stop the release); nightly: needs-porting",
             "smoke_stand_in": "release: the smoke job's MI300X step signs the tests' stand-in report (there is no "
                               "MI300X here), so attach-smoke and promote run",
-            "work": "folder for the rehearsal's clone, keys, logs and artifacts (default: out/rehearsal)"}
+            "work": "folder for the rehearsal's clone, keys, logs and artifacts (default: out/rehearsal)",
+            "keyless": "release: no key at all; each role signs as its own workflow's identity (BAKERY_SIGNING=keyless) "
+                       "against the local Sigstore stand-in, with OIDC tokens from the GitHub stand-in"}
 
 PRUNE = {"repository": "the image repository, REGISTRY/REPO (the mirror is the ledger's)",
          "key": "a release public key PEM (a release's signed provenance says what it needs kept)",

@@ -19,6 +19,7 @@ from pathlib import Path
 from ..errors import EnvironmentProblem, InputError, IntegrityError
 from . import runner
 from .act_jobs import Job, job_table, run_jobs, timeouts
+from .github_stand_in import OIDC_PATH
 from .signed_url_proxy import SignedUrlProxy
 
 ACTIONS = Path(".github") / "rehearsal" / "actions"
@@ -62,6 +63,10 @@ def run_act(repo: Path, workflow: Path, event: str, payload: dict, work: Path, h
     extra = {"GITHUB_RUN_ID": run_id, "RUNNER_TOOL_CACHE": str(cache), "AGENT_TOOLSDIRECTORY": str(cache)}
     if github is not None:  # our client reads GITHUB_API_URL (act passes an --env of that name on as the API)
         extra.update(GITHUB_API_URL=github.api, REQUESTS_CA_BUNDLE=str(github.ca), BAKERY_POLL_SECONDS="5")
+        if github.state.oidc_request_token:  # act has no OIDC: the stand-in's endpoint, which judges who asks
+            extra.update(ACTIONS_ID_TOKEN_REQUEST_URL=f"https://{github.host}{OIDC_PATH}",
+                         ACTIONS_ID_TOKEN_REQUEST_TOKEN=github.state.oidc_request_token,
+                         SSL_CERT_FILE=str(github.ca))  # sigstore-python asks for it by urllib3, not requests
     argv = [act_binary(), event, "-W", str(workflow), "-e", str(work / "event.json"),
             "--var-file", str(work / "vars.env"), "--secret-file", str(work / "secrets.env"),
             "--actor", "rehearsal", "--json", "--action-offline-mode", "--no-skip-checkout",

@@ -102,12 +102,27 @@ def job_table(lines, names) -> dict[str, Job]:
     return jobs
 
 
+def flat_jobs(workflow: Path) -> dict[str, tuple[str, dict]]:
+    """{job id: (its name as GitHub's API lists it, the job)}, a local reusable workflow's jobs in
+    place of the job that calls it (listed as "CALLER / NAME"; act logs them by their own ids)."""
+    import yaml
+
+    jobs: dict[str, tuple[str, dict]] = {}
+    for job_id, job in yaml.safe_load(workflow.read_text())["jobs"].items():
+        uses = job.get("uses", "")
+        if isinstance(uses, str) and uses.startswith("./"):
+            called = yaml.safe_load((workflow.parents[2] / uses[2:]).read_text())["jobs"]
+            for inner_id, inner in called.items():
+                jobs[inner_id] = (f"{job.get('name', job_id)} / {inner.get('name', inner_id)}", inner)
+        else:
+            jobs[job_id] = (job.get("name", job_id), job)
+    return jobs
+
+
 def run_jobs(logfile: Path, workflow: Path) -> list[dict]:
     """The run's jobs as GitHub's API would list them, from what act's log shows so far: a job that
     logged nothing yet is queued, one with a result completed, the rest in progress."""
-    import yaml
-
-    names = {job_id: job.get("name", job_id) for job_id, job in (yaml.safe_load(workflow.read_text())["jobs"]).items()}
+    names = {job_id: name for job_id, (name, _) in flat_jobs(workflow).items()}
     seen: dict[str, str] = {}
     try:
         lines = logfile.read_text().splitlines()
@@ -127,7 +142,4 @@ def run_jobs(logfile: Path, workflow: Path) -> list[dict]:
 
 def timeouts(workflow: Path) -> dict[str, float]:
     """Each job's time budget, in seconds: its timeout-minutes (GitHub's default, 360, where none)."""
-    import yaml
-
-    jobs = yaml.safe_load(workflow.read_text())["jobs"]
-    return {job_id: float(job.get("timeout-minutes", 360)) * 60 for job_id, job in jobs.items()}
+    return {job_id: float(job.get("timeout-minutes", 360)) * 60 for job_id, (_, job) in flat_jobs(workflow).items()}

@@ -98,7 +98,7 @@ def ready_repo(settings, public_keys: dict[str, str], owner: str, name: str) -> 
                               for e in settings.environments.values()},
                 tag_rulesets=[Ruleset([f"refs/tags/{settings.tags}"])],
                 groups=[RunnerGroup("mi300x", "selected", [f"{owner}/{name}"],
-                                    [f"{owner}/{name}/.github/workflows/release.yml@refs/tags/{settings.tags}"],
+                                    [f"{owner}/{name}/{settings.smoke_workflow}@refs/tags/{settings.tags}"],
                                     [list(settings.mi300x_labels)])],
                 package=(settings.package, f"{owner}/{name}"))
 
@@ -115,6 +115,9 @@ class State:
     repo: Repo = field(default_factory=Repo)
     run_jobs: Callable[[], list[dict]] | None = None  # [{"name", "status"}] of the run being watched
     cancelled: list[str] = field(default_factory=list)  # run ids a caller asked to cancel
+    workflows: Path | None = None  # the checkout act runs: its workflows say which jobs may ask for a token
+    oidc_request_token: str = ""  # what a job presents to ask for its OIDC token (ACTIONS_ID_TOKEN_REQUEST_TOKEN)
+    minted: list[str] = field(default_factory=list)  # the job_workflow_ref of each token given
 
 
 def rest(state: State, method: str, path: str) -> tuple[int, object]:
@@ -348,6 +351,10 @@ def _handler(state: State):
                 body = {"raw": raw.decode(errors="replace")}
             auth = self.headers.get("Authorization", "")
             state.requests.append(Request(self.command, self.path, auth, body))
+            if self.path.split("?")[0] == OIDC_PATH:
+                own = self.server.server_address
+                return self._answer(*job_token(state, auth, int(self.client_address[1]),
+                                               int(own[1]) if isinstance(own, tuple) else 0))
             if auth not in (f"token {state.token}", f"Bearer {state.token}"):
                 return self._answer(401, {"message": "Bad credentials"})
             path = self.path.split("?")[0]
@@ -375,6 +382,68 @@ def _handler(state: State):
         do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _serve
 
     return Handler
+
+
+OIDC_PATH = "/_oidc/token"  # ACTIONS_ID_TOKEN_REQUEST_URL, as act cannot give one
+
+
+def job_token(state: State, auth: str, peer_port: int, own_port: int) -> tuple[int, dict]:
+    """The OIDC token GitHub gives the job asking, for ACTIONS_ID_TOKEN_REQUEST_URL: GitHub knows the
+    job from its runtime token; here, from the asking process's own environment (GITHUB_WORKFLOW,
+    GITHUB_JOB, GITHUB_REF, GITHUB_EVENT_NAME, found by its TCP connection in /proc), and gives one
+    only to a job whose workflow grants it `id-token: write`. Its job_workflow_ref names the workflow
+    the job is defined in (a reusable one's own path, not its caller's). What this cannot show: a
+    step could lie about its own environment, where GitHub's runtime token cannot be forged."""
+    import yaml
+
+    if not state.oidc_request_token or auth.lower() != f"bearer {state.oidc_request_token}".lower():
+        return 401, {"message": "Bad request token"}
+    env = _environ_of_peer(peer_port, own_port)
+    workflow_name, job_id = env.get("GITHUB_WORKFLOW"), env.get("GITHUB_JOB")
+    found: tuple[str, dict] | None = None
+    root = state.workflows or Path("/nonexistent")
+    for file in sorted(root.glob(".github/workflows/*.yml")):
+        doc = yaml.safe_load(file.read_text())
+        job = (doc.get("jobs") or {}).get(job_id)
+        if doc.get("name") == workflow_name and isinstance(job, dict) and "steps" in job:
+            found = (file.relative_to(root).as_posix(), job)
+    if found is None:
+        return 403, {"message": f"no job {job_id!r} of a workflow named {workflow_name!r} asks for a token"}
+    path, job = found
+    if (job.get("permissions") or {}).get("id-token") != "write":
+        return 403, {"message": f"job {job_id} of {path} has no `id-token: write`: GitHub gives it no token"}
+    ref, event = env.get("GITHUB_REF", ""), env.get("GITHUB_EVENT_NAME", "push")
+    repository = f"{state.owner}/{state.name}"
+    state.minted.append(f"{repository}/{path}@{ref}")
+    return 200, {"value": oidc_token(repository, path, ref, event=event), "count": 1}
+
+
+def _environ_of_peer(peer_port: int, own_port: int) -> dict[str, str]:
+    """The environment of the local process holding the TCP connection from peer_port to own_port."""
+    import os
+
+    inode = None
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            local, remote = fields[1].rsplit(":", 1)[1], fields[2].rsplit(":", 1)[1]
+            if int(local, 16) == peer_port and int(remote, 16) == own_port:
+                inode = fields[9]
+    if inode is None:
+        return {}
+    wanted = f"socket:[{inode}]"
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == wanted for fd in os.listdir(f"/proc/{pid}/fd")):
+                raw = Path(f"/proc/{pid}/environ").read_bytes()
+                return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+        except OSError:
+            continue
+    return {}
 
 
 class GitHubStandIn:

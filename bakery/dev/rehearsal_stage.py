@@ -21,6 +21,7 @@ REPOSITORY = "dsv4-mi300x/bakery"  # what the policy's allowed_sources names
 IMAGE_NAME = "vllm-dsv4-flash-mi300x"
 REGISTRY_PORT = 5010
 
+KEYLESS_WORKFLOWS = {"release": "build-and-sign.yml", "rebuilder": "rebuild.yml", "smoke": "smoke.yml"}
 COMMITTER = {"GIT_AUTHOR_NAME": "rehearsal", "GIT_AUTHOR_EMAIL": "rehearsal@localhost",
              "GIT_COMMITTER_NAME": "rehearsal", "GIT_COMMITTER_EMAIL": "rehearsal@localhost"}
 
@@ -39,11 +40,13 @@ class Stage:
     lock: bytes
 
 
-def stage_release(project: Path, work: Path, log, base=None) -> Stage:
+def stage_release(project: Path, work: Path, log, base=None, trusted_root: Path | None = None) -> Stage:
     """Stack, fixture base and toolchain, keys, a bare origin, and a clone of HEAD with the
     rehearsal commit (the fixture pinned, the local repository allowed), for the rehearsal to tag.
     With `base` (a pinned Reference of a base that is its own toolchain, as the ROCm nightly is),
-    that base instead, and no BAKERY_TOOLCHAIN: the jobs compile over the base's own files."""
+    that base instead, and no BAKERY_TOOLCHAIN: the jobs compile over the base's own files. With
+    `trusted_root` (a Sigstore's trusted_root.json), the policy names each role's workflow identity
+    under keyless.roles, as a user who signs keyless writes it once."""
     import yaml
 
     from . import fixture, stack
@@ -72,6 +75,12 @@ def stage_release(project: Path, work: Path, log, base=None) -> Stage:
     policy_path = repo / "provenance" / "policy.yaml"
     policy = yaml.safe_load(policy_path.read_text())
     policy["allowed_repositories"] = [*policy["allowed_repositories"], image_repo]
+    if trusted_root is not None:
+        shutil.copy(trusted_root, repo / "provenance" / "sigstore-trusted-root.json")
+        policy["keyless"] = {"trusted_root": "sigstore-trusted-root.json", "roles": {
+            role: {"issuer": "https://token.actions.githubusercontent.com", "repository": REPOSITORY,
+                   "workflow": f".github/workflows/{workflow}", "ref": "refs/tags/v*"}
+            for role, workflow in KEYLESS_WORKFLOWS.items()}}
     policy_path.write_text("# rehearsal: the local registry stands in for GHCR\n" + yaml.safe_dump(policy, sort_keys=False))
     git("add", "-A", cwd=repo)
     git("commit", "-q", "-m", "rehearsal: pin the local fixture base, allow the local registry", cwd=repo, env=COMMITTER)

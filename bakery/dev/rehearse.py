@@ -57,15 +57,26 @@ DRILLS = {
 SMOKE_STEP = "Smoke and sign the result (smoke key)"
 
 
-def release(project: Path, work: Path, log, smoke: str = "none", drill: str | None = None, base=None) -> Outcome:
+def release(project: Path, work: Path, log, smoke: str = "none", drill: str | None = None, base=None,
+            signing: str = "keys") -> Outcome:
     """One rehearsal of release.yml as a push of TAG. smoke: "none" (no MI300X runner: the run is
     cancelled), or "stand-in" (the smoke job's MI300X step replaced, see the module's docstring).
-    base: a base that is its own toolchain instead of the fixture (bench/bench_release.py's)."""
+    base: a base that is its own toolchain instead of the fixture (bench/bench_release.py's).
+    signing: "keys" (each role's key, an environment's secret), or "keyless" (BAKERY_SIGNING=keyless:
+    no private key is given at all; each role signs as its workflow's identity, against the Sigstore
+    stand-in, with OIDC tokens the GitHub stand-in gives each job that asks and may)."""
     if drill is not None and drill not in DRILLS:
         raise InputError(f"--drill {drill}: known drills: {', '.join(sorted(DRILLS))}")
+    if signing not in ("keys", "keyless"):
+        raise InputError(f"--signing {signing}: keys or keyless")
     preflight()
     work = fresh(work)
-    stage = stage_release(project, work, log, base)
+    trust = None
+    if signing == "keyless":
+        from .stack import ensure_sigstore_stand_in
+
+        trust = ensure_sigstore_stand_in()
+    stage = stage_release(project, work, log, base, trust / "trusted_root.json" if trust else None)
     if drill == "broken-proof":
         _neuter_fence(stage)
     git("push", "-q", str(stage.origin), "HEAD:refs/heads/main", cwd=stage.repo)
@@ -88,7 +99,9 @@ def release(project: Path, work: Path, log, smoke: str = "none", drill: str | No
     workflow = stage.repo / ".github" / "workflows" / "release.yml"
     if smoke == "stand-in" or drill == "smoke-failed":
         result = "FAILED" if drill == "smoke-failed" else "PASSED"
-        stood = work / "release-smoke-stand-in.yml"
+        # the smoke workflow in act's checkout, not committed: the jobs check out the tag, act reads
+        # the workflows it runs from here
+        stood = stage.repo / ".github" / "workflows" / "smoke.yml"
         from .act import tool_python
         from .bench_client import ensure, tokenizer
 
@@ -99,12 +112,11 @@ def release(project: Path, work: Path, log, smoke: str = "none", drill: str | No
         harness = bfcl.ensure(project, log, work.parent / "bfcl", tool_python())
         script = STAND_IN.format(result=result, client=client, tokenizer=tokenizer(client, work / "tokenizer"),
                                  bfcl=harness)
-        stood.write_text(with_smoke_stand_in(workflow.read_text(), script))
-        workflow = stood
-    variables, secrets_ = release_inputs(stage)
+        stood.write_text(with_smoke_stand_in(stood.read_text(), script))
+    variables, secrets_ = release_inputs(stage, trust)
     # act gives every job every secret and variable; GitHub gives each job its scope's: held equal by
     # refusing any workflow whose jobs name one outside their scope, and any value GitHub would not hold
-    settings.given(settings.check_workflows(stage.repo, [workflow]), variables, secrets_)
+    settings.given(settings.check_workflows(stage.repo), variables, secrets_)
     sha = git("rev-parse", "HEAD", cwd=stage.repo)
     payload = {"ref": f"refs/tags/{TAG}", "after": sha, "repository": {"full_name": REPOSITORY}}
     owner, name = REPOSITORY.split("/")
@@ -113,6 +125,10 @@ def release(project: Path, work: Path, log, smoke: str = "none", drill: str | No
     stood_in = smoke == "stand-in" or drill == "smoke-failed"
     platforms = ["ubuntu-24.04"] + (["mi300x"] if stood_in else [])
     with GitHubStandIn(work / "github-tls", owner, name, secrets_["GITHUB_TOKEN"], port=0) as github:
+        if trust is not None:  # the token endpoint GitHub gives a job with `id-token: write`
+            import secrets as random
+
+            github.state.workflows, github.state.oidc_request_token = stage.repo, random.token_urlsafe(24)
         jobs, logfile, run_id = run_act(stage.repo, workflow, "push", payload, work, home,
                                         wheelhouse(stage.repo, work.parent, log), variables, secrets_, platforms,
                                         RELEASE_JOBS, log, github=github)
@@ -122,8 +138,16 @@ def release(project: Path, work: Path, log, smoke: str = "none", drill: str | No
     return outcome
 
 
-def release_inputs(stage: Stage) -> tuple[dict, dict]:
+def release_inputs(stage: Stage, trust: Path | None = None) -> tuple[dict, dict]:
+    """The repository's variables and secrets; keyless (trust: the Sigstore stand-in's folder), no
+    key of any role, private or public: the policy's identities and the stand-in's trust config."""
     host, user, password = stage.registry
+    if trust is not None:
+        return ({"IMAGE_REPO": stage.image_repo, "REGISTRY_HOST": host,
+                 **({"BAKERY_TOOLCHAIN": stage.toolchain} if stage.toolchain else {}),
+                 "MODEL_SNAPSHOT": str(stage.work / "model-snapshot"), "MI300X_WAIT_MINUTES": "1",
+                 "BAKERY_SIGNING": "keyless", "BAKERY_SIGSTORE_TRUST_CONFIG": (trust / "trust_config.json").read_text()},
+                {"GITHUB_TOKEN": password})
     password_keys = "rehearsal-" + password[:8]
     variables = {"IMAGE_REPO": stage.image_repo, "REGISTRY_HOST": host, **({"BAKERY_TOOLCHAIN": stage.toolchain}
                                                                             if stage.toolchain else {}),
@@ -158,13 +182,14 @@ STAND_IN = """\
 # possible answers, read from BFCL's data); for a FAILED drill the candidate's DSpark path drifts
 # one token of one seed. This host has no GPU: an MI300X's facts are
 # written into the report, marked, before it is signed as `invoke smoke --attest --envelope` would.
-import json, sys, threading
+import json, os, sys, threading
 from pathlib import Path
 from bakery.cli import smoke as gate
+from bakery.cli.trust_flags import signer_for
 from bakery.dev import vllm_stand_in
 from bakery.oci.refs import Reference
 from bakery.release import smoke_report
-from bakery.trust import keys, sign
+from bakery.trust import sign
 from bakery.release import smoke_spec
 image, result, client, tokenizer, bfcl = sys.argv[1:6]
 answers = vllm_stand_in.bfcl_answers(bfcl, smoke_spec.load_spec(Path("provenance/smoke.yaml")).tool_calls.cases)
@@ -185,10 +210,15 @@ report = {{**smoked.result.to_json(), "launched_container": True, "launched": {{
           "host": {{"gfx_arch": "gfx942", "compute_units": 304,
                    "stand_in": "no MI300X: the rehearsal wrote these facts and that the gate launched both sides"}}}}
 Path("smoke-report.json").write_text(json.dumps(report, indent=2, sort_keys=True))
-signer = sign.Signer(keys.load_private(None, keys.SMOKE_KEY_ENV))
+keyless = os.environ.get("SIGNING") == "keyless"
+if keyless and os.environ.get("TRUST_CONFIG"):  # as sign_flags writes it
+    Path(os.environ["RUNNER_TEMP"], "trust_config.json").write_text(os.environ["TRUST_CONFIG"])
+signer = signer_for("smoke", keyless, str(Path(os.environ["RUNNER_TEMP"], "trust_config.json"))
+                    if keyless and os.environ.get("TRUST_CONFIG") else None)
 spec = Path("provenance/smoke.yaml").read_bytes()
 ref = Reference.parse_pinned(image, "image")
-Path("smoke.dsse").write_bytes(sign.envelope(signer, smoke_report.statement(ref, report, spec)))
+statement = smoke_report.statement(ref, report, spec)
+Path("smoke.dsse").write_bytes(signer.bundle(statement) if keyless else sign.envelope(signer, statement))
 print(report["result"], ref)
 sys.exit(0 if report["result"] == "PASSED" else 7)
 PY"""

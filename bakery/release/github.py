@@ -117,7 +117,9 @@ def await_runner(gh: GitHub, repository: str, run_id: str, job: str, minutes: fl
     while True:
         found = gh.get(path)
         jobs = found["jobs"] if isinstance(found, dict) and isinstance(found.get("jobs"), list) else []
-        status = next((str(j.get("status")) for j in jobs if isinstance(j, dict) and j.get("name") == job), None)
+        # a called workflow's job is listed as "CALLER / NAME"
+        status = next((str(j.get("status")) for j in jobs if isinstance(j, dict) and
+                       str(j.get("name")).rsplit(" / ", 1)[-1] == job), None)
         if status in STARTED:
             log(f"{job}: {status}: a runner took it")
             return status
@@ -339,11 +341,12 @@ def _actor(actor: dict) -> str:
 
 def _runner_gaps(gh: GitHub, repository: str, settings: Settings) -> list[Gap]:
     """An online runner with the MI300X labels in an organization runner group that only this
-    repository may use, and only its release.yml on v* tags; and no runner with those labels
+    repository may use, and only its smoke workflow on v* tags (the reusable workflow the smoke job is
+    defined in: a runner group judges a job by its own workflow); and no runner with those labels
     anywhere else: a runner of the repository itself (or of a group open to more) can be reached by
     any workflow anyone with push rights writes, and `runs-on` takes whichever runner comes."""
     wanted, owner = {label.casefold() for label in settings.mi300x_labels}, repository.split("/")[0]
-    allowed = f"{repository}/.github/workflows/release.yml@refs/tags/{settings.tags}"
+    allowed = f"{repository}/{settings.smoke_workflow}@refs/tags/{settings.tags}"
     fix = (f"register the MI300X host as an ephemeral runner with those labels in an organization runner group "
            f"limited to {repository} and to the workflow {allowed} (docs/release.md, GitHub set-up)")
 
@@ -371,7 +374,7 @@ def _runner_gaps(gh: GitHub, repository: str, settings: Settings) -> list[Gap]:
             kept = kept or mi300x(runners, online=True)
             continue
         gaps.append(Gap(f"the runner group {untrusted.safe(group.get('name'), limit=60)!r} with an MI300X runner is "
-                        f"open to more than {repository}'s release.yml on {settings.tags} tags", fix))
+                        f"open to more than {repository}'s {settings.smoke_workflow} on {settings.tags} tags", fix))
     if mi300x(gh.listing(f"/repos/{repository}/actions/runners?per_page=100", "runners"), online=False):
         gaps.append(Gap("an MI300X runner is registered to the repository itself, where any workflow can reach it",
                         "remove it (Settings -> Actions -> Runners); " + fix))

@@ -21,6 +21,8 @@ from ..errors import InputError
 SETTINGS = Path(".github") / "release-settings.yaml"
 ALWAYS = frozenset({"GITHUB_TOKEN"})  # GitHub's own secret, in every job's scope
 ROLES = ("release", "rebuilder", "smoke")
+# release.yml and the role workflows it calls (each job's scope is its own environment's), the nightly
+WORKFLOWS = ("release.yml", "build-and-sign.yml", "rebuild.yml", "smoke.yml", "nightly.yml")
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class Settings:
     tags: str
     mi300x_labels: tuple[str, ...]
     package: str
+    smoke_workflow: str = ".github/workflows/smoke.yml"  # the workflow whose job the MI300X runner takes
 
     def scope(self, environment: str | None) -> tuple[frozenset[str], frozenset[str]]:
         """(secrets, variables) a job in `environment` (None: no environment) is given."""
@@ -171,13 +174,13 @@ def unscoped(workflow: dict, settings: Settings, name: str) -> list[str]:
 
 
 def check_workflows(project: Path, paths=None) -> Settings:
-    """The settings, once every job of each workflow (default: release.yml and nightly.yml) names
-    only what its scope holds (InputError naming the first that does not)."""
+    """The settings, once every job of each workflow (default: WORKFLOWS) names only what its scope
+    holds (InputError naming the first that does not)."""
     import yaml
 
     settings = load(project / SETTINGS)
     problems = []
-    for path in paths or [project / ".github" / "workflows" / n for n in ("release.yml", "nightly.yml")]:
+    for path in paths or [project / ".github" / "workflows" / n for n in WORKFLOWS]:
         problems += unscoped(yaml.safe_load(Path(path).read_text()), settings, Path(path).name)
     if problems:
         raise InputError(f"{problems[0]} ({len(problems)} such problem(s); .github/release-settings.yaml says "
