@@ -185,16 +185,24 @@ def test_a_dry_run_prints_the_plan_and_changes_nothing(world):
 
 def test_a_foreign_tag_is_never_touched(world):
     """A tag bakery does not write (someone's `latest`) on a candidate prune would delete: kept, and
-    with it that candidate's signatures."""
+    with it that candidate's signatures. One (`stable`) on a release: still a release, so what its
+    provenance names is kept too."""
     m = world["month"]
     old = m.candidates[1][1]
     reg = Registry(world["host"])
     reg.put_manifest(world["app"], "latest", *reg.get_manifest(old)[:2])
+    release = m.releases["v0.1.0"]
+    reg.put_manifest(world["app"], "stable", *reg.get_manifest(release)[:2])  # stays: the release is kept
     try:
         planned = prune(world)
         assert planned.returncode == 0, planned.stderr
         line = next(line for line in planned.stdout.splitlines() if old.pin.hex[:12] in line and "latest" in line)
         assert line.startswith("keep") and "never touched" in line
+        table = rows(planned.stdout)
+        assert table[release.pin.hex[:12]] == "keep" and table[m.kernels[str(release.digest)].pin.hex[:12]] == "keep"
+        assert table[old.pin.hex[:12]] == "keep"
+        sigs = [line for line in planned.stdout.splitlines() if f"sha256-{old.pin.hex}.sig" in line]
+        assert sigs and sigs[0].startswith("keep"), sigs
     finally:
         reg.delete_manifest(world["app"], old.digest)  # gone with its tags: the next test's plan is the month's
 

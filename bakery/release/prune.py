@@ -59,6 +59,7 @@ class Stored:
     tags: tuple[str, ...]
     kind: str  # release, candidate, kernels, verdict, nightly, signature, attestation, referrers, referrer, foreign
     subject: Digest | None = None  # a dependent's subject
+    also_foreign: bool = False  # it has a tag bakery does not write too: never deleted
     blobs: tuple[tuple[Digest, int], ...] = ()  # its config and layers, with their sizes
     size: int = 0  # the manifest's own bytes
 
@@ -77,9 +78,11 @@ class Decision:
     why: str
 
 
-def kind_of(tags: tuple[str, ...], mirror: bool) -> tuple[str, Digest | None]:
-    """What a manifest is, from its tags: a manifest with any tag bakery does not write is foreign."""
-    kinds, subjects = set(), set()
+def kind_of(tags: tuple[str, ...], mirror: bool) -> tuple[str, Digest | None, bool]:
+    """(what a manifest is by the tags bakery writes, its subject, whether it also has a tag bakery
+    does not write). One with none of ours is foreign; so is one whose tags say two things at once
+    (a subject's and a signature's): not ours to judge."""
+    kinds, subjects, other = set(), set(), False
     for tag in tags:
         for kind, pattern in ((("nightly", NIGHTLY),) if mirror else
                               (("release", RELEASE), ("candidate", CANDIDATE), ("kernels", KERNELS),
@@ -94,23 +97,23 @@ def kind_of(tags: tuple[str, ...], mirror: bool) -> tuple[str, Digest | None]:
                 kinds.add(kind)
                 break
         else:
-            return "foreign", None
-    for kind in ("release", "candidate", "kernels", "verdict", "nightly", "attestation", "signature", "referrers"):
-        if kind in kinds:
-            if len(kinds) > 1 and (kinds & set(DEPENDENT) or len(subjects) > 1):
-                return "foreign", None  # a subject's tag and a signature's on one manifest: not ours to judge
-            return kind, next(iter(subjects), None)
-    return "foreign", None
+            other = True
+    if not kinds or (len(kinds) > 1 and (kinds & set(DEPENDENT) or len(subjects) > 1)):
+        return "foreign", None, other
+    kind = next(k for k in ("release", "candidate", "kernels", "verdict", "nightly", "attestation", "signature",
+                            "referrers") if k in kinds)
+    return kind, next(iter(subjects), None), other
 
 
 def decide(stored: list[Stored], roots: dict[tuple[str, Digest], str]) -> list[Decision]:
     """Keep each root (why), each foreign manifest, and each dependent whose subject is kept; delete
     the rest, subjects first and their signatures after them, in a fixed order."""
-    kept_subjects = {(s.repo, s.digest) for s in stored if (s.repo, s.digest) in roots or s.kind == "foreign"}
+    kept_subjects = {(s.repo, s.digest) for s in stored
+                     if (s.repo, s.digest) in roots or s.kind == "foreign" or s.also_foreign}
     decisions = []
     for s in stored:
-        if s.kind == "foreign":
-            decisions.append(Decision(s, True, "not written by bakery: never touched"))
+        if s.kind == "foreign" or (s.also_foreign and (s.repo, s.digest) not in roots):
+            decisions.append(Decision(s, True, "a tag bakery does not write names it: never touched"))
         elif (s.repo, s.digest) in roots:
             decisions.append(Decision(s, True, roots[(s.repo, s.digest)]))
         elif s.kind in DEPENDENT and (s.repo, s.subject) in kept_subjects:
@@ -152,8 +155,8 @@ def inventory(registry, repo: str, mirror: bool = False) -> list[Stored]:
         by_digest.setdefault(digest, ([], body))[0].append(tag)
     found = []
     for digest, (named, body) in sorted(by_digest.items(), key=lambda item: str(item[0])):
-        kind, subject = kind_of(tuple(sorted(named)), mirror)
-        found.append(Stored(repo, digest, tuple(sorted(named)), kind, subject, _blobs(body), len(body)))
+        kind, subject, other = kind_of(tuple(sorted(named)), mirror)
+        found.append(Stored(repo, digest, tuple(sorted(named)), kind, subject, other, _blobs(body), len(body)))
     store = RegistryStore(Reference(registry.name, repo, None, None))
     seen = {s.digest for s in found}
     for s in list(found):
@@ -164,7 +167,7 @@ def inventory(registry, repo: str, mirror: bool = False) -> list[Stored]:
                 continue
             seen.add(r.descriptor.digest)
             ours = r.artifact_type.startswith("application/vnd.dev.sigstore.bundle")
-            found.append(Stored(repo, r.descriptor.digest, (), "referrer" if ours else "foreign", s.digest,
+            found.append(Stored(repo, r.descriptor.digest, (), "referrer" if ours else "foreign", s.digest, False,
                                 _blobs(store.manifest(str(r.descriptor.digest)) or b"{}"), r.descriptor.size))
     return found
 
