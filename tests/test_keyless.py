@@ -16,6 +16,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -322,3 +323,29 @@ def test_an_acceptance_remembered_under_one_identity_is_not_taken_under_another(
     other.identities["release"] = keyless.RoleIdentity("release", ISSUER, REPO, WORKFLOWS["smoke"], "refs/tags/v*")
     with pytest.raises(Exception, match="signed by 0 of 1 required release key"):
         verify.require_signed(store, ref, other, "kernel artifact")
+
+
+@pytest.mark.parametrize("job, status", [("sign", 200), ("build", 403)])
+def test_the_github_stand_in_gives_a_token_only_to_a_job_with_id_token_write(tmp_path, job, status):
+    """The token endpoint the keyless rehearsal gives act's jobs: a process with the environment act
+    gives build-and-sign.yml's sign job gets a token naming that workflow; the build job, which
+    asks for no `id-token: write`, gets none (as on GitHub, where it has no request URL at all)."""
+    import jwt
+
+    from bakery.dev.github_stand_in import OIDC_PATH, GitHubStandIn
+
+    with GitHubStandIn(tmp_path / "tls", "dsv4-mi300x", "bakery", "t", port=0) as gh:
+        gh.state.workflows, gh.state.oidc_request_token = ROOT, "request-token"
+        env = {"PATH": os.environ["PATH"], "GITHUB_WORKFLOW": "build-and-sign", "GITHUB_JOB": job,
+               "GITHUB_REF": "refs/tags/v1.2.3", "GITHUB_EVENT_NAME": "push", "SSL_CERT_FILE": str(gh.ca)}
+        asked = subprocess.run([sys.executable, "-c", "import sys, urllib3; r = urllib3.request('GET', sys.argv[1], "
+                                "headers={'Authorization': 'bearer request-token'}); print(r.status); "
+                                "print(r.data.decode())", f"https://{gh.host}{OIDC_PATH}?audience=sigstore"],
+                               env=env, capture_output=True, text=True, timeout=60)
+    got, body = asked.stdout.split("\n", 1)
+    assert int(got) == status, asked.stdout + asked.stderr
+    if status == 200:
+        claims = jwt.decode(json.loads(body)["value"], options={"verify_signature": False})
+        assert claims["job_workflow_ref"] == f"{REPO}/.github/workflows/build-and-sign.yml@refs/tags/v1.2.3"
+    else:
+        assert "has no `id-token: write`" in body
