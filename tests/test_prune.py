@@ -6,6 +6,7 @@ from prune's table."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -18,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from bakery.dev import month as month_mod, stack
 from bakery.oci import mirror
-from bakery.oci.refs import Reference
+from bakery.oci.refs import Digest, Reference
 from bakery.oci.registry import Registry
 from bakery.release.track.upstream import list_tags
 from bakery.trust import keys, sign
@@ -154,8 +155,6 @@ def release_whole(w, ref: Reference) -> None:
 
 
 def _named(prov: dict) -> list:
-    from bakery.oci.refs import Digest
-
     return [(d["uri"], Digest.parse(d["uri"].rsplit("@", 1)[1]))
             for d in prov["buildDefinition"]["resolvedDependencies"] if d.get("uri", "").startswith("docker://")]
 
@@ -270,3 +269,69 @@ def _signer(tmp_path: Path) -> sign.Signer:
     key = ec.generate_private_key(ec.SECP256R1())
     (tmp_path / "release.pub").write_bytes(keys.public_pem(key.public_key()))
     return sign.Signer(key)
+
+
+# -- from the attacker's side: push rights to the registry, or a registry that lies ------------------
+
+def small_month(world, tmp_path, name: str):
+    """A month of its own (3 nightlies, 2 candidates a day, one promoted: the oldest) beside the world's."""
+    run = f"{name}-{secrets.token_hex(3)}"
+    signer = _signer(tmp_path)
+    month = month_mod.simulate(world["host"], f"{run}/app", f"{run}/mirror", world["project"], signer, nightlies=3,
+                               candidates_per=2, promoted=1, layer_bytes=1024)
+    (tmp_path / "nightlies.yaml").write_text(month_mod.ledger_text(month, world["host"], "upstream.invalid/v", f"{run}/mirror"))
+    (tmp_path / "retention.yaml").write_text("candidates: 1\nnightlies: 1\n")
+
+    def plan(*extra: str) -> subprocess.CompletedProcess:
+        return invoke(world["project"], "prune", f"{world['host']}/{run}/app", "--key", str(tmp_path / "release.pub"),
+                      "--policy", str(world["policy"]), "--retention", str(tmp_path / "retention.yaml"), "--ledger",
+                      str(tmp_path / "nightlies.yaml"), *extra)
+
+    return month, f"{run}/app", plan
+
+
+def test_tags_and_listings_a_pusher_forges_never_cost_a_release_what_it_needs(world, tmp_path):
+    """Each forgery would have had a dependency of the release deleted:
+    - the release's .att manifest also tagged as another digest's attestation (two subjects);
+    - the release itself also tagged sha256-<hex>, a fallback index's tag (a release is a release);
+    - a deletable candidate's fallback index rewritten to list the release's own bundles (a referrer
+      is a subject's only if its own manifest says so)."""
+    from bakery.oci.referrers import fallback_tag
+    from bakery.oci.registry import OCI_INDEX
+
+    month, app, plan = small_month(world, tmp_path, "forged")
+    reg = Registry(world["host"])
+    release = month.releases["v0.1.0"]
+    doomed = month.candidates[1][1]  # not the newest, not the release
+    att = reg.get_manifest(Reference(world["host"], app, f"sha256-{release.pin.hex}.att", None))
+    reg.put_manifest(app, f"sha256-{doomed.pin.hex}.att", att[0], att[1])
+    reg.put_manifest(app, f"sha256-{'e' * 64}", *reg.get_manifest(release)[:2])
+    ours = reg.get_manifest(Reference(world["host"], app, fallback_tag(release.pin), None))[0]
+    reg.put_manifest(app, fallback_tag(doomed.pin), ours, OCI_INDEX)  # the release's bundles, listed as the doomed one's
+    planned = plan()
+    assert planned.returncode == 0, planned.stderr
+    table = rows(planned.stdout)
+    assert table[doomed.pin.hex[:12]] == "delete", planned.stdout
+    assert table[att[2].hex[:12]] == "keep", planned.stdout  # the release's attestations
+    assert table[month.kernels[str(release.digest)].pin.hex[:12]] == "keep", planned.stdout
+    assert json.loads(ours)["manifests"]
+    for entry in json.loads(ours)["manifests"]:
+        assert table[entry["digest"].split(":")[1][:12]] == "keep", (entry["digest"], planned.stdout)
+    applied = plan("--apply")
+    assert applied.returncode == 0, applied.stderr
+    release_whole({**world, "app": app, "mirror": app.replace("/app", "/mirror"), "pub": tmp_path / "release.pub"},
+                  release)
+
+
+def test_a_tag_added_after_the_plan_stops_the_deletes(world, tmp_path):
+    """A promote between prune's listing and its deletes would lose its new tag with the digest it
+    deletes: the tags are listed again first, and any change stops prune with nothing deleted."""
+    from bakery.release import prune as prune_mod
+
+    month, app, _ = small_month(world, tmp_path, "raced")
+    reg = Registry(world["host"])
+    stored = prune_mod.inventory(reg, app)
+    prune_mod.unchanged(reg, app, stored)  # nothing changed: no error
+    reg.put_manifest(app, "v9.9.9", *reg.get_manifest(month.candidates[0][1])[:2])
+    with pytest.raises(Exception, match=r"changed since prune read them \(1 added, 0 gone\): nothing deleted"):
+        prune_mod.unchanged(reg, app, stored)

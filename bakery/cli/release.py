@@ -312,10 +312,14 @@ def prune(project: Path, repository: str, key=None, policy=None, retention=None,
         return RegistryStore(ref), ref
 
     def commit_time(sha: str) -> int | None:
+        # only this checkout's own history counts: a commit pushed to some branch, dated in the future,
+        # must not crowd the released line's candidates out
+        merged = subprocess.run(["git", "-C", str(project), "merge-base", "--is-ancestor", sha, "HEAD"],
+                                capture_output=True, text=True)
         shown = subprocess.run(["git", "-C", str(project), "log", "-1", "--format=%ct", sha, "--"],
                                capture_output=True, text=True)
-        if shown.returncode != 0 or not shown.stdout.strip().isdigit():
-            log(f"candidate-{sha}: not a commit of this checkout's history: ranked oldest")
+        if merged.returncode != 0 or shown.returncode != 0 or not shown.stdout.strip().isdigit():
+            log(f"candidate-{sha}: not a commit of this checkout's history (HEAD's ancestors): ranked oldest")
             return None
         return int(shown.stdout.strip())
 
@@ -323,5 +327,8 @@ def prune(project: Path, repository: str, key=None, policy=None, retention=None,
     roots = prune_mod.roots(image, mirrored, mirror.repository if mirror else None, kept,
                             prune_mod.verified_provenance(store_of, rules), commit_time, nightlies, pinned)
     decisions = prune_mod.decide(image + mirrored, roots)
+    if apply:  # a tag added since the listing (a promote) would go with its digest: nothing, then
+        for repository, stored in ((repo.repository, image), *([(mirror.repository, mirrored)] if mirror else [])):
+            prune_mod.unchanged(registries[repository], repository, stored)
     deleted = prune_mod.apply(registries, decisions, log) if apply else None
     return Pruned(decisions, prune_mod.reclaimable(decisions), deleted)

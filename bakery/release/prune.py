@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import schema
-from ..errors import InputError, IntegrityError, NotFound
+from ..errors import InputError, IntegrityError, NotFound, RegistryError
 from ..oci.refs import Digest, Reference
 
 RELEASE = re.compile(r"v[0-9][A-Za-z0-9._-]*")
@@ -79,9 +79,10 @@ class Decision:
 
 
 def kind_of(tags: tuple[str, ...], mirror: bool) -> tuple[str, Digest | None, bool]:
-    """(what a manifest is by the tags bakery writes, its subject, whether it also has a tag bakery
-    does not write). One with none of ours is foreign; so is one whose tags say two things at once
-    (a subject's and a signature's): not ours to judge."""
+    """(what a manifest is by the tags bakery writes, its subject, whether it is also something else).
+    A release tag makes it a release whatever else names it (what its provenance names is kept), the
+    rest flagged. One with none of ours is foreign; so is one whose tags name two subjects, or say two
+    things at once (a subject's and a signature's): not ours to judge."""
     kinds, subjects, other = set(), set(), False
     for tag in tags:
         for kind, pattern in ((("nightly", NIGHTLY),) if mirror else
@@ -98,7 +99,9 @@ def kind_of(tags: tuple[str, ...], mirror: bool) -> tuple[str, Digest | None, bo
                 break
         else:
             other = True
-    if not kinds or (len(kinds) > 1 and (kinds & set(DEPENDENT) or len(subjects) > 1)):
+    if "release" in kinds:
+        return "release", None, other or len(kinds) > 1
+    if not kinds or len(subjects) > 1 or (len(kinds) > 1 and kinds & set(DEPENDENT)):
         return "foreign", None, other
     kind = next(k for k in ("release", "candidate", "kernels", "verdict", "nightly", "attestation", "signature",
                             "referrers") if k in kinds)
@@ -137,7 +140,12 @@ def reclaimable(decisions: list[Decision]) -> int:
 # -- what the registry holds (I/O) ---------------------------------------------------------------
 
 def inventory(registry, repo: str, mirror: bool = False) -> list[Stored]:
-    """Every tagged manifest of REPO, and the referrers of each subject bakery wrote."""
+    """Every tagged manifest of REPO, and the Sigstore bundles that refer to a subject: those listed
+    for each subject bakery wrote, and for each subject a signature tag or fallback index still names
+    (after a kill, the subject may be gone and its bundles not yet). A referrer counts as a subject's
+    only if its own manifest says so; one that says otherwise, or is listed for two subjects, is
+    foreign. A tag listed that then answers 404 stops the prune: a plan without it could delete
+    what it needs."""
     from ..oci import referrers
     from ..oci.store import RegistryStore
     from .track.upstream import list_tags
@@ -151,25 +159,46 @@ def inventory(registry, repo: str, mirror: bool = False) -> list[Stored]:
         try:
             body, _, digest = registry.get_manifest(Reference(registry.name, repo, tag, None))
         except NotFound:
-            continue  # deleted since it was listed
+            raise RegistryError(f"{registry.name}/{repo}:{tag} was listed and then not found: the registry changed "
+                                f"while prune read it, or answers inconsistently; nothing deleted (run it again)") from None
         by_digest.setdefault(digest, ([], body))[0].append(tag)
     found = []
     for digest, (named, body) in sorted(by_digest.items(), key=lambda item: str(item[0])):
         kind, subject, other = kind_of(tuple(sorted(named)), mirror)
         found.append(Stored(repo, digest, tuple(sorted(named)), kind, subject, other, _blobs(body), len(body)))
     store = RegistryStore(Reference(registry.name, repo, None, None))
-    seen = {s.digest for s in found}
-    for s in list(found):
-        if s.kind in DEPENDENT or s.kind == "foreign":
-            continue
-        for r in referrers.listing(store, s.digest).referrers:
-            if r.descriptor.digest in seen:
+    tagged = {s.digest for s in found}
+    subjects = sorted({s.digest for s in found if s.kind not in DEPENDENT and s.kind != "foreign"} |
+                      {s.subject for s in found if s.kind in DEPENDENT and s.subject}, key=str)
+    claims: dict[Digest, list[Digest]] = {}
+    listed: dict[Digest, tuple[int, bytes]] = {}
+    for subject in subjects:
+        for r in referrers.listing(store, subject).referrers:
+            if r.descriptor.digest in tagged:
                 continue
-            seen.add(r.descriptor.digest)
-            ours = r.artifact_type.startswith("application/vnd.dev.sigstore.bundle")
-            found.append(Stored(repo, r.descriptor.digest, (), "referrer" if ours else "foreign", s.digest, False,
-                                _blobs(store.manifest(str(r.descriptor.digest)) or b"{}"), r.descriptor.size))
+            claims.setdefault(r.descriptor.digest, []).append(subject)
+            if r.descriptor.digest not in listed:
+                body = store.manifest(str(r.descriptor.digest)) or b"{}"
+                listed[r.descriptor.digest] = (r.descriptor.size, body)
+    for digest, claimants in sorted(claims.items(), key=lambda item: str(item[0])):
+        size, body = listed[digest]
+        ours = len(claimants) == 1 and _bundle_of(body) == claimants[0]
+        found.append(Stored(repo, digest, (), "referrer" if ours else "foreign", claimants[0], False, _blobs(body),
+                            size))
     return found
+
+
+def _bundle_of(body: bytes) -> Digest | None:
+    """The subject a Sigstore bundle referrer's own manifest names; None for anything else."""
+    import json
+
+    try:
+        doc = json.loads(body)
+        if not str(doc.get("artifactType", "")).startswith("application/vnd.dev.sigstore.bundle"):
+            return None
+        return Digest.parse(doc["subject"]["digest"])
+    except (ValueError, KeyError, TypeError, AttributeError, InputError):
+        return None
 
 
 def _blobs(body: bytes) -> tuple[tuple[Digest, int], ...]:
@@ -217,8 +246,17 @@ def roots(image: list[Stored], mirror: list[Stored], mirror_repo: str | None, re
         times = [commit_time(m.group(1)) for t in s.tags if (m := CANDIDATE.fullmatch(t))]
         return (max((t for t in times if t is not None), default=-1), str(s.digest))
 
+    unsigned = False
     for i, s in enumerate(sorted(candidates, key=newest, reverse=True)[:retention.candidates]):
-        needs(s, f"candidate {i + 1} of the {retention.candidates} newest", provenance(s.digest, False))
+        prov = provenance(s.digest, False)
+        needs(s, f"candidate {i + 1} of the {retention.candidates} newest", prov)
+        unsigned = unsigned or prov is None
+    if unsigned:  # a release between its build and its sign job: what it pushed is signed once approved
+        signed = {d.subject for d in image if d.kind in DEPENDENT}
+        for s in image:
+            if s.kind in ("kernels", "verdict") and s.digest not in signed:
+                keep.setdefault((s.repo, s.digest), "unsigned, while a kept candidate is too: its release may "
+                                                    "still sign it")
     if ledger is not None and mirror_repo:
         from .track.ledger import CARRIED, newest_first
 
@@ -237,6 +275,20 @@ def roots(image: list[Stored], mirror: list[Stored], mirror_repo: str | None, re
             if why:
                 keep.setdefault((mirror_repo, n.digest), why)
     return keep
+
+
+def unchanged(registry, repo: str, stored: list[Stored]) -> None:
+    """RegistryError unless REPO lists exactly the tags the plan was made from (listed again now)."""
+    from .track.upstream import list_tags
+
+    try:
+        now = set(list_tags(registry, repo))
+    except NotFound:
+        now = set()
+    planned = {tag for s in stored for tag in s.tags}
+    if now != planned:
+        raise RegistryError(f"the tags of {registry.name}/{repo} changed since prune read them ({len(now - planned)} "
+                            f"added, {len(planned - now)} gone): nothing deleted; run it again")
 
 
 def apply(registries: dict, decisions: list[Decision], log) -> int:
