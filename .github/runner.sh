@@ -74,3 +74,11 @@ public_keys() {
   printf '%s\n' "$REBUILDER_PUB" > "$RUNNER_TEMP/rebuilder.pub"
   printf '%s\n' "$SMOKE_PUB" > "$RUNNER_TEMP/smoke.pub"
 }
+
+# BAKERY_SIGNING as the jobs read it: unset (keys) or keyless, in any case, as GitHub's `if:` compares
+# it; anything else stops the step here, before a job signs one way while its `if:`s took the other
+case "$(printf '%s' "${SIGNING:-}" | tr '[:upper:]' '[:lower:]')" in
+  "") SIGNING="" ;;
+  keyless) SIGNING=keyless ;;
+  *) echo "error: BAKERY_SIGNING is '$SIGNING': leave it unset (each role's key) or set it to keyless" >&2; return 2 ;;
+esac

@@ -329,7 +329,9 @@ def test_an_acceptance_remembered_under_one_identity_is_not_taken_under_another(
 def test_the_github_stand_in_gives_a_token_only_to_a_job_with_id_token_write(tmp_path, job, status):
     """The token endpoint the keyless rehearsal gives act's jobs: a process with the environment act
     gives build-and-sign.yml's sign job gets a token naming that workflow; the build job, which
-    asks for no `id-token: write`, gets none (as on GitHub, where it has no request URL at all)."""
+    asks for no `id-token: write`, gets none (as on GitHub, where it has no request URL at all).
+    This shows the stand-in's honest behaviour only: it reads who asks from the asking process's own
+    environment, which that process chooses (GitHub's runtime token cannot be forged)."""
     import jwt
 
     from bakery.dev.github_stand_in import OIDC_PATH, GitHubStandIn

@@ -574,3 +574,18 @@ def test_the_hosted_clean_up_removes_what_ubuntu_24_04_holds(tmp_path):
     done = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", inner],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "cleaned" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("value, flags, keys", [("", "", "--key /t/release.pub"), ("keyless", "--keyless", ""),
+                                                ("Keyless", "--keyless", ""), ("keys", None, None)])
+def test_the_jobs_read_bakery_signing_as_githubs_if_does(value, flags, keys):
+    """GitHub's `if: vars.BAKERY_SIGNING != 'keyless'` compares without regard to case: runner.sh reads
+    the variable the same way, so no job skips its keycheck and then signs by key; any other value
+    stops the step with one line."""
+    done = subprocess.run(["bash", "-c", f'. {RUNNER_SH} && echo "[$(sign_flags)] [$(key_flag --key release)]"'],
+                          env={"PATH": os.environ["PATH"], "SIGNING": value, "RUNNER_TEMP": "/t"},
+                          capture_output=True, text=True)
+    if flags is None:
+        assert done.returncode == 2 and done.stderr.count("error:") == 1 and "BAKERY_SIGNING is 'keys'" in done.stderr
+    else:
+        assert done.returncode == 0 and done.stdout.strip() == f"[{flags}] [{keys}]", done.stdout + done.stderr
