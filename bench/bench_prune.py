@@ -53,11 +53,12 @@ def main() -> None:
     (work / "policy.yaml").write_text("roles: {release: {keys: [], threshold: 1}, smoke: {keys: [], threshold: 1}, "
                                       "rebuilder: {keys: [], threshold: 1}}\nallowed_sources: ['*']\n"
                                       "allowed_builders: [local]\nallowed_repositories: ['127.0.0.1:*/*']\n"
-                                      "allow_dirty: true\nbase: null\n")
+                                      "allow_dirty: true\nbase: example.invalid/base@sha256:" + "0" * 64 + "\n")
     runs = {}
     for side in ("prune", "skopeo"):
         git = work / side
-        git.mkdir()
+        (git / "provenance").mkdir(parents=True)
+        (git / "provenance" / "smoke.yaml").write_bytes((ROOT / "provenance" / "smoke.yaml").read_bytes())
         subprocess.run(["git", "init", "-q", str(git)], check=True)
         run = f"bench-{secrets.token_hex(3)}"
         t = time.monotonic()
