@@ -214,7 +214,9 @@ def test_apply_killed_midway_leaves_every_release_whole_and_a_rerun_finishes(wor
     trace = tmp_path / "trace"
     dry = prune(world, env={"BAKERY_CRASH_TRACE": str(trace)})
     assert dry.returncode == 0, dry.stderr
-    reclaimable = float(re.search(r"up to ([\d.]+) MB freed", dry.stdout).group(1)) * 1e6
+    said = re.search(r"up to ([\d.]+) MB freed", dry.stdout)
+    assert said, dry.stdout
+    reclaimable = float(said.group(1)) * 1e6
     listing_points = len(trace.read_text().splitlines())
     disk_before = on_disk(world["host"])
     killed = prune(world, "--apply", env={"BAKERY_CRASH_AT": str(listing_points + 3)})
@@ -262,7 +264,8 @@ def test_a_registry_that_refuses_deletes_is_one_line(world, tmp_path):
                      str(tmp_path / "none.yaml"), "--apply")
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert refused.returncode != 0 and len(errors) == 1 and "refuses deletes (HTTP 405)" in errors[0], refused.stderr
-    assert reg.manifest_exists("nodelete/app", store_month.candidates[0][1].digest)
+    first = store_month.candidates[0][1].digest
+    assert first is not None and reg.manifest_exists("nodelete/app", first)
 
 
 def _signer(tmp_path: Path) -> sign.Signer:

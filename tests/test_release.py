@@ -97,8 +97,8 @@ def test_release_shape_least_privilege_and_gating():
     for caller, called in (("build-and-sign", ("build", "sign")), ("rebuild-and-attest", ("rebuild", "attest-rebuild")),
                            ("acceptance", ("smoke", "mi300x-runner", "attach-smoke"))):
         union: dict = {}
-        for job in called:
-            for scope, level in jobs[job]["permissions"].items():
+        for job_id in called:
+            for scope, level in jobs[job_id]["permissions"].items():
                 union[scope] = "write" if "write" in (level, union.get(scope)) else level
         assert wf["jobs"][caller]["permissions"] == union, caller
     text = ROLES["build-and-sign"].read_text()
@@ -155,7 +155,7 @@ def expanded(job: dict) -> str:
     """A job's commands with the functions of .github/runner.sh they call written out."""
     commands = job_commands(job)
     for name, body in runner_functions().items():
-        commands = re.sub(rf"\b{name}\b(?!\()", lambda _, text=body: text, commands)
+        commands = re.sub(rf"\b{name}\b(?!\()", body.replace("\\", "\\\\"), commands)
     return commands
 
 
