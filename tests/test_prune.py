@@ -21,6 +21,7 @@ from bakery.dev import month as month_mod, stack
 from bakery.oci import mirror
 from bakery.oci.refs import Digest, Reference
 from bakery.oci.registry import Registry
+from bakery.oci.store import RegistryStore
 from bakery.release.track.upstream import list_tags
 from bakery.trust import keys, sign
 from support import copy_project, dev_policy, invoke, last_line
@@ -338,3 +339,65 @@ def test_a_tag_added_after_the_plan_stops_the_deletes(world, tmp_path):
     reg.put_manifest(app, "v9.9.9", *reg.get_manifest(month.candidates[0][1])[:2])
     with pytest.raises(Exception, match=r"changed since prune read them \(1 added, 0 gone\): nothing deleted"):
         prune_mod.unchanged(reg, app, stored)
+
+
+def test_a_release_tag_the_registry_lists_and_then_denies_stops_the_prune(world, tmp_path):
+    """A registry that lists v0.1.0 and then answers 404 for it (broken, or lying) would have had the
+    release left out of the plan and its signatures and kernel artifact deleted: prune stops with
+    one line, and nothing is deleted."""
+    from proxy import FaultyProxy
+
+    month, app, _ = small_month(world, tmp_path, "denied")
+    before = sorted(list_tags(Registry(world["host"]), app))
+    missing = (404, {"Content-Type": "application/json"}, b'{"errors":[{"code":"MANIFEST_UNKNOWN"}]}')
+    with FaultyProxy(world["host"], [], overrides={f"/v2/{app}/manifests/v0.1.0": missing}) as proxy:
+        refused = invoke(world["project"], "prune", f"{proxy.host}/{app}", "--key", str(tmp_path / "release.pub"),
+                         "--policy", str(world["policy"]), "--retention", str(tmp_path / "retention.yaml"),
+                         "--ledger", str(tmp_path / "none.yaml"), "--apply")
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert refused.returncode != 0 and len(errors) == 1 and "was listed and then not found" in errors[0], refused.stderr
+    assert sorted(list_tags(Registry(world["host"]), app)) == before
+
+
+def test_a_candidate_off_the_released_line_cannot_crowd_the_newest_out(world, tmp_path):
+    """candidate-<sha> for a commit on another branch, dated next year (what push rights can make):
+    ranked oldest, so the newest candidate of the released line (HEAD's history) stays kept."""
+    month, app, plan = small_month(world, tmp_path, "crowded")
+    project = world["project"]
+    git = ["git", "-C", str(project)]
+    head = subprocess.run([*git, "rev-parse", "--abbrev-ref", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()  # the branch the world's commits go on
+    future = {**os.environ, "GIT_AUTHOR_DATE": "@1893456000 +0000", "GIT_COMMITTER_DATE": "@1893456000 +0000",
+              "GIT_AUTHOR_NAME": "p", "GIT_AUTHOR_EMAIL": "p@localhost", "GIT_COMMITTER_NAME": "p",
+              "GIT_COMMITTER_EMAIL": "p@localhost"}
+    subprocess.run([*git, "checkout", "-q", "-b", f"side-{secrets.token_hex(3)}"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "from the future"], check=True, env=future)
+    side = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run([*git, "checkout", "-q", head], check=True)
+    reg = Registry(world["host"])
+    old = month.candidates[1][1]  # neither the release (the first) nor the newest
+    reg.put_manifest(app, f"candidate-{side}", *reg.get_manifest(old)[:2])  # an old image, under the future commit
+    planned = plan()
+    assert planned.returncode == 0, planned.stderr
+    table = rows(planned.stdout)
+    newest = month.candidates[-1][1]
+    assert table[newest.pin.hex[:12]] == "keep" and table[old.pin.hex[:12]] == "delete", planned.stdout
+    assert f"candidate-{side}: not a commit of this checkout's history (HEAD's ancestors): ranked oldest" in \
+        planned.stderr + planned.stdout
+
+
+def test_a_release_between_its_build_and_its_sign_job_keeps_what_it_pushed(world, tmp_path):
+    """The newest candidate is pushed with its kernel artifact, neither signed yet (the sign job waits
+    for its reviewers): the unsigned kernel artifact is kept, or the sign job would find it gone."""
+    month, app, plan = small_month(world, tmp_path, "inflight")
+    store = RegistryStore(Reference(world["host"], app, None, None))
+    project = world["project"]
+    sha = month_mod._commit(project, 1893456000, "a release in flight")  # the newest on HEAD's line
+    built, _ = month_mod.image(store, [], f"candidate-{sha}", 1024)
+    kernels, _ = month_mod.image(store, [], f"kernels-{secrets.token_hex(32)}", 1024)
+    planned = plan()
+    assert planned.returncode == 0, planned.stderr
+    table = rows(planned.stdout)
+    assert table[built.pin.hex[:12]] == "keep" and table[kernels.pin.hex[:12]] == "keep", planned.stdout
+    line = next(line for line in planned.stdout.splitlines() if kernels.pin.hex[:12] in line)
+    assert "its release may still sign it" in line
