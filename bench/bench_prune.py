@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--layer-kib", type=int, default=4096, help="a nightly's own layer; a candidate's is a quarter")
     args = ap.parse_args()
     host = stack.ensure_registry(PORT, name="registry-bench-prune", collected=True)
-    data = stack.state_dir() / "registry-bench-prune" / "data"
+    data = stack.registry_dir(PORT, "registry-bench-prune") / "data"
     work = Path(tempfile.mkdtemp(prefix="bench-prune-"))
     key = ec.generate_private_key(ec.SECP256R1())
     (work / "release.pub").write_bytes(keys.public_pem(key.public_key()))

@@ -35,9 +35,9 @@ def host():
     return stack.ensure_registry(PORT, name="registry-prune", collected=True)
 
 
-def on_disk(host_name: str) -> int:
-    """Bytes under the registry's storage root."""
-    root = stack.state_dir() / "registry-prune" / "data"
+def on_disk() -> int:
+    """Bytes under the prune registry's storage root."""
+    root = stack.registry_dir(PORT, "registry-prune") / "data"
     return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
 
 
@@ -219,7 +219,7 @@ def test_apply_killed_midway_leaves_every_release_whole_and_a_rerun_finishes(wor
     assert said, dry.stdout
     reclaimable = float(said.group(1)) * 1e6
     listing_points = len(trace.read_text().splitlines())
-    disk_before = on_disk(world["host"])
+    disk_before = on_disk()
     killed = prune(world, "--apply", env={"BAKERY_CRASH_AT": str(listing_points + 3)})
     assert killed.returncode == -9, killed.stdout + killed.stderr
     for ref in world["month"].releases.values():
@@ -241,7 +241,7 @@ def test_apply_killed_midway_leaves_every_release_whole_and_a_rerun_finishes(wor
     settled = prune(world)
     assert settled.returncode == 0 and ", 0 to delete" in settled.stdout, settled.stdout
     stack.garbage_collect(PORT, "registry-prune")
-    freed = disk_before - on_disk(world["host"])
+    freed = disk_before - on_disk()
     assert freed >= 0.95 * reclaimable > 0, (freed, reclaimable)
     for ref in world["month"].releases.values():
         release_whole(world, ref)

@@ -142,20 +142,16 @@ def release_inputs(stage: Stage, trust: Path | None = None) -> tuple[dict, dict]
     """The repository's variables and secrets; keyless (trust: the Sigstore stand-in's folder), no
     key of any role, private or public: the policy's identities and the stand-in's trust config."""
     host, user, password = stage.registry
-    if trust is not None:
-        return ({"IMAGE_REPO": stage.image_repo, "REGISTRY_HOST": host,
-                 **({"BAKERY_TOOLCHAIN": stage.toolchain} if stage.toolchain else {}),
-                 "MODEL_SNAPSHOT": str(stage.work / "model-snapshot"), "MI300X_WAIT_MINUTES": "1",
-                 "BAKERY_SIGNING": "keyless", "BAKERY_SIGSTORE_TRUST_CONFIG": (trust / "trust_config.json").read_text()},
-                {"GITHUB_TOKEN": password})
-    password_keys = "rehearsal-" + password[:8]
     variables = {"IMAGE_REPO": stage.image_repo, "REGISTRY_HOST": host, **({"BAKERY_TOOLCHAIN": stage.toolchain}
                                                                             if stage.toolchain else {}),
-                 "BAKERY_RELEASE_PUBLIC_KEY": _public(stage.keys, "release"),
-                 "BAKERY_SMOKE_PUBLIC_KEY": _public(stage.keys, "smoke"),
-                 "BAKERY_REBUILDER_PUBLIC_KEY": _public(stage.keys, "rebuilder"),
                  "MODEL_SNAPSHOT": str(stage.work / "model-snapshot"),
                  "MI300X_WAIT_MINUTES": "1"}  # GitHub's default 30 is for a runner that boots; none comes here
+    if trust is not None:
+        return ({**variables, "BAKERY_SIGNING": "keyless",
+                 "BAKERY_SIGSTORE_TRUST_CONFIG": (trust / "trust_config.json").read_text()}, {"GITHUB_TOKEN": password})
+    password_keys = "rehearsal-" + password[:8]
+    variables.update({f"BAKERY_{role.upper()}_PUBLIC_KEY": _public(stage.keys, role)
+                      for role in ("release", "smoke", "rebuilder")})
     secrets_ = {"GITHUB_TOKEN": password, "BAKERY_SIGNING_KEY": _private(stage.keys, "release"),
                 "BAKERY_KEY_PASSWORD": password_keys, "BAKERY_SMOKE_SIGNING_KEY": _private(stage.keys, "smoke"),
                 "BAKERY_SMOKE_KEY_PASSWORD": password_keys,

@@ -88,7 +88,7 @@ def ensure_registry(port: int = REGISTRY_PORT, auth: dict | None = None, name: s
     if not binary:
         raise EnvironmentProblem("docker-registry is not installed: run scripts/bootstrap.sh "
                                  "(apt-get install docker-registry)")
-    base = state_dir() / (name or f"registry-{port}")
+    base = registry_dir(port, name)
     base.mkdir(parents=True, exist_ok=True)
     config = base / "config.yml"
     config.write_text(registry_config(port, base / "data", auth, collected, deletes))
@@ -97,11 +97,16 @@ def ensure_registry(port: int = REGISTRY_PORT, auth: dict | None = None, name: s
     return host
 
 
+def registry_dir(port: int, name: str | None = None) -> Path:
+    """Where a registry this stack starts keeps its config, log and storage (data/)."""
+    return state_dir() / (name or f"registry-{port}")
+
+
 def garbage_collect(port: int, name: str | None = None) -> str:
     """distribution's own `garbage-collect` over a registry this stack started (with collected=True):
     the blobs no manifest names are removed from its disk. What prune deletes is freed only then."""
     binary = shutil.which("docker-registry") or shutil.which("registry")
-    config = state_dir() / (name or f"registry-{port}") / "config.yml"
+    config = registry_dir(port, name) / "config.yml"
     if not binary or not config.exists():
         raise EnvironmentProblem(f"no registry of this stack at {config}")
     done = subprocess.run([binary, "garbage-collect", str(config)], capture_output=True, text=True, timeout=600)
