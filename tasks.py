@@ -135,11 +135,12 @@ def rebase(c, base, lock=None, out=None):
 
 @task(help=flags.PRUNE)
 @reports_errors
-def prune(c, repository, key=None, policy=None, retention=None, ledger=None, apply=False):
+def prune(c, repository, key=None, policy=None, retention=None, ledger=None, apply=False, via="auto"):
     """Keep every release and what it needs, the newest candidates and nightlies; delete the rest bakery wrote."""
     from bakery.cli import release as cmd, render
 
-    print(render.lines(render.pruned(cmd.prune(PROJECT, repository, key, policy, retention, ledger, apply, log=_log))))
+    print(render.lines(render.pruned(cmd.prune(PROJECT, repository, key, policy, retention, ledger, apply, via,
+                                               log=_log))))
 
 
 @task(help=flags.TRACK)

@@ -17,6 +17,7 @@ script is a list of Fault: one fault at the k-th request that matches (all reque
 method and/or a path substring), and for `times` matching requests from there (a persistent fault:
 a large number). Its actions, what a registry or the network in front of it does:
   "500" "502" "503" "429"  answer that status (Retry-After: N with retry_after=N), not forwarded
+  "405"           answer 405 Method Not Allowed, not forwarded (a registry that takes no DELETE: GHCR)
   "reset"         forwarded; the headers and half the body sent, then a TCP reset (SO_LINGER 0);
                   an answer without a body is reset before its headers: applied, the answer lost
   "short"         forwarded; the whole Content-Length announced, half the body sent, then closed
@@ -44,7 +45,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import requests
 
-STATUSES = ("500", "502", "503", "429")
+STATUSES = ("500", "502", "503", "429", "405")
 WRONG_DIGEST = "sha256:" + hashlib.sha256(b"not what was sent").hexdigest()
 
 

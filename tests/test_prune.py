@@ -286,10 +286,10 @@ def small_month(world, tmp_path, name: str):
     (tmp_path / "nightlies.yaml").write_text(month_mod.ledger_text(month, world["host"], "upstream.invalid/v", f"{run}/mirror"))
     (tmp_path / "retention.yaml").write_text("candidates: 1\nnightlies: 1\n")
 
-    def plan(*extra: str) -> subprocess.CompletedProcess:
+    def plan(*extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
         return invoke(world["project"], "prune", f"{world['host']}/{run}/app", "--key", str(tmp_path / "release.pub"),
                       "--policy", str(world["policy"]), "--retention", str(tmp_path / "retention.yaml"), "--ledger",
-                      str(tmp_path / "nightlies.yaml"), *extra)
+                      str(tmp_path / "nightlies.yaml"), *extra, env=env)
 
     return month, f"{run}/app", plan
 
@@ -401,3 +401,77 @@ def test_a_release_between_its_build_and_its_sign_job_keeps_what_it_pushed(world
     assert table[built.pin.hex[:12]] == "keep" and table[kernels.pin.hex[:12]] == "keep", planned.stdout
     line = next(line for line in planned.stdout.splitlines() if kernels.pin.hex[:12] in line)
     assert "its release may still sign it" in line
+
+
+# -- GHCR: deletes are package versions, deleted through GitHub's REST API ---------------------------
+
+def _ghcr(world, tmp_path: Path, run: str, package=None):
+    """The GitHub stand-in (the only GitHub here) serving run/app and run/mirror as container packages
+    of the owner `run`, their versions read from the prune registry's own store, 7 to a page."""
+    from bakery.dev.github_stand_in import GitHubStandIn, RegistryPackage
+
+    gh = GitHubStandIn(tmp_path / "github", run, "bakery", "ghcr-test-token", port=0)
+    storage = stack.registry_dir(PORT, "registry-prune") / "data"
+    gh.state.packages = {name: (package or RegistryPackage)(world["host"], f"{run}/{name}", storage)
+                         for name in ("app", "mirror")}
+    gh.state.repo.page_size = 7
+    env = {"GITHUB_API_URL": gh.api, "GITHUB_TOKEN": "ghcr-test-token", "REQUESTS_CA_BUNDLE": str(gh.ca)}
+    return gh, env
+
+
+def test_ghcr_deletes_go_through_the_package_versions_api(world, tmp_path):
+    """GHCR answers no registry DELETE: a proxy in front of the registry answers each with 405, as
+    GHCR does. With --via github, prune deletes exactly what its dry run planned (subjects, their
+    signatures and their untagged bundles) as package versions, one DELETE each through GitHub's API,
+    the listing read page by page; the release stays whole and a second plan finds nothing to delete."""
+    from proxy import Fault, FaultyProxy
+
+    month, app, plan = small_month(world, tmp_path, "ghcr")
+    run = app.split("/")[0]
+    planned = plan()
+    counted = re.search(r"(\d+) to delete", planned.stdout)
+    assert planned.returncode == 0 and counted and int(counted.group(1)) > 0, planned.stdout + planned.stderr
+    gh, env = _ghcr(world, tmp_path, run)
+    with FaultyProxy(world["host"], [], script=[Fault("405", method="DELETE", times=10**6)]) as proxy, gh:
+        def through(*extra: str) -> subprocess.CompletedProcess:
+            return invoke(world["project"], "prune", f"{proxy.host}/{app}", "--key", str(tmp_path / "release.pub"),
+                          "--policy", str(world["policy"]), "--retention", str(tmp_path / "retention.yaml"),
+                          "--ledger", str(tmp_path / "nightlies.yaml"), "--apply", *extra, env=env)
+
+        refused = through()  # the registry's DELETE, as prune does elsewhere
+        assert refused.returncode != 0 and "refuses deletes (HTTP 405)" in refused.stderr, refused.stderr
+        done = through("--via", "github")
+    assert done.returncode == 0, done.stdout + done.stderr
+    deletes = [r.path for r in gh.state.requests if r.method == "DELETE"]
+    assert len(deletes) == int(counted.group(1)) and re.search(rf"deleted {counted.group(1)}\b", done.stdout)
+    assert all(re.fullmatch(rf"/api/v3/orgs/{run}/packages/container/(app|mirror)/versions/\d+", p) for p in deletes)
+    assert any("page=2" in r.path for r in gh.state.requests), "the versions were not read past their first page"
+    settled = plan()
+    assert settled.returncode == 0 and ", 0 to delete" in settled.stdout, settled.stdout
+    mine = {**world, "app": app, "mirror": f"{run}/mirror", "pub": tmp_path / "release.pub"}
+    for ref in month.releases.values():
+        release_whole(mine, ref)
+
+
+def test_github_and_the_registry_disagreeing_on_tags_stops_the_prune(world, tmp_path):
+    """GitHub's versions name a release tag on the oldest candidate that the registry does not list
+    (a stale API, or a registry answering per client): two readers disagree on what that digest is,
+    so prune deletes nothing and says so in one line."""
+    from bakery.dev.github_stand_in import RegistryPackage
+
+    month, app, plan = small_month(world, tmp_path, "ghcr-split")
+    oldest = str(month.candidates[1][1].digest)  # [0] is the promoted one
+
+    class Disagreeing(RegistryPackage):
+        def versions(self):
+            return [(d, tags + ["v9.9.9"] if d == oldest else tags) for d, tags in super().versions()]
+
+    gh, env = _ghcr(world, tmp_path, app.split("/")[0], Disagreeing)
+    before = sorted(list_tags(Registry(world["host"]), app))
+    with gh:
+        refused = plan("--apply", "--via", "github", env=env)
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert refused.returncode != 0 and len(errors) == 1 and "disagree" in errors[0] and "v9.9.9" in errors[0], \
+        refused.stderr
+    assert not [r for r in gh.state.requests if r.method == "DELETE"]
+    assert sorted(list_tags(Registry(world["host"]), app)) == before

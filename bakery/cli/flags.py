@@ -220,4 +220,6 @@ PRUNE = {"repository": "the image repository, REGISTRY/REPO (the mirror is the l
          "policy": "verification policy (default: provenance/policy.yaml)",
          "retention": "the retention policy (default: provenance/retention.yaml)",
          "ledger": "the nightly ledger (default: image/nightlies.yaml; none: the mirror is not pruned)",
-         "apply": "delete what the plan deletes (default: a dry run that only prints it)"}
+         "apply": "delete what the plan deletes (default: a dry run that only prints it)",
+         "via": "how deletes reach the registry: registry (its DELETE), github (GitHub's package-versions API, "
+                "GITHUB_TOKEN; GHCR takes no DELETE), auto (default: github for ghcr.io)"}

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import InputError, NotFound, NotReproduced
+from ..errors import InputError, NotFound, NotReproduced, RegistryError
 from ..project import Project
 from ..trust.policy import signature_formats
 from .trust_flags import check_signer, load_policy, role_keys, signer_for
@@ -276,9 +276,10 @@ class Pruned:
 
 
 def prune(project: Path, repository: str, key=None, policy=None, retention=None, ledger=None, apply=False,
-          log=lambda m: None) -> Pruned:
+          via: str = "auto", log=lambda m: None) -> Pruned:
     """The retention policy on REGISTRY/REPO (and on the ledger's mirror): what is kept and why, what
-    is deleted; deleted only with apply."""
+    is deleted; deleted only with apply. via: how deletes reach a repository, "registry" (its DELETE),
+    "github" (GitHub's package-versions API, as GHCR needs) or "auto" (github for ghcr.io)."""
     import subprocess
 
     from ..base.spec import load_spec
@@ -292,6 +293,8 @@ def prune(project: Path, repository: str, key=None, policy=None, retention=None,
     repo = Reference.parse(repository)
     if repo.tag or repo.digest:
         raise InputError(f"prune takes a repository, REGISTRY/REPO, not an image: {repository}")
+    if via not in VIA:
+        raise InputError(f"--via is one of {', '.join(VIA)}, not {via!r}")
     kept = prune_mod.Retention.load(Path(retention) if retention else place.retention)
     ledger_path = Path(ledger) if ledger else place.ledger
     nightlies = load_ledger(ledger_path) if ledger_path.exists() else None
@@ -327,8 +330,31 @@ def prune(project: Path, repository: str, key=None, policy=None, retention=None,
     roots = prune_mod.roots(image, mirrored, mirror.repository if mirror else None, kept,
                             prune_mod.verified_provenance(store_of, rules), commit_time, nightlies, pinned)
     decisions = prune_mod.decide(image + mirrored, roots)
+    deleted = None
     if apply:  # a tag added since the listing (a promote) would go with its digest: nothing, then
-        for repository, stored in ((repo.repository, image), *([(mirror.repository, mirrored)] if mirror else [])):
+        listed = [(repo.repository, image), *([(mirror.repository, mirrored)] if mirror else [])]
+        for repository, stored in listed:
             prune_mod.unchanged(registries[repository], repository, stored)
-    deleted = prune_mod.apply(registries, decisions, log) if apply else None
+        deleters = {repository: _deleter(registries[repository], repository, stored, via)
+                    for repository, stored in listed}
+        deleted = prune_mod.apply(deleters, decisions, log)
     return Pruned(decisions, prune_mod.reclaimable(decisions), deleted)
+
+
+VIA = ("auto", "registry", "github")
+GHCR = "ghcr.io"
+
+
+def _deleter(registry, repository: str, stored, via: str):
+    """What deletes in REPOSITORY: the registry itself, or GitHub's package versions (GHCR), which
+    must list what the registry listed, tag for tag, before anything is deleted."""
+    from ..release import github, prune as prune_mod
+
+    if via == "registry" or (via == "auto" and registry.name != GHCR):
+        return registry
+    versions = github.PackageVersions(github.GitHub(), registry.name, repository)
+    problems = prune_mod.disagreements(stored, {d: tags for d, (_, tags) in versions.versions().items()})
+    if problems:
+        raise RegistryError(f"GitHub's package versions and {registry.name}/{repository}'s listing disagree "
+                            f"({len(problems)}; first: {problems[0]}): nothing deleted")
+    return versions

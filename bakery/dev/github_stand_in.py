@@ -5,7 +5,8 @@ runner as SSL_CERT_FILE, `gh` is pointed at it with GH_HOST, our client with GIT
 the few REST and GraphQL requests `gh` makes for `pr view/create/edit`, `label create` and `issue
 list/create/edit` with the smallest bodies `gh` accepts, keeps the pull requests and issues it was
 asked to open, serves a repository's settings (`Repo`: variables, secrets, environments, rulesets,
-runner groups and runners, a package) in the shapes of GitHub's REST documentation, pages every
+runner groups and runners, a package) in the shapes of GitHub's REST documentation, lists and
+deletes container package versions (`packages`: GHCR's deletes, which take no registry DELETE), pages every
 listing as GitHub does (`per_page`, a Link header naming the next page), answers a run's jobs with
 what a caller says they are (the rehearsal: what act's log shows), and records every request for
 the test to read. It is not GitHub: it checks no permission but the token, and knows nothing else.
@@ -103,6 +104,44 @@ def ready_repo(settings, public_keys: dict[str, str], owner: str, name: str) -> 
                 package=(settings.package, f"{owner}/{name}"))
 
 
+class Package:
+    """A container package's versions, as GitHub's package service sees GHCR's store."""
+
+    def versions(self) -> list[tuple[str, list[str]]]:  # [(manifest digest, its tags)]
+        raise NotImplementedError
+
+    def delete(self, digest: str) -> None:
+        raise NotImplementedError
+
+
+@dataclass
+class RegistryPackage(Package):
+    """A package whose store is a docker-registry repository served here: every manifest its storage
+    holds is a version, tagged or not (as GHCR lists them: a bundle pushed by digest is an untagged
+    version; the registry's API lists tags only), deleted with the registry's own DELETE."""
+    host: str
+    repo: str
+    storage: Path  # the registry's filesystem rootdirectory
+
+    def versions(self) -> list[tuple[str, list[str]]]:
+        root = self.storage / "docker" / "registry" / "v2" / "repositories" / self.repo / "_manifests"
+        tags: dict[str, list[str]] = {}
+        for link in (root / "tags").glob("*/current/link"):
+            tags.setdefault(link.read_text().strip(), []).append(link.parent.parent.name)
+        return [(f"sha256:{link.parent.name}", sorted(tags.get(f"sha256:{link.parent.name}", [])))
+                for link in sorted((root / "revisions" / "sha256").glob("*/link"))]
+
+    def delete(self, digest: str) -> None:
+        import requests
+
+        requests.delete(f"http://{self.host}/v2/{self.repo}/manifests/{digest}", timeout=30).raise_for_status()
+
+
+def version_id(digest: str) -> int:
+    """A version's id: GitHub's are numbers; here one stable per digest."""
+    return int(digest.split(":")[-1][:12], 16)
+
+
 @dataclass
 class State:
     owner: str
@@ -118,6 +157,7 @@ class State:
     workflows: Path | None = None  # the checkout act runs: its workflows say which jobs may ask for a token
     oidc_request_token: str = ""  # what a job presents to ask for its OIDC token (ACTIONS_ID_TOKEN_REQUEST_TOKEN)
     minted: list[str] = field(default_factory=list)  # the job_workflow_ref of each token given
+    packages: dict[str, Package] = field(default_factory=dict)  # container packages by name, with versions
 
 
 def rest(state: State, method: str, path: str) -> tuple[int, object]:
@@ -185,6 +225,26 @@ def rest(state: State, method: str, path: str) -> tuple[int, object]:
         if m.group(2) == "runners":
             return 200, runners(g.runners)
         return 200, {"total_count": len(g.repositories), "repositories": [{"full_name": r} for r in g.repositories]}
+    versions = re.fullmatch(r"/api/v3/(?:orgs|users)/([\w.-]+)/packages/container/([\w.%-]+)/versions(?:/(\d+))?",
+                            rest_of)
+    if versions and versions.group(1) == state.owner and \
+            (package := state.packages.get(urllib.parse.unquote(versions.group(2)))):
+        held = package.versions()
+        listed = [{"id": version_id(d), "name": d, "metadata": {"package_type": "container", "container": {"tags": t}}}
+                  for d, t in held]
+        if versions.group(3) is None:
+            return (200, listed) if method == "GET" else (404, None)
+        one = next((i for i, (d, _) in enumerate(held) if version_id(d) == int(versions.group(3))), None)
+        if one is None:
+            return 404, None
+        if method == "DELETE":
+            package.delete(held[one][0])
+            return 204, None
+        return (200, listed[one]) if method == "GET" else (404, None)
+    if method == "GET" and (m := re.fullmatch(r"/api/v3/(?:orgs|users)/([\w.-]+)/packages/container/([\w.%-]+)",
+                                              rest_of)) and m.group(1) == state.owner and \
+            urllib.parse.unquote(m.group(2)) in state.packages:
+        return 200, {"name": urllib.parse.unquote(m.group(2)), "package_type": "container", "repository": None}
     if method == "GET" and (m := re.fullmatch(r"/api/v3/(?:orgs|users)/([\w.-]+)/packages/container/([\w.-]+)",
                                               rest_of)):
         if repo.package is None or repo.package[0] != m.group(2) or m.group(1) != state.owner:
@@ -332,10 +392,11 @@ def _handler(state: State):
             pass
 
         def _answer(self, status: int, body, link: str | None = None) -> None:
-            raw = json.dumps(body).encode()
+            raw = json.dumps(body).encode() if status != 204 else b""
             self.send_response(status)
             self.send_header("Content-Type", "application/json; charset=utf-8")
-            self.send_header("Content-Length", str(len(raw)))
+            if status != 204:
+                self.send_header("Content-Length", str(len(raw)))
             self.send_header("X-Oauth-Scopes", "repo, read:org")
             if link:
                 self.send_header("Link", link)

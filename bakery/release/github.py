@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .. import untrusted
 from ..errors import AuthError, EnvironmentProblem, InputError, RegistryError
+from ..oci.refs import Digest
 from .settings import Settings
 
 API = "https://api.github.com"
@@ -49,7 +50,9 @@ class GitHub:
             raise RegistryError(f"GitHub's API at {self.api} did not answer {method} {path}: {type(e).__name__}") \
                 from None
         if resp.status_code in (401, 403):
-            raise AuthError(f"GitHub refused {method} {path} ({resp.status_code}): the token may not read it")
+            what = "delete it (a package version: the token needs admin on the package)" if method == "DELETE" \
+                else "read it"
+            raise AuthError(f"GitHub refused {method} {path} ({resp.status_code}): the token may not {what}")
         return resp
 
     def get(self, path: str):
@@ -97,6 +100,75 @@ class GitHub:
 
     def post(self, path: str, body: dict | None = None) -> int:
         return self._call("POST", path, json=body or {}).status_code
+
+    def delete(self, path: str) -> tuple[int, str]:
+        """(status, GitHub's message where it gave one) of DELETE path."""
+        resp = self._call("DELETE", path)
+        try:
+            message = str(resp.json().get("message", "")) if resp.content else ""
+        except (ValueError, AttributeError):
+            message = ""
+        return resp.status_code, message
+
+
+# -- GHCR's deletes: package versions ------------------------------------------------------------------
+
+class PackageVersions:
+    """A GHCR repository's manifests as GitHub lists them, package versions (one per manifest digest,
+    tagged or not), deleted through the REST API: GHCR answers no registry DELETE. The repository
+    OWNER/NAME... is the container package NAME... (nested names are one package) of OWNER, an
+    organization or a user. Used by `invoke prune` in place of a Registry's delete_manifest."""
+
+    def __init__(self, gh: GitHub, registry_name: str, repo: str):
+        import urllib.parse
+
+        owner, _, package = repo.partition("/")
+        if not package:
+            raise InputError(f"{registry_name}/{repo}: a GHCR repository is OWNER/PACKAGE")
+        self.gh, self.name = gh, registry_name
+        quoted = urllib.parse.quote(package, safe="")
+        self.base = next((path for scope in ("orgs", "users")
+                          if gh.get(path := f"/{scope}/{owner}/packages/container/{quoted}") is not None), None)
+        if self.base is None:
+            raise RegistryError(f"GitHub's API at {gh.api} knows no container package {package!r} of {owner!r}: "
+                                f"{registry_name}/{repo} is not a GHCR package this token can see")
+        self._versions: dict[Digest, tuple[int, tuple[str, ...]]] | None = None
+
+    def versions(self) -> dict[Digest, tuple[int, tuple[str, ...]]]:
+        """{manifest digest: (version id, its tags)}, every page read once."""
+        if self._versions is None:
+            found: dict[Digest, tuple[int, tuple[str, ...]]] = {}
+            for item in self.gh.listing(f"{self.base}/versions?per_page=100"):
+                try:
+                    digest = Digest.parse(item["name"])
+                    tags = item.get("metadata", {}).get("container", {}).get("tags", [])
+                    if not isinstance(item["id"], int) or not all(isinstance(t, str) for t in tags):
+                        raise TypeError
+                except (KeyError, TypeError, AttributeError, InputError):
+                    raise RegistryError(f"GitHub's versions of {self.base} hold one that is not a container "
+                                        f"version: {untrusted.safe(repr(item), limit=120)}") from None
+                if digest in found:
+                    raise RegistryError(f"GitHub lists {digest} twice among the versions of {self.base}: refused")
+                found[digest] = (item["id"], tuple(sorted(tags)))
+            self._versions = found
+        return self._versions
+
+    def delete_manifest(self, repo: str, digest: Digest) -> bool:
+        """Delete the version that is REPO@digest; False where GitHub has it gone already."""
+        from .. import crashpoint
+
+        version = self.versions().get(digest)
+        if version is None:
+            raise RegistryError(f"{self.name}/{repo}@{digest} is no version of {self.base} on GitHub: the registry "
+                                f"and GitHub's API disagree; stopped")
+        status, message = self.gh.delete(f"{self.base}/versions/{version[0]}")
+        crashpoint.reached(f"DELETE {self.base}/versions/{version[0]} -> {status}")
+        if status == 404:
+            return False
+        if status != 204:
+            raise RegistryError(f"GitHub refused to delete {self.name}/{repo}@{digest} (version {version[0]}, HTTP "
+                                f"{status}): {untrusted.safe(message, limit=160) or 'no reason given'}")
+        return True
 
 
 # -- the release's watch on the MI300X runner ---------------------------------------------------------

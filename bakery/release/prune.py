@@ -291,8 +291,27 @@ def unchanged(registry, repo: str, stored: list[Stored]) -> None:
                             f"added, {len(planned - now)} gone): nothing deleted; run it again")
 
 
+def disagreements(stored: list[Stored], versions: dict[Digest, tuple[str, ...]]) -> list[str]:
+    """Where GitHub's package versions ({digest: tags}) and the registry's listing of the same
+    repository disagree: a manifest the plan holds that is no version, other tags on either side, a
+    tagged version the registry did not list. Untagged versions the plan does not hold stay as they
+    are (not ours to judge)."""
+    found = []
+    for s in stored:
+        if s.digest not in versions:
+            found.append(f"{s.repo}@{s.digest} ({s.label()}) is listed by the registry, and no package version")
+        elif set(versions[s.digest]) != set(s.tags):
+            found.append(f"{s.repo}@{s.digest} is tagged {sorted(s.tags)} by the registry, "
+                         f"{sorted(versions[s.digest])} by GitHub")
+    held = {s.digest for s in stored}
+    found += [f"{digest} is tagged {sorted(tags)} by GitHub, and not listed by the registry"
+              for digest, tags in sorted(versions.items(), key=lambda item: str(item[0])) if tags and digest not in held]
+    return found
+
+
 def apply(registries: dict, decisions: list[Decision], log) -> int:
-    """Delete what the plan deletes, in its order (subjects, then what signs them); the count."""
+    """Delete what the plan deletes, in its order (subjects, then what signs them); the count.
+    registries: {repo: what deletes there}, a Registry or GHCR's release.github.PackageVersions."""
     gone = [d for d in decisions if not d.keep]
     for i, d in enumerate(gone, 1):
         registry = registries[d.stored.repo]
