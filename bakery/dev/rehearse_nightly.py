@@ -14,14 +14,15 @@ from .act_jobs import Outcome
 from .github_stand_in import GitHubStandIn
 from .rehearsal_stage import COMMITTER, REPOSITORY, fresh, git, runner_home, stage_release
 
-NIGHTLY_JOBS = ("track", "bump", "propose", "porting")
+NIGHTLY_JOBS = ("track", "prune", "bump", "propose", "porting")
 GITHUB_PORT = 443  # gh matches a git remote to GH_HOST by host name alone, without a port
 
 
 def nightly(project: Path, work: Path, log, porting: bool = False) -> Outcome:
     """One rehearsal of nightly.yml as its schedule fires: two upstream nightlies (the pin's 0.26.0
-    and 0.27.0, a day later); track mirrors both, bump carries and proves 0.27.0, propose pushes
-    nightly/<digest12> to the bare origin and opens a pull request with the GitHub stand-in. With
+    and 0.27.0, a day later); track mirrors both, prune keeps both (the pin and the newest), bump
+    carries and proves 0.27.0, propose pushes nightly/<digest12> to the bare origin and opens a pull
+    request with the GitHub stand-in. With
     `porting`, the sparse-mla port is left out of the revision, so 0.27.0 needs porting: propose
     offers the ledger and porting opens one issue."""
     from . import stack
@@ -38,7 +39,10 @@ def nightly(project: Path, work: Path, log, porting: bool = False) -> Outcome:
     owner, name = REPOSITORY.split("/")
     home = runner_home(work, stage.origin, REPOSITORY)
     variables = {"NIGHTLY_UPSTREAM": upstream, "NIGHTLY_TAGS": "nightly-*", "REGISTRY_HOST": host,
-                 "NIGHTLY_MIRROR": f"{host}/rehearsal-{work.name}-{secrets.token_hex(3)}/vllm-openai-rocm-mirror"}
+                 "NIGHTLY_MIRROR": f"{host}/rehearsal-{work.name}-{secrets.token_hex(3)}/vllm-openai-rocm-mirror",
+                 # prune's: the stage's image repository (no release in it yet), checked with its release key
+                 "IMAGE_REPO": stage.image_repo,
+                 "BAKERY_RELEASE_PUBLIC_KEY": (stage.keys / "release.pub").read_text()}
     try:
         github = GitHubStandIn(work / "github-tls", owner, name, password, GITHUB_PORT)
     except OSError as e:
