@@ -475,3 +475,33 @@ def test_github_and_the_registry_disagreeing_on_tags_stops_the_prune(world, tmp_
         refused.stderr
     assert not [r for r in gh.state.requests if r.method == "DELETE"]
     assert sorted(list_tags(Registry(world["host"]), app)) == before
+
+
+def test_a_tag_github_gains_between_the_plan_and_a_delete_stops_the_prune(world, tmp_path):
+    """A promote that tags a planned candidate while prune deletes (after the listings agreed, before
+    that candidate's turn): GitHub's version is read again before each DELETE, so the candidate and
+    its new tag stay and prune stops with one line."""
+    from bakery.dev.github_stand_in import RegistryPackage
+
+    month, app, plan = small_month(world, tmp_path, "ghcr-promoted")
+    candidates = {str(c.digest) for _, c in month.candidates}
+
+    class PromotedMidway(RegistryPackage):
+        promoted = False
+
+        def delete(self, digest):
+            super().delete(digest)
+            PromotedMidway.promoted = True  # the first delete done: a promote tags every candidate left
+
+        def versions(self):
+            return [(d, tags + ["v9.9.9"] if self.promoted and d in candidates else tags)
+                    for d, tags in super().versions()]
+
+    gh, env = _ghcr(world, tmp_path, app.split("/")[0], PromotedMidway)
+    with gh:
+        stopped = plan("--apply", "--via", "github", env=env)
+    errors = [line for line in stopped.stderr.splitlines() if line.startswith("error:")]
+    assert stopped.returncode != 0 and len(errors) == 1 and "not what prune planned" in errors[0], stopped.stderr
+    assert len([r for r in gh.state.requests if r.method == "DELETE"]) == 1
+    still = [c for _, c in month.candidates if Registry(world["host"]).manifest_exists(app, c.digest)]
+    assert len(still) == len(month.candidates) - 1

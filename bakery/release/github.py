@@ -142,13 +142,14 @@ class PackageVersions:
                 try:
                     digest = Digest.parse(item["name"])
                     tags = item.get("metadata", {}).get("container", {}).get("tags", [])
-                    if not isinstance(item["id"], int) or not all(isinstance(t, str) for t in tags):
-                        raise TypeError
+                    if type(item["id"]) is not int or not all(isinstance(t, str) for t in tags):
+                        raise TypeError  # an id that is a bool, or a tag that is no string
                 except (KeyError, TypeError, AttributeError, InputError):
                     raise RegistryError(f"GitHub's versions of {self.base} hold one that is not a container "
                                         f"version: {untrusted.safe(repr(item), limit=120)}") from None
-                if digest in found:
-                    raise RegistryError(f"GitHub lists {digest} twice among the versions of {self.base}: refused")
+                if digest in found or item["id"] in {i for i, _ in found.values()}:
+                    raise RegistryError(f"GitHub lists {digest} or its version id {item['id']} twice among the "
+                                        f"versions of {self.base}: refused")
                 found[digest] = (item["id"], tuple(sorted(tags)))
             self._versions = found
         return self._versions
@@ -161,6 +162,15 @@ class PackageVersions:
         if version is None:
             raise RegistryError(f"{self.name}/{repo}@{digest} is no version of {self.base} on GitHub: the registry "
                                 f"and GitHub's API disagree; stopped")
+        # read again now: still this digest, with the tags planned (a promote since would lose its tag)
+        now = self.gh.get(f"{self.base}/versions/{version[0]}")
+        if now is None:
+            return False
+        tags = (now.get("metadata") or {}).get("container", {}).get("tags") if isinstance(now, dict) else None
+        if now.get("name") != str(digest) or not isinstance(tags, list) or tuple(sorted(map(str, tags))) != version[1]:
+            raise RegistryError(f"{self.name}/{repo}@{digest}: GitHub's version {version[0]} is now "
+                                f"{untrusted.safe(str(now.get('name')), limit=80)} tagged "
+                                f"{untrusted.safe(repr(tags), limit=120)}, not what prune planned: stopped")
         status, message = self.gh.delete(f"{self.base}/versions/{version[0]}")
         crashpoint.reached(f"DELETE {self.base}/versions/{version[0]} -> {status}")
         if status == 404:
