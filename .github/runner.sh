@@ -80,5 +80,6 @@ public_keys() {
 case "$(printf '%s' "${SIGNING:-}" | tr '[:upper:]' '[:lower:]')" in
   "") SIGNING="" ;;
   keyless) SIGNING=keyless ;;
-  *) echo "error: BAKERY_SIGNING is '$SIGNING': leave it unset (each role's key) or set it to keyless" >&2; return 2 ;;
+  # exit, not return: a step's `. runner.sh && ...` under bash -e would go on past a failed source
+  *) echo "error: BAKERY_SIGNING is '$SIGNING': leave it unset (each role's key) or set it to keyless" >&2; exit 2 ;;
 esac

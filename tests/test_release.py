@@ -249,7 +249,7 @@ def test_nightly_runs_daily_and_by_hand_with_least_privilege_per_job():
     assert {name: job["permissions"] for name, job in jobs.items()} == {
         "track": {"contents": "read", "packages": "write"}, "bump": {"contents": "read", "packages": "read"},
         "propose": {"contents": "write", "pull-requests": "write"}, "porting": {"issues": "write"},
-        "prune": {"contents": "read", "packages": "write"}}
+        "prune": {"contents": "read", "packages": "read"}}
     assert jobs["bump"]["needs"] == "track" and jobs["porting"]["needs"] == "bump"
     assert jobs["prune"]["needs"] == "track"  # after the ledger records what track mirrored
     # the ledger goes up for review even when the bump fails; a bump's change only when there is one
@@ -273,11 +273,12 @@ def test_no_job_that_can_write_runs_base_code():
     assert "invoke bump" in job_commands(bump_job) and job_secrets(bump_job) == {"GITHUB_TOKEN"}
     for name in ("propose", "porting"):
         assert "invoke" not in job_commands(wf["jobs"][name]) and "docker" not in job_commands(wf["jobs"][name])
-    # prune may delete packages: bakery's prune only, from the venv without torch or Triton, its token
-    # the job's own (no stored one that every workflow on every branch could read)
+    # prune plans only: bakery's prune without --apply, from the venv without torch or Triton, with
+    # a token that may only read (one that may delete packages would be every branch's)
     prune_job = wf["jobs"]["prune"]
     assert re.findall(r"\.venv/bin/invoke (\w+)", job_commands(prune_job)) == ["prune"]
-    assert "$PIP_INSTALL_SIGN" in job_commands(prune_job) and job_secrets(prune_job) == {"GITHUB_TOKEN"}
+    assert "--apply" not in job_commands(prune_job) and "$PIP_INSTALL_SIGN" in job_commands(prune_job)
+    assert job_secrets(prune_job) == {"GITHUB_TOKEN"}
 
 
 def apply_step(tmp_path, patch: str | None) -> subprocess.CompletedProcess:

@@ -20,7 +20,7 @@ GITHUB_PORT = 443  # gh matches a git remote to GH_HOST by host name alone, with
 
 def nightly(project: Path, work: Path, log, porting: bool = False) -> Outcome:
     """One rehearsal of nightly.yml as its schedule fires: two upstream nightlies (the pin's 0.26.0
-    and 0.27.0, a day later); track mirrors both, prune keeps both (the pin and the newest), bump
+    and 0.27.0, a day later); track mirrors both, prune's plan keeps both (the pin and the newest), bump
     carries and proves 0.27.0, propose pushes nightly/<digest12> to the bare origin and opens a pull
     request with the GitHub stand-in. With
     `porting`, the sparse-mla port is left out of the revision, so 0.27.0 needs porting: propose
