@@ -26,7 +26,8 @@ from support import ROOT, invoke
 pytest.importorskip("torch", reason="the overlay proofs need CPU torch (pip install -e '.[test]')")
 
 REQUIRED = ["mxfp4-bitmatrix-padding-mask", "cpu-kv-transfer-fence", "fnuz-indexer-cache-writer",
-            "exact-swiglu-clamp-kernel", "independent-draft-gumbel", "deterministic-sampler-topk-topp"]
+            "exact-swiglu-clamp-kernel", "independent-draft-gumbel", "deterministic-sampler-topk-topp",
+            "aiter-paged-mqa-logits-64bit-offsets"]
 
 
 @pytest.fixture(scope="module")

@@ -222,12 +222,12 @@ def test_rebase_026_to_027_end_to_end_without_the_old_base(project, fixture_base
     assert table["exact-swiglu-clamp-kernel"] == "ported (offset), proven"
     assert table["sparse-mla-prefill-bh64"] == "ported (known port), not proven here"
     assert table["deterministic-sampler-topk-topp"] == "ported (offset), proven"
-    assert "[7/7] independent-draft-gumbel" in result.stderr
+    assert table["aiter-paged-mqa-logits-64bit-offsets"] == "ported (merged), proven"  # 0.1.19 -> .post1: formatting
+    assert "[8/8] aiter-paged-mqa-logits-64bit-offsets" in result.stderr
     # the audit records' probes: 0.27.0 brings the Gluon decode path the DSpark causal fix targets
     assert {k: v for k, v in table.items() if k not in lock_ids(lock)} == {
         "deterministic-indexer-topk": "audit holds", "dspark-causal-verify-flatten": "audit changed: re-check",
-        "aiter-paged-mqa-logits-64bit-offsets": "audit holds", "moe-expert-mask-by-backend": "audit holds",
-        "gfx942-aiter-fast-paths": "audit holds"}
+        "moe-expert-mask-by-backend": "audit holds", "gfx942-aiter-fast-paths": "audit holds"}
     assert json.loads((project / "overlays" / "overlays.lock").read_text())["base"] == str(fixture_base_027)
     old_sha = next(e["base_sha256"] for e in lock["overlays"] if e["id"] == "independent-draft-gumbel")
     assert (project / "overlays" / "patches" / "ports" / "independent-draft-gumbel" / f"{old_sha}.patch").is_file()
@@ -236,7 +236,9 @@ def test_rebase_026_to_027_end_to_end_without_the_old_base(project, fixture_base
     record = json.loads((project / "out" / "build-record.json").read_text())
     proofs = {o["id"]: o["proof"] for o in record["overlays"] if o["baked"]}
     assert {k: (v.get("stock"), v.get("overlaid")) for k, v in proofs.items() if "script" in v} == \
-        dict.fromkeys(("mxfp4-bitmatrix-padding-mask", "cpu-kv-transfer-fence", "fnuz-indexer-cache-writer", "exact-swiglu-clamp-kernel", "independent-draft-gumbel", "deterministic-sampler-topk-topp"), ("BROKEN", "FIXED"))
+        dict.fromkeys(("mxfp4-bitmatrix-padding-mask", "cpu-kv-transfer-fence", "fnuz-indexer-cache-writer",
+                       "exact-swiglu-clamp-kernel", "independent-draft-gumbel", "deterministic-sampler-topk-topp",
+                       "aiter-paged-mqa-logits-64bit-offsets"), ("BROKEN", "FIXED"))
     assert all(len(v.get("code_sha256", "x" * 64)) == 64 for v in proofs.values())
 
 
@@ -248,6 +250,7 @@ def test_committed_ports_carry_every_overlay_to_027(project, fixture_base_027):
         "mxfp4-bitmatrix-padding-mask": "ported (known port), proven",
         "cpu-kv-transfer-fence": "ported (exact), proven", "fnuz-indexer-cache-writer": "ported (exact), proven",
         "exact-swiglu-clamp-kernel": "ported (known port), proven",
+        "aiter-paged-mqa-logits-64bit-offsets": "ported (known port), proven",
         "independent-draft-gumbel": "ported (known port), proven",
         "deterministic-sampler-topk-topp": "ported (offset), proven",
         "sparse-mla-prefill-bh64": "ported (known port), not proven here"}
@@ -313,7 +316,7 @@ def test_rebase_retires_an_overlay_that_upstream_fixed(project, registry, fixtur
     gumbel = next(o for o in overlays_mod.load(project / "overlays" / "overlays.yaml") if o.id == "independent-draft-gumbel")
     assert gumbel.status == "already-upstream" and not gumbel.baked
     lock = json.loads((project / "overlays" / "overlays.lock").read_text())
-    assert "independent-draft-gumbel" not in {e["id"] for e in lock["overlays"]} and len(lock["overlays"]) == 6
+    assert "independent-draft-gumbel" not in {e["id"] for e in lock["overlays"]} and len(lock["overlays"]) == 7
 
 
 @pytest.fixture
@@ -485,13 +488,18 @@ def test_a_file_absent_probe_holds_only_where_python_finds_nothing(registry, tmp
     in its stead (a package, an extension, bytecode without source) is not nothing: the record needs a
     look, and the VEX says under_investigation, not not_affected. Read through the merged view of a
     real image, as rebase and the build read it."""
+    import dataclasses
+
     from bakery.bake.pipeline import probe_files
     from test_engines import filesystem
     from test_toolchain_root import busybox_layer, tar
 
-    gluon = next(o for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml")
-                 if any(c.get("file") == "absent" for c in o.probe))
-    path = next(c["path"] for c in gluon.probe if c.get("file") == "absent").lstrip("/")
+    # an audit record of a Gluon kernel the base may not have (as AITER's was, before the fixture had it)
+    aiter = next(o for o in overlays_mod.load(ROOT / "overlays" / "overlays.yaml")
+                 if o.id == "aiter-paged-mqa-logits-64bit-offsets")
+    gluon = dataclasses.replace(aiter, status="absent", probe=(
+        {"file": "absent", "path": aiter.target, "why": "the base's AITER has no Gluon paged-MQA-logits kernel"},))
+    path = aiter.target.lstrip("/")
     folder, stem = path.rsplit("/", 1)[0], path.rsplit("/", 1)[1][:-3]
     # (the layer's members: name, kind, bytes or link target, mode; what the probe says, None if it holds)
     cases: dict[str, tuple[list[tuple[str, str, str | bytes, int]], str | None]] = {

@@ -20,8 +20,9 @@ from ..errors import EnvironmentProblem, IntegrityError
 from ..oci.refs import Reference
 
 SPEC_KEYS = {"suite": str, "debian_mirror": str, "include": list, "site_packages": str,
-             "wheels": list, "keep_suffixes": list, "repository": str}
+             "wheels": list, "keep_suffixes": list, "repository": str, "files": list}
 WHEEL_KEYS = {"name": str, "file": str, "sha256": str}
+FILE_KEYS = {"path": str, "source": str, "sha256": str}  # an upstream file the wheels lack, vendored
 
 
 def cache_dir() -> Path:
@@ -31,10 +32,22 @@ def cache_dir() -> Path:
 
 
 def load_spec(path: Path) -> dict:
-    spec = schema.load_yaml(path, SPEC_KEYS)
+    spec = schema.load_yaml(path, SPEC_KEYS, required=set(SPEC_KEYS) - {"files"})
     for i, wheel in enumerate(spec["wheels"]):
         schema.check_keys(wheel, WHEEL_KEYS, f"{path}: wheels[{i}]")
+    for i, item in enumerate(spec.setdefault("files", [])):
+        schema.check_keys(item, FILE_KEYS, f"{path}: files[{i}]")
+        if ".." in Path(item["path"]).parts or Path(item["path"]).is_absolute():
+            raise IntegrityError(f"{path}: files[{i}].path must stay under site_packages: {item['path']}")
     return spec
+
+
+def vendored(spec_path: Path, item: dict) -> bytes:
+    """A vendored upstream file's bytes, checked against the sha256 the spec names."""
+    data = (spec_path.parent / item["source"]).read_bytes()
+    if hashlib.sha256(data).hexdigest() != item["sha256"]:
+        raise IntegrityError(f"{spec_path}: {item['source']} is not the file whose sha256 the spec names")
+    return data
 
 
 def _sha256(path: Path) -> str:
@@ -119,7 +132,8 @@ def build(spec_path: Path, registry: str, log=print) -> Reference:
     wheels = [wheel(w, log) for w in spec["wheels"]]
     dockerfile = spec_path.parent / "Dockerfile"
     key = hashlib.sha256()
-    for part in [dockerfile.read_bytes(), rootfs.name.encode(), spec_path.read_bytes()]:
+    for part in [dockerfile.read_bytes(), rootfs.name.encode(), spec_path.read_bytes(),
+                 *(vendored(spec_path, item) for item in spec["files"])]:
         key.update(part)
     tag = key.hexdigest()[:16]
     target = f"{registry}/{spec['repository']}"
@@ -135,6 +149,9 @@ def build(spec_path: Path, registry: str, log=print) -> Reference:
         for w in wheels:
             n = unpack_wheel(w, site, tuple(spec["keep_suffixes"]))
             log(f"unpacked {n} files from {w.name}")
+        for item in spec["files"]:
+            (site / item["path"]).parent.mkdir(parents=True, exist_ok=True)
+            (site / item["path"]).write_bytes(vendored(spec_path, item))
         os.link(rootfs, context / "rootfs.tar") if rootfs.stat().st_dev == context.stat().st_dev \
             else shutil.copy(rootfs, context / "rootfs.tar")
         shutil.copy(dockerfile, context / "Dockerfile")

@@ -1,0 +1,129 @@
+"""AITER's paged-MQA-logits Gluon kernels (the gfx942 indexer's decode reader): can a KV gather wrap
+at a 20 GB KV pool?
+
+Usage: python aiter_pa_mqa_logits_i64.py TARGET   (.../aiter/ops/triton/gluon/pa_mqa_logits.py, stock or overlaid)
+The target's kernels are compiled as AITER's launcher compiles them (its signature and attributes:
+the block table *i32, both strides i32) for gfx942 by the installed Triton, on the CPU (no GPU: the
+kernels are never run, the compiler's IR is read): the preshuffle kernel and its varctx variant at
+the deployment's block size (image/image.yaml serves --block-size=256) with ChunkK=256, the plain
+kernel at one token a block (the only paging it takes), 64 heads of 128 dims.
+Reference, from the defect: a pool of 20 GB (the seed deployment's; 16 GB today) holds blocks up to
+20e9 / stride, so a gather at block_id * stride reaches 2e10 bytes; computed in 32 bits it wraps
+past 2^31 (a buffer load then reads zeros: every logit of those blocks is 0.0) or 2^32 (it reads
+another block). FIXED: no gather of KV_buffer or scale_buffer in any of the three kernels can wrap
+or pass what its load reaches. BROKEN: names each that can, in the IR. Independent of the patch:
+the widths and ranges are the compiler's IR read with exact integer semantics (ttgir_offsets),
+not the patched text; a kernel that no longer compiles, or reads its blocks another way, is
+CANNOT-PROVE. The IR is the proof's Triton's, not the base's (3.9 here; the nightly ships 3.7).
+"""
+
+import os
+import sys
+import tempfile
+import types
+
+import _proof  # beside this script
+
+os.environ.pop("TRITON_INTERPRET", None)  # compiled for gfx942, never interpreted: nothing runs
+
+POOL = 20 * 10**9  # bytes of GPU KV: the seed deployment's at publication
+HEADS, HIDDEN, CHUNK_K, BLOCK = 64, 128, 256, 256  # the DeepSeek-V4 indexer; image.yaml's --block-size
+BYTES_PER_TOKEN = HIDDEN + 4  # fp8 K and one fp32 scale a token: stride in bytes of one token's row
+KERNELS = {  # name: (its block size, the launcher's last non-constexpr argument)
+    "_gluon_deepgemm_fp8_paged_mqa_logits": (1, ("SplitKV", "i32")),
+    "_gluon_deepgemm_fp8_paged_mqa_logits_preshuffle": (BLOCK, ("SplitKV", "i32")),
+    "_gluon_deepgemm_fp8_paged_mqa_logits_preshuffle_varctx": (BLOCK, ("safe_chunks_per_cta_ptr", "*i32")),
+}
+SIGNATURE = {"batch_size": "i32", "next_n": "i32", "heads_num": "i32", "Q_buffer": "*fp8e4b8",
+             "stride_q_batch": "i32", "stride_q_next_n": "i32", "stride_q_heads": "i32", "KV_buffer": "*fp8e4b8",
+             "stride_k_seq": "i32", "scale_buffer": "*fp32", "stride_scale_seq": "i32", "context_len_ptr": "*i32",
+             "kv_indices": "*i32", "weights": "*fp32", "stride_w_batch": "i32", "OutLogits_buffer": "*fp32",
+             "stride_out_batch": "i64", "max_model_len": "i32", "max_block_len": "i32", "num_block": "i32"}
+
+
+def pool(block: int) -> dict:
+    """The arguments a 20 GB pool of this block size gives (strides in elements: fp8 bytes, fp32 words)."""
+    stride = block * BYTES_PER_TOKEN
+    blocks = POOL // stride
+    return {"stride_k_seq": (stride, stride), "stride_scale_seq": (stride // 4, stride // 4),
+            "num_block": (blocks, blocks), "blocks": blocks}
+
+
+def load(path: str):
+    """The target as a module of its own; its one import from AITER (get_cdna_version, which only
+    says which CDNA the GPU is) answers gfx942's: 3."""
+    import importlib.util
+
+    names = ["aiter", "aiter.ops", "aiter.ops.triton", "aiter.ops.triton.gluon",
+             "aiter.ops.triton.gluon.pa_decode_gluon"]
+    for name in names:
+        sys.modules[name] = types.ModuleType(name)
+    sys.modules[names[-1]].get_cdna_version = lambda: 3
+    spec = importlib.util.spec_from_file_location("pa_mqa_logits_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # an import this proof does not provide, a Triton without Gluon
+        raise _proof.CannotProve(f"the target does not load here: {type(e).__name__}: {str(e)[:200]}")
+    return module
+
+
+def observe(args):
+    """Each kernel's TTGIR, compiled for gfx942 (this runs AITER's kernel-building code, never a kernel)."""
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()
+    import triton
+    from triton.backends.compiler import GPUTarget
+    try:
+        from triton.experimental.gluon._runtime import GluonASTSource
+    except ImportError as e:
+        raise _proof.CannotProve(f"this Triton ({triton.__version__}) has no Gluon: {e}")
+
+    module = load(args[0])
+    observed = {}
+    for name, (block, (last, kind)) in KERNELS.items():
+        fn = _proof.need(module, name)
+        signature = {**SIGNATURE, last: kind, "ChunkQ": "constexpr", "ChunkK": "constexpr",
+                     "KVBlockSize": "constexpr", "HiddenDim": "constexpr", "CDNA_VERSION": "constexpr",
+                     "ARCH": "constexpr"}
+        source = GluonASTSource(fn=fn, signature=signature, constexprs={
+            "ChunkQ": HEADS, "ChunkK": CHUNK_K, "KVBlockSize": block, "HiddenDim": HIDDEN, "CDNA_VERSION": 3,
+            "ARCH": "gfx942"}, attrs={(2,): [["tt.divisibility", 16]],
+                                      (3,): [["tt.divisibility", 16], ["tt.pointer_range", 32]],
+                                      (11,): [["tt.pointer_range", 32]], (12,): [["tt.pointer_range", 32]],
+                                      (13,): [["tt.divisibility", 16], ["tt.pointer_range", 32]]})
+        try:
+            compiled = triton.compile(source, target=GPUTarget("hip", "gfx942", 64),
+                                      options={"num_warps": 4, "waves_per_eu": 2, "num_stages": 2, "num_ctas": 1})
+        except Exception as e:
+            raise _proof.CannotProve(f"{name} does not compile for gfx942: {type(e).__name__}: {str(e)[:300]}")
+        observed[name] = compiled.asm["ttgir"]
+    return observed
+
+
+def judge(observed, args):
+    import ttgir_offsets  # beside this script
+
+    bad, counts = [], {}
+    for name, (block, _) in KERNELS.items():
+        given = pool(block)
+        ir = str(observed[name])
+        accesses = ttgir_offsets.analyse(ir, name, {k: v for k, v in given.items() if k != "blocks"}, "kv_indices",
+                                         given["blocks"], ("KV_buffer", "scale_buffer"))
+        if {a.buffer for a in accesses} != {"KV_buffer", "scale_buffer"}:
+            raise ValueError(f"{name}: no gather of both KV_buffer and scale_buffer found in its IR")
+        if "kv_indices" not in ir:
+            raise ValueError(f"{name} no longer reads its blocks from kv_indices")
+        wrong = [a for a in accesses if a.wraps or (a.reach is not None and a.reach >= ttgir_offsets.BUFFER_REACH)]
+        counts[name.replace("_gluon_deepgemm_fp8_paged_mqa_logits", "kernel")] = f"{len(wrong)} of {len(accesses)}"
+        bad += [(name, a) for a in wrong]
+    if not bad:
+        return _proof.report(True, f"every KV and scale gather of the three kernels stays within its range at a "
+                                   f"{POOL / 1e9:.0f} GB pool (64-bit where it must be)", gathers_that_wrap=counts)
+    name, first = bad[0]
+    why = sorted(first.wraps)[0] if first.wraps else f"a buffer load reaching {first.reach} bytes"
+    return _proof.report(False, f"{len(bad)} gathers can wrap at a {POOL / 1e9:.0f} GB pool; the first, in {name}: "
+                                f"{first.buffer} at IR line {first.line}, by {why}", gathers_that_wrap=counts)
+
+
+if __name__ == "__main__":
+    _proof.main(observe, judge)
