@@ -505,3 +505,29 @@ def test_a_tag_github_gains_between_the_plan_and_a_delete_stops_the_prune(world,
     assert len([r for r in gh.state.requests if r.method == "DELETE"]) == 1
     still = [c for _, c in month.candidates if Registry(world["host"]).manifest_exists(app, c.digest)]
     assert len(still) == len(month.candidates) - 1
+
+
+def test_a_candidate_built_from_a_release_tag_off_the_line_is_kept(world, tmp_path):
+    """A hotfix: v-tag on a commit of another branch, its candidate built and waiting for its release's
+    reviewers. By commit date among HEAD's ancestors it is not a candidate at all (ranked oldest, past
+    the newest one kept), so it would be deleted from under its release; the git tag keeps it."""
+    month, app, plan = small_month(world, tmp_path, "hotfix")
+    project = world["project"]
+    git = ["git", "-C", str(project)]
+    head = subprocess.run([*git, "rev-parse", "--abbrev-ref", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    subprocess.run([*git, "checkout", "-q", "-b", f"hotfix-{secrets.token_hex(3)}", "HEAD~3"], check=True)
+    sha = month_mod._commit(project, 1764547200, "a hotfix")
+    tag = f"v9.{secrets.token_hex(2)}.1"
+    subprocess.run([*git, "-c", "user.name=h", "-c", "user.email=h@localhost", "tag", "-a", "-m", "hotfix", tag],
+                   check=True)  # annotated: the commit it names is found through it
+    subprocess.run([*git, "checkout", "-q", head], check=True)
+    try:
+        built, _ = month_mod.image(RegistryStore(Reference(world["host"], app, None, None)), [], f"candidate-{sha}",
+                                   1024)
+        planned = plan()
+    finally:
+        subprocess.run([*git, "tag", "-d", tag], check=True, capture_output=True)
+    assert planned.returncode == 0, planned.stderr
+    line = next(line for line in planned.stdout.splitlines() if built.pin.hex[:12] in line)
+    assert line.startswith("keep") and f"the build of git tag {tag}" in line, planned.stdout

@@ -327,8 +327,13 @@ def prune(project: Path, repository: str, key=None, policy=None, retention=None,
         return int(shown.stdout.strip())
 
     pinned = load_spec(place.base_yaml).image.pin if place.base_yaml.exists() else None
+    # each v* git tag's commit: a release built from a tag off HEAD's line (a hotfix) keeps its candidate
+    tag_refs = subprocess.run(["git", "-C", str(project), "for-each-ref", "--format=%(objectname) %(*objectname) "
+                               "%(refname:short)", "refs/tags/v*"], capture_output=True, text=True).stdout
+    tagged = {(fields[1] if len(fields) == 3 else fields[0]): fields[-1]  # an annotated tag: the commit it names
+              for fields in (line.split() for line in tag_refs.splitlines()) if len(fields) in (2, 3)}
     roots = prune_mod.roots(image, mirrored, mirror.repository if mirror else None, kept,
-                            prune_mod.verified_provenance(store_of, rules), commit_time, nightlies, pinned)
+                            prune_mod.verified_provenance(store_of, rules), commit_time, nightlies, pinned, tagged)
     decisions = prune_mod.decide(image + mirrored, roots)
     deleted = None
     if apply:  # a tag added since the listing (a promote) would go with its digest: nothing, then

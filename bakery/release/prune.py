@@ -222,10 +222,12 @@ def named_by(provenance: dict) -> set[Digest]:
 
 
 def roots(image: list[Stored], mirror: list[Stored], mirror_repo: str | None, retention: Retention, provenance,
-          commit_time, ledger, pinned: Digest | None) -> dict[tuple[str, Digest], str]:
+          commit_time, ledger, pinned: Digest | None,
+          tagged: dict[str, str] | None = None) -> dict[tuple[str, Digest], str]:
     """What the policy keeps and why. provenance(digest, required) -> the verified provenance (or
     raises, for a release); commit_time(sha) -> its commit's epoch seconds, None where unknown;
-    ledger: the nightly ledger or None; pinned: image/base.yaml's digest."""
+    ledger: the nightly ledger or None; pinned: image/base.yaml's digest; tagged: {commit: its v*
+    git tag} (a release's candidate, built on a tag that may not be on HEAD's line: a hotfix)."""
     keep: dict[tuple[str, Digest], str] = {}
 
     def needs(s: Stored, why: str, prov: dict | None) -> None:
@@ -247,9 +249,16 @@ def roots(image: list[Stored], mirror: list[Stored], mirror_repo: str | None, re
         return (max((t for t in times if t is not None), default=-1), str(s.digest))
 
     unsigned = False
-    for i, s in enumerate(sorted(candidates, key=newest, reverse=True)[:retention.candidates]):
+    ranked = sorted(candidates, key=newest, reverse=True)
+    released = [(s, tag) for s in ranked[retention.candidates:] for t in s.tags
+                if (m := CANDIDATE.fullmatch(t)) and (tag := (tagged or {}).get(m.group(1)))]
+    for i, s in enumerate(ranked[:retention.candidates]):
         prov = provenance(s.digest, False)
         needs(s, f"candidate {i + 1} of the {retention.candidates} newest", prov)
+        unsigned = unsigned or prov is None
+    for s, tag in released:  # its release may be waiting for reviewers or the MI300X: never from under it
+        prov = provenance(s.digest, False)
+        needs(s, f"the build of git tag {tag} (its release may still be running)", prov)
         unsigned = unsigned or prov is None
     if unsigned:  # a release between its build and its sign job: what it pushed is signed once approved
         signed = {d.subject for d in image if d.kind in DEPENDENT}
