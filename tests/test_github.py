@@ -124,6 +124,15 @@ SHORTFALLS = {
                                   "environment release is not limited to tags v* (its branch rule '*' also let"),
     "any tag may deploy too": (lambda r: _env(r, "smoke").tags.append("*"),
                                "environment smoke is not limited to tags v* (its tag rule '*' also let"),
+    "the prune environment open to any branch too": (lambda r: _env(r, "prune").branches.append("*"),
+                                                     "environment prune is not limited to branch main (its branch "
+                                                     "rule '*' also let"),
+    "the prune environment open to tags instead": (lambda r: setattr(_env(r, "prune"), "branches", ["v*"]),
+                                                   "environment prune is not limited to branch main"),
+    "the prune token missing": (lambda r: _env(r, "prune").secrets.clear(),
+                                "environment prune lacks its secret BAKERY_PRUNE_TOKEN"),
+    "the prune token also a repository secret": (lambda r: r.secrets.append("BAKERY_PRUNE_TOKEN"),
+                                                 "BAKERY_PRUNE_TOKEN is also a repository (or organization) secret"),
     "no tag ruleset": (lambda r: r.tag_rulesets.clear(), "no active tag ruleset protects v*"),
     "a tag ruleset excluding release tags": (lambda r: r.tag_rulesets[0].exclude.append("refs/tags/v1.*"),
                                              "the tag ruleset 'tags 1' leaves v* tags open (it excludes "

@@ -332,10 +332,10 @@ def test_the_nightly_mirrors_both_carries_and_proves_and_proposes_one_pull_reque
     n = nightly_carried
     assert [n.result(j) for j in ("track", "prune", "bump", "propose")] == ["success"] * 4, n.table()
     assert n.result("porting") != "success"
-    # prune planned on the mirror and the (empty) image repository: both nightlies kept, as the pin
-    # and the newest, each the ledger's
+    # prune applied, with environment prune's token, on the mirror and the (empty) image repository:
+    # both nightlies kept, as the pin and the newest, each the ledger's; nothing deleted
     pruned = job_log(n, "prune")
-    assert "2 manifests: 2 kept, 0 to delete (a dry run" in pruned, pruned[-3000:]
+    assert "2 manifests: 2 kept, 0 to delete (deleted 0)" in pruned, pruned[-3000:]
     assert "the pinned base (image/base.yaml)" in pruned and "nightly 1 of the 14 newest" in pruned
     newest = n.extra["tags"]["nightly-b"]
     branch = f"nightly/{newest.split(':')[1][:12]}"

@@ -250,6 +250,7 @@ def test_nightly_runs_daily_and_by_hand_with_least_privilege_per_job():
         "track": {"contents": "read", "packages": "write"}, "bump": {"contents": "read", "packages": "read"},
         "propose": {"contents": "write", "pull-requests": "write"}, "porting": {"issues": "write"},
         "prune": {"contents": "read", "packages": "read"}}
+    assert jobs["prune"]["environment"] == "prune"  # its delete token: main's alone
     assert jobs["bump"]["needs"] == "track" and jobs["porting"]["needs"] == "bump"
     assert jobs["prune"]["needs"] == "track"  # after the ledger records what track mirrored
     # the ledger goes up for review even when the bump fails; a bump's change only when there is one
@@ -273,12 +274,13 @@ def test_no_job_that_can_write_runs_base_code():
     assert "invoke bump" in job_commands(bump_job) and job_secrets(bump_job) == {"GITHUB_TOKEN"}
     for name in ("propose", "porting"):
         assert "invoke" not in job_commands(wf["jobs"][name]) and "docker" not in job_commands(wf["jobs"][name])
-    # prune plans only: bakery's prune without --apply, from the venv without torch or Triton, with
-    # a token that may only read (one that may delete packages would be every branch's)
+    # prune deletes: bakery's prune only, from the venv without torch or Triton; the job's GITHUB_TOKEN
+    # reads the registry, the delete token is its environment's (a GITHUB_TOKEN that may delete
+    # package versions would be every branch's)
     prune_job = wf["jobs"]["prune"]
     assert re.findall(r"\.venv/bin/invoke (\w+)", job_commands(prune_job)) == ["prune"]
-    assert "--apply" not in job_commands(prune_job) and "$PIP_INSTALL_SIGN" in job_commands(prune_job)
-    assert job_secrets(prune_job) == {"GITHUB_TOKEN"}
+    assert "$PIP_INSTALL_SIGN" in job_commands(prune_job)
+    assert job_secrets(prune_job) == {"GITHUB_TOKEN", "BAKERY_PRUNE_TOKEN"}
 
 
 def apply_step(tmp_path, patch: str | None) -> subprocess.CompletedProcess:
@@ -597,3 +599,33 @@ def test_the_jobs_read_bakery_signing_as_githubs_if_does(value, flags, keys):
         assert done.returncode == 2 and done.stderr.count("error:") == 1 and "BAKERY_SIGNING is 'keys'" in done.stderr
     else:
         assert done.returncode == 0 and done.stdout.strip() == f"[{flags}] [{keys}]", done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("token, prune, says, code", [
+    ("ghp_token", "", "--apply", 0), ("ghp_token", "apply", "--apply", 0),
+    ("ghp_token", "dry-run", "(a dry run: NIGHTLY_PRUNE=dry-run)", 0),
+    ("", "", "(a dry run: environment prune has no BAKERY_PRUNE_TOKEN)", 0),
+    ("ghp_token", "delete-everything", "NIGHTLY_PRUNE is 'delete-everything'", 2)])
+def test_the_nightly_prune_applies_only_with_its_environments_token(token, prune, says, code, tmp_path):
+    """The committed prune step, `invoke prune` standing in (tested on its own): --apply with the
+    delete token; a dry run, saying why in the job summary, without it or with NIGHTLY_PRUNE=dry-run;
+    any other NIGHTLY_PRUNE stops the step with one line."""
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    fake = tmp_path / ".venv" / "bin" / "invoke"
+    fake.write_text('#!/bin/sh\necho "args: $*"\necho "2 manifests: 2 kept, 0 to delete"\n')
+    fake.chmod(0o755)
+    summary = tmp_path / "summary.md"
+    run = next(s for s in yaml.safe_load(NIGHTLY.read_text())["jobs"]["prune"]["steps"]
+               if s.get("name", "").startswith("Prune"))["run"]
+    env = {"PATH": os.environ["PATH"], "RUNNER_TEMP": str(tmp_path), "GITHUB_STEP_SUMMARY": str(summary),
+           "IMAGE_REPO": "ghcr.io/o/i", "RELEASE_PUB": "pem", "GITHUB_TOKEN": token, "PRUNE": prune or "apply"}
+    done = run_step(run, tmp_path, env)
+    assert done.returncode == code, done.stdout + done.stderr
+    if code:
+        assert done.stderr.count("error:") == 1 and says in done.stderr
+        return
+    args = next(line for line in done.stdout.splitlines() if line.startswith("args: "))
+    assert args.split()[1:] == ["prune", "ghcr.io/o/i", "--key", f"{tmp_path}/release.pub",
+                                *(["--apply"] if says == "--apply" else [])]
+    heading = summary.read_text().splitlines()[0]
+    assert heading == "### Registry retention" + ("" if says == "--apply" else f" {says}")

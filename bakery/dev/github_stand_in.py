@@ -94,7 +94,9 @@ def ready_repo(settings, public_keys: dict[str, str], owner: str, name: str) -> 
     """A repository set up as .github/release-settings.yaml asks (release/settings.Settings), the
     public keys' PEMs by role: what preflight must find nothing missing in."""
     return Repo(variables={var: public_keys[role] for var, role in settings.variables.items()},
-                environments={e.name: Environment(tags=[settings.tags], secrets=list(e.secrets),
+                environments={e.name: Environment(reviewers=[] if e.branch else ["maintainer"],
+                                                  tags=[] if e.branch else [settings.tags],
+                                                  branches=[e.branch] if e.branch else [], secrets=list(e.secrets),
                                                   variables=dict.fromkeys(e.variables, "/data/hf/snapshot"))
                               for e in settings.environments.values()},
                 tag_rulesets=[Ruleset([f"refs/tags/{settings.tags}"])],

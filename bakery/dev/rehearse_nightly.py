@@ -20,7 +20,7 @@ GITHUB_PORT = 443  # gh matches a git remote to GH_HOST by host name alone, with
 
 def nightly(project: Path, work: Path, log, porting: bool = False) -> Outcome:
     """One rehearsal of nightly.yml as its schedule fires: two upstream nightlies (the pin's 0.26.0
-    and 0.27.0, a day later); track mirrors both, prune's plan keeps both (the pin and the newest), bump
+    and 0.27.0, a day later); track mirrors both, prune keeps both (the pin and the newest), bump
     carries and proves 0.27.0, propose pushes nightly/<digest12> to the bare origin and opens a pull
     request with the GitHub stand-in. With
     `porting`, the sparse-mla port is left out of the revision, so 0.27.0 needs porting: propose
@@ -56,7 +56,8 @@ def nightly(project: Path, work: Path, log, porting: bool = False) -> Outcome:
                  "GH_ENTERPRISE_TOKEN": password, "GH_PROMPT_DISABLED": "1", "NO_COLOR": "1"}
         jobs, logfile, _ = run_act(stage.repo, stage.repo / ".github" / "workflows" / "nightly.yml", "schedule",
                                 {"schedule": "17 5 * * *"}, work, home, wheelhouse(stage.repo, work.parent, log),
-                                variables, {"GITHUB_TOKEN": password}, ["ubuntu-24.04"], NIGHTLY_JOBS, log, env=extra)
+                                variables, {"GITHUB_TOKEN": password, "BAKERY_PRUNE_TOKEN": password},
+                                ["ubuntu-24.04"], NIGHTLY_JOBS, log, env=extra)
     branches = git("for-each-ref", "--format=%(refname:short)", "refs/heads", cwd=stage.origin).split()
     return Outcome("nightly", jobs, logfile, work, extra={"stage": stage, "github": github.state, "upstream": upstream,
                                                           "tags": tags, "branches": branches, "vars": variables})

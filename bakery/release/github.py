@@ -281,14 +281,20 @@ def github_gaps(gh: GitHub, repository: str, settings: Settings) -> list[Gap]:
     for env in settings.environments.values():
         path = f"{base}/environments/{env.name}"
         found = gh.get(path)
+        # who may deploy: tags through reviewers, or (a scheduled job's) one branch with nobody to ask
+        allowed, rule = (("branch", env.branch), f"a branch rule {env.branch}") if env.branch else \
+            (("tag", settings.tags), f"a tag rule {settings.tags}")
+        limited = f"branch {env.branch}" if env.branch else f"tags {settings.tags}"
         if found is None:
             gaps.append(Gap(f"environment {env.name} does not exist",
                             f"create it (Settings -> Environments) with its secrets {', '.join(env.secrets)}, "
-                            f"required reviewers, and deployments limited to tags {settings.tags}"))
+                            + ("" if env.branch else "required reviewers, ") + f"and deployments limited to {limited}"))
             continue
         rules = found.get("protection_rules") or []
         reviewers = [r for r in rules if isinstance(r, dict) and r.get("type") == "required_reviewers"]
-        if not reviewers or not any(r.get("reviewers") for r in reviewers):
+        if env.branch:
+            pass  # a schedule's job: a reviewer would hold every night's run
+        elif not reviewers or not any(r.get("reviewers") for r in reviewers):
             gaps.append(Gap(f"environment {env.name} has no required reviewers",
                             "add one or more (Settings -> Environments -> Required reviewers)"))
         elif not any(r.get("prevent_self_review") for r in reviewers):
@@ -297,19 +303,18 @@ def github_gaps(gh: GitHub, repository: str, settings: Settings) -> list[Gap]:
         policy = found.get("deployment_branch_policy") or {}
         policies = [p for p in gh.listing(f"{path}/deployment-branch-policies?per_page=100", "branch_policies")
                     if isinstance(p, dict)] if policy.get("custom_branch_policies") else []
-        # each rule lets its refs deploy: one more (a branch rule, or a tag rule `*`) opens the environment to them
-        more = [p for p in policies if (p.get("type"), p.get("name")) != ("tag", settings.tags)]
+        # each rule lets its refs deploy: one more (another branch or tag rule, a `*`) opens the environment to them
+        more = [p for p in policies if ((p.get("type") or "branch"), p.get("name")) != allowed]
         if len(more) == len(policies):
-            gaps.append(Gap(f"environment {env.name} is not limited to tags {settings.tags}",
-                            f"set its deployment branches and tags to 'Selected', with a tag rule {settings.tags} "
-                            f"(and no branch rule)"))
+            gaps.append(Gap(f"environment {env.name} is not limited to {limited}",
+                            f"set its deployment branches and tags to 'Selected', with {rule} (and no other rule)"))
         elif more:
             rules = ", ".join(f"{untrusted.safe(p.get('type') or 'branch', limit=10)} rule "
                               f"{untrusted.safe(p.get('name'), limit=60)!r}" for p in more)
-            gaps.append(Gap(f"environment {env.name} is not limited to tags {settings.tags} (its {rules} also "
+            gaps.append(Gap(f"environment {env.name} is not limited to {limited} (its {rules} also "
                             f"let those refs deploy)",
                             f"delete them (Settings -> Environments -> {env.name} -> Deployment branches and tags), "
-                            f"keeping only the tag rule {settings.tags}"))
+                            f"keeping only {rule}"))
         held = _names(gh.listing(f"{path}/secrets?per_page=100", "secrets"))
         for secret in env.secrets:
             if secret not in held:

@@ -27,9 +27,13 @@ WORKFLOWS = ("release.yml", "build-and-sign.yml", "rebuild.yml", "smoke.yml", "n
 
 @dataclass(frozen=True)
 class Environment:
+    """A GitHub environment a job names: its secrets and variables, and who may deploy to it: tags
+    matching Settings.tags, through required reviewers; or, with `branch`, that branch alone and no
+    reviewer (a scheduled job's, which nobody is there to approve)."""
     name: str
     secrets: tuple[str, ...]
     variables: tuple[str, ...] = ()
+    branch: str | None = None
 
 
 @dataclass(frozen=True)
@@ -76,10 +80,13 @@ def load(path: Path) -> Settings:
     for name, spec in doc["environments"].items():
         if not isinstance(spec, dict):
             raise InputError(f"{path}: environments.{name} must be a mapping")
-        schema.check_keys(spec, {"secrets": list, "variables": list}, f"{path}: environments.{name}",
+        schema.check_keys(spec, {"secrets": list, "variables": list, "branch": str}, f"{path}: environments.{name}",
                           required={"secrets"})
+        if "branch" in spec and not re.fullmatch(r"[A-Za-z0-9._/-]+", spec["branch"]):
+            raise InputError(f"{path}: environments.{name}.branch must be one branch's name, not a pattern")
         environments[str(name)] = Environment(str(name), _names(spec["secrets"], f"{path}: environments.{name}.secrets"),
-                                              _names(spec.get("variables") or [], f"{path}: environments.{name}"))
+                                              _names(spec.get("variables") or [], f"{path}: environments.{name}"),
+                                              spec.get("branch"))
     return Settings(variables, _names(repo["optional_variables"], f"{path}: repository.optional_variables"),
                     environments, doc["tags"], _labels(doc["mi300x_labels"], f"{path}: mi300x_labels"), doc["package"])
 
