@@ -8,7 +8,8 @@ base_sha256) against `REF:PATH` of that repository, and every port's stock again
 that hold those exact bytes (git's own blob id, found with `log --find-object`). Prints a Markdown
 table for overlays/README.md: same, or how they differ (the lines changed), or where else the bytes
 are found. Reads git only; no network (bring the repository here first). Overlays whose repository
-is not given are listed as not checked.
+is not given are listed as not checked. Exits 1 where a registered stock differs from upstream, or a
+kept stock is missing or not the bytes its name says.
 """
 
 from __future__ import annotations
@@ -54,13 +55,17 @@ def compare(gitdir: str, ref: str, path: str, data: bytes) -> str:
     if shown.stdout == data:
         commit = git(gitdir, "rev-parse", f"{ref}^{{commit}}").stdout.decode().strip()
         return f"same as {ref} ({commit[:12]})"
+    import difflib
+
     a, b = shown.stdout.decode(errors="replace").splitlines(), data.decode(errors="replace").splitlines()
-    changed = sum(1 for x, y in zip(a, b, strict=False) if x != y) + abs(len(a) - len(b))
-    return f"differs from {ref}: about {changed} of {len(a)} lines; these bytes are {where(gitdir, data, path)}"
+    changed = sum(1 for line in difflib.unified_diff(a, b, n=0, lineterm="")
+                  if line[:1] in "+-" and not line.startswith(("+++", "---")))
+    return f"DIFFERS from {ref}: {changed} lines added or removed; these bytes are {where(gitdir, data, path)}"
 
 
 def main(pairs: list[str]) -> int:
     repos = dict(p.split("=", 1) for p in pairs)
+    failed = 0
     lock = json.loads((ROOT / "overlays" / "overlays.lock").read_text())
     locked = {e["id"]: e["base_sha256"] for e in lock["overlays"]}
     print("| overlay | registered | stock | upstream |\n|---|---|---|---|")
@@ -71,16 +76,18 @@ def main(pairs: list[str]) -> int:
             continue
         for sha in shas:
             stock = ROOT / "overlays" / "stock" / sha
+            data = stock.read_bytes() if stock.is_file() else None
             if repo not in repos:
                 said = f"not checked: {repo} is not here"
-            elif not stock.is_file():
-                said = "no stock bytes kept"
+            elif data is None or hashlib.sha256(data).hexdigest() != sha:
+                said = "MISSING: no stock bytes under that sha256" if data is None else "CORRUPT: not the bytes its name says"
             elif sha == locked.get(o.id):
-                said = compare(repos[repo], ref, path, stock.read_bytes())
+                said = compare(repos[repo], ref, path, data)
             else:
-                said = f"a port's stock: {where(repos[repo], stock.read_bytes(), path)}"
+                said = f"a port's stock: {where(repos[repo], data, path)}"
+            failed += said.split(":")[0] in ("MISSING", "CORRUPT") or said.startswith(("DIFFERS", f"{path} is not"))
             print(f"| {o.id} | {ref} | {sha[:12]} | {said} |")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -37,8 +37,8 @@ def load_spec(path: Path) -> dict:
         schema.check_keys(wheel, WHEEL_KEYS, f"{path}: wheels[{i}]")
     for i, item in enumerate(spec.setdefault("files", [])):
         schema.check_keys(item, FILE_KEYS, f"{path}: files[{i}]")
-        if ".." in Path(item["path"]).parts or Path(item["path"]).is_absolute():
-            raise IntegrityError(f"{path}: files[{i}].path must stay under site_packages: {item['path']}")
+        if not item["path"].strip() or ".." in Path(item["path"]).parts or Path(item["path"]).is_absolute():
+            raise IntegrityError(f"{path}: files[{i}].path must name a file under site_packages: {item['path']!r}")
     return spec
 
 
@@ -149,7 +149,9 @@ def build(spec_path: Path, registry: str, log=print) -> Reference:
         for w in wheels:
             n = unpack_wheel(w, site, tuple(spec["keep_suffixes"]))
             log(f"unpacked {n} files from {w.name}")
-        for item in spec["files"]:
+        for item in spec["files"]:  # what the wheels lack: never in place of a file of theirs
+            if (site / item["path"]).exists():
+                raise IntegrityError(f"{spec_path}: {item['path']} is a wheel's file already; files: adds only") from None
             (site / item["path"]).parent.mkdir(parents=True, exist_ok=True)
             (site / item["path"]).write_bytes(vendored(spec_path, item))
         os.link(rootfs, context / "rootfs.tar") if rootfs.stat().st_dev == context.stat().st_dev \

@@ -12,9 +12,13 @@ async copy) of a buffer named in `buffers` is bad if the offsets that reach it w
 buffer op (a 32-bit offset from a descriptor that covers at most 2^31 bytes) whose tainted offset can
 pass 2^31 bytes.
 
-What it does not model (an op it does not know leaves its result at the type's whole range, untainted
-unless an operand is; a value of a branch it cannot read is left out only where nothing reads it):
-memory contents other than the block table. It reads only the IR; nothing of the kernel runs.
+It fails closed (Unmodelled, which a proof reads as CANNOT-PROVE) where its reading could lose what
+matters: an op it does not model that takes a block-derived value or a pointer to a watched buffer
+(a shift, a bitcast, a store to shared memory, a split), a call (tt.call: its body is not read;
+scf.while's values are taken at their type's whole range), a watched access whose offset does not derive from a block id (the taint was lost
+on the way), no load of the block table at all, an element type of unknown width, or ranges that
+have not settled after its passes. Memory other than the block table is not modelled. It reads only
+the IR; nothing of the kernel runs.
 """
 
 from __future__ import annotations
@@ -31,6 +35,21 @@ PASSES = 6
 
 def type_range(bits: int) -> tuple[int, int]:
     return (0, 1) if bits == 1 else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+
+
+class Unmodelled(ValueError):
+    """The IR holds what this reading does not model where it matters: no verdict may rest on it."""
+
+
+# ops whose effect on ranges, taint and pointers is modelled (others taking a block-derived value or a
+# watched pointer make the reading Unmodelled)
+MODELLED = {"arith.addi", "arith.subi", "arith.muli", "arith.divsi", "arith.remsi", "arith.minsi", "arith.maxsi",
+            "arith.select", "arith.extsi", "arith.extui", "arith.trunci", "arith.andi", "arith.constant",
+            "arith.cmpi", "tt.splat", "tt.broadcast", "tt.expand_dims", "tt.reshape", "tt.trans",
+            "ttg.convert_layout", "tt.addptr", "tt.load", "tt.store", "tt.make_range", "tt.get_program_id",
+            "amdg.buffer_load", "amdg.buffer_store", "scf.for", "scf.if", "scf.while", "scf.yield"}
+ACCESSES = ("tt.load", "tt.store", "amdg.buffer_load", "amdg.buffer_store")
+UNREAD = ("tt.call",)  # control flow this reading does not follow
 
 
 @dataclass(frozen=True)
@@ -53,7 +72,8 @@ class Op:
     operands: list[str]
     result_type: str
     owner: int | None = None  # the scf.for / scf.if it yields to (scf.yield)
-    iter_args: list[tuple[str, str]] = field(default_factory=list)  # scf.for: (arg, init)
+    iter_args: list[tuple[str, str]] = field(default_factory=list)  # scf.for, scf.while: (arg, init)
+    block_args: list[str] = field(default_factory=list)  # scf.while: its after region's arguments
     induction: tuple[str, str, str] | None = None  # scf.for: (iv, lower, upper)
 
 
@@ -97,11 +117,18 @@ def parse(ir: str, function: str) -> tuple[dict[str, str], list[Op]]:
             if count:
                 results = [f"{results[0]}#{i}" for i in range(int(count.group(1)))]
             name, rest = m.group(2).strip('"'), m.group(3)
-        elif text.split(" ")[0] in ("scf.yield", "tt.store", "amdg.buffer_store", "tt.return", "scf.condition"):
+        elif text.startswith("scf.condition("):  # what it forwards are the loop's values: yields to its op
+            name, rest = "scf.yield", text.split(")", 1)[1]
+        elif text.startswith("^bb") and stack and stack[-1] is not None and ops[stack[-1]].name == "scf.while":
+            ops[stack[-1]].block_args = re.findall(rf"({NAME}):", text)
+            continue
+        elif text.split(" ")[0] in ("scf.yield", "tt.store", "amdg.buffer_store", "tt.return"):
             name, rest = text.split(" ")[0], text[len(text.split(" ")[0]):]
         op = Op(number + 1, lines[number].strip()[:200], results, name,
                 re.findall(NAME, rest.split(" : ")[0] if name != "scf.for" else rest.split(" -> ")[0]),
                 _result_type(rest))
+        if name == "scf.while":
+            op.iter_args = re.findall(rf"({NAME}) = ({NAME})", rest.split(")", 1)[0])
         if name == "scf.for":
             loop = re.search(rf"({NAME}) = ({NAME}) to ({NAME}) step", rest)
             op.induction = (loop.group(1), loop.group(2), loop.group(3)) if loop else None
@@ -111,7 +138,7 @@ def parse(ir: str, function: str) -> tuple[dict[str, str], list[Op]]:
             op.owner = next((o for o in reversed(stack) if o is not None), None)
         ops.append(op)
         if text.endswith("{"):
-            stack.append(len(ops) - 1 if name in ("scf.for", "scf.if") else None)
+            stack.append(len(ops) - 1 if name in ("scf.for", "scf.if", "scf.while") else None)
     return args, ops
 
 
@@ -148,6 +175,9 @@ def analyse(ir: str, function: str, arguments: dict[str, tuple[int, int]], table
     byte reach: arguments at the given ranges (others at their type's whole range), each load from
     the argument `table` a block id in [0, blocks)."""
     args, ops = parse(ir, function)
+    unread = sorted({op.name for op in ops if op.name in UNREAD})
+    if unread:
+        raise Unmodelled(f"{function} uses {', '.join(unread)}, whose values this reading does not follow")
     values: dict[str, Value] = {}
     for name, kind in args.items():
         key = name.lstrip("%")
@@ -168,25 +198,46 @@ def analyse(ir: str, function: str, arguments: dict[str, tuple[int, int]], table
             _step(op, index, ops, values, yields, table, blocks, widen=sweep >= 2, before=before)
         if values == before:
             break
+    else:
+        raise Unmodelled(f"{function}: the ranges have not settled after {PASSES} passes")
+    if not any(v.tainted for v in values.values()):
+        raise Unmodelled(f"{function} loads no block id from {table}")
+    for op in ops:
+        watched = [values[o] for o in op.operands if o in values and values[o].base in buffers]
+        tainted = [o for o in op.operands if o in values and values[o].tainted and values[o].bits]
+        if op.name not in MODELLED and (watched or tainted):
+            raise Unmodelled(f"line {op.line}: {op.name or op.text[:60]} takes "
+                             f"{'a pointer to ' + watched[0].base if watched else 'a block-derived value'}, "
+                             f"which this reading does not model")
     for op in ops:
         for operand in op.operands:
             v = values.get(operand)
             if v is None or v.base not in buffers or op.name in POINTER_SHAPES or op.name == "scf.yield":
                 continue
+            if op.name not in ACCESSES:
+                raise Unmodelled(f"line {op.line}: {op.name} takes a pointer to {v.base}: not an access this "
+                                 f"reading models")
+            if v.elem not in ELEMENT_BYTES:
+                raise Unmodelled(f"line {op.line}: {v.base}'s elements ({v.elem}) are of a width not known here")
             reach = None
             if op.name.startswith("amdg.buffer_"):
                 offset = _buffer_offset(op, values)
-                if offset is not None and offset.tainted:
-                    reach = max(abs(offset.lo), abs(offset.hi)) * ELEMENT_BYTES.get(v.elem, 1)
-                wraps = v.wraps | (offset.wraps if offset else frozenset())
+                if offset is None or not offset.tainted:
+                    raise Unmodelled(f"line {op.line}: a gather of {v.base} whose offset does not derive from a "
+                                     f"block id (lost on the way)")
+                reach = max(abs(offset.lo), abs(offset.hi)) * ELEMENT_BYTES[v.elem]
+                wraps = v.wraps | offset.wraps
             else:
+                if not v.tainted:
+                    raise Unmodelled(f"line {op.line}: a gather of {v.base} whose address does not derive from a "
+                                     f"block id (lost on the way)")
                 wraps = v.wraps
             accesses[op.line] = Access(op.line, op.text, v.base, wraps, reach)
     return sorted(accesses.values(), key=lambda a: a.line)
 
 
 POINTER_SHAPES = ("tt.splat", "tt.broadcast", "tt.expand_dims", "ttg.convert_layout", "tt.addptr", "tt.reshape",
-                  "tt.trans", "arith.select")
+                  "tt.trans", "arith.select", "scf.for", "scf.if", "scf.while")  # (loops and branches carry pointers)
 
 
 def _buffer_offset(op: Op, values: dict[str, Value]) -> Value | None:
@@ -241,6 +292,18 @@ def _step(op: Op, index: int, ops: list[Op], values: dict[str, Value], yields: d
             put(op.induction[0], Value(lo.lo if lo else type_range(32)[0], hi.hi if hi else type_range(32)[1], 32,
                                        bool(lo and lo.tainted) or bool(hi and hi.tainted)))
         return
+    if name == "scf.while":  # its values at the whole range of their type, tainted if any flowing in is
+        for i, (arg, init) in enumerate(op.iter_args):
+            flowing = [values.get(init)] + [values.get(y[i]) for y in yields.get(index, []) if i < len(y)]
+            known = [v for v in flowing if v is not None]
+            kind = next((v for v in known if v.base or v.bits), Value(bits=32))
+            joined = Value(*(type_range(kind.bits) if kind.bits else (0, 0)), kind.bits,
+                           any(v.tainted for v in known), frozenset().union(*(v.wraps for v in known)),
+                           kind.base, kind.elem)
+            for name_ in [arg] + ([op.block_args[i]] if i < len(op.block_args) else []) + \
+                    ([op.results[i]] if i < len(op.results) else []):
+                values[name_] = joined
+        return
     if name == "scf.if":
         branches = yields.get(index, [])
         for i, result in enumerate(op.results):
@@ -256,6 +319,9 @@ def _step(op: Op, index: int, ops: list[Op], values: dict[str, Value], yields: d
             put(op.results[0], Value(int(m.group(1)), int(m.group(1)), bits))
         else:
             put(op.results[0], Value(0, 0, 0))
+        return
+    if name == "arith.cmpi":  # a comparison is no address: what it decides is joined where it selects
+        put(op.results[0], Value(0, 1, 1))
         return
     if name == "tt.make_range":
         m = re.search(r"end = (\d+) : i32, start = (\d+)", op.text)
