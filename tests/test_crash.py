@@ -44,6 +44,10 @@ attest and lock 2026-12-03, the rest 2026-12-04; each sweep run once, its time a
   reproduce 23 (verify's reads, the        sweep: 16 (first and last of each       found, below; now the outcome absent
   --outcome broker's base and toolchain    kind), the same command run again       or the clean one; rerun: the clean
             reads, the outcome)            (16 of 16, 23 min)                      outcome
+  prune     each delete and the second     CI: 1 (the third delete, on a month     every release whole (its signature,
+  --apply   listing, past the plan's       and a real release: test_prune.py);     signed provenance, blobs, kernel
+            reads (2026-12-06)             sweep: every one, a month of its own    artifact, base); rerun finishes, a
+                                           each (test_prune.py, 160 s)             third run has nothing to delete
 
 Found and fixed: a kill while a folder was being filled (a toolchain's is gigabytes) or a file
 written left its staging name for good; the next writer now removes one no live process holds

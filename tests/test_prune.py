@@ -531,3 +531,33 @@ def test_a_candidate_built_from_a_release_tag_off_the_line_is_kept(world, tmp_pa
     assert planned.returncode == 0, planned.stderr
     line = next(line for line in planned.stdout.splitlines() if built.pin.hex[:12] in line)
     assert line.startswith("keep") and f"the build of git tag {tag}" in line, planned.stdout
+
+
+@pytest.mark.sweep
+def test_prune_killed_at_every_point_leaves_each_release_whole_and_a_rerun_finishes(world, tmp_path):
+    """The crash harness (issue 40) over prune --apply: killed at each of its points past the listing
+    (each delete, the second listing), on a month of its own each time; after each kill the promoted
+    release still verifies (its signature and signed provenance, every blob of it, its kernel artifact
+    and its base); run again, prune finishes, and a third run has nothing to delete."""
+    (tmp_path / "clean").mkdir()
+    _, _, plan = small_month(world, tmp_path / "clean", "sweep-clean")
+    trace = tmp_path / "clean-trace"
+    listed = plan(env={"BAKERY_CRASH_TRACE": str(trace)})
+    assert listed.returncode == 0, listed.stderr
+    listing = len(trace.read_text().splitlines())
+    trace.unlink()
+    assert plan("--apply", env={"BAKERY_CRASH_TRACE": str(trace)}).returncode == 0
+    points = len(trace.read_text().splitlines())
+    assert points > listing + 10, (listing, points)
+    for at in range(listing + 1, points + 1):
+        here = tmp_path / f"at-{at}"
+        here.mkdir()
+        month, app, plan = small_month(world, here, f"sweep-{at}")
+        killed = plan("--apply", env={"BAKERY_CRASH_AT": str(at)})
+        assert killed.returncode == -9, (at, killed.stdout + killed.stderr)
+        mine = {**world, "app": app, "mirror": app.replace("/app", "/mirror"), "pub": here / "release.pub"}
+        for ref in month.releases.values():
+            release_whole(mine, ref)
+        again = plan("--apply")
+        assert again.returncode == 0, (at, again.stdout + again.stderr)
+        assert ", 0 to delete" in plan().stdout, at
