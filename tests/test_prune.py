@@ -561,3 +561,29 @@ def test_prune_killed_at_every_point_leaves_each_release_whole_and_a_rerun_finis
         again = plan("--apply")
         assert again.returncode == 0, (at, again.stdout + again.stderr)
         assert ", 0 to delete" in plan().stdout, at
+
+
+def test_an_image_mirrored_by_digest_keeps_its_signatures(world, tmp_path):
+    """`invoke mirror --image REF --to REGISTRY/REPO` copies a signed image by digest, with its
+    signatures, and no tag of ours names the copy (ops pull it by digest). Prune there must not take
+    its signatures (it would have: their subject was not listed, so not kept); the copy's signature
+    and signed provenance still verify after prune --apply."""
+    month, app, _ = small_month(world, tmp_path, "mirrored")
+    release = month.releases["v0.1.0"]
+    copy_repo = app.replace("/app", "/copy")
+    copied = invoke(world["project"], "mirror", "--image", str(release), "--to", f"{world['host']}/{copy_repo}")
+    assert copied.returncode == 0, copied.stderr
+    pruned = invoke(world["project"], "prune", f"{world['host']}/{copy_repo}", "--key", str(tmp_path / "release.pub"),
+                    "--policy", str(world["policy"]), "--retention", str(tmp_path / "retention.yaml"), "--ledger",
+                    str(tmp_path / "none.yaml"), "--apply")
+    assert pruned.returncode == 0, pruned.stdout + pruned.stderr
+    assert ", 0 to delete" in pruned.stdout and "(untagged, signed)" in pruned.stdout, pruned.stdout
+    tags = list_tags(Registry(world["host"]), copy_repo)
+    assert f"sha256-{release.pin.hex}.sig" in tags and f"sha256-{release.pin.hex}.att" in tags, tags
+    # the copy still verifies: its signature and its signed provenance, by the release key
+    from bakery.release import prune as prune_mod
+    from bakery.trust import policy as policy_mod
+
+    rules = policy_mod.load_policy(world["policy"], world["project"], {"release": [tmp_path / "release.pub"]})
+    ref = Reference(world["host"], copy_repo, None, release.digest)
+    assert prune_mod.verified_provenance(lambda d: (RegistryStore(ref), ref), rules)(release.digest, True)

@@ -68,7 +68,11 @@ class Stored:
         return self.size + sum(size for _, size in self.blobs)
 
     def label(self) -> str:
-        return ", ".join(self.tags) if self.tags else f"(untagged, of {self.subject.hex[:12] if self.subject else '?'})"
+        if self.tags:
+            return ", ".join(self.tags)
+        if self.subject is None:  # a subject our signatures name that no tag of ours does (a mirror's copy)
+            return "(untagged, signed)"
+        return f"(untagged, of {self.subject.hex[:12]})"
 
 
 @dataclass(frozen=True)
@@ -115,7 +119,10 @@ def decide(stored: list[Stored], roots: dict[tuple[str, Digest], str]) -> list[D
                      if (s.repo, s.digest) in roots or s.kind == "foreign" or s.also_foreign}
     decisions = []
     for s in stored:
-        if s.kind == "foreign" or (s.also_foreign and (s.repo, s.digest) not in roots):
+        if s.kind == "foreign" and not s.tags and s.subject is None:
+            decisions.append(Decision(s, True, "our signatures name it, no tag of ours does (a copy pulled by "
+                                               "digest): never touched"))
+        elif s.kind == "foreign" or (s.also_foreign and (s.repo, s.digest) not in roots):
             decisions.append(Decision(s, True, "a tag bakery does not write names it: never touched"))
         elif (s.repo, s.digest) in roots:
             decisions.append(Decision(s, True, roots[(s.repo, s.digest)]))
@@ -167,6 +174,16 @@ def inventory(registry, repo: str, mirror: bool = False) -> list[Stored]:
         kind, subject, other = kind_of(tuple(sorted(named)), mirror)
         found.append(Stored(repo, digest, tuple(sorted(named)), kind, subject, other, _blobs(body), len(body)))
     store = RegistryStore(Reference(registry.name, repo, None, None))
+    # a subject our signatures name, there but under no tag (an image `invoke mirror` copied by digest,
+    # pulled by digest): not ours to judge, so it and its signatures stay; one gone (a kill between
+    # a subject and its signatures) lets them go
+    for subject in sorted({s.subject for s in found if s.kind in DEPENDENT and s.subject} -
+                          {s.digest for s in found}, key=str):
+        try:
+            body, _, _ = registry.get_manifest(Reference(registry.name, repo, None, subject))
+        except NotFound:
+            continue
+        found.append(Stored(repo, subject, (), "foreign", None, False, _blobs(body), len(body)))
     tagged = {s.digest for s in found}
     subjects = sorted({s.digest for s in found if s.kind not in DEPENDENT and s.kind != "foreign"} |
                       {s.subject for s in found if s.kind in DEPENDENT and s.subject}, key=str)
