@@ -11,6 +11,7 @@ import os
 import re
 import secrets
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -508,29 +509,38 @@ def test_a_tag_github_gains_between_the_plan_and_a_delete_stops_the_prune(world,
 
 
 def test_a_candidate_built_from_a_release_tag_off_the_line_is_kept(world, tmp_path):
-    """A hotfix: v-tag on a commit of another branch, its candidate built and waiting for its release's
-    reviewers. By commit date among HEAD's ancestors it is not a candidate at all (ranked oldest, past
-    the newest one kept), so it would be deleted from under its release; the git tag keeps it."""
+    """A hotfix: a v-tag on a commit of another branch, its candidate built and waiting for its
+    release's reviewers. By commit date among HEAD's ancestors it is not a candidate at all (ranked
+    oldest, past the newest one kept), so it would be deleted from under its release; the git tag
+    keeps it, through a tag of a tag too, for 14 days: one tagged a month ago goes."""
     month, app, plan = small_month(world, tmp_path, "hotfix")
     project = world["project"]
-    git = ["git", "-C", str(project)]
+    git = ["git", "-C", str(project), "-c", "user.name=h", "-c", "user.email=h@localhost"]
     head = subprocess.run([*git, "rev-parse", "--abbrev-ref", "HEAD"], capture_output=True, text=True,
                           check=True).stdout.strip()
     subprocess.run([*git, "checkout", "-q", "-b", f"hotfix-{secrets.token_hex(3)}", "HEAD~3"], check=True)
-    sha = month_mod._commit(project, 1764547200, "a hotfix")
-    tag = f"v9.{secrets.token_hex(2)}.1"
-    subprocess.run([*git, "-c", "user.name=h", "-c", "user.email=h@localhost", "tag", "-a", "-m", "hotfix", tag],
-                   check=True)  # annotated: the commit it names is found through it
+    store = RegistryStore(Reference(world["host"], app, None, None))
+    tags, built = [], {}
+    for age in ("now", "a month ago"):
+        sha = month_mod._commit(project, 1764547200, f"a hotfix tagged {age}")
+        tag, inner = f"v9.{secrets.token_hex(2)}.1", f"inner-{secrets.token_hex(2)}"
+        env = {**os.environ, **({"GIT_COMMITTER_DATE": "@" + str(int(time.time()) - 30 * 86400)}
+                                if age != "now" else {})}
+        subprocess.run([*git, "tag", "-a", "-m", "hotfix", inner], check=True, env=env)
+        subprocess.run([*git, "tag", "-a", "-m", "hotfix", tag, inner], check=True, env=env)  # a tag of a tag
+        tags += [tag, inner]
+        built[age] = (tag, month_mod.image(store, [], f"candidate-{sha}", 1024)[0])
     subprocess.run([*git, "checkout", "-q", head], check=True)
     try:
-        built, _ = month_mod.image(RegistryStore(Reference(world["host"], app, None, None)), [], f"candidate-{sha}",
-                                   1024)
         planned = plan()
     finally:
-        subprocess.run([*git, "tag", "-d", tag], check=True, capture_output=True)
+        subprocess.run([*git, "tag", "-d", *tags], check=True, capture_output=True)
     assert planned.returncode == 0, planned.stderr
-    line = next(line for line in planned.stdout.splitlines() if built.pin.hex[:12] in line)
-    assert line.startswith("keep") and f"the build of git tag {tag}" in line, planned.stdout
+    tag, image = built["now"]
+    line = next(line for line in planned.stdout.splitlines() if image.pin.hex[:12] in line)
+    assert line.startswith("keep") and f"the build of git tag {tag} " in line, planned.stdout
+    _, old = built["a month ago"]
+    assert rows(planned.stdout)[old.pin.hex[:12]] == "delete", planned.stdout
 
 
 @pytest.mark.sweep

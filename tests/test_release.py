@@ -629,3 +629,16 @@ def test_the_nightly_prune_applies_only_with_its_environments_token(token, prune
                                 *(["--apply"] if says == "--apply" else [])]
     heading = summary.read_text().splitlines()[0]
     assert heading == "### Registry retention" + ("" if says == "--apply" else f" {says}")
+
+
+def test_only_the_nightly_prune_job_names_the_prune_environment():
+    """Environment prune has no reviewer: its delete token is guarded by who may put commits on main
+    and by which jobs name it. One job does."""
+    named = []
+    for path in sorted((ROOT / ".github" / "workflows").glob("*.yml")):
+        for job_id, job in (yaml.safe_load(path.read_text()).get("jobs") or {}).items():
+            environment = job.get("environment") if isinstance(job, dict) else None
+            name = environment.get("name") if isinstance(environment, dict) else environment
+            if name == "prune":
+                named.append((path.name, job_id))
+    assert named == [("nightly.yml", "prune")]

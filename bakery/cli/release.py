@@ -328,10 +328,7 @@ def prune(project: Path, repository: str, key=None, policy=None, retention=None,
 
     pinned = load_spec(place.base_yaml).image.pin if place.base_yaml.exists() else None
     # each v* git tag's commit: a release built from a tag off HEAD's line (a hotfix) keeps its candidate
-    tag_refs = subprocess.run(["git", "-C", str(project), "for-each-ref", "--format=%(objectname) %(*objectname) "
-                               "%(refname:short)", "refs/tags/v*"], capture_output=True, text=True).stdout
-    tagged = {(fields[1] if len(fields) == 3 else fields[0]): fields[-1]  # an annotated tag: the commit it names
-              for fields in (line.split() for line in tag_refs.splitlines()) if len(fields) in (2, 3)}
+    tagged = _release_tags(project, prune_mod.TAG_GRACE_DAYS)
     roots = prune_mod.roots(image, mirrored, mirror.repository if mirror else None, kept,
                             prune_mod.verified_provenance(store_of, rules), commit_time, nightlies, pinned, tagged)
     decisions = prune_mod.decide(image + mirrored, roots)
@@ -344,6 +341,29 @@ def prune(project: Path, repository: str, key=None, policy=None, retention=None,
                     for repository, stored in listed}
         deleted = prune_mod.apply(deleters, decisions, log)
     return Pruned(decisions, prune_mod.reclaimable(decisions), deleted)
+
+
+def _release_tags(project: Path, days: int) -> dict[str, str]:
+    """{commit: its v* git tag} for the tags made in the last `days` (a release still running; one
+    older has been promoted or given up), each peeled to the commit it names, however many tag
+    objects deep. A git that fails is an error: without the tags a hotfix's candidate would go."""
+    import subprocess
+    import time
+
+    git = ["git", "-C", str(project)]
+    listed = subprocess.run([*git, "for-each-ref", "--format=%(creatordate:unix) %(refname)", "refs/tags/v*"],
+                            capture_output=True, text=True)
+    if listed.returncode != 0:
+        raise InputError(f"git cannot list {project}'s tags ({listed.stderr.strip()[:200]}): prune needs them to "
+                         f"keep a running release's candidate")
+    recent = [ref for when, ref in (line.split(" ", 1) for line in listed.stdout.splitlines() if " " in line)
+              if when.isdigit() and time.time() - int(when) < days * 86400]
+    peeled = subprocess.run([*git, "cat-file", "--batch-check=%(objectname) %(objecttype)"],
+                            input="".join(f"{ref}^{{commit}}\n" for ref in recent), capture_output=True, text=True)
+    if peeled.returncode != 0:
+        raise InputError(f"git cannot read {project}'s tags ({peeled.stderr.strip()[:200]})")
+    return {line.split()[0]: ref.removeprefix("refs/tags/")
+            for ref, line in zip(recent, peeled.stdout.splitlines(), strict=True) if line.endswith(" commit")}
 
 
 VIA = ("auto", "registry", "github")

@@ -31,6 +31,7 @@ VERDICT = re.compile(r"proof-[0-9A-Za-z._-]{1,64}")
 NIGHTLY = re.compile(r"kept-sha256-([0-9a-f]{64})")
 SIGNATURE = re.compile(r"sha256-([0-9a-f]{64})\.(sig|att)")
 FALLBACK = re.compile(r"sha256-([0-9a-f]{64})")
+TAG_GRACE_DAYS = 14  # a v* git tag's candidate is kept this long: its release may still be running
 # what goes with its subject, after it; the rest are subjects, deleted first
 DEPENDENT = ("referrer", "referrers", "attestation", "signature")
 ORDER = ("candidate", "kernels", "verdict", "nightly", *DEPENDENT)
