@@ -133,6 +133,15 @@ SHORTFALLS = {
                                 "environment prune lacks its secret BAKERY_PRUNE_TOKEN"),
     "the prune token also a repository secret": (lambda r: r.secrets.append("BAKERY_PRUNE_TOKEN"),
                                                  "BAKERY_PRUNE_TOKEN is also a repository (or organization) secret"),
+    "main unprotected (environment prune has no reviewer)": (
+        lambda r: r.branch_rulesets.clear(), "no active branch ruleset protects the branch main"),
+    "main's ruleset the Write role may bypass": (
+        lambda r: r.branch_rulesets[0].bypass_actors.append(WRITE_ROLE),
+        "the branch ruleset 'branches 2' leaves the branch main open (the Write role (anyone with push rights) "
+        "may bypass it)"),
+    "main's ruleset without force-push protection": (
+        lambda r: r.branch_rulesets[0].rules.remove("non_fast_forward"), "no active branch ruleset protects the "
+                                                                        "branch main"),
     "no tag ruleset": (lambda r: r.tag_rulesets.clear(), "no active tag ruleset protects v*"),
     "a tag ruleset excluding release tags": (lambda r: r.tag_rulesets[0].exclude.append("refs/tags/v1.*"),
                                              "the tag ruleset 'tags 1' leaves v* tags open (it excludes "
@@ -196,6 +205,7 @@ CLOSED = {
     "other tags excluded": lambda r: r.tag_rulesets[0].exclude.append("refs/tags/nightly-*"),
     "a flawed ruleset beside a sound one": lambda r: r.tag_rulesets.insert(0, stand_in.Ruleset(
         ["~ALL"], enforcement="evaluate")),
+    "main protected as the default branch": lambda r: setattr(r.branch_rulesets[0], "include", ["~DEFAULT_BRANCH"]),
     "a runner group of another runner open to all": lambda r: r.groups.append(stand_in.RunnerGroup(
         "cpus", "all", runners=[["self-hosted", "linux", "x64"]])),
 }

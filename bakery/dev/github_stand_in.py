@@ -63,6 +63,7 @@ class Ruleset:
     # None: GitHub leaves the key out, as for a token that may not edit the ruleset
     bypass_actors: list[dict] | None = field(default_factory=lambda: [dict(ADMIN_ROLE)])
     rules: list[str] = field(default_factory=lambda: ["creation", "update", "deletion"])
+    target: str = "tag"  # or "branch"
 
 
 @dataclass
@@ -84,6 +85,7 @@ class Repo:
     environments: dict[str, Environment] = field(default_factory=dict)
     org_secrets: list[str] = field(default_factory=list)  # the organization's, given to this repository
     tag_rulesets: list[Ruleset] = field(default_factory=list)
+    branch_rulesets: list[Ruleset] = field(default_factory=list)
     groups: list[RunnerGroup] = field(default_factory=list)  # the organization's runner groups
     repo_runners: list[list[str]] = field(default_factory=list)  # online runners of the repository itself
     package: tuple[str, str] | None = None  # (name, the repository it is linked to)
@@ -100,6 +102,9 @@ def ready_repo(settings, public_keys: dict[str, str], owner: str, name: str) -> 
                                                   variables=dict.fromkeys(e.variables, "/data/hf/snapshot"))
                               for e in settings.environments.values()},
                 tag_rulesets=[Ruleset([f"refs/tags/{settings.tags}"])],
+                branch_rulesets=[Ruleset([f"refs/heads/{b}"], target="branch",
+                                         rules=["deletion", "non_fast_forward", "pull_request"])
+                                 for b in sorted({e.branch for e in settings.environments.values() if e.branch})],
                 groups=[RunnerGroup("mi300x", "selected", [f"{owner}/{name}"],
                                     [f"{owner}/{name}/{settings.smoke_workflow}@refs/tags/{settings.tags}"],
                                     [list(settings.mi300x_labels)])],
@@ -193,15 +198,20 @@ def rest(state: State, method: str, path: str) -> tuple[int, object]:
             if env.reviewers else []
         policy = {"protected_branches": False, "custom_branch_policies": True} if env.tags or env.branches else None
         return 200, {"name": m.group(1), "protection_rules": rules, "deployment_branch_policy": policy}
+    rulesets = repo.tag_rulesets + repo.branch_rulesets  # ids from 1, tags' first
+
+    def ruleset_name(i: int, r: Ruleset) -> str:
+        return f"{'tags' if r.target == 'tag' else 'branches'} {i + 1}"
+
     if method == "GET" and rest_of == "/rulesets":
-        return 200, [{"id": i + 1, "name": f"tags {i + 1}", "target": "tag", "source_type": "Repository",
-                      "enforcement": r.enforcement} for i, r in enumerate(repo.tag_rulesets)]
+        return 200, [{"id": i + 1, "name": ruleset_name(i, r), "target": r.target, "source_type": "Repository",
+                      "enforcement": r.enforcement} for i, r in enumerate(rulesets)]
     if method == "GET" and (m := re.fullmatch(r"/rulesets/(\d+)", rest_of)):
         i = int(m.group(1)) - 1
-        if not 0 <= i < len(repo.tag_rulesets):
+        if not 0 <= i < len(rulesets):
             return 404, None
-        r = repo.tag_rulesets[i]
-        return 200, {"id": i + 1, "name": f"tags {i + 1}", "target": "tag", "source_type": "Repository",
+        r = rulesets[i]
+        return 200, {"id": i + 1, "name": ruleset_name(i, r), "target": r.target, "source_type": "Repository",
                      "enforcement": r.enforcement,
                      "conditions": {"ref_name": {"include": r.include, "exclude": r.exclude}},
                      "rules": [{"type": t} for t in r.rules]} \

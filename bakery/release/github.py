@@ -358,20 +358,32 @@ OWNERS = ("OrganizationAdmin", "EnterpriseOwner")  # they may change the ruleset
 
 
 def _ruleset_gaps(gh: GitHub, base: str, settings: Settings) -> list[Gap]:
-    """A tag ruleset that covers v* and restricts creating, updating and deleting tags, enforced,
-    excluding none of them, that only maintainers may bypass; else one line for each ruleset that
-    meant to and falls short (what it lacks), or one saying there is none."""
-    wanted = f"refs/tags/{settings.tags}"
+    """The v* tags, and each branch a `branch:` environment deploys from (its secrets are guarded by
+    who may put commits there: no reviewer asks), each protected by an enforced ruleset."""
+    gaps = _protected(gh, base, "tag", f"refs/tags/{settings.tags}", f"{settings.tags} tags",
+                      {"creation", "update", "deletion"}, "restricting creations, updates and deletions")
+    for branch in sorted({e.branch for e in settings.environments.values() if e.branch}):
+        gaps += _protected(gh, base, "branch", f"refs/heads/{branch}", f"the branch {branch}",
+                           {"deletion", "non_fast_forward", "pull_request"},
+                           "restricting deletions and force pushes and requiring a reviewed pull request")
+    return gaps
+
+
+def _protected(gh: GitHub, base: str, target: str, wanted: str, shown: str, rules: set, how: str) -> list[Gap]:
+    """A `target` ruleset that covers `wanted` with `rules`, enforced, excluding none of it, that only
+    maintainers may bypass; else one line for each ruleset that meant to and falls short (what it
+    lacks), or one saying there is none."""
+    everything = "~ALL" if target == "tag" else "~DEFAULT_BRANCH"
     gaps = []
     for summary in gh.listing(f"{base}/rulesets?includes_parents=true&per_page=100"):
-        if not isinstance(summary, dict) or summary.get("target") != "tag":
+        if not isinstance(summary, dict) or summary.get("target") != target:
             continue
         ruleset = gh.get(f"{base}/rulesets/{summary.get('id')}") or {}
         ref_name = (ruleset.get("conditions") or {}).get("ref_name") or {}
         names, excluded = ref_name.get("include") or [], ref_name.get("exclude") or []
         kinds = {r.get("type") for r in ruleset.get("rules") or [] if isinstance(r, dict)}
-        if not (wanted in names or "~ALL" in names) or not {"creation", "update", "deletion"} <= kinds:
-            continue  # not one that restricts v* tags: it claims nothing here
+        if not (wanted in names or "~ALL" in names or everything in names) or not rules <= kinds:
+            continue  # not one that protects it: it claims nothing here
         lacks, fixes = [], []
         if ruleset.get("enforcement") != "active":  # evaluate only reports, disabled does nothing
             lacks.append(f"its enforcement is {untrusted.safe(ruleset.get('enforcement'), limit=20)!r}, not active")
@@ -386,19 +398,19 @@ def _ruleset_gaps(gh: GitHub, base: str, settings: Settings) -> list[Gap]:
             fixes.append("run preflight with a token that may edit the ruleset (an organization owner's for "
                          "an organization ruleset), or check its bypass list by hand")
         bypass = [_actor(a) for a in ruleset.get("bypass_actors") or []
-                  if isinstance(a, dict) and a.get("bypass_mode") != "pull_request"  # no tag comes by pull request
-                  and not _maintainers(a)]
+                  if isinstance(a, dict) and not _maintainers(a)
+                  and not (target == "tag" and a.get("bypass_mode") == "pull_request")]  # no tag comes by one
         if bypass:
             lacks.append(f"{', '.join(bypass)} may bypass it")
             fixes.append("let only the Maintain or Admin role (or organization admins) bypass it")
         if not lacks:
             return []
-        gaps.append(Gap(f"the tag ruleset {untrusted.safe(ruleset.get('name') or summary.get('name'), limit=60)!r} "
-                        f"leaves {settings.tags} tags open ({'; '.join(lacks)})",
+        gaps.append(Gap(f"the {target} ruleset {untrusted.safe(ruleset.get('name') or summary.get('name'), limit=60)!r} "
+                        f"leaves {shown} open ({'; '.join(lacks)})",
                         f"{', '.join(fixes)} (Settings -> Rules -> Rulesets)"))
-    return gaps or [Gap(f"no active tag ruleset protects {settings.tags}",
-                        f"add one (Settings -> Rules -> Rulesets -> New tag ruleset) targeting {settings.tags}, "
-                        f"restricting creations, updates and deletions, with only maintainers allowed to bypass")]
+    return gaps or [Gap(f"no active {target} ruleset protects {shown}",
+                        f"add one (Settings -> Rules -> Rulesets -> New {target} ruleset) targeting {shown}, "
+                        f"{how}, with only maintainers allowed to bypass")]
 
 
 def _may_overlap(pattern: str, wanted: str) -> bool:
