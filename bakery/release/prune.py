@@ -3,15 +3,19 @@
 
 Kept: every promoted release (a `v*` tag) with what verifies and rebuilds it (its signatures,
 attestations and bundles, the kernel and proof-verdict artifacts and the base its signed provenance
-names), the newest candidates, the newest mirrored nightlies, and the nightlies the ledger has in
-flight. Deleted: every other manifest bakery wrote, and only those. What bakery wrote is known by
-its tags (candidate-<sha>, kernels-<key>, proof-<key>, kept-sha256-<hex>, and cosign's and the
-referrers fallback's sha256-<hex> tags); a manifest under any other tag is never touched, and a
+names), the newest candidates and those of v* git tags made in the last TAG_GRACE_DAYS, the newest
+mirrored nightlies, and the nightlies the ledger has in flight. Deleted: every other manifest bakery
+wrote, and only those. What bakery wrote is known by its tags (candidate-<sha>, kernels-<key>,
+proof-<key>, kept-sha256-<hex>, and cosign's and the referrers fallback's sha256-<hex> tags); a
+manifest under any other tag, or under none that our signatures name (a copy pulled by digest), is
+never touched, and a
 signature, attestation or bundle goes with its subject, after it, so a kill at any point leaves every
 kept image with all of its signatures (a rerun deletes what a kill left behind).
 
 The plan is a pure function of what the registry lists, the verified provenances, the ledger and the
-commit dates (decide); the registry is read and written at the edges (inventory, apply).
+commit dates (decide); the registry is read and written at the edges (inventory, apply). On GHCR the
+deletes go through GitHub's package-versions API (release/github.PackageVersions), once its versions
+say what the registry's listing said.
 """
 
 from __future__ import annotations
