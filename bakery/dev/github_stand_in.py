@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Protocol
 
 
 @dataclass
@@ -111,18 +112,16 @@ def ready_repo(settings, public_keys: dict[str, str], owner: str, name: str) -> 
                 package=(settings.package, f"{owner}/{name}"))
 
 
-class Package:
+class Package(Protocol):
     """A container package's versions, as GitHub's package service sees GHCR's store."""
 
-    def versions(self) -> list[tuple[str, list[str]]]:  # [(manifest digest, its tags)]
-        raise NotImplementedError
+    def versions(self) -> list[tuple[str, list[str]]]: ...  # [(manifest digest, its tags)]
 
-    def delete(self, digest: str) -> None:
-        raise NotImplementedError
+    def delete(self, digest: str) -> None: ...
 
 
 @dataclass
-class RegistryPackage(Package):
+class RegistryPackage:
     """A package whose store is a docker-registry repository served here: every manifest its storage
     holds is a version, tagged or not (as GHCR lists them: a bundle pushed by digest is an untagged
     version; the registry's API lists tags only), deleted with the registry's own DELETE."""

@@ -166,7 +166,8 @@ class PackageVersions:
         now = self.gh.get(f"{self.base}/versions/{version[0]}")
         if now is None:
             return False
-        tags = (now.get("metadata") or {}).get("container", {}).get("tags") if isinstance(now, dict) else None
+        now = now if isinstance(now, dict) else {}
+        tags = ((now.get("metadata") or {}).get("container") or {}).get("tags")
         if now.get("name") != str(digest) or not isinstance(tags, list) or tuple(sorted(map(str, tags))) != version[1]:
             raise RegistryError(f"{self.name}/{repo}@{digest}: GitHub's version {version[0]} is now "
                                 f"{untrusted.safe(str(now.get('name')), limit=80)} tagged "
@@ -292,12 +293,11 @@ def github_gaps(gh: GitHub, repository: str, settings: Settings) -> list[Gap]:
             continue
         rules = found.get("protection_rules") or []
         reviewers = [r for r in rules if isinstance(r, dict) and r.get("type") == "required_reviewers"]
-        if env.branch:
-            pass  # a schedule's job: a reviewer would hold every night's run
-        elif not reviewers or not any(r.get("reviewers") for r in reviewers):
+        unattended = env.branch is not None  # a schedule's job: a reviewer would hold every night's run
+        if not unattended and (not reviewers or not any(r.get("reviewers") for r in reviewers)):
             gaps.append(Gap(f"environment {env.name} has no required reviewers",
                             "add one or more (Settings -> Environments -> Required reviewers)"))
-        elif not any(r.get("prevent_self_review") for r in reviewers):
+        elif not unattended and not any(r.get("prevent_self_review") for r in reviewers):
             gaps.append(Gap(f"environment {env.name} lets whoever started the run approve it",
                             "tick 'Prevent self-review' under its required reviewers"))
         policy = found.get("deployment_branch_policy") or {}
