@@ -6,6 +6,7 @@ from prune's table."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -597,3 +598,138 @@ def test_an_image_mirrored_by_digest_keeps_its_signatures(world, tmp_path):
     rules = policy_mod.load_policy(world["policy"], world["project"], {"release": [tmp_path / "release.pub"]})
     ref = Reference(world["host"], copy_repo, None, release.digest)
     assert prune_mod.verified_provenance(lambda d: (RegistryStore(ref), ref), rules)(release.digest, True)
+
+
+# -- an OCI layout: what `invoke mirror --image --layout` fills ----------------------------------------
+
+def _layout_files(layout: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(layout)): p.read_bytes() for p in sorted(layout.rglob("*")) if p.is_file()}
+
+
+def _layout_needs(layout: Path) -> set[str]:
+    """The blobs a reader of the layout needs, worked out here from the OCI image-layout spec: what
+    index.json names, and what each manifest or index names in turn; and, for each cosign
+    signature or attestation named, its subject with what it names (a signature must never outlive
+    its image)."""
+    index = json.loads((layout / "index.json").read_text())
+    todo = [m["digest"] for m in index["manifests"]]
+    todo += [f"sha256:{m.group(1)}" for e in index["manifests"]
+             if (m := re.fullmatch(r"sha256-([0-9a-f]{64})\.(sig|att)",
+                                   (e.get("annotations") or {}).get("org.opencontainers.image.ref.name", "")))]
+    needed: set[str] = set()
+    while todo:
+        digest = todo.pop()
+        if digest in needed:
+            continue
+        needed.add(digest)
+        path = layout / "blobs" / "sha256" / digest.split(":")[1]
+        assert path.is_file(), f"{digest} is needed and gone"
+        try:
+            doc = json.loads(path.read_bytes())
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("layers"), list):
+            todo += [doc["config"]["digest"], *(layer["digest"] for layer in doc["layers"])]
+        elif isinstance(doc, dict) and isinstance(doc.get("manifests"), list):
+            todo += [m["digest"] for m in doc["manifests"]]
+    return needed
+
+
+def _names(layout: Path) -> set[str | None]:
+    index = json.loads((layout / "index.json").read_text())
+    return {(e.get("annotations") or {}).get("org.opencontainers.image.ref.name") for e in index["manifests"]}
+
+
+def test_a_layout_of_mirrored_images_obeys_the_policy_and_its_garbage_goes(world, tmp_path):
+    """Signed images copied into one layout by `invoke mirror --image --layout` (a release by its
+    tag, three candidates by theirs, two by digest alone: each named latest in turn, so the first
+    is left untagged and signed), and the blobs a killed copy left. prune --layout keeps the release,
+    the newest candidate by commit (retention 1), the one under a tag bakery does not write and the
+    one only our signatures name, each with its signatures; the other candidates go with
+    theirs, in one write of index.json; then every blob no kept manifest reaches is removed. skopeo
+    (containers/image's reader) still copies each kept name whole; the release's signed provenance
+    still verifies from the layout; a kill after index.json is written leaves every kept image
+    whole, and the rerun collects what it left."""
+    import fcntl
+
+    month, app, _ = small_month(world, tmp_path, "layout")
+    host, layout = world["host"], tmp_path / "layout"
+    release = month.releases["v0.1.0"]
+    by_digest = [c for _, c in month.candidates[1:3]]  # the second takes `latest` from the first
+    sources = [f"{host}/{app}:v0.1.0@{release.digest}", *(f"{host}/{app}@{c.digest}" for c in by_digest)]
+    sources += [f"{host}/{app}:candidate-{sha}@{c.digest}" for sha, c in month.candidates[3:]]
+    for source in sources:
+        copied = invoke(world["project"], "mirror", "--image", source, "--layout", str(layout))
+        assert copied.returncode == 0, copied.stderr
+    assert {"v0.1.0", "latest"} <= _names(layout)
+    orphan = os.urandom(4096)  # a copy killed after a blob, before its manifest
+    (layout / "blobs" / "sha256" / hashlib.sha256(orphan).hexdigest()).write_bytes(orphan)
+
+    def plan(*extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        return invoke(world["project"], "prune", f"oci:{layout}", "--key", str(tmp_path / "release.pub"),
+                      "--policy", str(world["policy"]), "--retention", str(tmp_path / "retention.yaml"), *extra,
+                      env=env)
+
+    before = _layout_files(layout)
+    dry = plan()
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert _layout_files(layout) == before, "a dry run changed the layout"
+    trace = tmp_path / "trace"  # the points a run passes before it writes (what the first wrote is cached now)
+    assert plan(env={"BAKERY_CRASH_TRACE": str(trace)}).returncode == 0
+    points = len(trace.read_text().splitlines()) if trace.exists() else 0
+    newest, gone = month.candidates[-1][1], [c for _, c in month.candidates[3:-1]]
+    table = rows(dry.stdout)
+    assert {table[c.pin.hex[:12]] for c in gone} == {"delete"}, dry.stdout
+    assert {table[c.pin.hex[:12]] for c in (newest, release, *by_digest)} == {"keep"}, dry.stdout
+    assert "(untagged, signed)" in dry.stdout, dry.stdout
+    with open(layout / "oci-layout", "rb") as held:  # a mirror writing: prune is refused, nothing changes
+        fcntl.flock(held, fcntl.LOCK_SH)
+        busy = plan("--apply")
+    assert busy.returncode != 0 and "being written" in busy.stderr and len(busy.stderr.strip().splitlines()) == 1, \
+        busy.stderr
+    assert _layout_files(layout) == before
+    killed = plan("--apply", env={"BAKERY_CRASH_AT": str(points + 2)})  # past index.json's write and rename
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    assert not {f"candidate-{sha}" for sha, _ in month.candidates[3:-1]} & _names(layout), "killed before the write"
+    assert (layout / "blobs" / "sha256" / hashlib.sha256(orphan).hexdigest()).exists(), "killed after the collection"
+    _layout_needs(layout)  # every kept image whole, with its signatures' subjects
+    again = plan("--apply")
+    assert again.returncode == 0 and "0 to delete (deleted 0)" in again.stdout, again.stdout + again.stderr
+    needed = _layout_needs(layout)
+    left = {f"sha256:{p.name}" for p in (layout / "blobs" / "sha256").iterdir()}
+    assert left == needed, f"left and not needed: {sorted(left - needed)[:3]}"
+    assert hashlib.sha256(orphan).hexdigest() not in {d.split(":")[1] for d in left}
+    assert not any(c.pin.hex in " ".join(n for n in _names(layout) if n) or f"sha256:{c.pin.hex}" in left
+                   for c in gone)
+    assert {f"sha256:{c.pin.hex}" for c in by_digest} <= left
+    for name in ("v0.1.0", "latest", f"candidate-{month.candidates[-1][0]}"):
+        out = tmp_path / f"copy-{name}"
+        copied = subprocess.run(["skopeo", "copy", "--quiet", f"oci:{layout}:{name}", f"dir:{out}"],
+                                capture_output=True, text=True)
+        assert copied.returncode == 0, copied.stderr
+    for sha, _ in month.candidates[3:-1]:
+        assert subprocess.run(["skopeo", "inspect", f"oci:{layout}:candidate-{sha}"], capture_output=True).returncode
+    from bakery.oci.store import LayoutStore
+    from bakery.release import prune as prune_mod
+    from bakery.trust import policy as policy_mod
+
+    rules = policy_mod.load_policy(world["policy"], world["project"], {"release": [tmp_path / "release.pub"]})
+    ref = Reference("oci-layout", str(layout), None, release.digest)
+    assert prune_mod.verified_provenance(lambda d: (LayoutStore(layout), ref), rules)(release.digest, True)
+
+
+def test_a_layout_naming_two_images_alike_is_refused(tmp_path):
+    """Two index.json entries of one name: containers/image takes one, we another; refused."""
+    from bakery.errors import IntegrityError
+    from bakery.oci.store import REF_NAME, LayoutStore
+    from bakery.release import prune as prune_mod
+
+    store = LayoutStore(tmp_path / "l", create=True)
+    store.put_manifest("v1.0.0", b'{"schemaVersion":2,"config":{"digest":"sha256:' + b"0" * 64 + b'","size":1},"layers":[]}')
+    index = json.loads((tmp_path / "l" / "index.json").read_text())
+    other = store.put_manifest(None, b'{"schemaVersion":2,"layers":[]}')
+    index["manifests"].append({"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": str(other),
+                               "size": 31, "annotations": {REF_NAME: "v1.0.0"}})
+    (tmp_path / "l" / "index.json").write_text(json.dumps(index))
+    with pytest.raises(IntegrityError, match="names two manifests 'v1.0.0'"):
+        prune_mod.layout_inventory(store)

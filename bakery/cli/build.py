@@ -33,6 +33,8 @@ def lock(o: Options, log):
 def mirror(project: Path, to: str | None, base: str | None, image: str | None, layout: str | None, log) -> str:
     """The pinned base (or, with image, one of our signed images with its signatures) copied by
     digest; what was written, as REF@DIGEST (or LAYOUT:DIGEST)."""
+    import contextlib
+
     from ..base import spec as base_mod
     from ..oci import mirror as mirror_mod, store
     from ..oci.refs import Reference
@@ -41,8 +43,8 @@ def mirror(project: Path, to: str | None, base: str | None, image: str | None, l
         ref = Reference.parse_pinned(image, "--image")
         dest_store: store.LayoutStore | store.RegistryStore
         tag: str | None  # --to REGISTRY/REPO:TAG tags the copy
-        if layout:
-            dest_store, where, tag = store.LayoutStore(Path(layout), create=True), ref, "latest"
+        if layout:  # named by the source's tag where it has one (v1.2.0: prune judges it as a release)
+            dest_store, where, tag = store.LayoutStore(Path(layout), create=True), ref, ref.tag or "latest"
         elif to:
             target = Reference.parse(to)
             dest_store, where = store.RegistryStore(target), Reference(target.registry, target.repository, None,
@@ -51,7 +53,8 @@ def mirror(project: Path, to: str | None, base: str | None, image: str | None, l
         else:
             raise InputError("--image needs --to REGISTRY/REPO or --layout DIR")
         log(f"mirroring {ref} with its signature and attestations to {layout or where.name}")
-        mirror_mod.copy_signed(store.RegistryStore(ref), ref, dest_store, tag, log=log)
+        with dest_store.locked() if isinstance(dest_store, store.LayoutStore) else contextlib.nullcontext():
+            mirror_mod.copy_signed(store.RegistryStore(ref), ref, dest_store, tag, log=log)
         return f"{layout}:{ref.digest}" if layout else str(where)
     if not to:
         raise InputError("give --to REGISTRY/REPO (where to keep the pinned base)")

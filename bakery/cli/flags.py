@@ -215,7 +215,9 @@ REHEARSE = {"workflow": "release (default: a v* tag push) or nightly (a schedule
             "keyless": "release: no key at all; each role signs as its own workflow's identity (BAKERY_SIGNING=keyless) "
                        "against the local Sigstore stand-in, with OIDC tokens from the GitHub stand-in"}
 
-PRUNE = {"repository": "the image repository, REGISTRY/REPO (the mirror is the ledger's)",
+PRUNE = {"repository": "the image repository, REGISTRY/REPO (the mirror is the ledger's); or oci:DIR, an OCI layout "
+                       "(what `invoke mirror --image --layout` fills): its names judged as tags, then the blobs "
+                       "nothing kept reaches removed",
          "key": "a release public key PEM (a release's signed provenance says what it needs kept)",
          "policy": "verification policy (default: provenance/policy.yaml)",
          "retention": "the retention policy (default: provenance/retention.yaml)",

@@ -27,15 +27,18 @@ def keygen(out: str, role: str) -> tuple[Path, Path]:
 def attest(project: Path, image: str, record: str | None, key: str | None, layout: str | None, keyless: bool = False,
            trust_config: str | None = None):
     """(the image, what was written: signature, attestations, kernels, verdicts)."""
+    import contextlib
+
     from ..oci import store
     from ..oci.refs import Reference
     from ..trust import attest as attest_mod, record as record_mod
 
     ref = Reference.parse_pinned(image, "image")
     rec = record_mod.read(Path(record) if record else Project(project).out / "build-record.json")
-    written = attest_mod.attest(store.open_store(ref, Path(layout) if layout else None), ref, rec,
-                                signer_for("release", keyless, trust_config, key),
-                                sign_kernels=not layout, formats=signature_formats(project))
+    where = store.open_store(ref, Path(layout) if layout else None)
+    with where.locked() if isinstance(where, store.LayoutStore) else contextlib.nullcontext():  # prune waits
+        written = attest_mod.attest(where, ref, rec, signer_for("release", keyless, trust_config, key),
+                                    sign_kernels=not layout, formats=signature_formats(project))
     return ref, written
 
 
@@ -271,17 +274,17 @@ def await_runner(job: str, minutes: float, log) -> str:
 @dataclass(frozen=True)
 class Pruned:
     decisions: list
-    reclaimable: int  # bytes, once the registry collects garbage
+    reclaimable: int  # bytes, once the registry collects garbage (a layout's: collected by prune)
     deleted: int | None  # None: a dry run
+    layout: bool = False
 
 
 def prune(project: Path, repository: str, key=None, policy=None, retention=None, ledger=None, apply=False,
           via: str = "auto", log=lambda m: None) -> Pruned:
-    """The retention policy on REGISTRY/REPO (and on the ledger's mirror): what is kept and why, what
-    is deleted; deleted only with apply. via: how deletes reach a repository, "registry" (its DELETE),
-    "github" (GitHub's package-versions API, as GHCR needs) or "auto" (github for ghcr.io)."""
-    import subprocess
-
+    """The retention policy on REGISTRY/REPO (and on the ledger's mirror), or on an OCI layout
+    (oci:DIR, as skopeo names one): what is kept and why, what is deleted; deleted only with apply.
+    via: how deletes reach a repository, "registry" (its DELETE), "github" (GitHub's package-versions
+    API, as GHCR needs) or "auto" (github for ghcr.io)."""
     from ..base.spec import load_spec
     from ..oci.refs import Reference
     from ..oci.registry import Registry
@@ -290,12 +293,15 @@ def prune(project: Path, repository: str, key=None, policy=None, retention=None,
     from ..release.track.ledger import load_ledger
 
     place = Project(project)
+    kept = prune_mod.Retention.load(Path(retention) if retention else place.retention)
+    if repository.startswith("oci:"):
+        return _prune_layout(project, Path(repository.removeprefix("oci:")), kept,
+                             load_policy(project, policy, role_keys(key, None)), apply, log)
     repo = Reference.parse(repository)
     if repo.tag or repo.digest:
         raise InputError(f"prune takes a repository, REGISTRY/REPO, not an image: {repository}")
     if via not in VIA:
         raise InputError(f"--via is one of {', '.join(VIA)}, not {via!r}")
-    kept = prune_mod.Retention.load(Path(retention) if retention else place.retention)
     ledger_path = Path(ledger) if ledger else place.ledger
     nightlies = load_ledger(ledger_path) if ledger_path.exists() else None
     mirror = Reference.parse(nightlies.mirror) if nightlies else None
@@ -314,23 +320,12 @@ def prune(project: Path, repository: str, key=None, policy=None, retention=None,
         ref = Reference(repo.registry, repo.repository, None, digest)
         return RegistryStore(ref), ref
 
-    def commit_time(sha: str) -> int | None:
-        # only this checkout's own history counts: a commit pushed to some branch, dated in the future,
-        # must not crowd the released line's candidates out
-        merged = subprocess.run(["git", "-C", str(project), "merge-base", "--is-ancestor", sha, "HEAD"],
-                                capture_output=True, text=True)
-        shown = subprocess.run(["git", "-C", str(project), "log", "-1", "--format=%ct", sha, "--"],
-                               capture_output=True, text=True)
-        if merged.returncode != 0 or shown.returncode != 0 or not shown.stdout.strip().isdigit():
-            log(f"candidate-{sha}: not a commit of this checkout's history (HEAD's ancestors): ranked oldest")
-            return None
-        return int(shown.stdout.strip())
-
     pinned = load_spec(place.base_yaml).image.pin if place.base_yaml.exists() else None
     # each v* git tag's commit: a release built from a tag off HEAD's line (a hotfix) keeps its candidate
     tagged = _release_tags(project, prune_mod.TAG_GRACE_DAYS)
     roots = prune_mod.roots(image, mirrored, mirror.repository if mirror else None, kept,
-                            prune_mod.verified_provenance(store_of, rules), commit_time, nightlies, pinned, tagged)
+                            prune_mod.verified_provenance(store_of, rules), _commit_time(project, log), nightlies,
+                            pinned, tagged)
     decisions = prune_mod.decide(image + mirrored, roots)
     deleted = None
     if apply:  # a tag added since the listing (a promote) would go with its digest: nothing, then
@@ -341,6 +336,56 @@ def prune(project: Path, repository: str, key=None, policy=None, retention=None,
                     for repository, stored in listed}
         deleted = prune_mod.apply(deleters, decisions, log)
     return Pruned(decisions, prune_mod.reclaimable(decisions), deleted)
+
+
+def _prune_layout(project: Path, path: Path, kept, rules, apply: bool, log) -> Pruned:
+    """The policy on an OCI layout (what `invoke mirror --image --layout` fills): its named entries
+    judged as a repository's tags, then every blob no kept manifest reaches collected, as a registry's
+    garbage collection would. index.json loses the deleted entries in one write, so a kill leaves
+    either the old plan or the new one, and a rerun collects what a kill left behind."""
+    from ..oci.refs import Reference
+    from ..oci.store import LayoutStore
+    from ..release import prune as prune_mod
+
+    store = LayoutStore(path)
+    with store.locked(exclusive=apply):
+        image = prune_mod.layout_inventory(store)
+
+        def store_of(digest):
+            return store, Reference("oci-layout", str(path), None, digest)
+
+        roots = prune_mod.roots(image, [], None, kept, prune_mod.verified_provenance(store_of, rules),
+                                _commit_time(project, log), None, None, _release_tags(project, prune_mod.TAG_GRACE_DAYS))
+        decisions = prune_mod.decide(image, roots)
+        gone = {d.stored.digest for d in decisions if not d.keep}
+        garbage = store.unreachable({d.stored.digest for d in decisions if d.keep} | store.names()[1])
+        if not apply:
+            return Pruned(decisions, sum(garbage.values()), None, layout=True)
+        store.drop(gone)  # one atomic write (its crash points: a kill before it or after it)
+        log(f"{path}/index.json: {len(gone)} manifests no longer named")
+        for i, blob in enumerate(sorted(garbage), 1):
+            blob.unlink()
+            log(f"removed {i}/{len(garbage)}: {blob.name[:12]} ({garbage[blob]} bytes)")
+        return Pruned(decisions, sum(garbage.values()), len(gone), layout=True)
+
+
+def _commit_time(project: Path, log):
+    """commit_time(sha) -> its commit's epoch seconds; None (ranked oldest) for a commit outside
+    this checkout's own history: one pushed to some branch, dated in the future, must not crowd
+    the released line's candidates out."""
+    import subprocess
+
+    def commit_time(sha: str) -> int | None:
+        merged = subprocess.run(["git", "-C", str(project), "merge-base", "--is-ancestor", sha, "HEAD"],
+                                capture_output=True, text=True)
+        shown = subprocess.run(["git", "-C", str(project), "log", "-1", "--format=%ct", sha, "--"],
+                               capture_output=True, text=True)
+        if merged.returncode != 0 or shown.returncode != 0 or not shown.stdout.strip().isdigit():
+            log(f"candidate-{sha}: not a commit of this checkout's history (HEAD's ancestors): ranked oldest")
+            return None
+        return int(shown.stdout.strip())
+
+    return commit_time
 
 
 def _release_tags(project: Path, days: int) -> dict[str, str]:

@@ -189,6 +189,8 @@ def pruned(p) -> list[str]:
                     f"{(s.repo + '@' + s.digest.hex[:12]):<40} {s.label()}: {d.why}")
     gone = sum(1 for d in p.decisions if not d.keep)
     done = f"deleted {p.deleted}" if p.deleted is not None else "a dry run: --apply deletes them"
-    rows.append(f"{len(p.decisions)} manifests: {len(p.decisions) - gone} kept, {gone} to delete ({done}); up to "
-                f"{p.reclaimable / 1e6:.1f} MB freed once the registry collects garbage")
+    freed = (f"{p.reclaimable / 1e6:.1f} MB of blobs no kept manifest reaches, " +
+             ("removed" if p.deleted is not None else "removed with --apply")) if p.layout else \
+        f"up to {p.reclaimable / 1e6:.1f} MB freed once the registry collects garbage"
+    rows.append(f"{len(p.decisions)} manifests: {len(p.decisions) - gone} kept, {gone} to delete ({done}); {freed}")
     return rows

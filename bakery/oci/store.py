@@ -5,6 +5,8 @@ Both read every blob and manifest through a digest check; attest and verify use 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -204,6 +206,87 @@ class LayoutStore:
 
     def put_index(self, tag: str, body: bytes) -> Digest:
         return self.put_manifest(tag, body, OCI_INDEX)
+
+    # -- what prune needs: the names, a lock, and the blobs nothing kept reaches ----------------------
+
+    def names(self) -> tuple[dict[str, Digest], set[Digest]]:
+        """({name: digest} of index.json's named entries, the digests of its unnamed ones). A name
+        given to two digests is refused: which one a reader takes is up to the reader (ours takes the
+        first, another may take the last)."""
+        named: dict[str, Digest] = {}
+        unnamed: set[Digest] = set()
+        with malformed(f"{self.path / 'index.json'}"):
+            for entry in self._index()["manifests"]:
+                digest, name = Digest.parse(entry["digest"]), (entry.get("annotations") or {}).get(REF_NAME)
+                if name is None:
+                    unnamed.add(digest)
+                elif named.setdefault(name, digest) != digest:
+                    raise IntegrityError(f"{self.path}/index.json names two manifests {name!r}: readers disagree on "
+                                         f"which it is; refused (remove one entry)")
+        return named, unnamed
+
+    @contextlib.contextmanager
+    def locked(self, exclusive: bool = False):
+        """Writers share the layout (blobs go in before the entry that names them); prune alone takes
+        it whole, or is refused at once while anyone writes (it would collect a copy's blobs)."""
+        fd = os.open(self.path / "oci-layout", os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB if exclusive else fcntl.LOCK_SH)
+            except BlockingIOError:
+                raise EnvironmentProblem(f"{self.path} is being written (a mirror or attest holds it): run again when "
+                                         f"it is done") from None
+            yield self
+        finally:
+            os.close(fd)
+
+    def drop(self, digests: set[Digest]) -> None:
+        """index.json without the entries of these digests, in one atomic write."""
+        index = self._index()
+        index["manifests"] = [m for m in index["manifests"] if Digest.parse(m["digest"]) not in digests]
+        write_blob(self.path / "index.json", json.dumps(index, sort_keys=True, indent=1).encode())
+
+    def unreachable(self, roots: set[Digest]) -> dict[Path, int]:
+        """{blob file: size} that no root reaches: through an index's manifests, a manifest's config
+        and layers. A root or a blob it names that is not here stops it (the layout is already
+        broken; collecting would hide it). Files under blobs/ not named as a digest are left alone."""
+        reached: set[Digest] = set()
+        todo = sorted(roots, key=str)
+        while todo:
+            digest = todo.pop()
+            if digest in reached:
+                continue
+            reached.add(digest)
+            if not os.path.lexists(self._blob_path(digest)):
+                raise IntegrityError(f"{self.path} lacks {digest}, which a kept manifest needs: nothing collected")
+            if os.path.getsize(self._blob_path(digest)) > DOCUMENT_LIMIT:
+                continue  # a layer: it names nothing
+            body = self._read_document(self._blob_path(digest), "blob")
+            if Digest.of(body) != digest:
+                raise IntegrityError(f"{self._blob_path(digest)} does not match its digest: nothing collected")
+            todo += _children(body, digest)
+        found = {}
+        root = self.path / "blobs" / "sha256"
+        for path in sorted(root.iterdir()) if root.is_dir() else ():
+            if len(path.name) == 64 and all(c in "0123456789abcdef" for c in path.name) and path.is_file() \
+                    and Digest.parse("sha256:" + path.name) not in reached:
+                found[path] = path.stat().st_size
+        return found
+
+
+def _children(body: bytes, digest: Digest) -> list[Digest]:
+    """What a manifest or index names (its config and layers, or its manifests); a blob that is
+    neither (a layer, a config) names nothing. One shaped as either that names something unreadably
+    is refused: collecting around it could take what it needs."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return []
+    if not isinstance(doc, dict) or not isinstance(doc.get("layers", doc.get("manifests")), list):
+        return []
+    with malformed(f"manifest {digest}"):
+        named = [doc["config"], *doc["layers"]] if isinstance(doc.get("layers"), list) else doc["manifests"]
+        return [Digest.parse(d["digest"]) for d in named]
 
 
 def open_store(ref: Reference, layout: Path | None):

@@ -152,13 +152,7 @@ def reclaimable(decisions: list[Decision]) -> int:
 # -- what the registry holds (I/O) ---------------------------------------------------------------
 
 def inventory(registry, repo: str, mirror: bool = False) -> list[Stored]:
-    """Every tagged manifest of REPO, and the Sigstore bundles that refer to a subject: those listed
-    for each subject bakery wrote, and for each subject a signature tag or fallback index still names
-    (after a kill, the subject may be gone and its bundles not yet). A referrer counts as a subject's
-    only if its own manifest says so; one that says otherwise, or is listed for two subjects, is
-    foreign. A tag listed that then answers 404 stops the prune: a plan without it could delete
-    what it needs."""
-    from ..oci import referrers
+    """Every tagged manifest of REPO, and the Sigstore bundles that refer to a subject (holdings)."""
     from ..oci.store import RegistryStore
     from .track.upstream import list_tags
 
@@ -166,27 +160,46 @@ def inventory(registry, repo: str, mirror: bool = False) -> list[Stored]:
         tags = list_tags(registry, repo)
     except NotFound:
         return []
+    return holdings(RegistryStore(Reference(registry.name, repo, None, None), registry), repo,
+                    dict.fromkeys(tags), mirror)
+
+
+def layout_inventory(layout) -> list[Stored]:
+    """Every named manifest of an OCI layout (a LayoutStore), as a registry's tags; an entry with
+    no name is someone else's: what it is kept as is never ours to judge."""
+    named, unnamed = layout.names()
+    found = holdings(layout, str(layout.path), dict(named), False)
+    return [Stored(s.repo, s.digest, s.tags, s.kind, s.subject, True, s.blobs, s.size) if s.digest in unnamed else s
+            for s in found]
+
+
+def holdings(store, repo: str, tags: dict[str, Digest | None], mirror: bool) -> list[Stored]:
+    """Every manifest the tags name (each read by its tag: a layout's digest is what its bytes
+    hash to), and the Sigstore bundles that refer to a subject: those listed for each subject
+    bakery wrote, and for each subject a signature tag or fallback index still names (after a kill,
+    the subject may be gone and its bundles not yet). A referrer counts as a subject's only if its
+    own manifest says so; one that says otherwise, or is listed for two subjects, is foreign. A tag
+    listed that then answers nothing stops the prune: a plan without it could delete what it needs."""
+    from ..oci import referrers
+
     by_digest: dict[Digest, tuple[list[str], bytes]] = {}
-    for tag in tags:
-        try:
-            body, _, digest = registry.get_manifest(Reference(registry.name, repo, tag, None))
-        except NotFound:
-            raise RegistryError(f"{registry.name}/{repo}:{tag} was listed and then not found: the registry changed "
-                                f"while prune read it, or answers inconsistently; nothing deleted (run it again)") from None
-        by_digest.setdefault(digest, ([], body))[0].append(tag)
+    for tag, expected in tags.items():
+        body = store.manifest(tag)
+        if body is None or (expected is not None and Digest.of(body) != expected):
+            raise RegistryError(f"{repo}:{tag} was listed and then not found: it changed while prune read it, or "
+                                f"answers inconsistently; nothing deleted (run it again)")
+        by_digest.setdefault(Digest.of(body), ([], body))[0].append(tag)
     found = []
     for digest, (named, body) in sorted(by_digest.items(), key=lambda item: str(item[0])):
         kind, subject, other = kind_of(tuple(sorted(named)), mirror)
         found.append(Stored(repo, digest, tuple(sorted(named)), kind, subject, other, _blobs(body), len(body)))
-    store = RegistryStore(Reference(registry.name, repo, None, None))
     # a subject our signatures name, there but under no tag (an image `invoke mirror` copied by digest,
     # pulled by digest): not ours to judge, so it and its signatures stay; one gone (a kill between
     # a subject and its signatures) lets them go
     for subject in sorted({s.subject for s in found if s.kind in DEPENDENT and s.subject} -
                           {s.digest for s in found}, key=str):
-        try:
-            body, _, _ = registry.get_manifest(Reference(registry.name, repo, None, subject))
-        except NotFound:
+        body = store.manifest(str(subject))
+        if body is None:
             continue
         found.append(Stored(repo, subject, (), "foreign", None, False, _blobs(body), len(body)))
     tagged = {s.digest for s in found}
