@@ -206,11 +206,12 @@ def _toolchain_files():
     """The stand-in toolchain's files (the stack up, the image built or found, its folder cached)."""
     from bakery.dev import fixture, stack
     from bakery.inputs import hip, hip_compile
+    from bakery.oci.refs import Reference
     from bakery.project import cache_dir
 
     image = fixture.toolchain(ROOT / "hip" / "toolchain", ROOT / "tests" / "fixture" / "fixture.yaml", stack.up(),
                               log=lambda m: None)
-    return hip_compile.toolchain_files(image, hip.load(ROOT / "hip").toolchain, cache_dir(create=True) / "toolchains",
+    return hip_compile.toolchain_files(Reference.parse_pinned(image), hip.load(ROOT / "hip").toolchain, cache_dir(create=True) / "toolchains",
                                log=lambda m: None)
 
 

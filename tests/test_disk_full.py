@@ -425,7 +425,7 @@ def toolchain_files(toolchain):
     from bakery.inputs import hip, hip_compile
     from support import ROOT
 
-    root = hip_compile.toolchain_files(toolchain, hip.load(ROOT / "hip").toolchain, CACHE / "toolchains", log=lambda m: None)
+    root = hip_compile.toolchain_files(Reference.parse_pinned(toolchain), hip.load(ROOT / "hip").toolchain, CACHE / "toolchains", log=lambda m: None)
     return root.path.parent.parent
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from bakery.errors import InputError, IntegrityError
 from bakery.inputs import device_code, hip, hip_compile, hip_outputs
+from bakery.oci.refs import Reference
 from support import ROOT, cold_compile_cache, dev_policy, docker, invoke, last_line
 
 KERNELS = ["swiglu_clamp_bf16_kernel", "topk_topp_mask_f32_kernel"]
@@ -31,11 +32,11 @@ def two_compiles(toolchain, tmp_path_factory):
     from bakery.project import cache_dir
 
     recipe = hip.load(ROOT / "hip")
-    hip_compile.toolchain_files(toolchain, recipe.toolchain, cache_dir(create=True) / "toolchains",
+    hip_compile.toolchain_files(Reference.parse_pinned(toolchain), recipe.toolchain, cache_dir(create=True) / "toolchains",
                         log=lambda m: None)  # taken out once before, not by both compiles at once
     caches = [tmp_path_factory.mktemp("hip-cache") for _ in range(2)]
     with ThreadPoolExecutor(2) as pool:
-        done = list(pool.map(lambda c: hip_compile.compile_recipe(recipe, toolchain, c, log=lambda m: None), caches))
+        done = list(pool.map(lambda c: hip_compile.compile_recipe(recipe, Reference.parse_pinned(toolchain), c, log=lambda m: None), caches))
     return recipe, done, caches
 
 
@@ -227,7 +228,7 @@ def test_fixed_cuid_makes_object_names_irrelevant(compiled, toolchain, tmp_path)
     def build(shell: str, name: str) -> bytes:
         out = tmp_path / name
         out.mkdir()
-        hip_compile.run_toolchain(recipe, toolchain, shell, out, log=lambda m: None)
+        hip_compile.run_toolchain(recipe, Reference.parse_pinned(toolchain), shell, out, log=lambda m: None)
         return (out / "_C_stable_libtorch.so").read_bytes()
 
     def elsewhere(shell: str) -> str:  # the same compile with other object names
@@ -617,7 +618,7 @@ def test_a_compile_that_fills_the_hosts_disk_under_out_is_stopped(toolchain, tmp
     so what it can write is the cap plus a quarter second's writing."""
     from bakery.project import cache_dir
 
-    files = hip_compile.toolchain_files(toolchain, hip.load(ROOT / "hip").toolchain, cache_dir(create=True) / "toolchains",
+    files = hip_compile.toolchain_files(Reference.parse_pinned(toolchain), hip.load(ROOT / "hip").toolchain, cache_dir(create=True) / "toolchains",
                                 log=lambda m: None)
     monkeypatch.setattr(hip_compile, "OUT_LIMIT", 8 << 20)
     out = tmp_path / "out"
@@ -638,7 +639,7 @@ def toolchain_root(toolchain):
     """The toolchain's files as every compile runs over them (extracted once into this machine's cache)."""
     from bakery.project import cache_dir
 
-    return hip_compile.toolchain_files(toolchain, hip.load(ROOT / "hip").toolchain, cache_dir(create=True) / "toolchains",
+    return hip_compile.toolchain_files(Reference.parse_pinned(toolchain), hip.load(ROOT / "hip").toolchain, cache_dir(create=True) / "toolchains",
                                log=lambda m: None)
 
 
@@ -736,7 +737,7 @@ def test_a_compile_whose_out_the_watch_cannot_read_whole_is_stopped(toolchain, t
     a walk by path: the watch fails closed and stops the compile."""
     from bakery.project import cache_dir
 
-    files = hip_compile.toolchain_files(toolchain, hip.load(ROOT / "hip").toolchain, cache_dir(create=True) / "toolchains",
+    files = hip_compile.toolchain_files(Reference.parse_pinned(toolchain), hip.load(ROOT / "hip").toolchain, cache_dir(create=True) / "toolchains",
                                 log=lambda m: None)
     out = tmp_path / "out"
     out.mkdir()
@@ -787,7 +788,7 @@ def test_an_entry_another_run_puts_in_place_after_this_run_chose_its_own_is_refu
         "sha256": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in theirs.iterdir() if p.name != "done.json"}}))
     assert hip_outputs.outputs_whole(theirs) is None  # whole: only its bytes differ
 
-    def compiled_then_replaced(recipe, toolchain, image_id, out, log):
+    def compiled_then_replaced(recipe, toolchain, out, log):
         shutil.copytree(entry, out)  # this run's compile
         made = json.loads((out / "done.json").read_text())["sha256"]
         shutil.rmtree(out)
@@ -796,7 +797,7 @@ def test_an_entry_another_run_puts_in_place_after_this_run_chose_its_own_is_refu
 
     monkeypatch.setattr(hip_compile, "_compile", compiled_then_replaced)
     with pytest.raises(IntegrityError, match="changed while this run read it"):
-        hip_compile.compile_recipe(recipe, toolchain, tmp_path / "cache", log=lambda m: None)
+        hip_compile.compile_recipe(recipe, Reference.parse_pinned(toolchain), tmp_path / "cache", log=lambda m: None)
 
 
 def test_a_broker_compile_clears_the_folder_a_killed_rebuild_left(toolchain, registry, tmp_path, monkeypatch):

@@ -202,7 +202,7 @@ def forged_kernel_artifact(signer: str | None):
     the build is given the release key and a cold compile cache (so it would take the artifact)."""
     def mutate(p, ctx):
         recipe, cache = hip.load(p / "hip"), Path(os.environ.get("BAKERY_CACHE", Path.home() / ".cache" / "bakery"))
-        key = hip_compile.compile_recipe(recipe, os.environ["BAKERY_TOOLCHAIN"], cache / "hip", log=lambda m: None).key
+        key = hip_compile.compile_recipe(recipe, Reference.parse_pinned(os.environ["BAKERY_TOOLCHAIN"]), cache / "hip", log=lambda m: None).key
         outputs = p.parent / "forged-kernels"
         shutil.copytree(cache / "hip" / key[:24], outputs)
         so = outputs / "_C_stable_libtorch.so"

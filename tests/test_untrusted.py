@@ -193,11 +193,12 @@ def test_a_hostile_toolchains_compile_failure_is_shown_inert(tmp_path, monkeypat
     from bakery import broker_client
     from bakery.errors import EnvironmentProblem
     from bakery.inputs import hip, hip_compile
+    from bakery.oci.refs import Reference
 
     monkeypatch.setenv(broker_client.SOCKET_ENV, str(tmp_path / "broker.sock"))
     monkeypatch.setattr(broker_client, "compile_outside", lambda toolchain, shell, out: (1, HOSTILE_LINES))
     with pytest.raises(EnvironmentProblem) as failed:
-        hip_compile.run_toolchain(hip.load(ROOT / "hip"), "registry.example/toolchain@sha256:" + "cd" * 32, "make",
+        hip_compile.run_toolchain(hip.load(ROOT / "hip"), Reference.parse("registry.example/toolchain@sha256:" + "cd" * 32), "make",
                                   tmp_path)
     assert runner_commands(str(failed.value))  # as raised: the compiler's words, unchanged
     said = _edge_message(failed.value)

@@ -64,7 +64,7 @@ class Options:
     layout: Path | None = None
     out: Path | None = None  # where blobs and the record go; default PROJECT/out
     lock: Path | None = None  # overlays lock; default PROJECT/overlays/overlays.lock
-    toolchain: str | None = None  # image to compile hip/ in; default BAKERY_TOOLCHAIN, else the base
+    toolchain: str | None = None  # image to compile hip/ in (hip_compile.toolchain_image: its default)
     keys: tuple[Path, ...] = ()  # release public keys, beside the policy's: who may vouch for kernels
     policy: Path | None = None  # default PROJECT/provenance/policy.yaml
     recompile: bool = False  # compile hip/ here even where the registry holds a signed artifact
@@ -78,9 +78,6 @@ class Options:
         as_path = lambda v: Path(v) if v else None  # noqa: E731 (one line, used four times below)
         return cls(project, layout=as_path(layout), out=as_path(out), lock=as_path(lock),
                    keys=(Path(key),) if key else (), policy=as_path(policy), **rest)
-
-    def toolchain_for(self, base: base_mod.BaseSpec) -> str:
-        return self.toolchain or os.environ.get("BAKERY_TOOLCHAIN") or str(base.source)
 
     @property
     def out_dir(self) -> Path:
@@ -488,8 +485,7 @@ def build(opts: Options, log=print) -> tuple[Reference, BuildRecord]:
     spec = image_mod.load_spec(Project(project).image_yaml)
     target = push_target(opts)
     opened = open_base(project, opts.base, log)
-    toolchain = opts.toolchain_for(opened.spec)
-    hip_compile.toolchain_identity(toolchain)  # pinned by digest, or refused before the proofs run
+    toolchain = hip_compile.toolchain_image(opts.toolchain, opened.spec.source)  # refused before the proofs run
     registries = {opened.spec.source.registry: opened.registry}
     remote = (registries.get(target.registry) or registries.setdefault(target.registry, Registry(target.registry)),
               target.repository) if target else None

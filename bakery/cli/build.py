@@ -3,7 +3,6 @@ is made from."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,7 +133,7 @@ def compile(project: Path, toolchain: str | None, verify: bool, registry: str | 
     from ..oci.refs import Reference
     from ..oci.registry import Registry
 
-    tools = toolchain or os.environ.get("BAKERY_TOOLCHAIN") or str(base_mod.load_spec(Project(project).base_yaml).source)
+    tools = hip_compile.toolchain_image(toolchain, base_mod.load_spec(Project(project).base_yaml).source)
     recipe = hip.load(Project(project).hip)
     where = Reference.parse(registry) if registry else None
     remote = (Registry(where.registry), where.repository) if where else None
@@ -173,8 +172,8 @@ def kernels_cached(project: Path, spec, unless_cached_in: str, key: str | None, 
     where = Reference.parse(unless_cached_in)
     registry = Registry(where.registry)
     trust = kernel_trust(project, key, policy, registry)
-    tools = os.environ.get("BAKERY_TOOLCHAIN") or str(spec.source)
-    tag = kernel_artifact.artifact_tag(hip.load(Project(project).hip).key(hip_compile.toolchain_identity(tools)))
+    tools = hip_compile.toolchain_image(None, spec.source)
+    tag = kernel_artifact.artifact_tag(hip.load(Project(project).hip).key(str(tools.pin)))
     try:
         _, _, digest = registry.get_manifest(Reference(where.registry, where.repository, tag))
         if trust is None:
@@ -196,8 +195,7 @@ def disk(project: Path, base: str | None, toolchain: str | None, unless_cached_i
     from ..base import extract, spec as base_mod
     from ..base.filesystem import BaseFilesystem
     from ..base.layercache import LayerCache
-    from ..inputs import hip
-    from ..oci.refs import Reference
+    from ..inputs import hip, hip_compile
     from ..oci.registry import Registry
 
     spec = base_mod.load_spec(Project(project).base_yaml, base)
@@ -205,10 +203,9 @@ def disk(project: Path, base: str | None, toolchain: str | None, unless_cached_i
         cached = kernels_cached(project, spec, unless_cached_in, key, policy, log)
         if cached:
             return Disk(cached=cached)
-    tools = toolchain or os.environ.get("BAKERY_TOOLCHAIN") or str(spec.source)
-    ref = Reference.parse_pinned(tools, "toolchain image")
-    registry = Registry(ref.registry)
-    fs = BaseFilesystem(registry, base_mod.resolve(registry, ref, "linux/amd64"), LayerCache())
+    tools = hip_compile.toolchain_image(toolchain, spec.source)
+    registry = Registry(tools.registry)
+    fs = BaseFilesystem(registry, base_mod.resolve(registry, tools, "linux/amd64"), LayerCache())
     where = cache_dir("toolchains")
     needed, how = extract.space_needed(fs, hip.load(Project(project).hip).toolchain, where)
-    return Disk(toolchain=tools, where=where, needed=needed, how=how, free=extract.check_space(needed, where, how))
+    return Disk(toolchain=str(tools), where=where, needed=needed, how=how, free=extract.check_space(needed, where, how))

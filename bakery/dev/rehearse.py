@@ -35,6 +35,7 @@ import json
 from pathlib import Path
 
 from ..errors import InputError
+from ..oci.refs import Reference
 from ..release import settings
 from .act import preflight, run_act, wheelhouse
 from .act_jobs import Outcome
@@ -301,7 +302,8 @@ def _push_unsigned_kernels(project: Path, stage: Stage, log) -> None:
     host, user, password = stage.registry
     recipe = hip.load(stage.repo / "hip")
     cache = stage.work / "kernels-cache"
-    compiled = hip_compile.compile_recipe(recipe, stage.toolchain or str(stage.base), cache, log=log)
+    compiled = hip_compile.compile_recipe(recipe, Reference.parse_pinned(stage.toolchain or str(stage.base), "toolchain image"), cache,
+                                          log=log)
     repo = stage.image_repo.split("/", 1)[1]
     with scoped_environ(BAKERY_REGISTRY_USER=user, BAKERY_REGISTRY_PASSWORD=password, BAKERY_REGISTRY_HOSTS=host):
         kernel_artifact.push_artifact(Registry(host), repo, compiled.key, cache / compiled.key[:24])

@@ -26,15 +26,16 @@ from .hip_outputs import expected_outputs, outputs_ok, read_accepted, recorded_o
 from .kernel_artifact import artifact_manifest, fetch_artifact, push_artifact
 
 
-def toolchain_identity(image: str) -> str:
-    """The toolchain image by content: the digest it is pinned by (a tag could move under a rebuild)."""
-    return str(Reference.parse_pinned(image, "toolchain image").digest)
+def toolchain_image(given: str | None, base: Reference) -> Reference:
+    """The image hip/ compiles over: the one given, else BAKERY_TOOLCHAIN, else the base; pinned by
+    digest (a tag could move under a rebuild), or refused here, once."""
+    return Reference.parse_pinned(given or os.environ.get("BAKERY_TOOLCHAIN") or str(base), "toolchain image")
 
 
 LOG_LIMIT = 1 << 20  # what of the compiler's output is read back
 
 
-def toolchain_files(toolchain: str, selection, cache: Path, log=print):
+def toolchain_files(toolchain: Reference, selection, cache: Path, log=print):
     """The toolchain image's files the recipe's selection takes, as a folder in this machine's cache
     (base/extract.py): streamed once from its registry, never pulled into an engine."""
     from ..base import extract, spec as base_mod
@@ -42,9 +43,8 @@ def toolchain_files(toolchain: str, selection, cache: Path, log=print):
     from ..base.layercache import LayerCache
     from ..oci.registry import Registry
 
-    ref = Reference.parse_pinned(toolchain, "toolchain image")
-    registry = Registry(ref.registry)
-    image = base_mod.resolve(registry, ref, "linux/amd64")
+    registry = Registry(toolchain.registry)
+    image = base_mod.resolve(registry, toolchain, "linux/amd64")
     return extract.toolchain_root(BaseFilesystem(registry, image, LayerCache()), selection, cache, log)
 
 
@@ -124,10 +124,10 @@ def _overdrawn(folder: Path) -> str | None:
     return None
 
 
-def run_toolchain(recipe: Recipe, toolchain: str, shell: str, out: Path, log=print) -> None:
+def run_toolchain(recipe: Recipe, toolchain: Reference, shell: str, out: Path, log=print) -> None:
     """Compile: run_compile here, or through the broker in a rebuild's sandbox; its failure in one line."""
     if os.environ.get(broker_client.SOCKET_ENV):
-        status, logs = broker_client.compile_outside(toolchain, shell, out)
+        status, logs = broker_client.compile_outside(str(toolchain), shell, out)
     else:
         files = toolchain_files(toolchain, recipe.toolchain, cache_dir(create=True) / "toolchains", log)
         status, logs = run_compile(files, recipe.root, shell, out)
@@ -151,15 +151,14 @@ class Compiled:
         return {"key": self.key, "origin": self.origin, "artifact": str(self.artifact) if self.artifact else None}
 
 
-def compile_recipe(recipe: Recipe, toolchain: str, cache: Path, log=print, remote=None, trust=None,
+def compile_recipe(recipe: Recipe, toolchain: Reference, cache: Path, log=print, remote=None, trust=None,
                    recompile: bool = False, defer_push: bool = False) -> Compiled:
     """The recipe's outputs for this toolchain: from this machine's cache, else from the artifact in
     `remote` ((Registry, repository), the build's target) when `trust(ref)` accepts its signature
     (release keys; None: no key to check with, so compile), else compiled over `toolchain`'s own
     files in the sandbox (sources read-only, no network). The compiled outputs are pushed to the
     remote, unsigned: `invoke attest` signs the artifact the build record names."""
-    image_id = toolchain_identity(toolchain)
-    key = recipe.key(image_id)
+    key = recipe.key(str(toolchain.pin))  # the toolchain by content
     out = cache / key[:24]
     cache.mkdir(parents=True, exist_ok=True)
     origin, artifact, accepted = "cache", None, None
@@ -176,7 +175,7 @@ def compile_recipe(recipe: Recipe, toolchain: str, cache: Path, log=print, remot
                 f"here, the base not pulled")
     if accepted is None and not outputs_ok(out):
         origin = "compiled"
-        accepted = _compile(recipe, toolchain, image_id, out, log)
+        accepted = _compile(recipe, toolchain, out, log)
     if accepted is None:
         accepted = recorded_outputs(out)
     # from here on `out` is read against `accepted`, the bytes the origin vouches for: another run may
@@ -190,11 +189,10 @@ def compile_recipe(recipe: Recipe, toolchain: str, cache: Path, log=print, remot
             push = functools.partial(push_artifact, remote[0], remote[1], key, out, accepted)
         else:
             artifact = push_artifact(remote[0], remote[1], key, out, accepted)
-    return Compiled(_artifacts(recipe, out, str(Reference.parse_pinned(toolchain)), accepted), key, origin, artifact,
-                    push)
+    return Compiled(_artifacts(recipe, out, str(toolchain), accepted), key, origin, artifact, push)
 
 
-def _compile(recipe: Recipe, toolchain: str, image_id: str, out: Path, log) -> dict[str, str]:
+def _compile(recipe: Recipe, toolchain: Reference, out: Path, log) -> dict[str, str]:
     """{name: sha256} of the outputs compiled, which `out` holds as it is left (or held, when
     another run finished the same bytes first)."""
     # through the broker, the compile writes on the broker's disk, which it watches itself
@@ -211,7 +209,7 @@ def _compile(recipe: Recipe, toolchain: str, image_id: str, out: Path, log) -> d
             outputs = take_outputs(scratch, expected_outputs(recipe), tmp)
             made.update(outputs)
             shutil.rmtree(scratch)
-            (tmp / "done.json").write_text(json.dumps({"toolchain_image": image_id, "sha256": outputs}))
+            (tmp / "done.json").write_text(json.dumps({"toolchain_image": str(toolchain.pin), "sha256": outputs}))
     except EnvironmentProblem:
         if here:  # stopped by the watch, or the compiler's own write failed, as the disk filled: say so
             room_to_compile(out.parent)
@@ -248,7 +246,7 @@ def _artifacts(recipe: Recipe, out: Path, toolchain: str, accepted: dict[str, st
     return artifacts
 
 
-def verify_outputs(recipe: Recipe, toolchain: str, cache: Path, log=print, remote=None,
+def verify_outputs(recipe: Recipe, toolchain: Reference, cache: Path, log=print, remote=None,
                    trust=None) -> list[tuple[str, str]]:
     """`invoke compile --verify`: compile again here, ignoring every cache, and prove the cached (or
     registry) outputs byte-identical; returns (file, sha256) pairs, raises IntegrityError if not."""
@@ -257,7 +255,7 @@ def verify_outputs(recipe: Recipe, toolchain: str, cache: Path, log=print, remot
     with staging_dir(cache / f"verify-{compiled.key[:24]}") as scratch:  # its own: two verifies at once
         try:
             fresh = scratch / "out"
-            _compile(recipe, toolchain, toolchain_identity(toolchain), fresh, log)
+            _compile(recipe, toolchain, fresh, log)
             want = json.loads((cached / "done.json").read_text())["sha256"]
             got = json.loads((fresh / "done.json").read_text())["sha256"]
         finally:

@@ -36,6 +36,7 @@ from pathlib import Path
 from ..broker_client import OUTPUTS_LIMIT, unix_name
 from ..errors import BakeryError, EnvironmentProblem, IntegrityError, TransientError, foreign
 from ..files import remove_tree, staging_dir
+from ..oci.refs import Reference
 
 SHELL_LIMIT = 1 << 20  # the compile script: a few KiB
 OUTPUT_FILES = 64
@@ -194,8 +195,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.server.compiles += 1
             # the revision's recipe says which of the toolchain's files a compile reads (a hostile one can only
             # ask for more of them, within the disk the extraction keeps free); we take them out, outside
-            files = hip_compile.toolchain_files(toolchain, hip.load(grant.hip).toolchain, cache_dir(create=True) / "toolchains",
-                                        log=lambda m: None)
+            files = hip_compile.toolchain_files(Reference.parse_pinned(toolchain, "toolchain image"),
+                                                hip.load(grant.hip).toolchain, cache_dir(create=True) / "toolchains",
+                                                log=lambda m: None)
             # locked while it is filled: one a killed rebuild left (up to OUT_LIMIT) goes with the next compile
             with staging_dir(Path(tempfile.gettempdir()) / "bakery-broker") as out:
                 try:

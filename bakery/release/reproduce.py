@@ -270,6 +270,8 @@ def rebuild(p: Plan, workdir: Path, toolchain: str | None, log, named: Path | No
         folder.mkdir(parents=True, exist_ok=True)
     layout = build / "output" / "layout"
     tools = toolchain or toolchain_ref(p)
+    if tools and "@" in tools:  # as the build inside names it when it asks the broker to compile
+        tools = str(Reference.parse_pinned(tools, "toolchain image"))
     base = Reference.parse_pinned(p.base, "the provenance's base")
     grant = broker.Grant(base.registry, base.repository, tools, hip_dir)
     argv = [sys.executable, "-m", "invoke", "--search-root", str(source), "build", "--base", p.base,
