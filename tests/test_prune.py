@@ -733,3 +733,99 @@ def test_a_layout_naming_two_images_alike_is_refused(tmp_path):
     (tmp_path / "l" / "index.json").write_text(json.dumps(index))
     with pytest.raises(IntegrityError, match="names two manifests 'v1.0.0'"):
         prune_mod.layout_inventory(store)
+
+
+def _blob(store, data: bytes) -> str:
+    return str(store.put_blob(data, "application/octet-stream").digest)
+
+
+def _image(store, name: str | None, layer: bytes) -> str:
+    """A small image in the layout (config and one layer), named `name` unless None; its digest."""
+    config, layer_digest = _blob(store, b'{"architecture":"amd64","os":"linux"}'), _blob(store, layer)
+    body = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                       "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config,
+                                  "size": 37},
+                       "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest,
+                                   "size": len(layer)}]}).encode()
+    return str(store.put_manifest(name, body))
+
+
+def test_a_layout_whose_blobs_folder_is_a_link_is_refused_and_nothing_outside_it_goes(tmp_path):
+    """Found by review: blobs/ a link to another layout's blobs made the other layout's files
+    garbage here, and prune removed them. The folders are opened as this layout's own, never
+    through a link: refused, and the other layout's blob is still there."""
+    from bakery.errors import IntegrityError
+    from bakery.oci.store import LayoutStore
+
+    other = LayoutStore(tmp_path / "other", create=True)
+    victim = _blob(other, b"another layout's layer")
+    hostile = LayoutStore(tmp_path / "hostile", create=True)
+    (tmp_path / "hostile" / "blobs").symlink_to(tmp_path / "other" / "blobs")
+    with pytest.raises(IntegrityError, match="blobs is not a folder of its own"):
+        hostile.unreachable(set())
+    with pytest.raises(IntegrityError, match="blobs is not a folder of its own"):
+        hostile.remove_blobs([victim.split(":")[1]])
+    assert (tmp_path / "other" / "blobs" / "sha256" / victim.split(":")[1]).is_file()
+
+
+def test_whatever_a_kept_manifest_names_is_reached_whatever_its_shape(tmp_path):
+    """Found by review: only a manifest's config and layers or an index's manifests were followed,
+    by the document's shape, so an ORAS artifact manifest's `blobs`, or an index carrying
+    `"layers": null`, had what it needs collected. Every descriptor is followed now; what is
+    reached is worked out here by hand."""
+    from bakery.oci.store import LayoutStore
+
+    store = LayoutStore(tmp_path / "l", create=True)
+    oras_blob = _blob(store, b"an ORAS artifact's file")
+    oras = store.put_manifest("foreign", json.dumps({
+        "mediaType": "application/vnd.oci.artifact.manifest.v1+json", "artifactType": "application/x-thing",
+        "blobs": [{"mediaType": "application/octet-stream", "digest": oras_blob, "size": 23}]}).encode())
+    child = _image(store, None, b"the index's image's layer")
+    index = store.put_manifest("index", json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "layers": None,
+        "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": child, "size": 1}]}).encode())
+    garbage = _blob(store, b"what a killed copy left")
+    left = store.unreachable({oras, index})
+    assert set(left) == {garbage.split(":")[1]}, left
+
+
+def test_an_index_go_reads_otherwise_than_python_is_refused(tmp_path):
+    """Go's decoder (skopeo's, containerd's) matches JSON keys ignoring case, the last one winning;
+    Python's takes the exact key. An entry with both `digest` and `Digest` is one image to us and
+    another to skopeo (shown here with skopeo itself): refused, so prune cannot judge one image and
+    ops run the other."""
+    from bakery.errors import IntegrityError
+    from bakery.oci.store import LayoutStore
+    from bakery.release import prune as prune_mod
+
+    store = LayoutStore(tmp_path / "l", create=True)
+    ours, theirs = _image(store, None, b"what python reads"), _image(store, None, b"what go reads")
+    raw = ('{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json",'
+           f'"digest":"{ours}","size":{(tmp_path / "l/blobs/sha256" / ours[7:]).stat().st_size},'
+           '"annotations":{"org.opencontainers.image.ref.name":"app"},'
+           f'"Digest":"{theirs}"' '}]}')
+    (tmp_path / "l" / "index.json").write_text(raw)
+    seen = subprocess.run(["skopeo", "inspect", "--raw", f"oci:{tmp_path / 'l'}:app"], capture_output=True)
+    assert seen.returncode == 0 and hashlib.sha256(seen.stdout).hexdigest() == theirs[7:], seen.stderr
+    with pytest.raises(IntegrityError, match="twice in different cases"):
+        prune_mod.layout_inventory(LayoutStore(tmp_path / "l"))
+
+
+def test_a_layout_that_cannot_be_locked_or_changed_since_the_plan_is_one_line(tmp_path):
+    """A FIFO as oci-layout would have the lock wait forever; an index.json another tool wrote
+    since the plan was made is not overwritten."""
+    from bakery.errors import EnvironmentProblem, IntegrityError
+    from bakery.oci.refs import Digest
+    from bakery.oci.store import LayoutStore
+
+    store = LayoutStore(tmp_path / "l", create=True)
+    doomed = Digest.parse(_image(store, "candidate-" + "a" * 40, b"layer"))
+    planned = store.index_digest()
+    _image(store, "written-since", b"another layer")
+    with pytest.raises(EnvironmentProblem, match="changed since prune read it"):
+        store.drop({doomed}, planned)
+    assert "candidate-" + "a" * 40 in store.names()[0]
+    (tmp_path / "l" / "oci-layout").unlink()
+    os.mkfifo(tmp_path / "l" / "oci-layout")
+    with pytest.raises(IntegrityError, match="not a regular file"), store.locked(wait=False):
+        pass

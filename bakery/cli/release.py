@@ -36,7 +36,7 @@ def attest(project: Path, image: str, record: str | None, key: str | None, layou
     ref = Reference.parse_pinned(image, "image")
     rec = record_mod.read(Path(record) if record else Project(project).out / "build-record.json")
     where = store.open_store(ref, Path(layout) if layout else None)
-    with where.locked() if isinstance(where, store.LayoutStore) else contextlib.nullcontext():  # prune waits
+    with where.locked() if isinstance(where, store.LayoutStore) else contextlib.nullcontext():  # prune is refused meanwhile
         written = attest_mod.attest(where, ref, rec, signer_for("release", keyless, trust_config, key),
                                     sign_kernels=not layout, formats=signature_formats(project))
     return ref, written
@@ -348,7 +348,8 @@ def _prune_layout(project: Path, path: Path, kept, rules, apply: bool, log) -> P
     from ..release import prune as prune_mod
 
     store = LayoutStore(path)
-    with store.locked(exclusive=apply):
+    with store.locked(wait=False):
+        planned = store.index_digest()
         image = prune_mod.layout_inventory(store)
 
         def store_of(digest):
@@ -361,11 +362,9 @@ def _prune_layout(project: Path, path: Path, kept, rules, apply: bool, log) -> P
         garbage = store.unreachable({d.stored.digest for d in decisions if d.keep} | store.names()[1])
         if not apply:
             return Pruned(decisions, sum(garbage.values()), None, layout=True)
-        store.drop(gone)  # one atomic write (its crash points: a kill before it or after it)
+        store.drop(gone, planned)  # one atomic write (its crash points: a kill before it or after it)
         log(f"{path}/index.json: {len(gone)} manifests no longer named")
-        for i, blob in enumerate(sorted(garbage), 1):
-            blob.unlink()
-            log(f"removed {i}/{len(garbage)}: {blob.name[:12]} ({garbage[blob]} bytes)")
+        store.remove_blobs(sorted(garbage), log)
         return Pruned(decisions, sum(garbage.values()), len(gone), layout=True)
 
 

@@ -75,6 +75,7 @@ class LayoutStore:
 
     def __init__(self, path: Path, create: bool = False):
         self.path = Path(path)
+        self._read: tuple | None = None  # index.json's (file identity, document), last read
         if create and not (self.path / "oci-layout").exists():
             if self.path.exists() and any(self.path.iterdir()):
                 raise InputError(f"{self.path} exists and is not an OCI layout: choose an empty or new directory")
@@ -106,8 +107,19 @@ class LayoutStore:
         return data
 
     def _index(self) -> dict:
-        with malformed(f"{self.path / 'index.json'}"):
-            return json.loads(self._read_document(self.path / "index.json", "index"))
+        """index.json, read as Go's decoder (containers/image, skopeo) would agree with: an object
+        holding one key twice, or two keys that differ only in case (Go matches fields ignoring case,
+        the last one winning), is refused. Read again only when the file was replaced."""
+        path = self.path / "index.json"
+        try:
+            seen = os.stat(path)
+            identity = (seen.st_ino, seen.st_mtime_ns, seen.st_size)
+        except OSError:
+            identity = None
+        if identity is None or self._read is None or self._read[0] != identity:
+            with malformed(f"{path}"):
+                self._read = (identity, json.loads(self._read_document(path, "index"), object_pairs_hook=_one_each))
+        return self._read[1]  # read-only: a writer changes a copy (put_manifest, drop)
 
     def _blob_path(self, digest: Digest) -> Path:
         return self.path / "blobs" / digest.algorithm / digest.hex
@@ -197,7 +209,7 @@ class LayoutStore:
         desc = self.put_blob(body, media_type)
         if tag is None:
             return desc.digest
-        index = self._index()
+        index = dict(self._index())
         index["manifests"] = [m for m in index["manifests"] if (m.get("annotations") or {}).get(REF_NAME) != tag]
         index["manifests"].append(Descriptor(media_type, desc.digest, desc.size, {REF_NAME: tag}).to_json())
         index.setdefault("mediaType", OCI_INDEX)
@@ -217,22 +229,35 @@ class LayoutStore:
         unnamed: set[Digest] = set()
         with malformed(f"{self.path / 'index.json'}"):
             for entry in self._index()["manifests"]:
-                digest, name = Digest.parse(entry["digest"]), (entry.get("annotations") or {}).get(REF_NAME)
+                notes = entry.get("annotations") or {}
+                digest, name = Digest.parse(entry["digest"]), notes.get(REF_NAME) if isinstance(notes, dict) else 0
                 if name is None:
                     unnamed.add(digest)
+                elif not isinstance(name, str):
+                    raise IntegrityError(f"{self.path}/index.json has an entry whose annotations or name are not text: "
+                                         f"refused")
                 elif named.setdefault(name, digest) != digest:
                     raise IntegrityError(f"{self.path}/index.json names two manifests {name!r}: readers disagree on "
                                          f"which it is; refused (remove one entry)")
         return named, unnamed
 
+    def index_digest(self) -> Digest:
+        return Digest.of(self._read_document(self.path / "index.json", "index"))
+
     @contextlib.contextmanager
-    def locked(self, exclusive: bool = False):
-        """Writers share the layout (blobs go in before the entry that names them); prune alone takes
-        it whole, or is refused at once while anyone writes (it would collect a copy's blobs)."""
-        fd = os.open(self.path / "oci-layout", os.O_RDONLY | os.O_NOFOLLOW)
+    def locked(self, wait: bool = True):
+        """The layout to ourselves while we write (a blob goes in before the entry that names it, and
+        index.json is read, changed and written whole): writers wait their turn; prune (wait=False)
+        is refused at once while anyone writes, rather than collect a copy's blobs."""
         try:
+            fd = os.open(self.path / "oci-layout", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as e:
+            raise IntegrityError(f"{self.path}/oci-layout cannot be opened ({e.strerror}): refused") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise IntegrityError(f"{self.path}/oci-layout is not a regular file: refused")
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB if exclusive else fcntl.LOCK_SH)
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
             except BlockingIOError:
                 raise EnvironmentProblem(f"{self.path} is being written (a mirror or attest holds it): run again when "
                                          f"it is done") from None
@@ -240,53 +265,129 @@ class LayoutStore:
         finally:
             os.close(fd)
 
-    def drop(self, digests: set[Digest]) -> None:
-        """index.json without the entries of these digests, in one atomic write."""
-        index = self._index()
+    def drop(self, digests: set[Digest], planned: Digest) -> None:
+        """index.json without the entries of these digests, in one atomic write, if it is still the
+        index.json the plan was made from (`planned`, its digest): a tool that takes no lock may have
+        written since."""
+        if not digests:
+            return
+        if self.index_digest() != planned:
+            raise EnvironmentProblem(f"{self.path}/index.json changed since prune read it (something wrote to the "
+                                     f"layout): nothing deleted; run it again")
+        index = dict(self._index())
         index["manifests"] = [m for m in index["manifests"] if Digest.parse(m["digest"]) not in digests]
         write_blob(self.path / "index.json", json.dumps(index, sort_keys=True, indent=1).encode())
 
-    def unreachable(self, roots: set[Digest]) -> dict[Path, int]:
-        """{blob file: size} that no root reaches: through an index's manifests, a manifest's config
-        and layers. A root or a blob it names that is not here stops it (the layout is already
-        broken; collecting would hide it). Files under blobs/ not named as a digest are left alone."""
-        reached: set[Digest] = set()
-        todo = sorted(roots, key=str)
+    def _blob_folder(self) -> int:
+        """blobs/sha256 opened as the folder it is in this layout, never through a link: a layout
+        can come from anyone, and what prune removes must lie in it."""
+        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for name in ("blobs", "sha256"):
+                try:
+                    inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                except OSError as e:
+                    raise IntegrityError(f"{self.path}: its {name} is not a folder of its own ({e.strerror}): "
+                                         f"refused") from None
+                os.close(fd)
+                fd = inner
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def unreachable(self, roots: set[Digest]) -> dict[str, int]:
+        """{blob file name under blobs/sha256: its size} that no root reaches, following every
+        descriptor a manifest or index holds anywhere (its config, layers, manifests, blobs, ...: more
+        kept is safe, less is not). A root that is no manifest, or one a kept manifest names that is
+        not here, stops it (the layout is already broken; collecting would hide it). Links, folders
+        and names that are no digest are left alone."""
+        folder = self._blob_folder()
+        try:
+            present = {e.name: e.stat(follow_symlinks=False).st_size for e in os.scandir(folder)
+                       if e.is_file(follow_symlinks=False) and len(e.name) == 64
+                       and all(c in "0123456789abcdef" for c in e.name)}
+        finally:
+            os.close(folder)
+        reached: set[str] = set()
+        todo = [(d, True, True) for d in sorted(roots, key=str)]  # (digest, a root, needed)
         while todo:
-            digest = todo.pop()
-            if digest in reached:
+            digest, root, needed = todo.pop()
+            if digest.algorithm != "sha256":
+                raise IntegrityError(f"{self.path}: a kept manifest is {digest}; only sha256 is read: nothing "
+                                     f"collected")
+            if digest.hex in reached or (digest.hex not in present and not needed):
                 continue
-            reached.add(digest)
-            if not os.path.lexists(self._blob_path(digest)):
+            if digest.hex not in present:
                 raise IntegrityError(f"{self.path} lacks {digest}, which a kept manifest needs: nothing collected")
-            if os.path.getsize(self._blob_path(digest)) > DOCUMENT_LIMIT:
+            reached.add(digest.hex)
+            if present[digest.hex] > DOCUMENT_LIMIT:
+                if root:
+                    raise IntegrityError(f"{self.path}: kept {digest} is past {DOCUMENT_LIMIT} bytes, no manifest: "
+                                         f"nothing collected")
                 continue  # a layer: it names nothing
             body = self._read_document(self._blob_path(digest), "blob")
             if Digest.of(body) != digest:
                 raise IntegrityError(f"{self._blob_path(digest)} does not match its digest: nothing collected")
-            todo += _children(body, digest)
-        found = {}
-        root = self.path / "blobs" / "sha256"
-        for path in sorted(root.iterdir()) if root.is_dir() else ():
-            if len(path.name) == 64 and all(c in "0123456789abcdef" for c in path.name) and path.is_file() \
-                    and Digest.parse("sha256:" + path.name) not in reached:
-                found[path] = path.stat().st_size
-        return found
+            todo += [(d, False, need) for d, need in _named(body, digest, root)]
+        return {name: size for name, size in present.items() if name not in reached}
+
+    def remove_blobs(self, names: list[str], log=lambda m: None) -> None:
+        """Remove these files of blobs/sha256 (unreachable's names), through the folder itself."""
+        folder = self._blob_folder()
+        try:
+            for i, name in enumerate(names, 1):
+                try:
+                    os.unlink(name, dir_fd=folder)
+                except FileNotFoundError:
+                    pass
+                log(f"removed {i}/{len(names)}: {name[:12]}")
+        finally:
+            os.close(folder)
 
 
-def _children(body: bytes, digest: Digest) -> list[Digest]:
-    """What a manifest or index names (its config and layers, or its manifests); a blob that is
-    neither (a layer, a config) names nothing. One shaped as either that names something unreadably
-    is refused: collecting around it could take what it needs."""
+def _one_each(pairs: list) -> dict:
+    """A JSON object whose keys are one each, ignoring case (as Go's decoder matches them)."""
+    folded = [k.casefold() for k, _ in pairs]
+    if len(set(folded)) != len(folded):
+        raise ValueError(f"a key appears twice, or twice in different cases: {sorted(k for k, _ in pairs)[:8]}")
+    return dict(pairs)
+
+
+def _named(body: bytes, digest: Digest, root: bool) -> list[tuple[Digest, bool]]:
+    """Every digest a document names in a descriptor, wherever it lies, each with whether it is
+    needed (a manifest's config, layers or blobs, an index's manifests) or only kept if there (a
+    subject, a digest in a config); a blob that is not JSON (a layer) names nothing. A root must be
+    a manifest or index: a JSON object."""
     try:
-        doc = json.loads(body)
-    except ValueError:
+        doc = json.loads(body, object_pairs_hook=_one_each)
+    except (ValueError, RecursionError):
+        if root:
+            raise IntegrityError(f"kept {digest} is not a manifest or index (not a JSON object with its keys once "
+                                 f"each): nothing collected") from None
         return []
-    if not isinstance(doc, dict) or not isinstance(doc.get("layers", doc.get("manifests")), list):
+    if not isinstance(doc, dict):
+        if root:
+            raise IntegrityError(f"kept {digest} is not a manifest or index: nothing collected")
         return []
-    with malformed(f"manifest {digest}"):
-        named = [doc["config"], *doc["layers"]] if isinstance(doc.get("layers"), list) else doc["manifests"]
-        return [Digest.parse(d["digest"]) for d in named]
+    needed = {id(d) for key in ("config", "layers", "manifests", "blobs")
+              for d in ([doc[key]] if isinstance(doc.get(key), dict) else
+                        doc[key] if isinstance(doc.get(key), list) else [])
+              if isinstance(d, dict)}
+    found, todo = [], [doc]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            value = node.get("digest")
+            if isinstance(value, str) and value.startswith("sha256:"):
+                try:
+                    found.append((Digest.parse(value), id(node) in needed))
+                except InputError:
+                    pass  # not a digest: it names nothing we could keep
+            todo += list(node.values())
+        elif isinstance(node, list):
+            todo += node
+    return found
 
 
 def open_store(ref: Reference, layout: Path | None):

@@ -174,8 +174,8 @@ def layout_inventory(layout) -> list[Stored]:
 
 
 def holdings(store, repo: str, tags: dict[str, Digest | None], mirror: bool) -> list[Stored]:
-    """Every manifest the tags name (each read by its tag: a layout's digest is what its bytes
-    hash to), and the Sigstore bundles that refer to a subject: those listed for each subject
+    """Every manifest the tags name (each read by its tag, or by the digest a layout's name gives),
+    and the Sigstore bundles that refer to a subject: those listed for each subject
     bakery wrote, and for each subject a signature tag or fallback index still names (after a kill,
     the subject may be gone and its bundles not yet). A referrer counts as a subject's only if its
     own manifest says so; one that says otherwise, or is listed for two subjects, is foreign. A tag
@@ -184,8 +184,11 @@ def holdings(store, repo: str, tags: dict[str, Digest | None], mirror: bool) -> 
 
     by_digest: dict[Digest, tuple[list[str], bytes]] = {}
     for tag, expected in tags.items():
-        body = store.manifest(tag)
-        if body is None or (expected is not None and Digest.of(body) != expected):
+        body = store.manifest(str(expected) if expected else tag)  # a layout's names say their digest
+        if body is None and expected is not None:
+            raise IntegrityError(f"{repo}: {tag} names {expected}, which is not there: the layout is broken; nothing "
+                                 f"deleted")
+        if body is None:
             raise RegistryError(f"{repo}:{tag} was listed and then not found: it changed while prune read it, or "
                                 f"answers inconsistently; nothing deleted (run it again)")
         by_digest.setdefault(Digest.of(body), ([], body))[0].append(tag)
