@@ -210,7 +210,7 @@ def forged_kernel_artifact(signer: str | None):
         done = json.loads((outputs / "done.json").read_text())
         done["sha256"]["_C_stable_libtorch.so"] = hashlib.sha256(so.read_bytes()).hexdigest()
         (outputs / "done.json").write_text(json.dumps(done))
-        artifact = kernel_artifact.push_artifact(Registry(ctx["registry"]), ctx["repo"], key, outputs)
+        artifact = kernel_artifact.push_artifact(RegistryStore(Reference(ctx["registry"], ctx["repo"])), key, outputs)
         if signer:
             attest_mod.sign_artifact(artifact, ctx["keys"]["signers"][signer])
         ctx["env"]["BAKERY_CACHE"] = str(cold_compile_cache(p.parent))

@@ -15,6 +15,7 @@ import test_hip
 from bakery.errors import IntegrityError
 from bakery.oci.refs import Reference
 from bakery.oci.registry import OCI_MANIFEST, Registry
+from bakery.oci.store import RegistryStore
 from bakery.proofs import runner as prove
 from bakery.trust import attest as attest_mod, keys, provenance, record as record_file, sign
 from bakery.trust.record import BuildRecord
@@ -66,7 +67,7 @@ def test_a_fresh_runner_takes_signed_verdicts_and_proves_what_is_not(project, re
 
     # not signed yet: a fresh runner does not take them (one checked here, the rest the same rule)
     one = next(v for v in verdicts if v["overlay"] == "cpu-kv-transfer-fence" and v["side"] == "stock")
-    store = prove.SignedVerdicts(reg, repo, _trust(project, release_keys, fixture_base, reg), log=lambda m: None)
+    store = prove.SignedVerdicts(RegistryStore(Reference(registry, repo), reg), _trust(project, release_keys, fixture_base, reg), log=lambda m: None)
     assert store.fetch(one["key"]) is None
 
     signed = invoke(project, "attest", last_line(first), "--key", str(release_keys / "k" / "release.key"),
@@ -93,9 +94,9 @@ def test_a_fresh_runner_takes_signed_verdicts_and_proves_what_is_not(project, re
                               (("cpu-kv-transfer-fence", "stock"), ("exact-swiglu-clamp-kernel", "stock"),
                                ("deterministic-sampler-topk-topp", "overlaid")))
     lie = prove.Verdict("FIXED", "all good", key=fence["key"])
-    _, push_lie = prove.verdict_artifact(reg, repo, lie)
+    _, push_lie = prove.verdict_artifact(RegistryStore(Reference(registry, repo), reg), lie)
     push_lie()
-    foreign, push_foreign = prove.verdict_artifact(reg, repo, prove.Verdict("FIXED", "fine", key=swiglu["key"]))
+    foreign, push_foreign = prove.verdict_artifact(RegistryStore(Reference(registry, repo), reg), prove.Verdict("FIXED", "fine", key=swiglu["key"]))
     push_foreign()
     attest_mod.sign_verdict(named(foreign, swiglu["key"], "FIXED"),
                             signer(release_keys, "other"))
@@ -139,7 +140,7 @@ def test_the_sign_job_signs_only_the_verdict_the_record_says(registry, release_k
     """A build record naming a verdict artifact whose bytes say otherwise gets no signature."""
     reg, repo = Registry(registry), f"verdicts/sign-{uuid.uuid4().hex[:8]}"
     key = "ab" * 32
-    ref, push = prove.verdict_artifact(reg, repo, prove.Verdict("BROKEN", "the defect is there", key=key))
+    ref, push = prove.verdict_artifact(RegistryStore(Reference(registry, repo), reg), prove.Verdict("BROKEN", "the defect is there", key=key))
     push()
     with pytest.raises(IntegrityError, match="says BROKEN, the build record FIXED: not signed"):
         attest_mod.sign_verdict(named(ref, key, "FIXED"), signer(release_keys, "k"))
@@ -158,23 +159,23 @@ def test_a_verdict_whose_parts_are_gone_is_proven_here_not_fatal(registry):
 
     reg, repo = Registry(registry), f"verdicts/gone-{uuid.uuid4().hex[:8]}"
     key = "ef" * 32
-    _, push = prove.verdict_artifact(reg, repo, prove.Verdict("BROKEN", "the defect is there", key=key))
+    _, push = prove.verdict_artifact(RegistryStore(Reference(registry, repo), reg), prove.Verdict("BROKEN", "the defect is there", key=key))
     push()
     said: list[str] = []
 
     def deleted(ref, what):
         raise NotFound(f"blob of the signature of {ref} is gone")
 
-    assert prove.SignedVerdicts(reg, repo, deleted, said.append).fetch(key) is None
+    assert prove.SignedVerdicts(RegistryStore(Reference(registry, repo), reg), deleted, said.append).fetch(key) is None
 
     def refused(ref, what):
         raise IntegrityError(f"{what} {ref} is signed by 0 of 1 required release key(s)")
 
-    assert prove.SignedVerdicts(reg, repo, refused, said.append).fetch(key) is None
+    assert prove.SignedVerdicts(RegistryStore(Reference(registry, repo), reg), refused, said.append).fetch(key) is None
     assert len(said) == 1 and "proving here" in said[0]
 
     def down(ref, what):
         raise TransientError("the registry did not answer")
 
     with pytest.raises(TransientError):
-        prove.SignedVerdicts(reg, repo, down, said.append).fetch(key)
+        prove.SignedVerdicts(RegistryStore(Reference(registry, repo), reg), down, said.append).fetch(key)

@@ -26,6 +26,7 @@ from ..inputs import hip as hip_mod, hip_compile, image as image_mod, overlays a
 from ..oci.layer import FileEntry, write_blob, write_layer
 from ..oci.refs import Descriptor, Reference
 from ..oci.registry import Registry
+from ..oci.store import RegistryStore
 from ..project import Project, cache_dir
 from ..proofs import gate, runner as prove_mod
 from ..trust import record as record_file
@@ -288,14 +289,14 @@ def overlay_proofs(base: OpenBase, applied: list, log=print, signed: prove_mod.S
     return out, [(overlay, side, verdicts[(overlay, side)]) for overlay, side in sorted(verdicts)]
 
 
-def verdict_records(verdicts: list, remote) -> tuple[tuple[Verdict, ...], list[Callable[[], object]]]:
+def verdict_records(verdicts: list, remote: RegistryStore | None) -> tuple[tuple[Verdict, ...], list[Callable[[], object]]]:
     """Each verdict as the record names it, and the pushes of those proven here (to `remote`, the
     push target, where the sign job signs what the record names and later builds take them)."""
     records, pushes = [], []
     for overlay, side, v in verdicts:
         artifact = Reference.parse(v.artifact) if v.artifact else None
         if remote is not None and v.origin == "proven":
-            artifact, push_one = prove_mod.verdict_artifact(remote[0], remote[1], v)
+            artifact, push_one = prove_mod.verdict_artifact(remote, v)
             pushes.append(push_one)
         records.append(Verdict(overlay, side, v.key, v.verdict, v.origin, artifact))
     return tuple(records), pushes
@@ -487,10 +488,10 @@ def build(opts: Options, log=print) -> tuple[Reference, BuildRecord]:
     opened = open_base(project, opts.base, log)
     toolchain = hip_compile.toolchain_image(opts.toolchain, opened.spec.source)  # refused before the proofs run
     registries = {opened.spec.source.registry: opened.registry}
-    remote = (registries.get(target.registry) or registries.setdefault(target.registry, Registry(target.registry)),
-              target.repository) if target else None
-    trust = opts.kernel_trust(remote[0]) if remote else None
-    signed = prove_mod.SignedVerdicts(remote[0], remote[1], trust, log) if remote and trust else None
+    remote = RegistryStore(Reference(target.registry, target.repository), registries.get(target.registry) or
+                           registries.setdefault(target.registry, Registry(target.registry))) if target else None
+    trust = opts.kernel_trust(remote.registry) if remote else None
+    signed = prove_mod.SignedVerdicts(remote, trust, log) if remote and trust else None
     dists = python_distributions(opened.fs)
     overlays, applied, stale, (proofs, verdicts) = checked_overlays(project, opts, opened, log, signed)
     verdict_list, verdict_pushes = verdict_records(verdicts, remote)

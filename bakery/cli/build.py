@@ -131,13 +131,13 @@ def compile(project: Path, toolchain: str | None, verify: bool, registry: str | 
     from ..base import spec as base_mod
     from ..inputs import hip, hip_compile
     from ..oci.refs import Reference
-    from ..oci.registry import Registry
+    from ..oci.store import RegistryStore
 
     tools = hip_compile.toolchain_image(toolchain, base_mod.load_spec(Project(project).base_yaml).source)
     recipe = hip.load(Project(project).hip)
     where = Reference.parse(registry) if registry else None
-    remote = (Registry(where.registry), where.repository) if where else None
-    trust = kernel_trust(project, key, policy, remote[0]) if remote else None
+    remote = RegistryStore(Reference(where.registry, where.repository)) if where else None
+    trust = kernel_trust(project, key, policy, remote.registry) if remote else None
     if verify:
         return Compiled(tuple((sha, name) for name, sha in
                               hip_compile.verify_outputs(recipe, tools, cache_dir(create=True) / "hip", log, remote,

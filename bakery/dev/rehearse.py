@@ -298,6 +298,7 @@ def _push_unsigned_kernels(project: Path, stage: Stage, log) -> None:
     rights only: no release key signed it."""
     from ..inputs import hip, hip_compile, kernel_artifact
     from ..oci.registry import Registry
+    from ..oci.store import RegistryStore
 
     host, user, password = stage.registry
     recipe = hip.load(stage.repo / "hip")
@@ -306,5 +307,6 @@ def _push_unsigned_kernels(project: Path, stage: Stage, log) -> None:
                                           log=log)
     repo = stage.image_repo.split("/", 1)[1]
     with scoped_environ(BAKERY_REGISTRY_USER=user, BAKERY_REGISTRY_PASSWORD=password, BAKERY_REGISTRY_HOSTS=host):
-        kernel_artifact.push_artifact(Registry(host), repo, compiled.key, cache / compiled.key[:24])
+        kernel_artifact.push_artifact(RegistryStore(Reference(host, repo), Registry(host)), compiled.key,
+                                      cache / compiled.key[:24])
     log(f"pushed an unsigned {kernel_artifact.artifact_tag(compiled.key)} to {stage.image_repo}")

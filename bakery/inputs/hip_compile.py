@@ -23,7 +23,7 @@ from ..project import cache_dir
 from .device_code import check_device_code
 from .hip import NO_TOOLCHAIN, Artifact, Recipe, Toolchain, script
 from .hip_outputs import expected_outputs, outputs_ok, read_accepted, recorded_outputs, same_outputs, take_outputs
-from .kernel_artifact import artifact_manifest, fetch_artifact, push_artifact
+from .kernel_artifact import fetch_artifact, kernels, push_artifact
 
 
 def toolchain_image(given: str | None, base: Reference) -> Reference:
@@ -154,7 +154,7 @@ class Compiled:
 def compile_recipe(recipe: Recipe, toolchain: Reference, cache: Path, log=print, remote=None, trust=None,
                    recompile: bool = False, defer_push: bool = False) -> Compiled:
     """The recipe's outputs for this toolchain: from this machine's cache, else from the artifact in
-    `remote` ((Registry, repository), the build's target) when `trust(ref)` accepts its signature
+    `remote` (a RegistryStore: the build's push target) when `trust(ref)` accepts its signature
     (release keys; None: no key to check with, so compile), else compiled over `toolchain`'s own
     files in the sandbox (sources read-only, no network). The compiled outputs are pushed to the
     remote, unsigned: `invoke attest` signs the artifact the build record names."""
@@ -166,7 +166,7 @@ def compile_recipe(recipe: Recipe, toolchain: Reference, cache: Path, log=print,
         if trust is None:
             log("no release key in the policy to check a kernel artifact's signature with: compiling here")
         else:
-            fetched = fetch_artifact(remote[0], remote[1], key, out, trust, expected_outputs(recipe))
+            fetched = fetch_artifact(remote, key, out, trust, expected_outputs(recipe))
             if fetched is not None:
                 artifact, accepted = fetched
         if artifact is not None:
@@ -183,12 +183,10 @@ def compile_recipe(recipe: Recipe, toolchain: Reference, cache: Path, log=print,
     push = None
     if remote is not None and artifact is None:
         if defer_push:  # the build pushes it once everything that can fail has run
-            from ..oci.refs import Digest
-
-            artifact = Reference(remote[0].name, remote[1], None, Digest.of(artifact_manifest(key, out, accepted)))
-            push = functools.partial(push_artifact, remote[0], remote[1], key, out, accepted)
+            artifact = kernels(key, out, accepted).at(remote)
+            push = functools.partial(push_artifact, remote, key, out, accepted)
         else:
-            artifact = push_artifact(remote[0], remote[1], key, out, accepted)
+            artifact = push_artifact(remote, key, out, accepted)
     return Compiled(_artifacts(recipe, out, str(toolchain), accepted), key, origin, artifact, push)
 
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from ..errors import NotFound
 from .refs import Descriptor, Digest, Reference
-from .registry import OCI_MANIFEST
 
 
 @dataclass(frozen=True)
@@ -28,6 +27,8 @@ class Artifact:
     @classmethod
     def of(cls, tag: str, artifact_type: str, config: tuple[Descriptor, bytes],
            layers: list[tuple[Descriptor, bytes]]) -> Artifact:
+        from .registry import OCI_MANIFEST  # here: a proof's process need not load the registry
+
         manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": artifact_type,
                                "config": config[0].to_json(), "layers": [d.to_json() for d, _ in layers]},
                               sort_keys=True).encode()
@@ -45,6 +46,8 @@ class Artifact:
 def push(store, artifact: Artifact) -> Reference:
     """Its blobs, then its manifest under its tag, in `store` (a RegistryStore); nothing where the tag
     already names these bytes (one HEAD)."""
+    from .registry import OCI_MANIFEST
+
     registry, repo = store.registry, store.repo
     if not registry.manifest_is(repo, artifact.tag, artifact.digest):
         for desc, data in artifact.blobs:

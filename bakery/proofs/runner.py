@@ -29,11 +29,12 @@ from .. import sandbox, untrusted
 from ..errors import EnvironmentProblem
 from ..files import canonical_json
 from ..inputs.proof_spec import ProofSpec
+from ..oci import artifact
 from ..oci.layer import write_blob
 from ..project import cache_dir
 
 if TYPE_CHECKING:  # a type only: the registry's modules load when a build pushes
-    from ..oci.registry import Registry
+    from ..oci.store import RegistryStore
 
 FIXED, BROKEN, CANNOT = "FIXED", "BROKEN", "CANNOT-PROVE"
 DEVICES = ("cpu", "cuda")  # cpu: Triton's interpreter; cuda: kernels compiled for the GPU torch sees (CUDA or ROCm)
@@ -241,19 +242,16 @@ def verdict_tag(key: str) -> str:
     return f"proof-{key}"
 
 
-def verdict_parts(key: str, verdict: Verdict) -> tuple[list, bytes]:
-    """([(descriptor, bytes)] of the blobs, manifest): the verdict is the config, named by its key."""
+def verdict_artifact_of(verdict: Verdict) -> artifact.Artifact:
+    """The verdict as an OCI artifact: its config, named by its key; one empty layer."""
     from ..oci.refs import Descriptor
-    from ..oci.registry import OCI_MANIFEST
 
     # without the seconds it took: the same verdict proven twice is the same artifact, so a tag cannot be
     # moved between signed runs of one key
-    config = canonical_json({"key": key, "verdict": verdict.verdict, "reason": verdict.reason,
+    config = canonical_json({"key": verdict.key, "verdict": verdict.verdict, "reason": verdict.reason,
                              "measured": verdict.measured})
-    config_desc, empty = Descriptor.of(VERDICT_CONFIG, config), Descriptor.of(EMPTY, b"{}")
-    manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": VERDICT_TYPE,
-                           "config": config_desc.to_json(), "layers": [empty.to_json()]}, sort_keys=True).encode()
-    return [(empty, b"{}"), (config_desc, config)], manifest
+    return artifact.Artifact.of(verdict_tag(verdict.key), VERDICT_TYPE, (Descriptor.of(VERDICT_CONFIG, config), config),
+                                [(Descriptor.of(EMPTY, b"{}"), b"{}")])
 
 
 def read_verdict(config: bytes, key: str, what: str) -> Verdict:
@@ -272,52 +270,44 @@ def read_verdict(config: bytes, key: str, what: str) -> Verdict:
 
 @dataclass(frozen=True)
 class SignedVerdicts:
-    """Verdicts in REGISTRY/REPO (the build's push target) under proof-<key>, taken only where the
+    """Verdicts in the build's push target (a RegistryStore) under proof-<key>, taken only where the
     release keys signed the artifact's digest (`trust(ref)` raises otherwise): the kernel artifact's
     rule, except that one refused is not an error: the proof runs here instead."""
-    registry: Registry
-    repository: str
+    store: RegistryStore
     trust: Callable[[Any, str], object]  # (REF@DIGEST, what) -> raises unless signed
     log: Callable[[str], object] = print
 
     def fetch(self, key: str) -> Verdict | None:
         from ..errors import AuthError, IntegrityError, NotFound, RegistryError, TransientError
         from ..oci.manifest import Manifest
-        from ..oci.refs import Reference
 
-        ref = Reference(self.registry.name, self.repository, verdict_tag(key))
+        ref = self.store.ref.with_tag(verdict_tag(key))
         what = f"proof verdict {ref}"
         try:  # a registry writer can put anything under the tag: what is not signed and right is not taken
-            body, _, digest = self.registry.get_manifest(ref)
-            what = f"proof verdict {ref.with_digest(digest)}"
-            self.trust(ref.with_digest(digest), "proof verdict")
+            taken = artifact.take(self.store, verdict_tag(key), lambda pinned: self.trust(pinned, "proof verdict"))
+            if taken is None:
+                return None
+            pinned, body = taken
+            what = f"proof verdict {pinned}"
             manifest = Manifest.parse(body, what)
             config_desc = manifest.config
             if manifest.artifact_type != VERDICT_TYPE or config_desc.media_type != VERDICT_CONFIG:
                 raise IntegrityError(f"{what} is not a proof verdict")
-            config = self.registry.fetch_document(self.repository, config_desc, f"config of {what}")
+            config = self.store.document(config_desc, f"config of {what}")
             verdict = read_verdict(config, key, what)
-        except NotFound:  # none there, or a part of it deleted
+        except NotFound:  # a part of it deleted
             return None
         except (TransientError, AuthError):  # the registry is down or refuses us: the push would fail too
             raise
         except (IntegrityError, RegistryError) as e:
             self.log(f"not taking {what}: {e}; proving here")
             return None
-        return dataclasses.replace(verdict, artifact=str(ref.with_digest(digest)))
+        return dataclasses.replace(verdict, artifact=str(pinned))
 
 
-def verdict_artifact(registry, repository: str, verdict: Verdict):
-    """Where a verdict proven here goes, and the push that puts it there (its digest is fixed by its
-    bytes, so the record can name it before the push): (REGISTRY/REPO@DIGEST, push)."""
-    from ..oci.refs import Digest, Reference
-    from ..oci.registry import OCI_MANIFEST
-
-    blobs, manifest = verdict_parts(verdict.key, verdict)
-
-    def push() -> None:
-        for desc, data in blobs:
-            registry.upload_blob(repository, desc, lambda d=data: iter([d]))
-        registry.put_manifest(repository, verdict_tag(verdict.key), manifest, OCI_MANIFEST)
-
-    return Reference(registry.name, repository, None, Digest.of(manifest)), push
+def verdict_artifact(store: RegistryStore, verdict: Verdict):
+    """Where a verdict proven here goes in `store` (the push target), and the push that puts it
+    there (its digest is fixed by its bytes, so the record can name it before the push):
+    (REGISTRY/REPO@DIGEST, push)."""
+    made = verdict_artifact_of(verdict)
+    return made.at(store), lambda: artifact.push(store, made)
