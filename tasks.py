@@ -19,6 +19,11 @@ from bakery.cli.edge import reports_errors_for, say as _log  # noqa: E402  (afte
 reports_errors = reports_errors_for(PROJECT)  # only there do errors become exit codes
 
 
+def bakery_task(help=None, **options):
+    """An invoke task whose bakery errors become one line and an exit code."""
+    return lambda body: task(help=help, **options)(reports_errors(body))
+
+
 def _verified(verified) -> None:
     """Print a verification's checks, then fail unless all held (verify, and deploy before it runs)."""
     from bakery.cli import render
@@ -26,6 +31,13 @@ def _verified(verified) -> None:
     print(render.verified(verified))
     verified.check()
     print(f"verified {verified.ref}")
+
+
+def _shown(logged, printed) -> None:
+    """Progress lines to stderr, then the result to stdout (its last line is what scripts read)."""
+    for line in logged:
+        _log(line)
+    print(printed)
 
 
 def _bumped(bumped) -> None:
@@ -36,23 +48,20 @@ def _bumped(bumped) -> None:
     raise Exit(code=bumped.exit_code)
 
 
-@task(help=flags.BUILD)
-@reports_errors
+@bakery_task(flags.BUILD)
 def build(c, base=None, push=None, layout=None, out=None, lock=None, toolchain=None, key=None, policy=None,
           recompile=False, reprove=False):
     """Build the derived image; print its REPO@sha256:DIGEST as the last line."""
-    from bakery.bake.pipeline import Options
+    from bakery.bake.options import Options
     from bakery.cli import build as cmd
 
     ref, record = cmd.build(Options.from_flags(PROJECT, base=base, push=push, layout=layout, out=out, lock=lock,
                                                toolchain=toolchain, key=key, policy=policy, recompile=recompile,
                                                reprove=reprove), log=_log)
-    _log(f"build record: {record}")
-    print(ref)
+    _shown([f"build record: {record}"], ref)
 
 
-@task(help=flags.MIRROR)
-@reports_errors
+@bakery_task(flags.MIRROR)
 def mirror(c, to=None, base=None, image=None, layout=None):
     """Copy the pinned base (or a signed image, with its signatures) by digest; print the mirrored REF@DIGEST."""
     from bakery.cli import build as cmd
@@ -60,8 +69,7 @@ def mirror(c, to=None, base=None, image=None, layout=None):
     print(cmd.mirror(PROJECT, to, base, image, layout, log=_log))
 
 
-@task(help=flags.FIXTURE)
-@reports_errors
+@bakery_task(flags.FIXTURE)
 def fixture(c, registry=None, vllm="0.26.0"):
     """Build the fixture base (Debian + vLLM + AITER sources) with Docker, push it, print REF@DIGEST."""
     from bakery.cli import build as cmd
@@ -69,8 +77,7 @@ def fixture(c, registry=None, vllm="0.26.0"):
     print(cmd.fixture(PROJECT, registry, vllm, log=_log))
 
 
-@task
-@reports_errors
+@bakery_task()
 def stack(c):
     """Start the local Docker engine and registry (127.0.0.1:5000) if they are not running."""
     from bakery.dev import stack as stack_mod
@@ -78,8 +85,7 @@ def stack(c):
     print(stack_mod.up())
 
 
-@task
-@reports_errors
+@bakery_task()
 def demo(c):
     """Stack up, fixture base, build + push, docker pull + run the result; print its digest."""
     from bakery.cli import build as cmd
@@ -97,21 +103,17 @@ def test(c, k=None, x=False, rehearsal=False, fast=False, sweep=False):
     raise Exit(code=subprocess.run(cmd.pytest_argv(k, x, rehearsal, fast, sweep), cwd=PROJECT).returncode)
 
 
-@task(help=flags.LOCK)
-@reports_errors
+@bakery_task(flags.LOCK)
 def lock(c, base=None, lock=None):
     """Apply every required overlay to the base exactly, prove the result, and write overlays.lock (base and result sha256)."""
-    from bakery.bake.pipeline import Options
+    from bakery.bake.options import Options
     from bakery.cli import build as cmd, render
 
     document, path = cmd.lock(Options.from_flags(PROJECT, base=base, lock=lock), log=_log)
-    for line in render.lock_entries(document):
-        _log(line)
-    print(path)
+    _shown(render.lock_entries(document), path)
 
 
-@task(help=flags.PROVE)
-@reports_errors
+@bakery_task(flags.PROVE)
 def prove(c, base=None, device="cpu", kit=None):
     """Run each overlay's behavioural proof on the base's stock target and on the overlaid one."""
     from bakery.cli import proofs as cmd, render
@@ -121,8 +123,7 @@ def prove(c, base=None, device="cpu", kit=None):
     proven.check()
 
 
-@task(help=flags.REBASE)
-@reports_errors
+@bakery_task(flags.REBASE)
 def rebase(c, base, lock=None, out=None):
     """Nightly bump: carry each overlay to a new base and prove it there; re-lock only if all are proven."""
     from bakery.cli import proofs as cmd, render
@@ -133,8 +134,7 @@ def rebase(c, base, lock=None, out=None):
     print(render.rebased_next(rebased))
 
 
-@task(help=flags.PRUNE)
-@reports_errors
+@bakery_task(flags.PRUNE)
 def prune(c, repository, key=None, policy=None, retention=None, ledger=None, apply=False, via="auto"):
     """Keep every release and what it needs, the newest candidates and nightlies; delete the rest bakery wrote."""
     from bakery.cli import release as cmd, render
@@ -143,8 +143,7 @@ def prune(c, repository, key=None, policy=None, retention=None, ledger=None, app
                                                log=_log))))
 
 
-@task(help=flags.TRACK)
-@reports_errors
+@bakery_task(flags.TRACK)
 def track(c, from_=None, mirror=None, tags="*", ledger=None, no_bump=False, report=None, list_=False):
     """Keep every upstream nightly (mirror by digest, record in image/nightlies.yaml), then `invoke bump`.
     Exit 0: nothing new; 10: bumped and proven (base.yaml, overlays/, ledger changed); 11: needs porting."""
@@ -159,8 +158,7 @@ def track(c, from_=None, mirror=None, tags="*", ledger=None, no_bump=False, repo
         _bumped(cmd.bump(PROJECT, ledger=str(tracked.ledger), report=report, log=_log))
 
 
-@task(help=flags.BUMP)
-@reports_errors
+@bakery_task(flags.BUMP)
 def bump(c, ledger=None, nightly=None, report=None, out=None):
     """The nightly bump: rebase onto the newest kept nightly not yet tried, with proofs, read from the mirror.
     Exit 0: nothing new; 10: carried and proven (base.yaml, overlays/ and the ledger changed); 11: needs porting."""
@@ -169,19 +167,16 @@ def bump(c, ledger=None, nightly=None, report=None, out=None):
     _bumped(cmd.bump(PROJECT, ledger, nightly, report, out, log=_log))
 
 
-@task(help=flags.KEYGEN)
-@reports_errors
+@bakery_task(flags.KEYGEN)
 def keygen(c, out=".", role="release"):
     """Make an ECDSA P-256 key pair for one role; the private key is encrypted with BAKERY_KEY_PASSWORD."""
     from bakery.cli import release as cmd
 
     key, pub = cmd.keygen(out, role)
-    _log(f"private key (encrypted): {key}")
-    print(pub)
+    _shown([f"private key (encrypted): {key}"], pub)
 
 
-@task(help=flags.KEYCHECK)
-@reports_errors
+@bakery_task(flags.KEYCHECK)
 def keycheck(c, role, public):
     """Check that the role's secret key (its variable, as a signing job holds it) is the one PUBLIC names."""
     from bakery.trust import keys
@@ -190,8 +185,7 @@ def keycheck(c, role, public):
           f"{public} names")
 
 
-@task(help=flags.CHECK_TAG)
-@reports_errors
+@bakery_task(flags.CHECK_TAG)
 def check_tag(c, tag):
     """Check that TAG is one promote can write (the registry's grammar): the build job refuses it before any approval."""
     from bakery.oci.refs import check_tag as check
@@ -199,23 +193,19 @@ def check_tag(c, tag):
     print(f"ok: {check(tag)} is a tag promote can write")
 
 
-@task(help=flags.PREFLIGHT)
-@reports_errors
+@bakery_task(flags.PREFLIGHT)
 def preflight(c, repository=None, api=None):
     """Before the first tag: one line for each thing a release still lacks, and what to do; exit 0 only when none."""
     from bakery.cli import release as cmd
     from bakery.release.github import NOT_READY
 
     gaps = cmd.preflight(PROJECT, repository, api)
-    for gap in gaps:
-        print(f"missing: {gap}")
+    print("\n".join([f"missing: {gap}" for gap in gaps] or ["ready: nothing a release needs is missing"]))
     if gaps:
         raise Exit(f"{len(gaps)} thing(s) a release needs are missing (above)", code=NOT_READY)
-    print("ready: nothing a release needs is missing")
 
 
-@task(help=flags.AWAIT_RUNNER)
-@reports_errors
+@bakery_task(flags.AWAIT_RUNNER)
 def await_runner(c, job, minutes="30"):
     """In a release run: fail, and cancel the run, when no runner takes JOB within MINUTES of its being queued."""
     from bakery.cli import release as cmd
@@ -229,31 +219,25 @@ def await_runner(c, job, minutes="30"):
         raise
 
 
-@task(help=flags.ATTEST)
-@reports_errors
+@bakery_task(flags.ATTEST)
 def attest(c, image, record=None, key=None, layout=None, keyless=False, trust_config=None):
     """Sign IMAGE@DIGEST and attach its SBOM (SPDX 2.3) and SLSA provenance; idempotent."""
     from bakery.cli import release as cmd, render
 
     ref, written = cmd.attest(PROJECT, image, record, key, layout, keyless, trust_config)
-    _log(render.lines(render.attested(ref, written)))
-    print(ref)
+    _shown(render.attested(ref, written), ref)
 
 
-@task(help=flags.ATTACH)
-@reports_errors
+@bakery_task(flags.ATTACH)
 def attach(c, image, envelope, key=None, role="smoke", policy=None):
     """Attach a signed attestation (made on another machine) to IMAGE@DIGEST, after checking its signature."""
     from bakery.cli import release as cmd, render
 
     ref, kind, digest = cmd.attach(PROJECT, image, envelope, key, role, policy)
-    _log(render.attached(ref, kind, digest))
-    print(ref)
+    _shown([render.attached(ref, kind, digest)], ref)
 
 
-@task(help=flags.POLICY,
-      iterable=["key", "mirror", "accept", "smoke_key", "rebuilder_key"])
-@reports_errors
+@bakery_task(flags.POLICY, iterable=["key", "mirror", "accept", "smoke_key", "rebuilder_key"])
 def policy(c, containers=None, k8s=None, policy=None, key=None, smoke_key=None, rebuilder_key=None, mirror=None,
            accept=None):
     """Write the node policy (--containers: podman/CRI-O pull our repositories only as the release keys signed
@@ -261,13 +245,10 @@ def policy(c, containers=None, k8s=None, policy=None, key=None, smoke_key=None, 
     from bakery.cli import deploy as cmd, render
 
     written = cmd.policy(PROJECT, containers, policy, key, mirror, accept, k8s, smoke_key, rebuilder_key)
-    _log(render.lines(render.node_policy(written)))
-    print(written.path)
+    _shown(render.node_policy(written), written.path)
 
 
-@task(help=flags.DEPLOY,
-      iterable=["allow", "rebuilder_key"])
-@reports_errors
+@bakery_task(flags.DEPLOY, iterable=["allow", "rebuilder_key"])
 def deploy(c, image, proxy_image, hostname, allow=None, email=None, internal_tls=False, compose=None, snapshot=None,
            compose_file=None, k8s=None, replicas=1, key=None, smoke_key=None, policy=None, rebuilder_key=None):
     """Run one verified digest behind the seed's proxy: --compose (this host) or --k8s (a fleet manifest)."""
@@ -280,9 +261,7 @@ def deploy(c, image, proxy_image, hostname, allow=None, email=None, internal_tls
     print(cmd.deploy(PROJECT, plan))
 
 
-@task(help=flags.VERIFY,
-      iterable=["rebuilder_key"])
-@reports_errors
+@bakery_task(flags.VERIFY, iterable=["rebuilder_key"])
 def verify(c, image, key=None, smoke_key=None, policy=None, layout=None, require_smoke=False, skip_blobs=False,
            rebuilder_key=None, require_rebuilds=0):
     """For ops: prove IMAGE is ours, what is in it and how it was made; exit 0 only if all checks hold."""
@@ -292,23 +271,18 @@ def verify(c, image, key=None, smoke_key=None, policy=None, layout=None, require
                          require_rebuilds, log=_log))
 
 
-@task(help=flags.REPRODUCE)
-@reports_errors
+@bakery_task(flags.REPRODUCE)
 def reproduce(c, image, release_key=None, policy=None, toolchain=None, workdir=None, attest=False, key=None,
               outcome=None):
     """Rebuild IMAGE from its signed provenance here, from nothing; exit 0 only if the digest is the same."""
     from bakery.cli import release as cmd, render
 
     reproduced = cmd.reproduce(PROJECT, image, release_key, policy, toolchain, workdir, attest, key, outcome, log=_log)
-    attested = render.reproduced_attestation(reproduced)
-    if attested:
-        _log(attested)
-    print(render.reproduced(reproduced))
+    _shown([line for line in [render.reproduced_attestation(reproduced)] if line], render.reproduced(reproduced))
     reproduced.check()
 
 
-@task(help=flags.ATTEST_REBUILD)
-@reports_errors
+@bakery_task(flags.ATTEST_REBUILD)
 def attest_rebuild(c, image, outcome, release_key=None, policy=None, key=None, keyless=False, trust_config=None):
     """Sign a rebuild's outcome as a rebuilder where no build runs; the match is recomputed from the manifest."""
     from bakery.cli import release as cmd, render
@@ -317,8 +291,7 @@ def attest_rebuild(c, image, outcome, release_key=None, policy=None, key=None, k
                                                       trust_config)))
 
 
-@task(help=flags.SMOKE, iterable=["endpoint", "reference_endpoint"])
-@reports_errors
+@bakery_task(flags.SMOKE, iterable=["endpoint", "reference_endpoint"])
 def smoke(c, image, model_dir=None, port=8000, report=None, reference=None, record=None, endpoint=None,
           reference_endpoint=None, approvals=None, bench_client=None, tokenizer=None, bfcl=None, attest=False, key=None,
           envelope=None, release_key=None, smoke_key=None, not_promoted=None, keyless=False, trust_config=None):
@@ -328,15 +301,11 @@ def smoke(c, image, model_dir=None, port=8000, report=None, reference=None, reco
     smoked = cmd.smoke(PROJECT, image, model_dir, port, report, reference, record, endpoint, reference_endpoint,
                        approvals, bench_client, tokenizer, bfcl, attest, key, envelope, release_key, smoke_key,
                        not_promoted, keyless, trust_config, log=_log)
-    for line in render.smoked_log(smoked):
-        _log(line)
-    print(render.smoked(smoked))
+    _shown(render.smoked_log(smoked), render.smoked(smoked))
     smoked.check()
 
 
-@task(help=flags.PROMOTE,
-      iterable=["rebuilder_key"])
-@reports_errors
+@bakery_task(flags.PROMOTE, iterable=["rebuilder_key"])
 def promote(c, image, tag, key=None, smoke_key=None, policy=None, rebuilder_key=None, require_rebuilds=0,
             smoke_run=None):
     """Tag a digest for release, only if it verifies with a passing MI300X smoke attestation."""
@@ -345,8 +314,7 @@ def promote(c, image, tag, key=None, smoke_key=None, policy=None, rebuilder_key=
     print(cmd.promote(PROJECT, image, tag, key, smoke_key, policy, rebuilder_key, require_rebuilds, smoke_run))
 
 
-@task(help=flags.DISK)
-@reports_errors
+@bakery_task(flags.DISK)
 def disk(c, base=None, toolchain=None, unless_cached_in=None, key=None, policy=None):
     """Check that BAKERY_CACHE's disk holds the toolchain's files a compile needs; print needed and free GiB."""
     from bakery.cli import build as cmd, render
@@ -354,8 +322,7 @@ def disk(c, base=None, toolchain=None, unless_cached_in=None, key=None, policy=N
     print(render.disk(cmd.disk(PROJECT, base, toolchain, unless_cached_in, key, policy, log=_log)))
 
 
-@task(help=flags.TOOLCHAIN)
-@reports_errors
+@bakery_task(flags.TOOLCHAIN)
 def toolchain(c, registry=None):
     """Build the stand-in HIP toolchain image (Debian clang-19, ROCm device libs, CPU torch), push it; print REF@DIGEST."""
     from bakery.cli import build as cmd
@@ -363,20 +330,15 @@ def toolchain(c, registry=None):
     print(cmd.toolchain(PROJECT, registry, log=_log))
 
 
-@task(help=flags.COMPILE)
-@reports_errors
+@bakery_task(flags.COMPILE)
 def compile(c, toolchain=None, verify=False, registry=None, key=None, policy=None):
     """Compile hip/ for gfx942 in the toolchain image, check the device code, print each output's sha256."""
     from bakery.cli import build as cmd, render
 
-    logged, printed = render.compiled(cmd.compile(PROJECT, toolchain, verify, registry, key, policy, log=_log))
-    for line in logged:
-        _log(line)
-    print(printed)
+    _shown(*render.compiled(cmd.compile(PROJECT, toolchain, verify, registry, key, policy, log=_log)))
 
 
-@task(help=flags.REHEARSE)
-@reports_errors
+@bakery_task(flags.REHEARSE)
 def rehearse(c, workflow="release", drill=None, smoke_stand_in=False, work=None, keyless=False):
     """Run a workflow end to end on this machine under act, against the local registry; print the job table."""
     from bakery.cli import dev as cmd, render

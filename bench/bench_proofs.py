@@ -21,7 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bakery.bake.pipeline import base_files, open_base, overlay_inputs, overlay_proofs  # noqa: E402 (after sys.path names the project)
+from bakery.bake.opened import base_files, open_base  # noqa: E402 (after sys.path names the project)
+from bakery.bake.pipeline import overlay_inputs, overlay_proofs  # noqa: E402
 from bakery.dev import fixture, stack  # noqa: E402 (after sys.path names the project)
 
 

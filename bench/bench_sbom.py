@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import bench_prod  # noqa: E402  (reads --gib)
-from bakery.bake import pipeline  # noqa: E402 (after sys.path names the project)
+from bakery.bake import opened  # noqa: E402 (after sys.path names the project)
 from bakery.base import inventory, spec as base_mod  # noqa: E402 (after sys.path names the project)
 from bakery.base.filesystem import BaseFilesystem  # noqa: E402 (after sys.path names the project)
 from bakery.base.layercache import LayerCache  # noqa: E402 (after sys.path names the project)
@@ -61,7 +61,7 @@ def kept_bytes(cache: Path) -> int:
 def read_inventory(fs: BaseFilesystem, targets: list[str]) -> tuple[float, int, int, int]:
     """(seconds, Python distributions, dpkg packages, targets a RECORD lists), from the kept files."""
     start = time.monotonic()
-    dists = pipeline.python_distributions(fs)
+    dists = opened.python_distributions(fs)
     inventory.operating_system(fs)
     debs = inventory.debian_packages(fs)
     owned = inventory.owners(fs, [d.metadata for d in dists], targets)
@@ -72,10 +72,10 @@ def main() -> None:
     registry = stack.up()
     work = Path(tempfile.mkdtemp(prefix="bakery-bench-sbom-"))
     base = bench_prod.stand_in_base(registry, work)
-    registered = pipeline.registered_overlays(ROOT)
+    registered = opened.registered_overlays(ROOT)
     assert registered is not None, "overlays/overlays.yaml does not load: invoke build says why"
-    now = pipeline.needed_files(ROOT, registered)
-    before = tuple(p for p in now if p not in inventory.PATTERNS and p != pipeline.DIST_RECORD)
+    now = opened.needed_files(ROOT, registered)
+    before = tuple(p for p in now if p not in inventory.PATTERNS and p != opened.DIST_RECORD)
     targets = [o.target for o in registered]
     runs: dict[str, list] = {"before": [], "now": []}
     for _ in range(ROUNDS):  # interleaved: this machine's speed drifts from minute to minute

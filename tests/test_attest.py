@@ -507,7 +507,7 @@ def test_builder_and_source_come_from_the_ci_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("GITHUB_ACTIONS")
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     subprocess.run(["git", "-C", str(tmp_path), "remote", "add", "origin", "git@github.com:acme/bakery.git"], check=True)
-    from bakery.bake.pipeline import _git
+    from bakery.bake.record import _git
 
     assert record_mod.source_repository(tmp_path, _git) == "https://github.com/acme/bakery"
     subprocess.run(["git", "-C", str(tmp_path), "remote", "set-url", "origin", "/srv/git/bakery.git"], check=True)

@@ -280,7 +280,8 @@ def test_a_build_that_fails_at_its_last_check_has_pushed_nothing(project, regist
     """The last thing that can fail before a push (the SBOM and provenance made from the record)
     fails here: neither the image's tag nor the kernel artifact's is in the registry. Before, the
     kernel artifact was pushed as soon as it was compiled."""
-    from bakery.bake.pipeline import Options, build as run
+    from bakery.bake.options import Options
+    from bakery.bake.pipeline import build as run
 
     def fails(rec, subject):
         raise IntegrityError("the record cannot give its SBOM (made to fail here)")

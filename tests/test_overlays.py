@@ -490,7 +490,7 @@ def test_a_file_absent_probe_holds_only_where_python_finds_nothing(registry, tmp
     real image, as rebase and the build read it."""
     import dataclasses
 
-    from bakery.bake.pipeline import probe_files
+    from bakery.bake.opened import probe_files
     from test_engines import filesystem
     from test_toolchain_root import busybox_layer, tar
 

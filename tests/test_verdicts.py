@@ -129,11 +129,11 @@ def moved_key(reg: Registry, ref: Reference) -> str:
 
 
 def _trust(project: Path, keys_dir: Path, base, reg: Registry):
-    from bakery.bake.pipeline import Options
+    from bakery.trust import verify
     from support import dev_policy
 
-    return Options(project, keys=(keys_dir / "k" / "release.pub",),
-                   policy=dev_policy(project.parent / "p.yaml", base)).kernel_trust(reg)
+    return verify.release_signed(dev_policy(project.parent / "p.yaml", base), project,
+                                 (keys_dir / "k" / "release.pub",), reg)
 
 
 def test_the_sign_job_signs_only_the_verdict_the_record_says(registry, release_keys):

@@ -1,16 +1,45 @@
-"""What a build says of itself in its record: who ran it, from which source, with which tools.
-The record's shape is bakery.trust.record."""
+"""What a build says of itself in its record: who ran it, from which source, with which tools, and
+the record assembled from what each stage of the build returned (bake/pipeline.py). The record's
+shape is bakery.trust.record."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import subprocess
 import sys
 import zlib
+from datetime import UTC, datetime
 from pathlib import Path
 
 from .. import __version__
-from ..trust.record import Builder
+from ..base import inventory
+from ..base.filesystem import BaseFilesystem
+from ..errors import InputError, IntegrityError
+from ..inputs import image as image_mod, overlays as overlays_mod
+from ..trust.record import (
+    Artifact as ArtifactRecord,
+    Base as BaseRecord,
+    Builder,
+    BuildRecord,
+    DebPackage,
+    Deleted,
+    Distribution,
+    File as FileRecord,
+    Hashed,
+    ImageSpec,
+    Kernels as KernelsRecord,
+    Layer as LayerRecord,
+    LockPin,
+    Manifest as ManifestRecord,
+    OperatingSystem,
+    Overlay as OverlayRecord,
+    Source,
+    Tuning,
+)
+from .opened import OpenBase, probe_files
+from .stages import Image, Kernels, Overlays, Tables, Verdicts
 
 
 def tools() -> dict:
@@ -49,3 +78,136 @@ def source_repository(project: Path, git) -> str:
     elif "://" not in url:  # a clone of a local path: name it as a URI all the same
         url = (project / url).resolve().as_uri()
     return url.removesuffix(".git").rstrip("/")
+
+
+# -- the source: which revision, clean or not, and the one clock -----------------------------------
+
+def _git_started(project: Path, *args: str):
+    """Ask git now; the answer (stripped stdout, or InputError) when the returned function is called."""
+    proc = subprocess.Popen(["git", "-C", str(project), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+    def answer() -> str:
+        out, err = proc.communicate()
+        if proc.returncode != 0:
+            raise InputError(f"{project} is not a git checkout with a commit ({err.strip()}): "
+                             f"bakery records the source revision; commit first")
+        return out.strip()
+    return answer
+
+
+def _git(project: Path, *args: str) -> str:
+    return _git_started(project, *args)()
+
+
+def source_date_epoch(project: Path) -> int:
+    """SOURCE_DATE_EPOCH if set, else the commit time of HEAD: read once, here."""
+    value = os.environ.get("SOURCE_DATE_EPOCH")
+    if value is None:
+        return int(_git(project, "log", "-1", "--format=%ct"))
+    if not value.isdigit():
+        raise InputError(f"SOURCE_DATE_EPOCH={value!r} is not a whole number of seconds since 1970")
+    return int(value)
+
+
+
+def read_source(project: Path) -> Source:
+    """The revision, whether the checkout is dirty (untracked files count: they can change the
+    image), SOURCE_DATE_EPOCH (else HEAD's commit time) and where the source came from; the three
+    git processes run at once."""
+    revision, status = _git_started(project, "rev-parse", "HEAD"), _git_started(project, "status", "--porcelain")
+    epoch = source_date_epoch(project)
+    revision_sha, dirty = revision(), bool(status())
+    return Source(source_repository(project, _git), revision_sha, dirty, epoch)
+
+
+def input_files(project: Path) -> list[Path]:
+    """Every checked-in file that can change the image."""
+    return sorted(p for folder in ("image", "overlays", "tuning", "hip") if (project / folder).is_dir()
+                  for p in (project / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+
+
+# -- the record, from what each stage returned -----------------------------------------------------
+
+def base_record(opened: OpenBase, dists: list) -> BaseRecord:
+    """The base as read, with what its SBOM names: its Pythons, its OS and its dpkg packages (a base
+    with dpkg packages and no os-release is refused: scanners could not say whose packages they are)."""
+    base, pinned = opened.image, opened.spec
+    os_found = inventory.operating_system(opened.fs)
+    debs = tuple(DebPackage.from_json(d, f"the base's dpkg package {i}")
+                 for i, d in enumerate(inventory.debian_packages(opened.fs)))
+    if debs and os_found is None:
+        raise IntegrityError("the base has dpkg packages but no /etc/os-release or /usr/lib/os-release: its SBOM "
+                             "could not name their distribution; the base is refused")
+    return BaseRecord(pinned.image.name, pinned.image, str(base.ref), pinned.platform, base.index_digest,
+                      base.manifest_digest, base.manifest_media_type, len(base.manifest_bytes),
+                      base.config_descriptor, tuple(base.layers), tuple(dists),
+                      OperatingSystem.from_json(os_found) if os_found else None, debs)
+
+
+def overlay_records(project: Path, overlays: list, applied: list, proofs: dict, fs: BaseFilesystem,
+                    dists: list[Distribution]) -> tuple[OverlayRecord, ...]:
+    """Every registered overlay (baked or not) with its hashes, and for a baked one the distribution
+    whose RECORD lists its target (the SBOM puts the file in that package, and says the RECORD's
+    sha256 is no longer the file's)."""
+    by_id = {a.overlay.id: a for a in applied}
+    # audit records' targets too: the VEX names the distribution for them as well
+    owned_by = inventory.owners(fs, [d.metadata for d in dists], [o.target for o in overlays])
+    # an audit record's probe, run on this base: the VEX says not_affected only where it holds
+    probed = [o for o in overlays if not o.baked and o.probe]
+    files = probe_files(fs, [c["path"] for o in probed for c in o.probe])  # as rebase reads them
+    audits = {o.id: dict(zip(("holds", "detail"), overlays_mod.probe_holds(o, files), strict=True)) for o in probed}
+    out = []
+    for o in overlays:
+        a = by_id.get(o.id)
+        patch = a.overlay.patch_path if a else o.patch_path
+        owned = owned_by.get(o.target)
+        owner = {"distribution": dists[owned[0]].name, "version": dists[owned[0]].version,
+                 "record_sha256": owned[1]} if owned else None
+        out.append(OverlayRecord(o.id, o.target, o.kind, o.status, a is not None, o.upstream, o.reason,
+                                 tuple(o.platforms), str(patch.relative_to(project)) if patch else None,
+                                 a.overlay.patch_sha256 if a else o.patch_sha256, proofs.get(o.id),
+                                 a.base_sha256 if a else None, a.result_sha256 if a else None,
+                                 hashlib.sha1(a.result, usedforsecurity=False).hexdigest() if a else None, owner,
+                                 o.defect, audits.get(o.id)))
+    return tuple(out)
+
+
+
+
+def assemble(project: Path, lock_path: Path, started: datetime, source: Source, opened: OpenBase,
+             dists: list[Distribution], overlays: Overlays, verdicts: Verdicts, kernels: Kernels, tables: Tables,
+             image: Image, spec) -> BuildRecord:
+    """The build record of what the stages returned, before anything is pushed (its outputs and push
+    are filled in once they are)."""
+    layers, derived = image.layers, image.derived
+    return BuildRecord(
+        source=source,
+        inputs=tuple(Hashed(str(p.relative_to(project)), hashlib.sha256(p.read_bytes()).hexdigest())
+                     for p in input_files(project)),
+        base=base_record(opened, dists),
+        files=tuple(FileRecord(f.path, f.sha256, len(f.data), oct(f.mode), i)
+                    for i, layer in enumerate(layers) for f in layer.files),
+        deleted=tuple(Deleted(d, i, "an extension module Python would import instead of an overlaid module"
+                              if d.endswith(".so") else "stale bytecode of an overlaid module")
+                      for i, layer in enumerate(layers)
+                      for d in layer.deletions),
+        overlays=overlay_records(project, overlays.registered, overlays.applied, overlays.proofs, opened.fs, dists),
+        verdicts=verdicts.records,
+        artifacts=tuple(ArtifactRecord.from_json(a.record(), f"artifacts[{i}]")
+                        for i, a in enumerate(kernels.compiled.artifacts)),
+        kernels=KernelsRecord.from_json(kernels.compiled.record()),
+        tuning=tuple(Tuning(t.name, t.path, t.sha256, t.rows, t.env, t.source.name) for t in tables.tables),
+        layers=tuple(LayerRecord(layer.descriptor, layer.diff_id, layer.comment) for layer in layers),
+        config=derived.config_descriptor,
+        manifest=ManifestRecord(derived.digest, image_mod.OCI_MANIFEST, len(derived.manifest), image.notes),
+        image=ImageSpec(spec.repository.name, dict(spec.env), tuple(spec.entrypoint), tuple(spec.cmd)),
+        outputs=(),
+        push=None,
+        overlays_lock=LockPin(str(lock_path), str(opened.spec.image), hashlib.sha256(lock_path.read_bytes()).hexdigest()),
+        builder=builder(),
+        tools=tools(),
+        started=started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        finished=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),  # again once pushed
+        layer_downloads=opened.fs.cache.downloads,
+    )

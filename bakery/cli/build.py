@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..bake.pipeline import Options
+from ..bake.options import Options
 from ..errors import InputError, IntegrityError, NotFound
 from ..project import Project, cache_dir
 from .trust_flags import kernel_trust

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..bake.pipeline import Options
+from ..bake.options import Options
 from ..errors import InputError, NotCarried, NotProven
 
 if TYPE_CHECKING:  # imported by the commands when they run

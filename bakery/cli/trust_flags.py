@@ -24,9 +24,10 @@ def load_policy(project: Path, policy: str | None, keys: dict):
 
 def kernel_trust(project: Path, key: str | None, policy: str | None, registry):
     """None, or what a kernel artifact must carry (a release-key signature) to be used instead of compiling."""
-    from ..bake.pipeline import Options
+    from ..trust import verify
 
-    return Options.from_flags(project, key=key, policy=policy).kernel_trust(registry)
+    return verify.release_signed(Path(policy) if policy else Project(project).policy, project,
+                                 (Path(key),) if key else (), registry)
 
 
 def check_signer(keyless: bool, key: str | None, signing: bool = True) -> None:

@@ -18,7 +18,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..bake.pipeline import Options, base_files, open_base, probe_files
+from ..bake.opened import base_files, open_base, probe_files
+from ..bake.options import Options
 from ..errors import BakeryError, InputError
 from ..files import rewrite
 from ..inputs import overlays as overlays_mod, patch as patch_mod

@@ -59,7 +59,7 @@ class Bump:
 def bump(project: Path, ledger_path: Path, out: Path, nightly: str | None = None, log=print) -> Bump | None:
     """Try the newest untried nightly (or the one named) on the mirror's copy with `rebase`; carried:
     pin it in image/base.yaml. The ledger records the outcome either way."""
-    from ...bake.pipeline import Options
+    from ...bake.options import Options
     from .. import rebase as rebase_mod
 
     ledger = load_ledger(ledger_path)

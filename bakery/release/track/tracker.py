@@ -97,7 +97,7 @@ def _tag_exists(registry: Registry, repo: str, tag: str) -> bool:
 
 def describe(project: Path, mirrored: str, platform: str) -> tuple[str, dict[str, Version]]:
     """What the mirror's copy says it is: its config's creation time, vLLM's and AITER's versions."""
-    from ...bake.pipeline import needed_files
+    from ...bake.opened import needed_files
     from ...base.filesystem import BaseFilesystem
     from ...base.layercache import LayerCache
 
