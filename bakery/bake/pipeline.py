@@ -21,7 +21,7 @@ from ..oci.registry import Registry
 from ..oci.store import RegistryStore
 from ..project import Project, cache_dir
 from ..proofs import gate, runner as prove_mod
-from ..trust import record as record_file, verify
+from ..trust import record as record_file
 from ..trust.record import BuildRecord, Verdict
 from . import record
 from .opened import OpenBase, base_files, open_base, python_distributions
@@ -42,7 +42,7 @@ def build(opts: Options, log=print) -> tuple[Reference, BuildRecord]:
     registries = {opened.spec.source.registry: opened.registry}
     remote = RegistryStore(Reference(target.registry, target.repository), registries.get(target.registry) or
                            registries.setdefault(target.registry, Registry(target.registry))) if target else None
-    trust = verify.release_signed(opts.policy_path, opts.project, opts.keys, remote.registry) if remote else None
+    trust = release_trust(opts, remote)
     dists = python_distributions(opened.fs)
     overlays = checked_overlays(project, opts, opened, log,
                                 prove_mod.SignedVerdicts(remote, trust, log) if remote and trust else None)
@@ -58,6 +58,16 @@ def build(opts: Options, log=print) -> tuple[Reference, BuildRecord]:
     pushed, rec = publish(rec, image.derived, opts, target, registries, opened,
                           ([kernels.compiled.push] if kernels.compiled.push else []) + verdicts.pushes, log)
     return pushed or spec.repository.with_digest(image.derived.digest), rec
+
+
+def release_trust(opts: Options, remote: RegistryStore | None):
+    """What a kernel artifact or proof verdict in the push target must carry to be taken (none
+    without a push target: nothing is taken from a registry then)."""
+    if remote is None:
+        return None
+    from ..trust import verify  # here: a build that takes nothing from a registry loads no signature code
+
+    return verify.release_signed(opts.policy_path, opts.project, opts.keys, remote.registry)
 
 
 def overlay_inputs(project: Path, base: OpenBase) -> tuple[list, list, list]:

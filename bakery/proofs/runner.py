@@ -281,14 +281,18 @@ class SignedVerdicts:
         from ..errors import AuthError, IntegrityError, NotFound, RegistryError, TransientError
         from ..oci.manifest import Manifest
 
-        ref = self.store.ref.with_tag(verdict_tag(key))
-        what = f"proof verdict {ref}"
+        what = f"proof verdict {self.store.ref.with_tag(verdict_tag(key))}"
+
+        def signed(pinned) -> None:
+            nonlocal what
+            what = f"proof verdict {pinned}"
+            self.trust(pinned, "proof verdict")
+
         try:  # a registry writer can put anything under the tag: what is not signed and right is not taken
-            taken = artifact.take(self.store, verdict_tag(key), lambda pinned: self.trust(pinned, "proof verdict"))
+            taken = artifact.take(self.store, verdict_tag(key), signed)
             if taken is None:
                 return None
             pinned, body = taken
-            what = f"proof verdict {pinned}"
             manifest = Manifest.parse(body, what)
             config_desc = manifest.config
             if manifest.artifact_type != VERDICT_TYPE or config_desc.media_type != VERDICT_CONFIG:
