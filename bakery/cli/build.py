@@ -32,8 +32,6 @@ def lock(o: Options, log):
 def mirror(project: Path, to: str | None, base: str | None, image: str | None, layout: str | None, log) -> str:
     """The pinned base (or, with image, one of our signed images with its signatures) copied by
     digest; what was written, as REF@DIGEST (or LAYOUT:DIGEST)."""
-    import contextlib
-
     from ..base import spec as base_mod
     from ..oci import mirror as mirror_mod, store
     from ..oci.refs import Reference
@@ -52,7 +50,7 @@ def mirror(project: Path, to: str | None, base: str | None, image: str | None, l
         else:
             raise InputError("--image needs --to REGISTRY/REPO or --layout DIR")
         log(f"mirroring {ref} with its signature and attestations to {layout or where.name}")
-        with dest_store.locked() if isinstance(dest_store, store.LayoutStore) else contextlib.nullcontext():
+        with dest_store.locked():
             mirror_mod.copy_signed(store.RegistryStore(ref), ref, dest_store, tag, log=log)
         return f"{layout}:{ref.digest}" if layout else str(where)
     if not to:
@@ -166,26 +164,33 @@ def kernels_cached(project: Path, spec, unless_cached_in: str, key: str | None, 
     """(REPO, TAG) of a kernel artifact for this recipe that a release key signed, or None (said
     why in the log): a build that finds one never pulls the base to compile."""
     from ..inputs import hip, hip_compile, kernel_artifact
+    from ..oci import artifact
     from ..oci.refs import Reference
-    from ..oci.registry import Registry
+    from ..oci.store import RegistryStore
 
     where = Reference.parse(unless_cached_in)
-    registry = Registry(where.registry)
-    trust = kernel_trust(project, key, policy, registry)
+    store = RegistryStore(Reference(where.registry, where.repository))
+    trust = kernel_trust(project, key, policy, store.registry)
     tools = hip_compile.toolchain_image(None, spec.source)
     tag = kernel_artifact.artifact_tag(hip.load(Project(project).hip).key(str(tools.pin)))
-    try:
-        _, _, digest = registry.get_manifest(Reference(where.registry, where.repository, tag))
+
+    def signed(ref: Reference) -> None:
         if trust is None:
             raise IntegrityError("no release key in the policy to check its signature with")
-        trust(Reference(where.registry, where.repository, tag, digest))
-        return where.name, tag
-    except NotFound:
-        log(f"{where.name} has no kernel artifact for this recipe and toolchain: the build will compile")
+        trust(ref)
+
+    try:
+        taken = artifact.take(store, tag, signed)
+    except NotFound:  # a part of it gone (its signature's blobs)
+        taken = None
     except IntegrityError as e:
         log(f"{where.name} has a kernel artifact for this recipe that will not be used ({e}): the build will "
             f"compile (with --recompile) or refuse it")
-    return None
+        return None
+    if taken is None:
+        log(f"{where.name} has no kernel artifact for this recipe and toolchain: the build will compile")
+        return None
+    return where.name, tag
 
 
 def disk(project: Path, base: str | None, toolchain: str | None, unless_cached_in: str | None, key: str | None,

@@ -27,8 +27,6 @@ def keygen(out: str, role: str) -> tuple[Path, Path]:
 def attest(project: Path, image: str, record: str | None, key: str | None, layout: str | None, keyless: bool = False,
            trust_config: str | None = None):
     """(the image, what was written: signature, attestations, kernels, verdicts)."""
-    import contextlib
-
     from ..oci import store
     from ..oci.refs import Reference
     from ..trust import attest as attest_mod, record as record_mod
@@ -36,7 +34,7 @@ def attest(project: Path, image: str, record: str | None, key: str | None, layou
     ref = Reference.parse_pinned(image, "image")
     rec = record_mod.read(Path(record) if record else Project(project).out / "build-record.json")
     where = store.open_store(ref, Path(layout) if layout else None)
-    with where.locked() if isinstance(where, store.LayoutStore) else contextlib.nullcontext():  # prune is refused meanwhile
+    with where.locked():  # a layout's: prune is refused meanwhile
         written = attest_mod.attest(where, ref, rec, signer_for("release", keyless, trust_config, key),
                                     sign_kernels=not layout, formats=signature_formats(project))
     return ref, written

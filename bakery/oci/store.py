@@ -69,6 +69,10 @@ class RegistryStore:
     def put_index(self, tag: str, body: bytes) -> Digest:
         return self.put_manifest(tag, body, OCI_INDEX)
 
+    def locked(self, wait: bool = True):
+        """A registry keeps its own order: nothing to hold here (LayoutStore.locked holds a layout)."""
+        return contextlib.nullcontext(self)
+
 
 class LayoutStore:
     """An OCI image layout; tags are index.json entries named by org.opencontainers.image.ref.name."""

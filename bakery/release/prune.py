@@ -20,6 +20,7 @@ say what the registry's listing said.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,19 +162,18 @@ def inventory(registry, repo: str, mirror: bool = False) -> list[Stored]:
     except NotFound:
         return []
     return holdings(RegistryStore(Reference(registry.name, repo, None, None), registry), repo,
-                    dict.fromkeys(tags), mirror)
+                    dict.fromkeys(tags), mirror, f"{registry.name}/{repo}")
 
 
 def layout_inventory(layout) -> list[Stored]:
     """Every named manifest of an OCI layout (a LayoutStore), as a registry's tags; an entry with
     no name is someone else's: what it is kept as is never ours to judge."""
     named, unnamed = layout.names()
-    found = holdings(layout, str(layout.path), dict(named), False)
-    return [Stored(s.repo, s.digest, s.tags, s.kind, s.subject, True, s.blobs, s.size) if s.digest in unnamed else s
-            for s in found]
+    found = holdings(layout, str(layout.path), dict(named), False, str(layout.path))
+    return [dataclasses.replace(s, also_foreign=True) if s.digest in unnamed else s for s in found]
 
 
-def holdings(store, repo: str, tags: dict[str, Digest | None], mirror: bool) -> list[Stored]:
+def holdings(store, repo: str, tags: dict[str, Digest | None], mirror: bool, where: str) -> list[Stored]:
     """Every manifest the tags name (each read by its tag, or by the digest a layout's name gives),
     and the Sigstore bundles that refer to a subject: those listed for each subject
     bakery wrote, and for each subject a signature tag or fallback index still names (after a kill,
@@ -186,10 +186,10 @@ def holdings(store, repo: str, tags: dict[str, Digest | None], mirror: bool) -> 
     for tag, expected in tags.items():
         body = store.manifest(str(expected) if expected else tag)  # a layout's names say their digest
         if body is None and expected is not None:
-            raise IntegrityError(f"{repo}: {tag} names {expected}, which is not there: the layout is broken; nothing "
-                                 f"deleted")
+            raise IntegrityError(f"{where}: {tag} names {expected}, which is not there: the layout is broken; "
+                                 f"nothing deleted")
         if body is None:
-            raise RegistryError(f"{repo}:{tag} was listed and then not found: it changed while prune read it, or "
+            raise RegistryError(f"{where}:{tag} was listed and then not found: it changed while prune read it, or "
                                 f"answers inconsistently; nothing deleted (run it again)")
         by_digest.setdefault(Digest.of(body), ([], body))[0].append(tag)
     found = []
