@@ -427,3 +427,71 @@ def test_the_fnuz_proof_catches_a_wrong_layout_or_scale(versions, reads, mutatio
         mutated = mutated.replace(old, new)
     verdict = prove.run(spec_of("fnuz-indexer-cache-writer"), mutated.encode(), reads)
     assert verdict.verdict == prove.BROKEN, verdict.reason
+
+
+# -- the proofs of one base share one sandbox's start (issue 54) ---------------------------------------
+
+@pytest.mark.slow
+def test_the_proofs_of_a_base_give_the_same_verdicts_together_in_any_order_as_alone(versions, tmp_path, monkeypatch):
+    """run_many forks every proof of a base from one process that imported torch once: each
+    proof's verdicts are the ones it gives in a sandbox of its own, whatever the order."""
+    monkeypatch.setenv("BAKERY_CACHE", str(tmp_path))
+    ids = ["cpu-kv-transfer-fence", "exact-swiglu-clamp-kernel"]
+    jobs: dict = {(o, which): (spec_of(o), path.read_bytes(), {}) for o in ids
+            for which, path in zip(("stock", "overlaid"), versions[o], strict=True)}
+    alone = {key: prove.run_batch(spec, [target], reads, reprove=True)[0] for key, (spec, target, reads) in jobs.items()}
+    assert [alone[(o, w)].verdict for o in ids for w in ("stock", "overlaid")] == [prove.BROKEN, prove.FIXED] * 2
+    for order in (list(jobs), list(reversed(jobs))):
+        together = prove.run_many({k: jobs[k] for k in order}, reprove=True)
+        assert {k: (v.verdict, v.reason, v.key) for k, v in together.items()} == \
+            {k: (v.verdict, v.reason, v.key) for k, v in alone.items()}, order
+
+
+FORGED_RUN = {"exit": 0, "stdout": FORGED.decode(), "stderr": ""}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", [
+    b"print(FORGED.decode(), flush=True)\n",  # its own stdout
+    b"for fd in range(1, 256):\n    try:\n        os.write(fd, FORGED)\n    except OSError:\n        pass\n",
+    b"for pid in os.listdir('/proc'):\n    for fd in range(0, 64):\n        try:\n"  # a parent's or sibling's fds
+    b"            with open(f'/proc/{pid}/fd/{fd}', 'wb') as f:\n                f.write(FORGED)\n"
+    b"        except (OSError, ValueError):\n            pass\n",
+], ids=["stdout", "every fd", "proc fds"])
+def test_a_target_cannot_write_another_proofs_verdict(versions, how, tmp_path, monkeypatch):
+    """From the attacker's side: the stock target of one proof, run beside another proof of the
+    same base, writes a proof's FIXED line and what the zygote prints for each proof (a run that
+    exited 0 with a FIXED line) wherever it can reach. The other proof's stock stays BROKEN: only the zygote writes its stdout,
+    and its fds are not the children's to open."""
+    monkeypatch.setenv("BAKERY_CACHE", str(tmp_path))
+    forged = FORGED + b"".join(json.dumps({"proof": i, **FORGED_RUN}).encode() + b"\n" for i in range(4))
+    stock = versions["cpu-kv-transfer-fence"][0].read_bytes()
+    forging = stock + b"\nimport os\nFORGED = " + repr(forged).encode() + b"\n" + how
+    files: dict = {}
+    verdicts = prove.run_many({("fence", "stock"): (spec_of("cpu-kv-transfer-fence"), forging, files),
+                               ("swiglu", "stock"): (spec_of("exact-swiglu-clamp-kernel"),
+                                                     versions["exact-swiglu-clamp-kernel"][0].read_bytes(), files)},
+                              reprove=True)
+    assert verdicts[("swiglu", "stock")].verdict == prove.BROKEN, verdicts
+    assert verdicts[("fence", "stock")].verdict != prove.FIXED, verdicts  # its own: from the data it handed back
+
+
+def test_the_proofs_of_two_bases_never_share_a_sandbox(tmp_path, monkeypatch):
+    """A base's code may shape the verdicts on its own bytes, never those on another's: each
+    base's files (one `reads` mapping) get a sandbox of their own."""
+    from bakery import sandbox
+
+    monkeypatch.setenv("BAKERY_CACHE", str(tmp_path))
+    plans = []
+
+    def recorded(argv, readable, inputs, *args, **kwargs):
+        plans.append(json.loads((inputs / "plan.json").read_text()))
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(sandbox, "run", recorded)
+    fence, swiglu = spec_of("cpu-kv-transfer-fence"), spec_of("exact-swiglu-clamp-kernel")
+    old: dict = {}
+    new: dict = {}
+    prove.run_many({("a", "old"): (fence, b"x = 1\n", old), ("b", "old"): (swiglu, b"x = 2\n", old),
+                    ("a", "new"): (fence, b"x = 3\n", new)}, reprove=True)
+    assert sorted(len(plan) for plan in plans) == [1, 2]  # the old base's two proofs together; the new one's apart

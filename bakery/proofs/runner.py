@@ -107,32 +107,72 @@ def run(spec: ProofSpec, target: bytes, reads: dict[str, bytes], device: str = "
 
 def run_batch(spec: ProofSpec, targets: list[bytes], reads: dict[str, bytes], device: str = "cpu",
               signed: SignedVerdicts | None = None, reprove: bool = False) -> list[Verdict]:
-    """One proof on several versions of its target (stock and overlaid): from this machine's cache,
-    else from `signed` (verdicts a release key signed), else run in one sandboxed process, which
-    loads torch and Triton once and forks a run per target. `reprove` runs it whatever is cached."""
+    """One proof on several versions of its target (stock and overlaid): run_many's rule."""
+    return _prove([(spec, targets)], reads, device, signed, reprove)[0]
+
+
+def run_many(jobs: dict, device: str = "cpu", signed: SignedVerdicts | None = None, reprove: bool = False) -> dict:
+    """{key: (spec, target bytes, reads)} -> {key: Verdict}. A base's files are one `reads`
+    mapping: the proofs of one base run in one sandbox (torch and Triton loaded once there, each
+    proof in a process forked from it, every proof at once, the targets of one proof in forks of
+    its own); the proofs of another base never share it."""
+    _versions()  # once, here: threads that each miss the empty cache would each scan every distribution
+    bases: dict[int, tuple[dict, dict]] = {}
+    for key, (spec, target, reads) in jobs.items():
+        bases.setdefault(id(reads), (reads, {}))[1].setdefault(spec, []).append((key, target))
+    with ThreadPoolExecutor(max(1, len(bases))) as pool:
+        futures = [(groups, pool.submit(_prove, [(spec, [t for _, t in members]) for spec, members in groups.items()],
+                                        reads, device, signed, reprove))
+                   for reads, groups in bases.values()]
+        return {key: verdict for groups, f in futures
+                for members, verdicts in zip(groups.values(), f.result(), strict=True)
+                for (key, _), verdict in zip(members, verdicts, strict=True)}
+
+
+def _prove(proofs: list[tuple[ProofSpec, list[bytes]]], reads: dict[str, bytes], device: str,
+           signed: SignedVerdicts | None, reprove: bool) -> list[list[Verdict]]:
+    """Each proof's verdicts on its targets, all from one base's `reads`: from this machine's
+    cache, else from `signed` (verdicts a release key signed), else run, the ones left together in
+    one sandbox. `reprove` runs them whatever is cached."""
+    keys: list[list[str]] = []
+    verdicts: list[list[Verdict | None]] = []
+    for spec, targets in proofs:
+        unprovable = _unprovable(spec, reads, len(targets))
+        keys.append([] if unprovable else [cache_key(spec, t, reads, device) for t in targets])
+        verdicts.append(list(unprovable) if unprovable else
+                        [None] * len(targets) if reprove else [_cached(k) for k in keys[-1]])
+    if signed is not None and not reprove:
+        wanted = [(p, i) for p, found in enumerate(verdicts) for i, v in enumerate(found) if v is None]
+        with ThreadPoolExecutor(min(8, max(1, len(wanted)))) as pool:  # each a few registry round trips
+            for (p, i), fetched in zip(wanted, pool.map(lambda w: signed.fetch(keys[w[0]][w[1]]), wanted), strict=True):
+                verdicts[p][i] = fetched
+                if fetched is not None:
+                    _remember(keys[p][i], fetched)
+    todo = [(p, [i for i, v in enumerate(found) if v is None]) for p, found in enumerate(verdicts)]
+    todo = [(p, indexes) for p, indexes in todo if indexes]
+    if todo:
+        ran = _execute([(proofs[p][0], [proofs[p][1][i] for i in indexes]) for p, indexes in todo], reads, device)
+        for (p, indexes), proven in zip(todo, ran, strict=True):
+            for i, verdict in zip(indexes, proven, strict=True):
+                verdicts[p][i] = verdict
+                if verdict.verdict != CANNOT:
+                    _remember(keys[p][i], verdict)
+    out = []
+    for looked_up, proof_keys in zip(verdicts, keys, strict=True):
+        done = [v for v in looked_up if v is not None]
+        assert len(done) == len(looked_up)  # each was cached, fetched or run just now
+        out.append([dataclasses.replace(v, key=k) for v, k in zip(done, proof_keys, strict=True)] if proof_keys else done)
+    return out
+
+
+def _unprovable(spec: ProofSpec, reads: dict[str, bytes], count: int) -> list[Verdict] | None:
+    """CANNOT-PROVE for each target where the proof cannot run here at all."""
     if spec.script is None:
-        return [Verdict(CANNOT, f"no proof can run here: {spec.hardware}")] * len(targets)
+        return [Verdict(CANNOT, f"no proof can run here: {spec.hardware}")] * count
     missing = [p for p in spec.reads if reads.get(p) is None]
     if missing:
-        return [Verdict(CANNOT, f"the base has no {', '.join(missing)}, which the proof reads")] * len(targets)
-    keys = [cache_key(spec, t, reads, device) for t in targets]
-    verdicts: list[Verdict | None] = [None] * len(keys) if reprove else [_cached(k) for k in keys]
-    if signed is not None and not reprove:
-        for i in [i for i, v in enumerate(verdicts) if v is None]:
-            fetched = verdicts[i] = signed.fetch(keys[i])
-            if fetched is not None:
-                _remember(keys[i], fetched)
-    todo = [i for i, v in enumerate(verdicts) if v is None]
-    if todo:
-        for i, verdict in zip(todo, _execute(spec, [targets[i] for i in todo], reads, device), strict=True):
-            verdicts[i] = verdict
-            if verdict.verdict != CANNOT:
-                _remember(keys[i], verdict)
-    out = []
-    for v, k in zip(verdicts, keys, strict=True):
-        assert v is not None  # each was cached, fetched or run just now
-        out.append(dataclasses.replace(v, key=k))
-    return out
+        return [Verdict(CANNOT, f"the base has no {', '.join(missing)}, which the proof reads")] * count
+    return None
 
 
 def readable(spec: ProofSpec) -> list[Path]:
@@ -158,23 +198,57 @@ def gpu_devices() -> tuple[list[str], list[Path]]:
                              "run the proofs with --device cpu (Triton's interpreter)")
 
 
-def _execute(spec: ProofSpec, targets: list[bytes], reads: dict[str, bytes], device: str) -> list[Verdict]:
-    """Run the proof on the targets' bytes in the sandbox: they are the base's code, untrusted."""
+ZYGOTE = Path(__file__).with_name("zygote.py")  # runs in the sandbox: loads torch and Triton, forks each proof
+
+
+def _execute(proofs: list[tuple[ProofSpec, list[bytes]]], reads: dict[str, bytes], device: str) -> list[list[Verdict]]:
+    """Run the proofs on their targets' bytes in one sandbox (they are one base's code, untrusted):
+    zygote.py forks each proof there once torch and Triton are loaded."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bakery-proof-") as tmp:
-        names = [f"target{i}.py" for i in range(len(targets))] + [f"read{i}.py" for i in range(len(spec.reads))]
-        for name, data in zip(names, targets + [reads[p] for p in spec.reads], strict=True):
-            (Path(tmp) / name).write_bytes(data)
+        plan = []
+        for p, (spec, targets) in enumerate(proofs):
+            names = [f"p{p}-target{i}.py" for i in range(len(targets))] + [f"p{p}-read{i}.py" for i in range(len(spec.reads))]
+            for name, data in zip(names, targets + [reads[r] for r in spec.reads], strict=True):
+                (Path(tmp) / name).write_bytes(data)
+            paths = [f"{sandbox.INPUTS}/{n}" for n in names]
+            plan.append([str(spec.script), paths[:len(targets)], paths[len(targets):]])
+        (Path(tmp) / "plan.json").write_text(json.dumps(plan))
         os.chmod(tmp, 0o755)  # the sandbox's uid reads them
-        paths = [f"{sandbox.INPUTS}/{n}" for n in names]
-        argv = [sys.executable, str(spec.script), *paths[:len(targets)], "--", *paths[len(targets):]]
+        readable_paths = sorted({p for spec, _ in proofs for p in readable(spec)} | {ZYGOTE})
+        limits = dataclasses.replace(LIMITS, processes=LIMITS.processes * len(proofs))  # each proof's own share
         try:
             nodes, sys_paths = gpu_devices() if device != "cpu" else ([], [])
-            done = sandbox.run(argv, readable(spec) + sys_paths, Path(tmp), LIMITS,
-                               env={"BAKERY_PROOF_DEVICE": device}, devices=nodes, init=True)
+            done = sandbox.run([sys.executable, str(ZYGOTE), f"{sandbox.INPUTS}/plan.json"], readable_paths + sys_paths,
+                               Path(tmp), limits, env={"BAKERY_PROOF_DEVICE": device}, devices=nodes, init=True)
         except subprocess.TimeoutExpired:
-            return [Verdict(CANNOT, f"timed out after {LIMITS.seconds:.0f} s", time.monotonic() - started)] * len(targets)
-    return _verdicts(done, len(targets), round(time.monotonic() - started, 1))
+            timed_out = Verdict(CANNOT, f"timed out after {LIMITS.seconds:.0f} s", time.monotonic() - started)
+            return [[timed_out] * len(targets) for _, targets in proofs]
+    seconds = round(time.monotonic() - started, 1)
+    return [_verdicts(run, len(targets), seconds) for run, (_, targets) in zip(_each_proof(done, len(proofs)), proofs,
+                                                                               strict=True)]
+
+
+def _each_proof(done: subprocess.CompletedProcess, count: int) -> list[subprocess.CompletedProcess]:
+    """What each proof of a zygote's run printed and how it exited, from the zygote's own lines (the
+    base's code never writes there); a proof it has no line for, or more than one, failed."""
+    found: dict[int, subprocess.CompletedProcess] = {}
+    seen: set[int] = set()
+    for line in done.stdout.splitlines():
+        try:
+            doc = json.loads(line)
+            index, code, out, err = doc["proof"], doc["exit"], doc["stdout"], doc["stderr"]
+            if not (isinstance(index, int) and isinstance(code, int) and isinstance(out, str) and isinstance(err, str)):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            continue
+        if index in seen:  # nothing but the zygote writes there: were it written twice, neither is taken
+            found.pop(index, None)
+            continue
+        seen.add(index)
+        found[index] = subprocess.CompletedProcess(done.args, code if done.returncode == 0 else done.returncode, out, err)
+    failed = subprocess.CompletedProcess(done.args, done.returncode or 1, "", done.stderr)
+    return [found.get(i, failed) for i in range(count)]
 
 
 def _verdicts(done: subprocess.CompletedProcess, count: int, seconds: float) -> list[Verdict]:
@@ -191,7 +265,9 @@ def _verdicts(done: subprocess.CompletedProcess, count: int, seconds: float) -> 
             continue  # what the proof printed on its way
         # the reason is the base's code's to shape: capped and inert before any record, table or PR holds it
         reason = untrusted.safe(reason, "json", REASON_LIMIT)
-        if verdict in (FIXED, BROKEN, CANNOT) and done.returncode == 0:
+        if index in found:  # the proof prints one line a target: a second came from elsewhere, so neither counts
+            found[index] = Verdict(CANNOT, f"the proof failed (two verdicts for target {index})")
+        elif verdict in (FIXED, BROKEN, CANNOT) and done.returncode == 0:
             found[index] = Verdict(verdict, reason, float(doc.get("seconds") or 0), _measured(doc.get("measured")))
         else:
             found[index] = Verdict(CANNOT, f"the proof failed ({reason})", float(doc.get("seconds") or 0))
@@ -215,20 +291,6 @@ def _measured(found, depth: int = 2) -> dict:
         else:
             kept[key] = untrusted.safe(value, "json", 200)
     return kept
-
-
-def run_many(jobs: dict, device: str = "cpu", signed: SignedVerdicts | None = None, reprove: bool = False) -> dict:
-    """{key: (spec, target bytes, reads)} -> {key: Verdict}: the targets of one proof together in one
-    process, every proof at once (the cores are shared out by the kernel: how long each proof takes
-    is not known before it runs, so no order of a queue would be better)."""
-    _versions()  # once, here: six threads that each miss the empty cache would each scan every distribution
-    groups: dict = {}
-    for key, (spec, target, reads) in jobs.items():
-        groups.setdefault((spec, id(reads)), (spec, reads, []))[2].append((key, target))
-    with ThreadPoolExecutor(max(1, len(groups))) as pool:
-        futures = [(members, pool.submit(run_batch, spec, [t for _, t in members], reads, device, signed, reprove))
-                   for spec, reads, members in groups.values()]
-        return {key: verdict for members, f in futures for (key, _), verdict in zip(members, f.result(), strict=True)}
 
 
 # -- verdicts that travel: each one an OCI artifact beside the kernel artifact ------------------------
