@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
@@ -34,30 +36,61 @@ def build(opts: Options, log=print) -> tuple[Reference, BuildRecord]:
     """The stages in order; nothing is pushed or tagged before everything that can fail has run."""
     project = opts.project.resolve()
     started = datetime.now(UTC)
+    clock = StageClock()
     source = record.read_source(project)
     spec = image_mod.load_spec(Project(project).image_yaml)
     target = opts.push_target()
-    opened = open_base(project, opts.base, log)
+    with clock("base"):
+        opened = open_base(project, opts.base, log)
     toolchain = hip_compile.toolchain_image(opts.toolchain, opened.spec.source)  # refused before the proofs run
     registries = {opened.spec.source.registry: opened.registry}
     remote = RegistryStore(Reference(target.registry, target.repository), registries.get(target.registry) or
                            registries.setdefault(target.registry, Registry(target.registry))) if target else None
     trust = release_trust(opts, remote)
     dists = python_distributions(opened.fs)
-    overlays = checked_overlays(project, opts, opened, log,
-                                prove_mod.SignedVerdicts(remote, trust, log) if remote and trust else None)
+    with clock("proofs"):
+        overlays = checked_overlays(project, opts, opened, log,
+                                    prove_mod.SignedVerdicts(remote, trust, log) if remote and trust else None)
     verdicts = verdict_records(overlays.verdicts, remote)
-    kernels = compiled_kernels(project, overlays, toolchain, remote, trust, opts.recompile, log)
+    with clock("kernels"):
+        kernels = compiled_kernels(project, overlays, toolchain, remote, trust, opts.recompile, log)
     tables = Tables.of(tuning_mod.load(Project(project).tuning))
     spec = dataclasses.replace(spec, env=spec.env + tuple(tuning_mod.env(tables.tables).items()))
-    image = derived_image(opened, spec, source.revision, source.source_date_epoch, overlays, kernels, tables,
-                          opts.out_dir / "blobs")
+    with clock("layers"):
+        image = derived_image(opened, spec, source.revision, source.source_date_epoch, overlays, kernels, tables,
+                              opts.out_dir / "blobs")
     rec = record.assemble(project, opts.lock_path, started, source, opened, dists, overlays, verdicts, kernels,
                           tables, image, spec)
     check_attestable(rec, (target or spec.repository).with_digest(image.derived.digest))
-    pushed, rec = publish(rec, image.derived, opts, target, registries, opened,
-                          ([kernels.compiled.push] if kernels.compiled.push else []) + verdicts.pushes, log)
+    with clock("push"):
+        pushed, rec = publish(rec, image.derived, opts, target, registries, opened,
+                              ([kernels.compiled.push] if kernels.compiled.push else []) + verdicts.pushes, log)
+    log(clock.summary())
     return pushed or spec.repository.with_digest(image.derived.digest), rec
+
+
+class StageClock:
+    """Where a build's time went, said in its last log line (never in the record: it would no
+    longer be the same for the same inputs). base: fetched, hashed, unpacked and checked; proofs:
+    the overlays applied and proven (or their verdicts taken); kernels: compiled or taken; layers:
+    written; push: the pushes and the outputs; other: the rest."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.spent: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, stage: str):
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self.spent[stage] = self.spent.get(stage, 0.0) + time.monotonic() - began
+
+    def summary(self) -> str:
+        total = time.monotonic() - self.started
+        parts = [f"{stage} {seconds:.2f}s" for stage, seconds in self.spent.items()]
+        return f"stage times: {', '.join(parts)}, other {total - sum(self.spent.values()):.2f}s; total {total:.2f}s"
 
 
 def release_trust(opts: Options, remote: RegistryStore | None):
