@@ -13,7 +13,7 @@ ROCm install's shape). Printed, in one run and on the same registry:
     (every proof run); a warm no-op; one overlay changed;
   - our peak RSS and the base bytes each side moved.
 Docker's cold runs start from a pruned image store (`docker system prune -af`: run it where that is
-fine). Run: .venv/bin/python bench/bench_prod.py [--gib=10]
+fine). Run: .venv/bin/python bench/bench_prod.py [--gib=10] [--before=REV]
 """
 
 from __future__ import annotations
@@ -43,17 +43,20 @@ from bakery.oci.registry import Registry  # noqa: E402 (after sys.path names the
 SPEC = ROOT / "tests" / "fixture" / "fixture.yaml"
 SITE = "usr/local/lib/python3.12/dist-packages"
 BIG_GIB = int(next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--gib=")), "2"))
+# --before=REV: also time the every-proof build with the project as of git revision REV, in the same run
+BEFORE = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--before=")), None)
 BIG = BIG_GIB << 30
 # A ROCm install is many small files (kernel objects, tuning databases, headers) besides the big
 # libraries; MANY is an assumed order of magnitude for the real base's entry count, not a count.
 MANY = 200_000
 ROUNDS = 3
+SPLITS: dict[str, str] = {}  # push target -> the build's own "stage times" line, of its last run
 MANY_FILES = ("import os; [open(f'/opt/rocm-standin/lib/k{d}/{f}.co', 'wb').write(os.urandom(64)) "
               "for d in range(400) if not os.makedirs(f'/opt/rocm-standin/lib/k{d}') for f in range(500)]")
 
 
-def run(cmd: list[str], env: dict | None = None, cwd: Path | None = None) -> tuple[float, str, int]:
-    """(seconds, stdout, peak RSS in KiB of the command); a variable set to None in `env` is unset."""
+def run(cmd: list[str], env: dict | None = None, cwd: Path | None = None) -> tuple[float, str, int, str]:
+    """(seconds, stdout, peak RSS in KiB of the command, stderr); a variable set to None in `env` is unset."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     start = time.monotonic()
     merged = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
@@ -62,7 +65,7 @@ def run(cmd: list[str], env: dict | None = None, cwd: Path | None = None) -> tup
     if result.returncode:
         sys.exit(f"{' '.join(cmd)} failed:\n{result.stderr[-3000:]}")
     rss = int(result.stderr.strip().splitlines()[-1]) if result.stderr.strip() else before
-    return seconds, result.stdout, rss
+    return seconds, result.stdout, rss, result.stderr
 
 
 def stand_in_base(registry: str, work: Path) -> str:
@@ -112,9 +115,10 @@ def floor(base: str) -> tuple[float, int]:
 
 
 def ours(base, target, cache, out, lock, tools, *extra, project=ROOT, env=None) -> tuple[float, dict, int]:
-    seconds, _, rss = run([sys.executable, "-m", "invoke", "--search-root", str(project), "build", "--base", base,
+    seconds, _, rss, said = run([sys.executable, "-m", "invoke", "--search-root", str(project), "build", "--base", base,
                            "--push", target, "--out", str(out), "--lock", str(lock), "--toolchain", tools, *extra],
                           env={"BAKERY_CACHE": str(cache), **(env or {})}, cwd=project)
+    SPLITS[target] = next((line for line in said.splitlines() if line.startswith("stage times: ")), "?")
     return seconds, json.loads((out / "build-record.json").read_text()), rss
 
 
@@ -156,7 +160,8 @@ def main() -> None:
     trust, private = release_keys(work, base)
 
     # a release before this one: every proof run, kernels and verdicts pushed, signed by its sign job
-    shutil.copytree(warm_caches / "hip", work / "cache-release" / "hip")  # its compile is not what is timed
+    if (warm_caches / "hip").is_dir():  # its compile is not what is timed (else it compiles, untimed)
+        shutil.copytree(warm_caches / "hip", work / "cache-release" / "hip")
     ours(base, f"{repo}:0", work / "cache-release", work / "out-release", lock, tools, *trust, "--reprove")
     released = json.loads((work / "out-release" / "build-record.json").read_text())["manifest"]["digest"]
     run([sys.executable, "-m", "invoke", "attest", f"{repo}@{released}", "--record",
@@ -191,6 +196,14 @@ def main() -> None:
     # the same runner with nothing signed to take: every proof runs
     proving_s = ours(base, f"{repo}:4", work / "cache-proving", work / "out-proving", lock, tools, *trust,
                      "--reprove")[0]
+    before_s = None
+    if BEFORE:
+        earlier = work / "project-before"
+        earlier.mkdir()
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", BEFORE], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(earlier)], input=archive, check=True)
+        before_s = ours(base, f"{repo}:6", work / "cache-before", work / "out-before", lock, tools, *trust,
+                        "--reprove", project=earlier)[0]
     # one overlay changed: a comment added to the fence patch's new side, re-locked
     patch = project / "overlays" / "patches" / "cpu-kv-transfer-fence.patch"
     patch.write_text(patch.read_text().replace("+        # vLLM issue #47282", "+        # (bench) vLLM issue #47282"))
@@ -222,12 +235,18 @@ def main() -> None:
                        ("one overlay changed", changed_s, changed_d)):
         print(f"{name:22s} invoke build+push {a:7.2f}s   docker {'pull+' if b is cold_d else ''}build+push "
               f"{b:7.2f}s   docker/ours {b / a:5.2f}x")
+    if before_s is not None:
+        print(f"{'reprove, at ' + BEFORE:22s} invoke build+push {before_s:7.2f}s   docker pull+build+push "
+              f"{cold_d:7.2f}s   docker/ours {cold_d / before_s:5.2f}x")
     print(f"build alone / floor: {cold_s / floor_s:.2f}x (median of {ROUNDS} pairs; "
           f"{', '.join(f'{r:.2f}' for r, _, _ in ratios)})")
     print(f"fresh runner: {taken} of {len(rec_fresh['verdicts'])} proof verdicts taken signed from the registry, "
           f"kernels {rec_fresh['kernels']['origin']}")
     print(f"one overlay changed: `invoke lock` before the build (applies, proves the changed overlay, pins) "
           f"{lock_s:.2f}s; the build then finds its verdict cached")
+    for name, tag in (("build alone, cold", 1), ("fresh runner", 3), ("fresh runner, reprove", 4),
+                      ("warm no-op", 2), ("one overlay changed", 5)):
+        print(f"{name:22s} {SPLITS[f'{repo}:{tag}']}")
     rec_changed = json.loads((work / "out-changed" / "build-record.json").read_text())
     same_layers = sum(a["digest"] == b["digest"] for a, b in zip(rec["layers"], rec_changed["layers"], strict=True))
     print(f"one overlay changed: {len(rec['layers']) - same_layers} of our {len(rec['layers'])} layers changed; "
