@@ -236,7 +236,7 @@ def main() -> None:
         print(f"{name:22s} invoke build+push {a:7.2f}s   docker {'pull+' if b is cold_d else ''}build+push "
               f"{b:7.2f}s   docker/ours {b / a:5.2f}x")
     if before_s is not None:
-        print(f"{'reprove, at ' + BEFORE:22s} invoke build+push {before_s:7.2f}s   docker pull+build+push "
+        print(f"{f'reprove, at {BEFORE}':22s} invoke build+push {before_s:7.2f}s   docker pull+build+push "
               f"{cold_d:7.2f}s   docker/ours {cold_d / before_s:5.2f}x")
     print(f"build alone / floor: {cold_s / floor_s:.2f}x (median of {ROUNDS} pairs; "
           f"{', '.join(f'{r:.2f}' for r, _, _ in ratios)})")
