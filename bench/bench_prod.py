@@ -146,8 +146,8 @@ def docker_way(base, target, context, cold: bool) -> float:
 def main() -> None:
     registry = stack.up()
     work = Path(tempfile.mkdtemp(prefix="bakery-bench-prod-"))
+    tools = fixture.toolchain(ROOT / "hip" / "toolchain", SPEC, registry, log=lambda m: None)  # fetches torch's wheel
     base = stand_in_base(registry, work)
-    tools = fixture.toolchain(ROOT / "hip" / "toolchain", SPEC, registry, log=lambda m: None)
     project = work / "project"
     shutil.copytree(ROOT, project, ignore=shutil.ignore_patterns("out", ".venv", ".tools", "__pycache__"))
     lock = work / "overlays.lock"
