@@ -224,6 +224,16 @@ def atomic_dir(dest: Path, *, keep: Callable[[Path], bool] | None = None) -> Ite
                 shutil.rmtree(aside, ignore_errors=True)
 
 
+def one_each(pairs: list) -> dict:
+    """A JSON object whose keys are one each, ignoring case (json.loads's object_pairs_hook): Go's
+    decoder matches keys without case and keeps the last, Python's keeps the exact one, so an object
+    with a key twice would be one document to a Go reader (cosign, skopeo) and another to us."""
+    folded = [k.casefold() for k, _ in pairs]
+    if len(set(folded)) != len(folded):
+        raise ValueError(f"a key appears twice, or twice in different cases: {sorted(k for k, _ in pairs)[:8]}")
+    return dict(pairs)
+
+
 def canonical_json(value, what: str = "a document") -> bytes:
     """Sorted keys, no spaces, UTF-8 as is (as Go's encoder writes it): the bytes that are hashed or
     signed. One encoder, so two callers never disagree on the same value, non-ASCII included. JSON

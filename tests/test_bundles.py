@@ -6,6 +6,7 @@ is signed, not how big, is under test (tests/test_attest.py signs a real build).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ from bakery.oci.refs import Digest, Reference
 from bakery.oci.registry import OCI_MANIFEST, Registry
 from bakery.oci.store import RegistryStore, signature_tag
 from bakery.trust import attest, bundle, keys, policy as policy_mod, provenance, sign, verify
+from bakery.trust.statement import Statement
 from support import ROOT
 
 COSIGN3 = ROOT / ".tools" / "bin" / "cosign3"
@@ -76,7 +78,7 @@ def cosign3(*args: str) -> subprocess.CompletedProcess:
 
 
 def provenance_of(ref: Reference, builder: str) -> bytes:
-    return provenance.statement(ref, SLSA, {"runDetails": {"builder": {"id": builder}}})
+    return Statement.about(ref, SLSA, {"runDetails": {"builder": {"id": builder}}}).raw
 
 
 def test_cosign3_reads_our_bundles_where_the_registry_lists_them(where, tmp_path):
@@ -114,7 +116,7 @@ def test_bundles_alone_verify_with_cosign3_and_ours(where, tmp_path):
     found = verify.cosign_signers(store, ref.pin, policy.roles["release"], policy)
     assert found is not None and found.by == {key.keyid} and found.read[0].startswith("1 bundle(s) via " + via)
     report = verify.Report()
-    assert verify._attestations(store, ref, policy, report)[SLSA]["runDetails"]["builder"]["id"] == "local"
+    assert verify._attestations(store, ref, policy, report)[SLSA].builder == "local"
     assert not report.failures, report.checks
 
 
@@ -159,7 +161,7 @@ def test_a_new_statement_supersedes_the_bundle_of_its_type(where):
     ref = image(host, f"supersede-{via[:8].replace(' ', '')}")
     store = RegistryStore(ref)
     for result in ("FAILED", "PASSED"):
-        attest.attach(store, ref, {SMOKE: provenance.statement(ref, SMOKE, {"result": result})}, key)
+        attest.attach(store, ref, {SMOKE: Statement.about(ref, SMOKE, {"result": result}).raw}, key)
     attest.attach(store, ref, {SLSA: provenance_of(ref, "local")}, key)
     assert sorted(kind for kind, _, _ in bundles(store, ref)) == sorted([SMOKE, SLSA])
     payloads = [json.loads(sign.read_envelope(bundle.envelope_of(data, "r"), "r")[1]) for _, data, _ in bundles(store, ref)]
@@ -300,3 +302,26 @@ def test_verify_lists_and_reads_each_referrer_once(registry):
     listed = [str(r.descriptor.digest) for r in referrers.listing(RegistryStore(ref), ref.pin).referrers]
     assert len(listed) == 2 and all(asked.count(d) == 1 for d in listed), asked
     assert asked.count(referrers.fallback_tag(ref.pin)) == 1
+
+
+def test_a_statement_holding_its_type_in_two_cases_is_refused_as_cosign_finds_none(where, tmp_path):
+    """From the attacker's side: a signed statement saying predicateType test-result (PASSED) and,
+    in capitals, SLSA provenance. cosign 3 reads no attestation of either type from it; Python's
+    json read it as a PASSED smoke result. Readers that disagree: verify refuses it."""
+    host, via = where
+    key = signer()
+    ref = image(host, f"twocase-{via[:8].replace(' ', '')}")
+    store = RegistryStore(ref)
+    attest.sign_image(store, ref, key)
+    raw = json.dumps({"_type": "https://in-toto.io/Statement/v1", "predicateType": SMOKE,
+                      "predicate": {"result": "PASSED"},
+                      "subject": [{"name": ref.name, "digest": {"sha256": ref.pin.hex}}], "PREDICATETYPE": SLSA})
+    attest.attach(store, ref, {SMOKE: raw.encode()}, key)
+    for kind in (SMOKE, SLSA):
+        found = cosign3("verify-attestation", "--key", pem(tmp_path, key, "k"), "--type", kind, str(ref))
+        assert found.returncode != 0 and "none of the attestations matched" in found.stderr, found.stderr
+    report = verify.Report()
+    policy = rules(key)
+    policy.roles["smoke"] = dataclasses.replace(policy.roles["release"], name="smoke")  # it may sign smoke results too
+    assert verify._attestations(store, ref, policy, report) == {}
+    assert any("not an in-toto statement" in f and "twice" in f for f in report.failures), report.failures

@@ -25,6 +25,7 @@ from bakery.dev.github_stand_in import oidc_token
 from bakery.oci import referrers
 from bakery.oci.store import RegistryStore
 from bakery.trust import attest, bundle, keyless, policy as policy_mod, provenance, verify
+from bakery.trust.statement import Statement
 from support import ROOT
 from test_bundles import SLSA, image, provenance_of, signer
 
@@ -80,7 +81,7 @@ def test_a_keyless_signature_and_attestation_verify_by_the_roles_identity(regist
     found = verify.cosign_signers(store, ref.pin, policy.roles["release"], policy)
     assert found is not None and found.by == {f"keyless https://github.com/{REPO}/{WORKFLOWS['release']}@refs/tags/v*"}
     report = verify.Report()
-    assert verify._attestations(store, ref, policy, report)[SLSA]["runDetails"]["builder"]["id"] == "local"
+    assert verify._attestations(store, ref, policy, report)[SLSA].builder == "local"
     assert not report.failures, report.checks
     # cosign 3.1, offline from the same trusted root, by the release workflow's identity and no other
     assert cosign3(trust, ref, WORKFLOWS["release"]).returncode == 0
@@ -291,7 +292,7 @@ def test_a_bundle_whose_log_time_overflows_is_refused_not_a_crash(registry, trus
 def test_a_rebuild_by_an_identity_the_policy_does_not_list_is_not_counted(registry, trust):
     ref = image(registry, "keyless-rebuilder")
     store = RegistryStore(ref)
-    statement = provenance.statement(ref, provenance.REBUILD_PREDICATE, {"match": True, "result": str(ref.digest)})
+    statement = Statement.about(ref, provenance.REBUILD_PREDICATE, {"match": True, "result": str(ref.digest)}).raw
     attest.attach(store, ref, {provenance.REBUILD_PREDICATE: statement}, as_role(trust, "release"))
     report = verify.Report()
     assert provenance.REBUILD_PREDICATE not in verify._attestations(store, ref, rules(trust), report)

@@ -157,9 +157,9 @@ def release_whole(w, ref: Reference) -> None:
             assert blob_present(w["host"], repo, blob), f"{repo}@{digest}: blob {blob} is gone"
 
 
-def _named(prov: dict) -> list:
+def _named(prov) -> list:
     return [(d["uri"], Digest.parse(d["uri"].rsplit("@", 1)[1]))
-            for d in prov["buildDefinition"]["resolvedDependencies"] if d.get("uri", "").startswith("docker://")]
+            for d in prov.document["buildDefinition"]["resolvedDependencies"] if d.get("uri", "").startswith("docker://")]
 
 
 def test_a_dry_run_prints_the_plan_and_changes_nothing(world):

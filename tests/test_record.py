@@ -19,6 +19,7 @@ import pytest
 from bakery.errors import InputError
 from bakery.oci.refs import Reference
 from bakery.trust import provenance, record
+from bakery.trust.statement import Statement
 
 RECORD = Path(__file__).parent / "data" / "build-record.json"
 
@@ -41,7 +42,7 @@ def test_a_record_reads_back_to_the_bytes_it_was_written_with(tmp_path):
 def test_the_provenance_is_the_bytes_the_dict_code_gave():
     rec = record.read(RECORD)
     subject = Reference.parse(rec.outputs[0]["reference"])
-    statement = provenance.statement(subject, provenance.SLSA_PREDICATE, provenance.predicate(rec))
+    statement = Statement.about(subject, provenance.SLSA_PREDICATE, provenance.predicate(rec)).raw
     assert hashlib.sha256(statement).hexdigest() == PROVENANCE_BEFORE
 
 

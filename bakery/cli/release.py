@@ -67,7 +67,7 @@ def attach(project: Path, image: str, envelope: str, key: str | None, role: str,
     if keyless and key:
         raise InputError(f"--envelope {envelope} is a keyless bundle: the role's identity in the policy vouches for "
                          f"it, not --key: give no --key")
-    kind, _ = attest_mod.statement_of(data, ref, f"envelope {envelope}")
+    kind = attest_mod.statement_of(data, ref, f"envelope {envelope}").predicate_type
     may_attach(kind, role, envelope)
     what = f"envelope {envelope} ({kind}, a {role} statement)"
     if keyless:

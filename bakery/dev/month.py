@@ -20,6 +20,7 @@ from ..oci.refs import Reference
 from ..oci.registry import OCI_MANIFEST
 from ..oci.store import RegistryStore
 from ..trust import attest, provenance
+from ..trust.statement import Statement
 
 LAYER = "application/vnd.oci.image.layer.v1.tar"
 DAY = 86400
@@ -66,11 +67,11 @@ def simulate(host: str, image_repo: str, mirror_repo: str, git: Path, signer, ni
             kernels, _ = image(store, [], f"kernels-{os.urandom(32).hex()}", layer_bytes // 8)
             attest.sign_image(RegistryStore(kernels), kernels, signer)
             attest.sign_image(store, cand, signer)
-            attest.attach(store, cand, {provenance.SLSA_PREDICATE: provenance.statement(cand, provenance.SLSA_PREDICATE, {
+            attest.attach(store, cand, {provenance.SLSA_PREDICATE: Statement.about(cand, provenance.SLSA_PREDICATE, {
                 "buildDefinition": {"resolvedDependencies": [
                     {"uri": f"docker://{host}/{mirror_repo}@{ref.digest}", "name": "base image"},
                     {"uri": f"docker://{host}/{image_repo}@{kernels.digest}", "name": "kernel artifact"}]},
-                "runDetails": {"builder": {"id": "local"}}})}, signer)
+                "runDetails": {"builder": {"id": "local"}}}).raw}, signer)
             month.candidates.append((sha, cand))
             month.kernels[str(cand.digest)] = kernels
         log(f"day {day + 1}: a nightly and {candidates_per} candidates")

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import EnvironmentProblem, InputError, IntegrityError, NotFound, malformed
-from ..files import atomic_file
+from ..files import atomic_file, one_each
 from .layer import write_blob
 from .refs import Descriptor, Digest, Reference
 from .registry import OCI_INDEX, OCI_MANIFEST, Registry, check_digest, check_document_size
@@ -122,7 +122,7 @@ class LayoutStore:
             identity = None
         if identity is None or self._read is None or self._read[0] != identity:
             with malformed(f"{path}"):
-                self._read = (identity, json.loads(self._read_document(path, "index"), object_pairs_hook=_one_each))
+                self._read = (identity, json.loads(self._read_document(path, "index"), object_pairs_hook=one_each))
         return self._read[1]  # read-only: a writer changes a copy (put_manifest, drop)
 
     def _blob_path(self, digest: Digest) -> Path:
@@ -350,21 +350,13 @@ class LayoutStore:
             os.close(folder)
 
 
-def _one_each(pairs: list) -> dict:
-    """A JSON object whose keys are one each, ignoring case (as Go's decoder matches them)."""
-    folded = [k.casefold() for k, _ in pairs]
-    if len(set(folded)) != len(folded):
-        raise ValueError(f"a key appears twice, or twice in different cases: {sorted(k for k, _ in pairs)[:8]}")
-    return dict(pairs)
-
-
 def _named(body: bytes, digest: Digest, root: bool) -> list[tuple[Digest, bool]]:
     """Every digest a document names in a descriptor, wherever it lies, each with whether it is
     needed (a manifest's config, layers or blobs, an index's manifests) or only kept if there (a
     subject, a digest in a config); a blob that is not JSON (a layer) names nothing. A root must be
     a manifest or index: a JSON object."""
     try:
-        doc = json.loads(body, object_pairs_hook=_one_each)
+        doc = json.loads(body, object_pairs_hook=one_each)
     except (ValueError, RecursionError):
         if root:
             raise IntegrityError(f"kept {digest} is not a manifest or index (not a JSON object with its keys once "

@@ -28,6 +28,7 @@ from pathlib import Path
 from .. import schema
 from ..errors import InputError, IntegrityError, NotFound, RegistryError
 from ..oci.refs import Digest, Reference
+from ..trust.provenance import Provenance
 
 RELEASE = re.compile(r"v[0-9][A-Za-z0-9._-]*")
 CANDIDATE = re.compile(r"candidate-([0-9a-f]{40})")
@@ -249,14 +250,11 @@ def _blobs(body: bytes) -> tuple[tuple[Digest, int], ...]:
         return ()  # an index, or no image: its own bytes only
 
 
-def named_by(provenance: dict) -> set[Digest]:
+def named_by(provenance: Provenance) -> set[Digest]:
     """The manifests a signed provenance says its image needs: the base (and its platform image),
     the kernel artifact and the proof verdicts (docker://NAME@sha256:... in its dependencies)."""
-    build, run = provenance.get("buildDefinition", {}), provenance.get("runDetails", {})
-    uris = [d.get("uri", "") for d in [*build.get("resolvedDependencies", []), *run.get("byproducts", [])]
-            if isinstance(d, dict)]
-    return {Digest.parse(u.rsplit("@", 1)[1]) for u in uris
-            if isinstance(u, str) and u.startswith("docker://") and re.search(r"@sha256:[0-9a-f]{64}$", u)}
+    return {Digest.parse(u.rsplit("@", 1)[1]) for u in provenance.uris
+            if u.startswith("docker://") and re.search(r"@sha256:[0-9a-f]{64}$", u)}
 
 
 def roots(image: list[Stored], mirror: list[Stored], mirror_repo: str | None, retention: Retention, provenance,
@@ -268,9 +266,9 @@ def roots(image: list[Stored], mirror: list[Stored], mirror_repo: str | None, re
     git tag} (a release's candidate, built on a tag that may not be on HEAD's line: a hotfix)."""
     keep: dict[tuple[str, Digest], str] = {}
 
-    def needs(s: Stored, why: str, prov: dict | None) -> None:
+    def needs(s: Stored, why: str, prov: Provenance | None) -> None:
         keep.setdefault((s.repo, s.digest), why)
-        for digest in named_by(prov or {}):
+        for digest in named_by(prov) if prov else ():
             for other in image:
                 if other.digest == digest:
                     keep.setdefault((other.repo, digest), f"named by {why}")
@@ -374,7 +372,7 @@ def verified_provenance(store_of, policy):
     needs cannot be known); a candidate's keeps nothing more."""
     from ..trust import provenance as provenance_mod, verify
 
-    def provenance(digest: Digest, required: bool) -> dict | None:
+    def provenance(digest: Digest, required: bool) -> Provenance | None:
         store, ref = store_of(digest)
         report = verify.Report()
         verify._signature(store, ref, policy, report)

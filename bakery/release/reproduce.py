@@ -27,6 +27,7 @@ from ..errors import EnvironmentProblem, InputError, IntegrityError, malformed
 from ..inputs.hip import Toolchain
 from ..oci.refs import Descriptor, Digest, Reference
 from ..trust import provenance
+from ..trust.statement import Statement
 from . import broker
 
 OUTCOME_SCHEMA = "https://github.com/dsv4-mi300x/bakery/rebuild-outcome/v1"
@@ -43,16 +44,16 @@ class Plan:
     toolchain: str | None  # the image the kernels were compiled in: REF@sha256:DIGEST (or, recorded before, its digest)
 
 
-def plan(prov: dict) -> Plan:
+def plan(prov: provenance.Provenance) -> Plan:
     with malformed("the signed provenance"):
-        params = prov["buildDefinition"]["externalParameters"]
-        source = params["source"]
-        toolchains = {Toolchain.parse(b["annotations"]["toolchain"]).image
-                      for b in prov["runDetails"].get("byproducts", []) if "toolchain" in b.get("annotations", {})}
+        toolchains = {Toolchain.parse(b.annotations["toolchain"]).image for b in prov.byproducts
+                      if "toolchain" in b.annotations}
         if len(toolchains) > 1:
             raise InputError(f"the provenance names {len(toolchains)} toolchains; a rebuild needs one")
-        found = Plan(str(source["repository"]), str(source["revision"]), bool(source.get("dirty")),
-                     str(params["base"]), int(params["sourceDateEpoch"]), next(iter(toolchains), None))
+        if prov.repository is None or prov.revision is None or prov.base is None or prov.source_date_epoch is None:
+            raise IntegrityError("the signed provenance lacks its source, base or sourceDateEpoch")
+        found = Plan(prov.repository, prov.revision, prov.dirty is not False, prov.base, prov.source_date_epoch,
+                     next(iter(toolchains), None))
     if not re.fullmatch(r"[0-9a-f]{40}", found.revision):
         raise IntegrityError(f"the provenance's revision {found.revision[:60]!r} is not a git commit id")
     if found.toolchain and not (re.fullmatch(r"sha256:[0-9a-f]{64}", found.toolchain) or "@sha256:" in found.toolchain):
@@ -70,7 +71,7 @@ def toolchain_ref(p: Plan) -> str | None:
     return p.toolchain
 
 
-def signed_provenance(store, ref: Reference, policy) -> dict:
+def signed_provenance(store, ref: Reference, policy) -> provenance.Provenance:
     """The SLSA provenance of ref, once the image signature and the statement's signature hold and
     what it says passes the policy (an allowed source repository and builder, the pinned base, a
     clean checkout unless the policy allows dirty): what it names is cloned and run here."""
@@ -536,7 +537,7 @@ def statement(ref: Reference, p: Plan, result: Digest, diffs: list[dict]) -> byt
                  "builder": {"host": platform.node(), "system": platform.platform(), "bakery": __version__},
                  "result": str(result), "match": result == ref.digest,
                  "differences": [{"layer": d["layer"], "files": [f["path"] for f in d["files"]]} for d in diffs]}
-    return provenance.statement(ref, provenance.REBUILD_PREDICATE, predicate)
+    return Statement.about(ref, provenance.REBUILD_PREDICATE, predicate).raw
 
 
 def write_outcome(path: Path, ref: Reference, manifest: bytes, diffs: list[dict]) -> None:

@@ -227,7 +227,8 @@ def statement(ref, report: dict, spec_bytes: bytes) -> bytes:
     used, of the approval file; the host's GPU facts and every figure are in the report."""
     import hashlib
 
-    from ..trust import policy, provenance
+    from ..trust import policy
+    from ..trust.statement import Statement
 
     if report.get("image") != str(ref):
         raise InputError(f"the smoke report is about {report.get('image')}, not {ref}")
@@ -237,7 +238,7 @@ def statement(ref, report: dict, spec_bytes: bytes) -> bytes:
         configuration.append({"name": "approvals", "digest": {"sha256": approvals}})
     predicate = {"result": report["result"], "passedTests": report["passed"], "failedTests": report["failed"],
                  "warnedTests": [], "configuration": configuration, "report": report}
-    return provenance.statement(ref, TEST_RESULT, predicate)
+    return Statement.about(ref, TEST_RESULT, predicate).raw
 
 
 def attach_report(store, ref, report: dict, spec_bytes: bytes, signer,

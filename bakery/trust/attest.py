@@ -24,6 +24,7 @@ from ..oci.store import signature_tag
 from . import bundle, keyless, provenance, sbom, sign, vex
 from .policy import SIGNATURE_FORMATS
 from .record import Artifact, BuildRecord, Verdict
+from .statement import Statement
 
 SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
 DSSE = "application/vnd.dsse.envelope.v1+json"
@@ -153,17 +154,17 @@ def attach_envelopes(store, subject: Reference, envelopes: dict[str, bytes],
     return store.put_manifest(tag, _manifest(store, [layers[k] for k in sorted(layers, key=str)], subject, DSSE))
 
 
-def statement_of(envelope: bytes, subject: Reference, what: str) -> tuple[str, dict]:
-    """(predicateType, statement) of a signed envelope or keyless bundle about `subject`'s digest
-    (signature unchecked)."""
-    with malformed(what, InputError):
+def statement_of(envelope: bytes, subject: Reference, what: str) -> Statement:
+    """The statement of a signed envelope or keyless bundle about `subject`'s digest (signature
+    unchecked)."""
+    try:
         statement = keyless.bundle_statement(envelope, what) if bundle.is_keyless(envelope) else \
-            json.loads(sign.read_envelope(envelope, what)[1])
-        kind = statement["predicateType"]
-        subjects = [s["digest"]["sha256"] for s in statement["subject"]]
-    if subject.pin.hex not in subjects:
-        raise InputError(f"{what} is about sha256:{', '.join(map(str, subjects))}, not {subject.digest}")
-    return kind, statement
+            Statement.read(sign.read_envelope(envelope, what)[1], what)
+    except IntegrityError as e:
+        raise InputError(str(e)) from None
+    if not statement.names(subject.pin):
+        raise InputError(f"{what} is about sha256:{', '.join(statement.digests)}, not {subject.digest}")
+    return statement
 
 
 NAMES = {sbom.SPDX_PREDICATE: "SBOM", provenance.SLSA_PREDICATE: "provenance", provenance.VEX_PREDICATE: "VEX"}
@@ -173,12 +174,11 @@ def statements(subject: Reference, record: BuildRecord) -> dict[str, bytes]:
     """{predicate type: in-toto statement} of what `invoke attest` signs, views of the record (the
     build makes them too, before it pushes, to fail where attest would)."""
     return {
-        sbom.SPDX_PREDICATE: provenance.statement(subject, sbom.SPDX_PREDICATE,
-                                                  json.loads(sbom.document(record, subject.name))),
-        provenance.SLSA_PREDICATE: provenance.statement(subject, provenance.SLSA_PREDICATE,
-                                                        provenance.predicate(record)),
-        provenance.VEX_PREDICATE: provenance.statement(subject, provenance.VEX_PREDICATE,
-                                                       json.loads(vex.document(record, subject.name))),
+        sbom.SPDX_PREDICATE: Statement.about(subject, sbom.SPDX_PREDICATE,
+                                             json.loads(sbom.document(record, subject.name))).raw,
+        provenance.SLSA_PREDICATE: Statement.about(subject, provenance.SLSA_PREDICATE, provenance.predicate(record)).raw,
+        provenance.VEX_PREDICATE: Statement.about(subject, provenance.VEX_PREDICATE,
+                                                  json.loads(vex.document(record, subject.name))).raw,
     }
 
 

@@ -25,14 +25,14 @@ COSIGN_SIGN = "https://sigstore.dev/cosign/sign/v1"  # cosign 3's image-signatur
 OCI_EMPTY = "application/vnd.oci.empty.v1+json"
 CONTENT = "dev.sigstore.bundle.content"
 PREDICATE_TYPE = "dev.sigstore.bundle.predicateType"
-IN_TOTO_V1 = "https://in-toto.io/Statement/v1"
 
 
 def signature_statement(subject: Reference) -> bytes:
     """The image signature as cosign 3 writes it, plus the repository as the subject's name (what
     the tag scheme's docker-reference says; the policy's allowed_repositories judge it)."""
-    return canonical_json({"_type": IN_TOTO_V1, "predicate": {}, "predicateType": COSIGN_SIGN,
-                           "subject": [{"digest": {"sha256": subject.pin.hex}, "name": subject.name}]})
+    from .statement import Statement
+
+    return Statement.about(subject, COSIGN_SIGN, {}).raw
 
 
 def of_envelope(envelope: bytes) -> bytes:

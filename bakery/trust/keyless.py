@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError, IntegrityError
+from .statement import Statement
 
 GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
 ISSUER_V2 = "1.3.6.1.4.1.57264.1.8"
@@ -110,17 +111,15 @@ def load_identities(doc: dict | None, path: Path) -> tuple[dict[str, RoleIdentit
     return identities, Path(path).parent / root
 
 
-def bundle_statement(data: bytes, what: str) -> dict:
+def bundle_statement(data: bytes, what: str) -> Statement:
     """The in-toto statement inside a keyless bundle, unverified (it says which role must have signed)."""
     import base64
 
     try:
-        statement = json.loads(base64.b64decode(json.loads(data)["dsseEnvelope"]["payload"], validate=True))
-        if not isinstance(statement, dict) or not isinstance(statement.get("predicateType"), str):
-            raise TypeError("no predicateType")
-        return statement
+        payload = base64.b64decode(json.loads(data)["dsseEnvelope"]["payload"], validate=True)
     except (ValueError, KeyError, TypeError) as e:
         raise IntegrityError(f"{what}: not a DSSE bundle of an in-toto statement ({type(e).__name__})") from None
+    return Statement.read(payload, what)
 
 
 class _Checked:
@@ -202,10 +201,7 @@ def verify_bundle(data: bytes, artifact: bytes, identity: str, issuer: str, trus
     payload = _verified(data, _Checked(exact), trusted_root, "bundle", artifact)
     if payload is artifact:
         return
-    try:
-        subjects = [s["digest"]["sha256"] for s in json.loads(payload)["subject"]]
-    except (ValueError, KeyError, TypeError):
-        raise IntegrityError("bundle: its statement names no sha256 subject") from None
+    subjects = Statement.read(payload, "bundle").digests
     if hashlib.sha256(artifact).hexdigest() not in subjects:
         raise IntegrityError("bundle: its statement is about other bytes than the artifact")
 

@@ -1,12 +1,13 @@
-"""SLSA v1 provenance (an in-toto Statement v1) from the build record, and the predicate types we sign."""
+"""SLSA v1 provenance (the predicate of an in-toto statement, trust/statement.py) from the build record, and
+the predicate types we sign."""
 
 from __future__ import annotations
 
-from ..files import canonical_json
-from ..oci.refs import Reference
+from dataclasses import dataclass, field
+
+from ..errors import IntegrityError
 from .record import BuildRecord
 
-STATEMENT = "https://in-toto.io/Statement/v1"
 SLSA_PREDICATE = "https://slsa.dev/provenance/v1"
 SPDX_PREDICATE = "https://spdx.dev/Document"
 # OpenVEX (bakery/trust/vex.py): the in-toto type is the unversioned namespace, the one cosign 2.5's
@@ -15,13 +16,6 @@ VEX_PREDICATE = "https://openvex.dev/ns"
 TEST_RESULT_PREDICATE = "https://in-toto.io/attestation/test-result/v0.1"
 REBUILD_PREDICATE = "https://github.com/dsv4-mi300x/bakery/rebuild/v1"  # `invoke reproduce --attest`
 BUILD_TYPE = "https://github.com/dsv4-mi300x/bakery/build/v1"
-
-
-def statement(subject: Reference, predicate_type: str, predicate: dict) -> bytes:
-    """An in-toto Statement v1 about one image digest, serialized deterministically."""
-    body = {"_type": STATEMENT, "subject": [{"name": subject.name, "digest": {"sha256": subject.pin.hex}}],
-            "predicateType": predicate_type, "predicate": predicate}
-    return canonical_json(body)
 
 
 def predicate(record: BuildRecord) -> dict:
@@ -79,3 +73,84 @@ def predicate(record: BuildRecord) -> dict:
             "byproducts": byproducts,
         },
     }
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """A resolved dependency or a byproduct, as the predicate names it."""
+    name: str
+    uri: str = ""
+    sha256: str | None = None
+    annotations: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, eq=False)
+class Provenance:
+    """A SLSA v1 predicate as bakery writes it (of) and reads it back (read): what verify, reproduce
+    and prune judge, typed once, and the predicate itself. A field may be absent (an older or
+    another writer's predicate): each reader says what it needs; one present with the wrong type is
+    refused."""
+    base: str | None
+    repository: str | None
+    revision: str | None
+    dirty: bool | None
+    source_date_epoch: int | None
+    builder: str
+    dependencies: tuple[Dependency, ...]
+    byproducts: tuple[Dependency, ...]
+    source: dict  # as the predicate names it (what verify's summary shows)
+    document: dict
+
+    @classmethod
+    def of(cls, record: BuildRecord) -> Provenance:
+        return cls.read(predicate(record))
+
+    @classmethod
+    def read(cls, doc: dict, what: str = "the provenance") -> Provenance:
+        def obj(value, where: str) -> dict:
+            if value is None:
+                return {}
+            if not isinstance(value, dict):
+                raise IntegrityError(f"{what}: {where} is not an object")
+            return value
+
+        def typed(value, kind, where: str):
+            if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+                raise IntegrityError(f"{what}: {where} is not {kind.__name__}")
+            return value
+
+        def listed(value, where: str) -> tuple[Dependency, ...]:
+            if value is None:
+                return ()
+            if not isinstance(value, list):
+                raise IntegrityError(f"{what}: {where} is not a list")
+            out = []
+            for d in value:
+                d = obj(d, where)
+                digest = obj(d.get("digest"), f"{where}' digest")
+                out.append(Dependency(typed(d.get("name"), str, f"{where}' name") or "",
+                                      typed(d.get("uri"), str, f"{where}' uri") or "",
+                                      typed(digest.get("sha256"), str, f"{where}' sha256"),
+                                      obj(d.get("annotations"), f"{where}' annotations")))
+            return tuple(out)
+
+        build, run = obj(obj(doc, "the predicate").get("buildDefinition"), "buildDefinition"), \
+            obj(doc.get("runDetails"), "runDetails")
+        params = obj(build.get("externalParameters"), "externalParameters")
+        source = obj(params.get("source"), "the source")
+        return cls(typed(params.get("base"), str, "the base"), typed(source.get("repository"), str, "the repository"),
+                   typed(source.get("revision"), str, "the revision"), typed(source.get("dirty"), bool, "dirty"),
+                   typed(params.get("sourceDateEpoch"), int, "sourceDateEpoch"),
+                   typed(obj(run.get("builder"), "the builder").get("id"), str, "the builder id") or "",
+                   listed(build.get("resolvedDependencies"), "resolvedDependencies"),
+                   listed(run.get("byproducts"), "byproducts"), source, doc)
+
+    @property
+    def base_digests(self) -> set[str]:
+        """sha256:HEX of the dependencies named as the base image (and its platform image)."""
+        return {f"sha256:{d.sha256}" for d in self.dependencies if d.name.startswith("base image")}
+
+    @property
+    def uris(self) -> list[str]:
+        """The URIs of its dependencies and byproducts."""
+        return [d.uri for d in (*self.dependencies, *self.byproducts) if d.uri]

@@ -16,6 +16,7 @@ from ..oci.manifest import Manifest
 from ..oci.refs import Descriptor, Digest, Reference
 from ..oci.store import signature_tag
 from . import bundle, keys as keys_mod, policy as policy_mod, provenance, sbom, sign
+from .statement import Statement
 
 
 @dataclass
@@ -146,11 +147,11 @@ def _bundle_signers(digest: Digest, role, policy, bundles) -> tuple[set[str], li
                 payload_type, payload, _ = sign.read_envelope(envelope, "bundle signature")
                 if payload_type != sign.IN_TOTO:
                     raise ValueError(f"payloadType {payload_type[:80]}")
-            statement = json.loads(payload)
-            if statement["predicateType"] != bundle.COSIGN_SIGN:
-                raise ValueError(f"a statement of type {str(statement['predicateType'])[:80]}")
-            subject, = statement["subject"]
-            signed_digest, signed_name = f"sha256:{subject['digest']['sha256']}", subject.get("name")
+            statement = Statement.read(payload, "bundle signature")
+            if statement.predicate_type != bundle.COSIGN_SIGN:
+                raise ValueError(f"a statement of type {statement.predicate_type[:80]}")
+            subject, = statement.subjects
+            signed_digest, signed_name = f"sha256:{subject.sha256}", subject.name
         except (IntegrityError, ValueError, KeyError, TypeError) as e:
             reasons.append(f"unreadable bundle signature: {e}")
             continue
@@ -285,18 +286,15 @@ class Unjudged(Exception):
     """A statement whose role has no key here (and is not required): it can be neither accepted nor refused."""
 
 
-def _open_statement(data: bytes, labelled: str, policy, where: str) -> tuple[str, dict, set[str], bytes]:
-    """(predicateType, statement, signing keyids, payload) of one signed envelope (a .att layer or a
-    bundle's), opened with the keys of the role that the statement's own predicateType names. The
+def _open_statement(data: bytes, labelled: str, policy, where: str) -> tuple[Statement, set[str]]:
+    """(statement, signing keyids) of one signed envelope (a .att layer or a bundle's), opened with
+    the keys of the role that the statement's own predicateType names. The
     label beside it is not signed: it must agree with the statement or the envelope is refused. A
     rebuild statement is one rebuilder's: one key; how many rebuilders agree is counted across
     statements (_rebuilds)."""
     payload_type, payload, _ = sign.read_envelope(data, f"{where} {labelled}")
-    with malformed(f"{where} {labelled}"):
-        statement = json.loads(payload)
-        kind = statement["predicateType"]
-        if not isinstance(kind, str) or not isinstance(statement["predicate"], dict):
-            raise TypeError("predicateType or predicate of the wrong type")
+    statement = Statement.read(payload, f"{where} {labelled}")
+    kind = statement.predicate_type
     role = _signing_role(kind, labelled, where, policy)
     if not role.keys:
         raise Unjudged(f"attestation {kind} not checked: no {role.name} key given (--{role.name}-key, or "
@@ -310,7 +308,7 @@ def _open_statement(data: bytes, labelled: str, policy, where: str) -> tuple[str
     if len(signers) < needed:
         raise IntegrityError(f"attestation {kind} signed by {len(signers)} of {needed} required "
                              f"{role.name} key(s)")
-    return kind, statement, signers, payload
+    return statement, signers
 
 
 def _signing_role(kind: str, labelled: str, where: str, policy):
@@ -325,12 +323,12 @@ def _signing_role(kind: str, labelled: str, where: str, policy):
     return role
 
 
-def _open_keyless_statement(data: bytes, labelled: str, policy) -> tuple[str, dict, set[str], bytes]:
+def _open_keyless_statement(data: bytes, labelled: str, policy) -> tuple[Statement, set[str]]:
     """_open_statement for a keyless bundle: the role its statement's type names, then that role's
     identity must have signed it (the chain, log proof and signature checked offline)."""
     from . import keyless
 
-    kind = keyless.bundle_statement(data, f"bundle {labelled}")["predicateType"]
+    kind = keyless.bundle_statement(data, f"bundle {labelled}").predicate_type
     role = _signing_role(kind, labelled, "bundle", policy)
     if role.name not in policy.identities:
         raise Unjudged(f"attestation {kind} signed keyless, not checked: the policy names no keyless identity for "
@@ -345,11 +343,10 @@ def _open_keyless_statement(data: bytes, labelled: str, policy) -> tuple[str, di
         if kind == provenance.REBUILD_PREDICATE:  # as by key: anyone may rebuild; only the listed count
             raise Unjudged(f"{e}: not counted") from None
         raise
-    with malformed(f"attestation {kind}"):
-        statement = json.loads(payload)
-        if statement["predicateType"] != kind or not isinstance(statement["predicate"], dict):
-            raise TypeError("predicateType or predicate changed")
-    return kind, statement, {signer}, payload
+    statement = Statement.read(payload, f"attestation {kind}")
+    if statement.predicate_type != kind:
+        raise IntegrityError(f"attestation {kind}: the signed statement is of type {statement.predicate_type}")
+    return statement, {signer}
 
 
 def _envelopes(store, ref: Reference, report: Report, read_bundles=None) -> dict[str, list[tuple[str, bytes]]]:
@@ -392,33 +389,38 @@ def _attestations(store, ref: Reference, policy, report: Report, read_bundles=No
         for labelled, data in envelopes:
             try:
                 if form == "bundle" and bundle.is_keyless(data):
-                    kind, statement, signers, payload = _open_keyless_statement(data, labelled, policy)
+                    statement, signers = _open_keyless_statement(data, labelled, policy)
                 else:
                     envelope = bundle.envelope_of(data, f"bundle {labelled}") if form == "bundle" else data
-                    kind, statement, signers, payload = _open_statement(envelope, labelled, policy, _WHERE[form])
+                    statement, signers = _open_statement(envelope, labelled, policy, _WHERE[form])
             except IntegrityError as e:
                 report.check(False, str(e))
                 continue
             except Unjudged as e:
                 report.check(True, str(e))
                 continue
+            kind = statement.predicate_type
             counts[(form, kind)] = counts.get((form, kind), 0) + 1
-            signed = (payload, frozenset(signers))  # two rebuilders sign the very same statement
+            signed = (statement.raw, frozenset(signers))  # two rebuilders sign the very same statement
             if signed in seen.setdefault(form, {}).setdefault(kind, set()):
                 continue
             seen[form][kind].add(signed)
             if form == "bundle" and signed in seen.get("tag", {}).get(kind, set()):
                 continue  # the same signed statement in both formats: counted once
-            with malformed(f"attestation {kind}"):
-                subjects = [s["digest"].get("sha256") for s in statement.get("subject", [])]
-            if report.check(ref.pin.hex in subjects, f"attestation {kind} is about this digest"
-                            + ("" if ref.pin.hex in subjects else f" (it names sha256:{', '.join(map(str, subjects))})")):
+            about = statement.names(ref.pin)
+            if report.check(about, f"attestation {kind} is about this digest"
+                            + ("" if about else f" (it names sha256:{', '.join(statement.digests)})")):
                 if kind == provenance.REBUILD_PREDICATE:  # one per rebuilder: counted by key, never one for all
-                    found.setdefault(kind, []).append((signers, statement["predicate"]))
+                    found.setdefault(kind, []).append((signers, statement.predicate))
+                elif kind == provenance.SLSA_PREDICATE:  # read once, typed, for every reader of it
+                    try:
+                        found[kind] = provenance.Provenance.read(statement.predicate, f"attestation {kind}")
+                    except IntegrityError as e:
+                        report.check(False, str(e))
                 else:
-                    found[kind] = statement["predicate"]
+                    found[kind] = statement.predicate
                 if kind == provenance.TEST_RESULT_PREDICATE:
-                    _remember_failure(ref, statement["predicate"])  # even one refused below as a duplicate
+                    _remember_failure(ref, statement.predicate)  # even one refused below as a duplicate
     for (form, kind), n in sorted(counts.items()):
         if n > 1 and kind != provenance.REBUILD_PREDICATE:
             report.check(False, f"{n} signed statements of type {kind} for this digest"
@@ -460,35 +462,33 @@ def _vex(doc: dict, ref: Reference, report: Report) -> None:
                  + (f"; {len(wrong)} name another product or status: {wrong[0]}" if wrong else ""))
 
 
-def _provenance(prov: dict, manifest: bytes, policy, report: Report) -> None:
+def _provenance(prov: provenance.Provenance, manifest: bytes, policy, report: Report) -> None:
     """How it was built: the pinned base, an allowed builder and source, a clean checkout."""
-    params = prov["buildDefinition"]["externalParameters"]
-    report.check(params.get("base") == policy.base, f"provenance base is the pinned {policy.base}"
-                 + ("" if params.get("base") == policy.base else f" (it names {params.get('base')})"))
-    source = params.get("source", {})
-    report.check(policy.source_allowed(source.get("repository") or ""),
-                 f"provenance source {source.get('repository')} is an allowed repository")
-    builder = prov.get("runDetails", {}).get("builder", {}).get("id", "")
+    report.check(prov.base == policy.base, f"provenance base is the pinned {policy.base}"
+                 + ("" if prov.base == policy.base else f" (it names {prov.base})"))
+    report.check(policy.source_allowed(prov.repository or ""),
+                 f"provenance source {prov.repository} is an allowed repository")
+    builder = prov.builder
     report.check(policy.builder_allowed(builder), f"builder {builder} is an allowed builder"
                  + ("" if policy.builder_allowed(builder) else " (a build from elsewhere: list it in allowed_builders "
                                                                 "only if you trust that machine)"))
-    dirty = source.get("dirty", True)
+    dirty = prov.dirty is not False  # unless it says clean
     report.check(not dirty or policy.allow_dirty,
                  "built from a clean checkout" if not dirty else
                  ("built from a checkout with uncommitted changes, allowed by this (dev) policy" if policy.allow_dirty
                   else "built from a checkout with uncommitted or untracked changes: not reproducible from its "
                        "revision; refused (a dev policy may set allow_dirty: true)"))
     base_digest = json.loads(manifest).get("annotations", {}).get("org.opencontainers.image.base.digest", "")
-    resolved = {f"sha256:{d['digest'].get('sha256')}" for d in prov["buildDefinition"]["resolvedDependencies"]
-                if d.get("name", "").startswith("base image")}
-    report.check(base_digest in resolved, f"image annotation base.digest {base_digest or '(none)'} "
+    report.check(base_digest in prov.base_digests, f"image annotation base.digest {base_digest or '(none)'} "
                                           f"is the provenance's base")
 
 
-def _as_of(as_of, policy, prov: dict, report: Report):
+def _as_of(as_of, policy, prov: provenance.Provenance, report: Report):
     """The policy as it stood at the revision the signed provenance names: an earlier release ran
     the base and smoke spec committed then, not today's."""
-    revision = prov["buildDefinition"]["externalParameters"]["source"]["revision"]
+    revision = prov.revision
+    if revision is None:
+        raise IntegrityError("the signed provenance names no source revision")
     then = as_of(policy, revision)
     report.check(True, f"built from {untrusted.safe(str(revision))[:12]}, judged by the base and smoke spec committed there")
     return then
@@ -672,7 +672,7 @@ def sha256_of(element: dict) -> str:
     return next((c["checksumValue"] for c in element.get("checksums", []) if c["algorithm"] == "SHA256"), "?")
 
 
-def summarize(spdx: dict, prov: dict | None) -> dict:
+def summarize(spdx: dict, prov: provenance.Provenance | None) -> dict:
     """What is in the image, from the signed SBOM: base, overlays, kernels, tables."""
     def by(prefix):
         return [p for p in spdx["packages"] if p["SPDXID"].startswith(prefix)]
@@ -685,8 +685,8 @@ def summarize(spdx: dict, prov: dict | None) -> dict:
                      if f["SPDXID"].startswith("SPDXRef-Overlay-")],
         "kernels": [f"{p['name']} sha256:{p['checksums'][0]['checksumValue'][:12]}" for p in by("SPDXRef-Artifact-")],
         "tables": [f"{p['name']} sha256:{p['checksums'][0]['checksumValue'][:12]}" for p in by("SPDXRef-Tuning-")],
-        "source": (prov or {}).get("buildDefinition", {}).get("externalParameters", {}).get("source", {}),
-        "builder": (prov or {}).get("runDetails", {}).get("builder", {}).get("id"),
+        "source": prov.source if prov else {},
+        "builder": (prov.builder or None) if prov else None,
     }
 
 

@@ -1,0 +1,100 @@
+"""The in-toto statement, one type for writer and reader (issue 54 item 2): what is written reads
+back as the same value, the bytes read are kept as they came (they are what was signed), and a
+statement two readers would read differently is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bakery.errors import IntegrityError
+from bakery.oci.refs import Reference
+from bakery.trust import provenance
+from bakery.trust.statement import Statement, Subject
+
+REF = Reference.parse("127.0.0.1:5000/bakery/image@sha256:" + "ab" * 32)
+
+
+def test_a_written_statement_reads_back_as_the_same_value():
+    predicate = {"runDetails": {"builder": {"id": "local"}}, "ü": [1, 2.5, None]}
+    written = Statement.about(REF, provenance.SLSA_PREDICATE, predicate)
+    read = Statement.read(written.raw, "statement")
+    assert (read.predicate_type, read.subjects, read.predicate, read.raw) == \
+        (written.predicate_type, written.subjects, written.predicate, written.raw)
+    assert read.subjects == (Subject("ab" * 32, "127.0.0.1:5000/bakery/image"),) and read.names(REF.pin)
+    # what the in-toto spec says a statement is, read independently of the type
+    doc = json.loads(written.raw)
+    assert doc == {"_type": "https://in-toto.io/Statement/v1", "predicateType": provenance.SLSA_PREDICATE,
+                   "predicate": predicate, "subject": [{"name": REF.name, "digest": {"sha256": "ab" * 32}}]}
+
+
+def test_a_statement_read_keeps_the_bytes_it_came_in():
+    """Another signer's spacing and key order: kept as signed, never serialized again."""
+    payload = (b'{ "subject" : [ {"digest": {"sha256": "' + b"ab" * 32 + b'"}} ],\n'
+               b'  "predicate": {"b": 1, "a": 2}, "predicateType": "x", "_type": "https://in-toto.io/Statement/v1" }')
+    read = Statement.read(payload, "statement")
+    assert read.raw == payload and read.predicate == {"b": 1, "a": 2} and read.subjects == (Subject("ab" * 32),)
+
+
+@pytest.mark.parametrize("payload, why", [
+    (b'{"predicateType": "a", "PredicateType": "b", "predicate": {}, "subject": []}', "twice"),
+    (b'{"predicateType": "a", "predicate": {"x": 1, "X": 2}, "subject": []}', "twice"),
+    (b'{"predicateType": "a", "predicate": [], "subject": []}', "wrong type"),
+    (b'{"predicateType": 7, "predicate": {}, "subject": []}', "wrong type"),
+    (b'{"predicateType": "a", "predicate": {}, "subject": [{"digest": {"sha512": "00"}}]}', "KeyError"),
+    (b'{"predicateType": "a", "predicate": {}, "subject": [{"digest": {"sha256": 5}}]}', "wrong type"),
+    (b'{"predicateType": "a", "predicate": {}}', "KeyError"),
+    (b"[]", "TypeError"),
+    (b"\xff", "UnicodeDecodeError"),
+], ids=["type in two cases", "predicate key in two cases", "predicate a list", "type a number", "no sha256",
+        "digest a number", "no subject", "not an object", "not UTF-8"])
+def test_a_statement_of_another_shape_is_refused_in_one_line(payload, why):
+    """A key in two cases is read one way by Go's encoding/json (keys matched without case, the last
+    kept: tests/test_prune.py shows skopeo doing so), not at all by cosign 3 (tests/test_bundles.py),
+    and by Python's json as the exact key: readers that disagree, so it is refused."""
+    with pytest.raises(IntegrityError, match=why) as raised:
+        Statement.read(payload, "attestation x")
+    assert str(raised.value).startswith("attestation x: not an in-toto statement") and "\n" not in str(raised.value)
+
+
+# -- the SLSA provenance: verify, reproduce and prune read it through one type -----------------------
+
+def test_the_provenance_written_reads_back_as_what_its_record_says():
+    from pathlib import Path
+
+    from bakery.trust import record
+
+    rec = record.read(Path(__file__).parent / "data" / "build-record.json")
+    written = provenance.Provenance.of(rec)
+    read = provenance.Provenance.read(json.loads(Statement.about(REF, provenance.SLSA_PREDICATE,
+                                                                 written.document).raw)["predicate"])
+    assert (read.base, read.repository, read.revision, read.dirty, read.source_date_epoch, read.builder) == \
+        (str(rec.base.pinned), rec.source.repository, rec.source.revision, rec.source.dirty,
+         rec.source.source_date_epoch, rec.builder.id)
+    assert read.dependencies == written.dependencies and read.byproducts == written.byproducts
+    assert read.base_digests == {f"sha256:{rec.base.pinned.pin.hex}", str(rec.base.manifest_digest)}
+    assert f"docker://{rec.base.pinned}" in read.uris
+
+
+@pytest.mark.parametrize("predicate, why", [
+    ({"buildDefinition": {"externalParameters": {"source": {"dirty": "no"}}}}, "dirty is not bool"),
+    ({"buildDefinition": {"externalParameters": {"sourceDateEpoch": True}}}, "sourceDateEpoch is not int"),
+    ({"buildDefinition": {"externalParameters": {"base": ["x"]}}}, "the base is not str"),
+    ({"buildDefinition": {"resolvedDependencies": [{"name": "base image", "digest": {"sha256": 1}}]}}, "sha256"),
+    ({"buildDefinition": {"resolvedDependencies": {}}}, "not a list"),
+    ({"runDetails": {"builder": "local"}}, "the builder is not an object"),
+], ids=["dirty a string", "epoch a bool", "base a list", "digest a number", "dependencies an object", "builder a string"])
+def test_a_provenance_field_of_the_wrong_type_is_refused(predicate, why):
+    """Before, a dirty of "no" read as a clean checkout to reproduce and as dirty to verify."""
+    with pytest.raises(IntegrityError, match=why):
+        provenance.Provenance.read(predicate, "attestation x")
+
+
+def test_an_absent_field_reads_as_absent_and_each_reader_says_what_it_needs():
+    read = provenance.Provenance.read({})
+    assert (read.base, read.revision, read.dirty, read.builder, read.dependencies) == (None, None, None, "", ())
+    from bakery.release import reproduce
+
+    with pytest.raises(IntegrityError, match="lacks its source, base or sourceDateEpoch"):
+        reproduce.plan(read)
