@@ -198,10 +198,9 @@ def main() -> None:
                      "--reprove")[0]
     before_s = None
     if BEFORE:
-        earlier = work / "project-before"
-        earlier.mkdir()
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", BEFORE], check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(earlier)], input=archive, check=True)
+        earlier = work / "project-before"  # a checkout of its own: the build records its revision
+        subprocess.run(["git", "clone", "-q", "--no-checkout", str(ROOT), str(earlier)], check=True)
+        subprocess.run(["git", "-C", str(earlier), "checkout", "-q", BEFORE], check=True)
         before_s = ours(base, f"{repo}:6", work / "cache-before", work / "out-before", lock, tools, *trust,
                         "--reprove", project=earlier)[0]
     # one overlay changed: a comment added to the fence patch's new side, re-locked
