@@ -495,3 +495,23 @@ def test_the_proofs_of_two_bases_never_share_a_sandbox(tmp_path, monkeypatch):
     prove.run_many({("a", "old"): (fence, b"x = 1\n", old), ("b", "old"): (swiglu, b"x = 2\n", old),
                     ("a", "new"): (fence, b"x = 3\n", new)}, reprove=True)
     assert sorted(len(plan) for plan in plans) == [1, 2]  # the old base's two proofs together; the new one's apart
+
+
+@pytest.mark.slow
+def test_what_a_target_leaves_running_does_not_hold_the_other_proofs(versions, tmp_path, monkeypatch):
+    """From the attacker's side: the stock target's code leaves a process behind holding its
+    proof's stderr. Alone in a sandbox, the sandbox ended with its proof; sharing one, it would keep
+    every proof of the base waiting to the sandbox's time limit (then CANNOT-PROVE). The zygote reads
+    a proof's pipes for AFTER_EXIT seconds once it exited, then goes on."""
+    import dataclasses
+
+    monkeypatch.setenv("BAKERY_CACHE", str(tmp_path))
+    monkeypatch.setattr(prove, "LIMITS", dataclasses.replace(prove.LIMITS, seconds=60))
+    stock = versions["cpu-kv-transfer-fence"][0].read_bytes()
+    lingering = stock + b"\nimport os, time\nif os.fork() == 0:\n    os.closerange(3, 4096)\n    time.sleep(600)\n"
+    files: dict = {}
+    verdicts = prove.run_many({("fence", "stock"): (spec_of("cpu-kv-transfer-fence"), lingering, files),
+                               ("swiglu", "stock"): (spec_of("exact-swiglu-clamp-kernel"),
+                                                     versions["exact-swiglu-clamp-kernel"][0].read_bytes(), files)},
+                              reprove=True)
+    assert [verdicts[k].verdict for k in (("fence", "stock"), ("swiglu", "stock"))] == [prove.BROKEN] * 2, verdicts

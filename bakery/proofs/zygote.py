@@ -19,9 +19,11 @@ import os
 import runpy
 import selectors
 import sys
+import time
 import traceback
 
 TAIL = 1 << 16  # bytes of a proof's stdout and of its stderr kept: its verdict lines are a few hundred
+AFTER_EXIT = 2.0  # seconds a proof's pipes are still read once it exited
 
 
 def main() -> None:
@@ -34,11 +36,9 @@ def main() -> None:
     runs: list[tuple[int, int, int]] = []
     for index, (script, targets, reads) in enumerate(plan):
         runs.append(_start(index, script, targets, reads, [fd for _, out, err in runs for fd in (out, err)]))
-    tails = _read_all([fd for _, out, err in runs for fd in (out, err)])
+    tails, codes = _read_all(runs)
     for index, (pid, out, err) in enumerate(runs):
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps({"proof": index, "exit": os.waitstatus_to_exitcode(status),
-                          "stdout": tails[out].decode("utf-8", "replace"),
+        print(json.dumps({"proof": index, "exit": codes[pid], "stdout": tails[out].decode("utf-8", "replace"),
                           "stderr": tails[err].decode("utf-8", "replace")}), flush=True)
 
 
@@ -95,15 +95,20 @@ def _start(index: int, script: str, targets: list[str], reads: list[str], others
             os._exit(code)
 
 
-def _read_all(fds: list[int]) -> dict[int, bytes]:
-    """Every pipe read to its end at once (a child blocked on a full pipe would never exit), the
-    last TAIL bytes of each kept."""
-    kept = {fd: bytearray() for fd in fds}
+def _read_all(runs: list[tuple[int, int, int]]) -> tuple[dict[int, bytes], dict[int, int]]:
+    """({fd: the last TAIL bytes read}, {pid: exit code}): every pipe read at once (a child blocked
+    on a full pipe would never exit), until each proof has exited and its pipes are drained, or
+    AFTER_EXIT seconds past its exit: what its targets' code left running may hold a pipe open,
+    and as when each proof had a sandbox of its own, that does not keep the others waiting."""
+    kept = {fd: bytearray() for _, out, err in runs for fd in (out, err)}
+    codes: dict[int, int] = {}
+    exited: dict[int, float] = {}
+    owner = {fd: pid for pid, out, err in runs for fd in (out, err)}
     with selectors.DefaultSelector() as watch:
-        for fd in fds:
+        for fd in kept:
             watch.register(fd, selectors.EVENT_READ)
         while watch.get_map():
-            for key, _ in watch.select():
+            for key, _ in watch.select(timeout=0.25):
                 chunk = os.read(key.fd, 65536)
                 if not chunk:
                     watch.unregister(key.fd)
@@ -111,7 +116,18 @@ def _read_all(fds: list[int]) -> dict[int, bytes]:
                     continue
                 kept[key.fd] += chunk
                 del kept[key.fd][:-TAIL]
-    return {fd: bytes(data) for fd, data in kept.items()}
+            for pid, _, _ in runs:
+                if pid not in codes:
+                    done, status = os.waitpid(pid, os.WNOHANG)
+                    if done:
+                        codes[pid], exited[pid] = os.waitstatus_to_exitcode(status), time.monotonic()
+            for fd in [k.fd for k in watch.get_map().values() if time.monotonic() - exited.get(owner[k.fd], 1e18) > AFTER_EXIT]:
+                watch.unregister(fd)
+                os.close(fd)
+    for pid, _, _ in runs:
+        if pid not in codes:
+            codes[pid] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    return {fd: bytes(data) for fd, data in kept.items()}, codes
 
 
 if __name__ == "__main__":
