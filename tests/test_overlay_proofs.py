@@ -437,8 +437,9 @@ def test_the_proofs_of_a_base_give_the_same_verdicts_together_in_any_order_as_al
     proof's verdicts are the ones it gives in a sandbox of its own, whatever the order."""
     monkeypatch.setenv("BAKERY_CACHE", str(tmp_path))
     ids = ["cpu-kv-transfer-fence", "exact-swiglu-clamp-kernel"]
-    jobs: dict = {(o, which): (spec_of(o), path.read_bytes(), {}) for o in ids
-            for which, path in zip(("stock", "overlaid"), versions[o], strict=True)}
+    files = prove.BaseFiles("sha256:" + "1" * 64, {})
+    jobs: dict = {(o, which): (spec_of(o), path.read_bytes(), files) for o in ids
+                  for which, path in zip(("stock", "overlaid"), versions[o], strict=True)}
     alone = {key: prove.run_batch(spec, [target], reads, reprove=True)[0] for key, (spec, target, reads) in jobs.items()}
     assert [alone[(o, w)].verdict for o in ids for w in ("stock", "overlaid")] == [prove.BROKEN, prove.FIXED] * 2
     for order in (list(jobs), list(reversed(jobs))):
@@ -467,7 +468,7 @@ def test_a_target_cannot_write_another_proofs_verdict(versions, how, tmp_path, m
     forged = FORGED + b"".join(json.dumps({"proof": i, **FORGED_RUN}).encode() + b"\n" for i in range(4))
     stock = versions["cpu-kv-transfer-fence"][0].read_bytes()
     forging = stock + b"\nimport os\nFORGED = " + repr(forged).encode() + b"\n" + how
-    files: dict = {}
+    files = prove.BaseFiles("sha256:" + "1" * 64, {})
     verdicts = prove.run_many({("fence", "stock"): (spec_of("cpu-kv-transfer-fence"), forging, files),
                                ("swiglu", "stock"): (spec_of("exact-swiglu-clamp-kernel"),
                                                      versions["exact-swiglu-clamp-kernel"][0].read_bytes(), files)},
@@ -490,11 +491,26 @@ def test_the_proofs_of_two_bases_never_share_a_sandbox(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sandbox, "run", recorded)
     fence, swiglu = spec_of("cpu-kv-transfer-fence"), spec_of("exact-swiglu-clamp-kernel")
-    old: dict = {}
-    new: dict = {}
+    old, new = prove.BaseFiles("sha256:" + "1" * 64, {}), prove.BaseFiles("sha256:" + "2" * 64, {})
     prove.run_many({("a", "old"): (fence, b"x = 1\n", old), ("b", "old"): (swiglu, b"x = 2\n", old),
                     ("a", "new"): (fence, b"x = 3\n", new)}, reprove=True)
     assert sorted(len(plan) for plan in plans) == [1, 2]  # the old base's two proofs together; the new one's apart
+    plans.clear()
+    files: dict = {}  # files no base names: nothing to key a shared run by
+    prove.run_many({("a", "old"): (fence, b"x = 1\n", files), ("b", "old"): (swiglu, b"x = 2\n", files)}, reprove=True)
+    assert sorted(len(plan) for plan in plans) == [1, 1]
+
+
+def test_a_verdict_proven_beside_a_bases_other_proofs_is_keyed_by_that_base():
+    """Found by the attacker review: a hostile base copies one proof's target and reads from a
+    good base byte for byte, and its code in another proof rewrites that proof's run beside it.
+    Keyed by the proof's own inputs alone, the forged verdict would be taken for the good base's
+    bytes (from this machine's cache, or signed, from the registry)."""
+    spec = spec_of("cpu-kv-transfer-fence")
+    good, hostile = prove.BaseFiles("sha256:" + "1" * 64, {}), prove.BaseFiles("sha256:" + "2" * 64, {})
+    assert prove.cache_key(spec, b"same bytes", good) != prove.cache_key(spec, b"same bytes", hostile)
+    assert prove.cache_key(spec, b"same bytes", good) == prove.cache_key(spec, b"same bytes",
+                                                                          prove.BaseFiles(good.base, {}))
 
 
 @pytest.mark.slow
@@ -509,7 +525,7 @@ def test_what_a_target_leaves_running_does_not_hold_the_other_proofs(versions, t
     monkeypatch.setattr(prove, "LIMITS", dataclasses.replace(prove.LIMITS, seconds=60))
     stock = versions["cpu-kv-transfer-fence"][0].read_bytes()
     lingering = stock + b"\nimport os, time\nif os.fork() == 0:\n    os.closerange(3, 4096)\n    time.sleep(600)\n"
-    files: dict = {}
+    files = prove.BaseFiles("sha256:" + "1" * 64, {})
     verdicts = prove.run_many({("fence", "stock"): (spec_of("cpu-kv-transfer-fence"), lingering, files),
                                ("swiglu", "stock"): (spec_of("exact-swiglu-clamp-kernel"),
                                                      versions["exact-swiglu-clamp-kernel"][0].read_bytes(), files)},

@@ -18,6 +18,7 @@ from ..errors import BakeryError, IntegrityError
 from ..inputs import overlays as overlays_mod
 from ..oci.registry import Registry
 from ..project import Project
+from ..proofs.runner import BaseFiles
 from ..trust.record import Distribution
 
 DIST_INFO = "usr/local/lib/python3*/dist-packages/*.dist-info/METADATA"
@@ -68,9 +69,10 @@ def open_base(project: Path, override: str | None, log=print, mirror: str | None
     return OpenBase(spec, registry, image, fs, registered)
 
 
-def base_files(base: OpenBase, paths) -> dict:
-    """{image path: bytes} of the base's regular files (None where absent or not a regular file)."""
-    return regular_files(base.fs, paths)
+def base_files(base: OpenBase, paths) -> BaseFiles:
+    """{image path: bytes} of the base's regular files (None where absent or not a regular file),
+    naming the base: its proofs share a sandbox, keyed by it."""
+    return BaseFiles(str(base.image.manifest_digest), regular_files(base.fs, paths))
 
 
 def regular_files(fs: BaseFilesystem, paths) -> dict:

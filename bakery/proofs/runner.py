@@ -67,11 +67,23 @@ def _versions() -> str:
     return f"python {sys.version.split()[0]}; " + ", ".join(found)
 
 
+class BaseFiles(dict):
+    """{image path: bytes} of one base's files, naming that base (its manifest digest). The proofs of
+    one named base run in one sandbox, where the base's code in one proof can reach another's run:
+    a verdict proven there is keyed by the base too, so it is never taken for another base's bytes."""
+
+    def __init__(self, base: str, files: dict):
+        super().__init__(files)
+        self.base = base
+
+
 def cache_key(spec: ProofSpec, target: bytes, reads: dict[str, bytes], device: str = "cpu") -> str:
     h = hashlib.sha256(f"{spec.code_sha256}\n{_versions()}\n{device}\n".encode())
     h.update(hashlib.sha256(target).hexdigest().encode())
     for path in spec.reads:
         h.update(f"\n{path} {hashlib.sha256(reads[path]).hexdigest()}".encode())
+    if isinstance(reads, BaseFiles):
+        h.update(f"\nbase {reads.base}".encode())
     return h.hexdigest()
 
 
@@ -112,10 +124,10 @@ def run_batch(spec: ProofSpec, targets: list[bytes], reads: dict[str, bytes], de
 
 
 def run_many(jobs: dict, device: str = "cpu", signed: SignedVerdicts | None = None, reprove: bool = False) -> dict:
-    """{key: (spec, target bytes, reads)} -> {key: Verdict}. A base's files are one `reads`
-    mapping: the proofs of one base run in one sandbox (torch and Triton loaded once there, each
-    proof in a process forked from it, every proof at once, the targets of one proof in forks of
-    its own); the proofs of another base never share it."""
+    """{key: (spec, target bytes, reads)} -> {key: Verdict}. The proofs whose reads are one base's
+    BaseFiles run in one sandbox (torch loaded once there, each proof in a process forked from it,
+    every proof at once, the targets of one proof in forks of its own; their verdicts keyed by the
+    base); the proofs of another base, or of files no base names, never share it."""
     _versions()  # once, here: threads that each miss the empty cache would each scan every distribution
     bases: dict[int, tuple[dict, dict]] = {}
     for key, (spec, target, reads) in jobs.items():
@@ -151,7 +163,12 @@ def _prove(proofs: list[tuple[ProofSpec, list[bytes]]], reads: dict[str, bytes],
     todo = [(p, [i for i, v in enumerate(found) if v is None]) for p, found in enumerate(verdicts)]
     todo = [(p, indexes) for p, indexes in todo if indexes]
     if todo:
-        ran = _execute([(proofs[p][0], [proofs[p][1][i] for i in indexes]) for p, indexes in todo], reads, device)
+        batch = [(proofs[p][0], [proofs[p][1][i] for i in indexes]) for p, indexes in todo]
+        if isinstance(reads, BaseFiles):
+            ran = _execute(batch, reads, device)
+        else:  # no base named: nothing to key a shared run by, so each proof has a sandbox of its own
+            with ThreadPoolExecutor(len(batch)) as pool:
+                ran = [found for one in pool.map(lambda proof: _execute([proof], reads, device), batch) for found in one]
         for (p, indexes), proven in zip(todo, ran, strict=True):
             for i, verdict in zip(indexes, proven, strict=True):
                 verdicts[p][i] = verdict

@@ -22,14 +22,17 @@ import sys
 import time
 import traceback
 
-TAIL = 1 << 16  # bytes of a proof's stdout and of its stderr kept: its verdict lines are a few hundred
+# bytes of a proof's stdout and stderr kept: its verdict lines are a few hundred bytes, and of stderr
+# the host reads the last line; all proofs' lines, escaped, must fit the 1 MiB of stdout the host keeps
+TAIL = {"stdout": 16 << 10, "stderr": 2 << 10}
 AFTER_EXIT = 2.0  # seconds a proof's pipes are still read once it exited
 
 
 def main() -> None:
     with open(sys.argv[1]) as f:
         plan = json.load(f)
-    ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0, before any child exists
+    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE 0, before any child exists
+        sys.exit(f"zygote: cannot make itself non-dumpable (errno {ctypes.get_errno()}): no proof runs")
     _preload()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -39,7 +42,7 @@ def main() -> None:
     tails, codes = _read_all(runs)
     for index, (pid, out, err) in enumerate(runs):
         print(json.dumps({"proof": index, "exit": codes[pid], "stdout": tails[out].decode("utf-8", "replace"),
-                          "stderr": tails[err].decode("utf-8", "replace")}), flush=True)
+                          "stderr": tails[err].decode("utf-8", "replace")}, ensure_ascii=False), flush=True)
 
 
 def _preload() -> None:
@@ -96,11 +99,12 @@ def _start(index: int, script: str, targets: list[str], reads: list[str], others
 
 
 def _read_all(runs: list[tuple[int, int, int]]) -> tuple[dict[int, bytes], dict[int, int]]:
-    """({fd: the last TAIL bytes read}, {pid: exit code}): every pipe read at once (a child blocked
+    """({fd: what was read}, {pid: exit code}): every pipe read at once (a child blocked
     on a full pipe would never exit), until each proof has exited and its pipes are drained, or
-    AFTER_EXIT seconds past its exit: what its targets' code left running may hold a pipe open,
+    AFTER_EXIT seconds past its exit (the last TAIL bytes of each kept): what its targets' code left running may hold a pipe open,
     and as when each proof had a sandbox of its own, that does not keep the others waiting."""
     kept = {fd: bytearray() for _, out, err in runs for fd in (out, err)}
+    limit = {fd: TAIL[name] for _, out, err in runs for fd, name in ((out, "stdout"), (err, "stderr"))}
     codes: dict[int, int] = {}
     exited: dict[int, float] = {}
     owner = {fd: pid for pid, out, err in runs for fd in (out, err)}
@@ -115,7 +119,7 @@ def _read_all(runs: list[tuple[int, int, int]]) -> tuple[dict[int, bytes], dict[
                     os.close(key.fd)
                     continue
                 kept[key.fd] += chunk
-                del kept[key.fd][:-TAIL]
+                del kept[key.fd][:-limit[key.fd]]
             for pid, _, _ in runs:
                 if pid not in codes:
                     done, status = os.waitpid(pid, os.WNOHANG)
