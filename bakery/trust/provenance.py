@@ -148,7 +148,7 @@ class Provenance:
     @property
     def base_digests(self) -> set[str]:
         """sha256:HEX of the dependencies named as the base image (and its platform image)."""
-        return {f"sha256:{d.sha256}" for d in self.dependencies if d.name.startswith("base image")}
+        return {f"sha256:{d.sha256}" for d in self.dependencies if d.name.startswith("base image") and d.sha256}
 
     @property
     def uris(self) -> list[str]:

@@ -45,10 +45,17 @@ class Statement:
     def read(cls, payload: bytes, what: str) -> Statement:
         """The statement a signed payload holds (its signature is the caller's to check)."""
         try:
-            doc = json.loads(payload, object_pairs_hook=one_each)
+            doc = json.loads(payload)
+            if not isinstance(doc, dict):
+                raise TypeError("not an object")
             kind, subjects, predicate = doc["predicateType"], doc["subject"], doc["predicate"]
             if not isinstance(kind, str) or not isinstance(predicate, dict) or not isinstance(subjects, list):
                 raise TypeError("predicateType, predicate or subject of the wrong type")
+            # where Go decodes into a struct (the statement, a subject, its digest), keys match without
+            # case: each once there; inside the predicate, a free-form map to Go, keys are exact
+            for fields in (doc, *subjects, *(s.get("digest") for s in subjects if isinstance(s, dict))):
+                if isinstance(fields, dict):
+                    one_each(list(fields.items()))
             read = tuple(Subject(s["digest"]["sha256"], s.get("name")) for s in subjects)
             if not all(isinstance(s.sha256, str) and isinstance(s.name, (str, type(None))) for s in read):
                 raise TypeError("a subject's digest or name of the wrong type")
