@@ -15,7 +15,6 @@ from pathlib import Path
 
 from .. import __version__
 from ..base import inventory
-from ..base.filesystem import BaseFilesystem
 from ..errors import InputError, IntegrityError
 from ..inputs import image as image_mod, overlays as overlays_mod
 from ..trust.record import (
@@ -133,9 +132,10 @@ def base_record(opened: OpenBase, dists: list) -> BaseRecord:
     """The base as read, with what its SBOM names: its Pythons, its OS and its dpkg packages (a base
     with dpkg packages and no os-release is refused: scanners could not say whose packages they are)."""
     base, pinned = opened.image, opened.spec
-    os_found = inventory.operating_system(opened.fs)
-    debs = tuple(DebPackage.from_json(d, f"the base's dpkg package {i}")
-                 for i, d in enumerate(inventory.debian_packages(opened.fs)))
+    os_found, found_debs = _of_the_base(
+        opened, "os and debs", [], lambda: [inventory.operating_system(opened.fs), inventory.debian_packages(opened.fs)],
+        lambda v: isinstance(v, list) and len(v) == 2 and isinstance(v[0], (dict, type(None))) and isinstance(v[1], list))
+    debs = tuple(DebPackage.from_json(d, f"the base's dpkg package {i}") for i, d in enumerate(found_debs))
     if debs and os_found is None:
         raise IntegrityError("the base has dpkg packages but no /etc/os-release or /usr/lib/os-release: its SBOM "
                              "could not name their distribution; the base is refused")
@@ -145,17 +145,47 @@ def base_record(opened: OpenBase, dists: list) -> BaseRecord:
                       OperatingSystem.from_json(os_found) if os_found else None, debs)
 
 
-def overlay_records(project: Path, overlays: list, applied: list, proofs: dict, fs: BaseFilesystem,
+def _of_the_base(opened: OpenBase, what: str, given: list, read, valid):
+    """read(): what the SBOM names of the base's files, a function of the base's bytes alone (its
+    manifest digest), the inventory's code and `given`. Kept in the cache under that key: a warm
+    build would otherwise parse every dpkg status line and RECORD row again (torch's RECORD alone
+    has tens of thousands). An entry that does not name its key, or is not `valid`, is made again."""
+    import json
+
+    from ..files import canonical_json
+    from ..oci.layer import write_blob
+    from ..project import cache_dir
+
+    code = hashlib.sha256(Path(inventory.__file__).read_bytes()).hexdigest()
+    key = hashlib.sha256(canonical_json([what, str(opened.image.manifest_digest), given, code])).hexdigest()
+    path = cache_dir("inventory") / f"{key}.json"
+    try:
+        doc = json.loads(path.read_bytes())
+        if isinstance(doc, dict) and doc.get("key") == key and valid(doc["value"]):
+            return doc["value"]
+    except (OSError, ValueError, KeyError):
+        pass
+    value = read()
+    write_blob(path, canonical_json({"key": key, "value": value}))
+    return value
+
+
+def overlay_records(project: Path, overlays: list, applied: list, proofs: dict, opened: OpenBase,
                     dists: list[Distribution]) -> tuple[OverlayRecord, ...]:
     """Every registered overlay (baked or not) with its hashes, and for a baked one the distribution
     whose RECORD lists its target (the SBOM puts the file in that package, and says the RECORD's
     sha256 is no longer the file's)."""
     by_id = {a.overlay.id: a for a in applied}
     # audit records' targets too: the VEX names the distribution for them as well
-    owned_by = inventory.owners(fs, [d.metadata for d in dists], [o.target for o in overlays])
+    metadata, targets = [d.metadata for d in dists], [o.target for o in overlays]
+    owned_by = {target: (index, sha256) for target, (index, sha256) in _of_the_base(
+        opened, "owners", [metadata, targets], lambda: inventory.owners(opened.fs, metadata, targets),
+        lambda v: isinstance(v, dict) and all(isinstance(o, list) and len(o) == 2 and type(o[0]) is int
+                                              and 0 <= o[0] < len(metadata) and isinstance(o[1], (str, type(None)))
+                                              for o in v.values())).items()}
     # an audit record's probe, run on this base: the VEX says not_affected only where it holds
     probed = [o for o in overlays if not o.baked and o.probe]
-    files = probe_files(fs, [c["path"] for o in probed for c in o.probe])  # as rebase reads them
+    files = probe_files(opened.fs, [c["path"] for o in probed for c in o.probe])  # as rebase reads them
     audits = {o.id: dict(zip(("holds", "detail"), overlays_mod.probe_holds(o, files), strict=True)) for o in probed}
     out = []
     for o in overlays:
@@ -192,7 +222,7 @@ def assemble(project: Path, lock_path: Path, started: datetime, source: Source, 
                               if d.endswith(".so") else "stale bytecode of an overlaid module")
                       for i, layer in enumerate(layers)
                       for d in layer.deletions),
-        overlays=overlay_records(project, overlays.registered, overlays.applied, overlays.proofs, opened.fs, dists),
+        overlays=overlay_records(project, overlays.registered, overlays.applied, overlays.proofs, opened, dists),
         verdicts=verdicts.records,
         artifacts=tuple(ArtifactRecord.from_json(a.record(), f"artifacts[{i}]")
                         for i, a in enumerate(kernels.compiled.artifacts)),
