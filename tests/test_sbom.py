@@ -577,3 +577,29 @@ def test_syft_reads_through_what_our_sbom_refuses(case, registry, tmp_path):
     for read in (inventory.operating_system, inventory.debian_packages):
         with pytest.raises(IntegrityError, match="is a symlink to '(/opt/dpkg|usr/etc)', not a folder"):
             read(fs)
+
+
+def test_a_warm_build_takes_the_bases_inventory_from_the_cache_and_remakes_a_bad_entry(fixture_base, tmp_path,
+                                                                                      monkeypatch):
+    """What the SBOM names of the base is a function of its bytes: read once per base, the same
+    record after; an entry that does not read is made again, never believed."""
+    from bakery.bake import record as bake_record
+    from bakery.bake.opened import open_base, python_distributions
+
+    monkeypatch.setenv("BAKERY_CACHE", str(tmp_path))
+    opened = open_base(ROOT, str(fixture_base), log=lambda m: None)
+    dists = python_distributions(opened.fs)
+    reads: list[object] = []
+    real = inventory.debian_packages
+
+    def counted(fs):
+        reads.append(fs)
+        return real(fs)
+
+    monkeypatch.setattr(inventory, "debian_packages", counted)
+    first = bake_record.base_record(opened, dists)
+    assert bake_record.base_record(opened, dists) == first and len(reads) == 1
+    assert first.debian_packages and first.os is not None
+    for entry in (tmp_path / "inventory").iterdir():
+        entry.write_text(json.dumps({"key": entry.stem, "value": [None, "not a list"]}))
+    assert bake_record.base_record(opened, dists) == first and len(reads) == 2
