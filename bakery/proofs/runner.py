@@ -228,8 +228,7 @@ def _execute(proofs: list[tuple[ProofSpec, list[bytes]]], reads: dict[str, bytes
             names = [f"p{p}-target{i}.py" for i in range(len(targets))] + [f"p{p}-read{i}.py" for i in range(len(spec.reads))]
             for name, data in zip(names, targets + [reads[r] for r in spec.reads], strict=True):
                 (Path(tmp) / name).write_bytes(data)
-            paths = [f"{sandbox.INPUTS}/{n}" for n in names]
-            plan.append([str(spec.script), paths[:len(targets)], paths[len(targets):]])
+            plan.append([str(spec.script), names[:len(targets)], names[len(targets):]])  # beside plan.json
         (Path(tmp) / "plan.json").write_text(json.dumps(plan))
         os.chmod(tmp, 0o755)  # the sandbox's uid reads them
         readable_paths = sorted({p for spec, _ in proofs for p in readable(spec)} | {ZYGOTE})

@@ -1,14 +1,15 @@
 """Inside one proof sandbox: load what every proof loads once, then run each proof in a process
 forked from here, side by side.
 
-`zygote.py PLAN`: PLAN is a JSON list of [script, [target, ...], [read, ...]] (paths as the sandbox
-sees them), the proofs of one base's bytes. torch and numpy are imported here once; each proof then
-runs as `script TARGET... -- READS...` would, in a child forked before anything of the base's code
-is read, so no proof sees what another left behind and the order does not matter. Each child's
-stdout and stderr are pipes only this process holds; it prints one JSON line per proof, in plan
-order: {"proof": i, "exit": code, "stdout": tail, "stderr": tail}. Nothing the base's code prints
-reaches this process's stdout: the children's fd 1 and 2 are their own pipes, and this process is
-not dumpable (its /proc entries are root's), so no child can open its fds.
+`zygote.py PLAN`: PLAN is a JSON list of [script, [target, ...], [read, ...]] (the script's path as
+the sandbox sees it, the files' names beside PLAN), the proofs of one base's bytes. torch and numpy
+are imported here once; each proof then runs as `script TARGET... -- READS...` would, in a child
+forked before anything of the base's code is read, so no proof sees what another left behind and
+the order does not matter. Each child's stdout and stderr are pipes only this process holds; it
+prints one JSON line per proof, in plan order: {"proof": i, "exit": code, "stdout": tail, "stderr":
+tail}. Nothing the base's code prints reaches this process's stdout: the children's fd 1 and 2 are
+their own pipes, and this process is not dumpable (its /proc entries are root's), so no child can
+open its fds.
 
 Runs in the sandbox with the sandbox's Python, so it imports nothing of bakery.
 """
@@ -31,6 +32,9 @@ AFTER_EXIT = 2.0  # seconds a proof's pipes are still read once it exited
 def main() -> None:
     with open(sys.argv[1]) as f:
         plan = json.load(f)
+    folder = os.path.dirname(os.path.abspath(sys.argv[1]))  # the files are named beside the plan, wherever it is
+    plan = [(script, [os.path.join(folder, t) for t in targets], [os.path.join(folder, r) for r in reads])
+            for script, targets, reads in plan]
     if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE 0, before any child exists
         sys.exit(f"zygote: cannot make itself non-dumpable (errno {ctypes.get_errno()}): no proof runs")
     _preload()
