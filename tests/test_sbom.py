@@ -603,3 +603,8 @@ def test_a_warm_build_takes_the_bases_inventory_from_the_cache_and_remakes_a_bad
     for entry in (tmp_path / "inventory").iterdir():
         entry.write_text(json.dumps({"key": entry.stem, "value": [None, "not a list"]}))
     assert bake_record.base_record(opened, dists) == first and len(reads) == 2
+    # in a rebuild's sandbox the base's code ran before (its proofs) and could write the cache: not read
+    monkeypatch.setenv("BAKERY_SANDBOXED", "1")
+    for entry in (tmp_path / "inventory").iterdir():
+        entry.write_text(json.dumps({"key": entry.stem, "value": [None, []]}))  # well-formed, and a lie
+    assert bake_record.base_record(opened, dists) == first and len(reads) == 3

@@ -91,7 +91,9 @@ def test_the_provenance_written_reads_back_as_what_its_record_says():
     ({"buildDefinition": {"resolvedDependencies": [{"name": "base image", "digest": {"sha256": 1}}]}}, "sha256"),
     ({"buildDefinition": {"resolvedDependencies": {}}}, "not a list"),
     ({"runDetails": {"builder": "local"}}, "the builder is not an object"),
-], ids=["dirty a string", "epoch a bool", "base a list", "digest a number", "dependencies an object", "builder a string"])
+    ({"buildDefinition": {}, "BuildDefinition": {"externalParameters": {"base": "x"}}}, "twice"),
+], ids=["dirty a string", "epoch a bool", "base a list", "digest a number", "dependencies an object", "builder a string",
+        "a field in two cases"])
 def test_a_provenance_field_of_the_wrong_type_is_refused(predicate, why):
     """Before, a dirty of "no" read as a clean checkout to reproduce and as dirty to verify."""
     with pytest.raises(IntegrityError, match=why):

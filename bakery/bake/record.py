@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..base import inventory
-from ..errors import InputError, IntegrityError
+from ..errors import BakeryError, InputError, IntegrityError
 from ..inputs import image as image_mod, overlays as overlays_mod
 from ..trust.record import (
     Artifact as ArtifactRecord,
@@ -132,42 +132,54 @@ def base_record(opened: OpenBase, dists: list) -> BaseRecord:
     """The base as read, with what its SBOM names: its Pythons, its OS and its dpkg packages (a base
     with dpkg packages and no os-release is refused: scanners could not say whose packages they are)."""
     base, pinned = opened.image, opened.spec
-    os_found, found_debs = _of_the_base(
-        opened, "os and debs", [], lambda: [inventory.operating_system(opened.fs), inventory.debian_packages(opened.fs)],
-        lambda v: isinstance(v, list) and len(v) == 2 and isinstance(v[0], (dict, type(None))) and isinstance(v[1], list))
-    debs = tuple(DebPackage.from_json(d, f"the base's dpkg package {i}") for i, d in enumerate(found_debs))
+
+    def os_and_debs(found: list) -> tuple:
+        os_doc, debs_doc = found
+        return (OperatingSystem.from_json(os_doc) if os_doc else None,
+                tuple(DebPackage.from_json(d, f"the base's dpkg package {i}") for i, d in enumerate(debs_doc)))
+
+    os_found, debs = _of_the_base(opened, "os and debs", [], lambda: [inventory.operating_system(opened.fs),
+                                                                     inventory.debian_packages(opened.fs)], os_and_debs)
     if debs and os_found is None:
         raise IntegrityError("the base has dpkg packages but no /etc/os-release or /usr/lib/os-release: its SBOM "
                              "could not name their distribution; the base is refused")
     return BaseRecord(pinned.image.name, pinned.image, str(base.ref), pinned.platform, base.index_digest,
                       base.manifest_digest, base.manifest_media_type, len(base.manifest_bytes),
                       base.config_descriptor, tuple(base.layers), tuple(dists),
-                      OperatingSystem.from_json(os_found) if os_found else None, debs)
+                      os_found, debs)
 
 
-def _of_the_base(opened: OpenBase, what: str, given: list, read, valid):
-    """read(): what the SBOM names of the base's files, a function of the base's bytes alone (its
-    manifest digest), the inventory's code and `given`. Kept in the cache under that key: a warm
-    build would otherwise parse every dpkg status line and RECORD row again (torch's RECORD alone
-    has tens of thousands). An entry that does not name its key, or is not `valid`, is made again."""
+def _of_the_base(opened: OpenBase, what: str, given: list, read, parse):
+    """parse(read()): what the SBOM names of the base's files, a function of the base's bytes (its
+    manifest digest), `given`, and the code that reads them (the inventory, the merged view). Kept
+    in the cache under that key: a warm build would otherwise parse every dpkg status line and
+    RECORD row again (torch's RECORD alone has tens of thousands). An entry that does not name its
+    key or does not parse is read again. Not kept inside the sandbox (a rebuild's build): the code
+    of the base its proofs ran could have written there."""
     import json
 
+    from .. import sandbox
+    from ..base import filesystem, layercache, scan
     from ..files import canonical_json
     from ..oci.layer import write_blob
     from ..project import cache_dir
 
-    code = hashlib.sha256(Path(inventory.__file__).read_bytes()).hexdigest()
+    if os.environ.get(sandbox.INSIDE) == "1":
+        return parse(read())
+    code = [hashlib.sha256(Path(m.__file__).read_bytes()).hexdigest() for m in (inventory, filesystem, scan, layercache)
+            if m.__file__]
     key = hashlib.sha256(canonical_json([what, str(opened.image.manifest_digest), given, code])).hexdigest()
     path = cache_dir("inventory") / f"{key}.json"
     try:
         doc = json.loads(path.read_bytes())
-        if isinstance(doc, dict) and doc.get("key") == key and valid(doc["value"]):
-            return doc["value"]
-    except (OSError, ValueError, KeyError):
+        if isinstance(doc, dict) and doc.get("key") == key:
+            return parse(doc["value"])
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError, BakeryError):
         pass
     value = read()
+    parsed = parse(value)  # a base refused is refused here, every time: nothing is kept of it
     write_blob(path, canonical_json({"key": key, "value": value}))
-    return value
+    return parsed
 
 
 def overlay_records(project: Path, overlays: list, applied: list, proofs: dict, opened: OpenBase,
@@ -178,11 +190,16 @@ def overlay_records(project: Path, overlays: list, applied: list, proofs: dict, 
     by_id = {a.overlay.id: a for a in applied}
     # audit records' targets too: the VEX names the distribution for them as well
     metadata, targets = [d.metadata for d in dists], [o.target for o in overlays]
-    owned_by = {target: (index, sha256) for target, (index, sha256) in _of_the_base(
-        opened, "owners", [metadata, targets], lambda: inventory.owners(opened.fs, metadata, targets),
-        lambda v: isinstance(v, dict) and all(isinstance(o, list) and len(o) == 2 and type(o[0]) is int
-                                              and 0 <= o[0] < len(metadata) and isinstance(o[1], (str, type(None)))
-                                              for o in v.values())).items()}
+    def owners(found: dict) -> dict:
+        out = {}
+        for target, (index, sha256) in found.items():
+            if type(index) is not int or not 0 <= index < len(metadata) or not isinstance(sha256, (str, type(None))):
+                raise TypeError("not a distribution and sha256")
+            out[target] = (index, sha256)
+        return out
+
+    owned_by = _of_the_base(opened, "owners", [metadata, targets], lambda: inventory.owners(opened.fs, metadata, targets),
+                            owners)
     # an audit record's probe, run on this base: the VEX says not_affected only where it holds
     probed = [o for o in overlays if not o.baked and o.probe]
     files = probe_files(opened.fs, [c["path"] for o in probed for c in o.probe])  # as rebase reads them

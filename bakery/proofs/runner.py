@@ -82,8 +82,9 @@ def cache_key(spec: ProofSpec, target: bytes, reads: dict[str, bytes], device: s
     h.update(hashlib.sha256(target).hexdigest().encode())
     for path in spec.reads:
         h.update(f"\n{path} {hashlib.sha256(reads[path]).hexdigest()}".encode())
-    if isinstance(reads, BaseFiles):
-        h.update(f"\nbase {reads.base}".encode())
+    # the base its other proofs ran beside it from ("none": files no base names, a sandbox each); every
+    # key says it, so no key made before the proofs shared a sandbox is taken again
+    h.update(f"\nbase {reads.base if isinstance(reads, BaseFiles) else 'none'}".encode())
     return h.hexdigest()
 
 
@@ -250,7 +251,7 @@ def _each_proof(done: subprocess.CompletedProcess, count: int) -> list[subproces
     base's code never writes there); a proof it has no line for, or more than one, failed."""
     found: dict[int, subprocess.CompletedProcess] = {}
     seen: set[int] = set()
-    for line in done.stdout.splitlines():
+    for line in done.stdout.split("\n"):  # the zygote's lines (str.splitlines would split at U+2028 too)
         try:
             doc = json.loads(line)
             index, code, out, err = doc["proof"], doc["exit"], doc["stdout"], doc["stderr"]
@@ -271,7 +272,7 @@ def _verdicts(done: subprocess.CompletedProcess, count: int, seconds: float) -> 
     """One verdict per target from the proof's output lines; a verdict counts only from a run that
     finished (its own exit 0 and the proof process's) with a well-formed line."""
     found: dict[int, Verdict] = {}
-    for line in done.stdout.strip().splitlines():
+    for line in done.stdout.strip().split("\n"):
         try:
             doc = json.loads(line)
             index, verdict, reason = doc["target"], doc["verdict"], doc["reason"]

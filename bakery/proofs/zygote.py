@@ -24,8 +24,9 @@ import time
 import traceback
 
 # bytes of a proof's stdout and stderr kept: its verdict lines are a few hundred bytes, and of stderr
-# the host reads the last line; all proofs' lines, escaped, must fit the 1 MiB of stdout the host keeps
-TAIL = {"stdout": 16 << 10, "stderr": 2 << 10}
+# the host reads the last line; each proof's line, escaped (at most 6 characters a byte), must fit
+# the 1 MiB of stdout the host keeps beside the others' (16 proofs)
+TAIL = {"stdout": 8 << 10, "stderr": 2 << 10}
 AFTER_EXIT = 2.0  # seconds a proof's pipes are still read once it exited
 
 
@@ -46,7 +47,7 @@ def main() -> None:
     tails, codes = _read_all(runs)
     for index, (pid, out, err) in enumerate(runs):
         print(json.dumps({"proof": index, "exit": codes[pid], "stdout": tails[out].decode("utf-8", "replace"),
-                          "stderr": tails[err].decode("utf-8", "replace")}, ensure_ascii=False), flush=True)
+                          "stderr": tails[err].decode("utf-8", "replace")}), flush=True)
 
 
 def _preload() -> None:

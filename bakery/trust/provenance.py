@@ -134,6 +134,7 @@ class Provenance:
                                       obj(d.get("annotations"), f"{where}' annotations")))
             return tuple(out)
 
+        _keys_once(doc, what)
         build, run = obj(obj(doc, "the predicate").get("buildDefinition"), "buildDefinition"), \
             obj(doc.get("runDetails"), "runDetails")
         params = obj(build.get("externalParameters"), "externalParameters")
@@ -154,3 +155,23 @@ class Provenance:
     def uris(self) -> list[str]:
         """The URIs of its dependencies and byproducts."""
         return [d.uri for d in (*self.dependencies, *self.byproducts) if d.uri]
+
+
+def _keys_once(value, what: str, depth: int = 0) -> None:
+    """Each object of the predicate holds each key once, ignoring case: slsa-verifier and cosign
+    decode SLSA v1 into Go structs, whose fields match keys without case (buildDefinition beside
+    BuildDefinition is one field to them and two to Python)."""
+    from ..files import one_each
+
+    if depth > 64:
+        raise IntegrityError(f"{what}: nested past 64 levels")
+    if isinstance(value, dict):
+        try:
+            one_each(list(value.items()))
+        except ValueError as e:
+            raise IntegrityError(f"{what}: {e}") from None
+        for v in value.values():
+            _keys_once(v, what, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            _keys_once(v, what, depth + 1)
