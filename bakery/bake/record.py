@@ -149,12 +149,13 @@ def base_record(opened: OpenBase, dists: list) -> BaseRecord:
                       os_found, debs)
 
 
-def _of_the_base(opened: OpenBase, what: str, given: list, read, parse):
-    """parse(read()): what the SBOM names of the base's files, a function of the base's bytes (its
-    manifest digest), `given`, and the code that reads them (the inventory, the merged view). Kept
-    in the cache under that key: a warm build would otherwise parse every dpkg status line and
-    RECORD row again (torch's RECORD alone has tens of thousands). An entry that does not name its
-    key or does not parse is read again. Not kept inside the sandbox (a rebuild's build): the code
+def _of_the_base(opened: OpenBase, what: str, given: list, read, parse, code_of: tuple = ()):
+    """parse(read()): what the SBOM and VEX say of the base's files, a function of the base's bytes
+    (its manifest digest), `given`, and the code that reads them (the inventory, the merged view,
+    `code_of`). Kept in the cache under that key: a warm build would otherwise parse every dpkg
+    status line and RECORD row again (torch's RECORD alone has tens of thousands) and load every
+    layer's index for the folders above each probed path. An entry that does not name its key or
+    does not parse is read again. Not kept inside the sandbox (a rebuild's build): the code
     of the base its proofs ran could have written there."""
     import json
 
@@ -166,8 +167,8 @@ def _of_the_base(opened: OpenBase, what: str, given: list, read, parse):
 
     if os.environ.get(sandbox.INSIDE) == "1":
         return parse(read())
-    code = [hashlib.sha256(Path(m.__file__).read_bytes()).hexdigest() for m in (inventory, filesystem, scan, layercache)
-            if m.__file__]
+    code = [hashlib.sha256(Path(m.__file__).read_bytes()).hexdigest()
+            for m in (inventory, filesystem, scan, layercache, *code_of) if m.__file__]
     key = hashlib.sha256(canonical_json([what, str(opened.image.manifest_digest), given, code])).hexdigest()
     path = cache_dir("inventory") / f"{key}.json"
     try:
@@ -202,8 +203,21 @@ def overlay_records(project: Path, overlays: list, applied: list, proofs: dict, 
                             owners)
     # an audit record's probe, run on this base: the VEX says not_affected only where it holds
     probed = [o for o in overlays if not o.baked and o.probe]
-    files = probe_files(opened.fs, [c["path"] for o in probed for c in o.probe])  # as rebase reads them
-    audits = {o.id: dict(zip(("holds", "detail"), overlays_mod.probe_holds(o, files), strict=True)) for o in probed}
+
+    def probe_all() -> dict:
+        files = probe_files(opened.fs, [c["path"] for o in probed for c in o.probe])  # as rebase reads them
+        return {o.id: dict(zip(("holds", "detail"), overlays_mod.probe_holds(o, files), strict=True)) for o in probed}
+
+    def audits_of(found: dict) -> dict:
+        if set(found) != {o.id for o in probed} or not all(
+                isinstance(a, dict) and set(a) == {"holds", "detail"} and isinstance(a["holds"], bool)
+                and isinstance(a["detail"], str) for a in found.values()):
+            raise TypeError("not each probe's outcome")
+        return found
+
+    # the folders above each probed path are asked of every layer's index: kept by the base's digest too
+    audits = _of_the_base(opened, "probes", [[o.id, list(o.probe)] for o in probed], probe_all, audits_of,
+                          (overlays_mod,)) if probed else {}
     out = []
     for o in overlays:
         a = by_id.get(o.id)
