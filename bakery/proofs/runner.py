@@ -216,12 +216,12 @@ def gpu_devices() -> tuple[list[str], list[Path]]:
                              "run the proofs with --device cpu (Triton's interpreter)")
 
 
-ZYGOTE = Path(__file__).with_name("zygote.py")  # runs in the sandbox: loads torch and Triton, forks each proof
+ZYGOTE = Path(__file__).with_name("zygote.py")  # runs in the sandbox: imports torch once, forks each proof
 
 
 def _execute(proofs: list[tuple[ProofSpec, list[bytes]]], reads: dict[str, bytes], device: str) -> list[list[Verdict]]:
     """Run the proofs on their targets' bytes in one sandbox (they are one base's code, untrusted):
-    zygote.py forks each proof there once torch and Triton are loaded."""
+    zygote.py forks each proof there once torch is imported."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bakery-proof-") as tmp:
         plan = []
@@ -233,7 +233,8 @@ def _execute(proofs: list[tuple[ProofSpec, list[bytes]]], reads: dict[str, bytes
         (Path(tmp) / "plan.json").write_text(json.dumps(plan))
         os.chmod(tmp, 0o755)  # the sandbox's uid reads them
         readable_paths = sorted({p for spec, _ in proofs for p in readable(spec)} | {ZYGOTE})
-        limits = dataclasses.replace(LIMITS, processes=LIMITS.processes * len(proofs))  # each proof's own share
+        # the proofs' task caps summed, shared: any one proof may use it up (then the others fail to fork)
+        limits = dataclasses.replace(LIMITS, processes=LIMITS.processes * len(proofs))
         try:
             nodes, sys_paths = gpu_devices() if device != "cpu" else ([], [])
             done = sandbox.run([sys.executable, str(ZYGOTE), f"{sandbox.INPUTS}/plan.json"], readable_paths + sys_paths,
