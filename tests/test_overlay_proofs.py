@@ -516,9 +516,9 @@ def test_a_verdict_proven_beside_a_bases_other_proofs_is_keyed_by_that_base():
 @pytest.mark.slow
 def test_what_a_target_leaves_running_does_not_hold_the_other_proofs(versions, tmp_path, monkeypatch):
     """From the attacker's side: the stock target's code leaves a process behind holding its
-    proof's stderr. Alone in a sandbox, the sandbox ended with its proof; sharing one, it would keep
-    every proof of the base waiting to the sandbox's time limit (then CANNOT-PROVE). The zygote reads
-    a proof's pipes for AFTER_EXIT seconds once it exited, then goes on."""
+    proof's stderr. Alone in a sandbox, the sandbox ended with its proof; sharing one, were that
+    stderr a pipe read to its end, it would keep every proof of the base waiting to the sandbox's
+    time limit (then CANNOT-PROVE). The zygote waits for the proof, not for its output's end."""
     import dataclasses
 
     monkeypatch.setenv("BAKERY_CACHE", str(tmp_path))

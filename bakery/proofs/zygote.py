@@ -5,11 +5,11 @@ forked from here, side by side.
 the sandbox sees it, the files' names beside PLAN), the proofs of one base's bytes. torch and numpy
 are imported here once; each proof then runs as `script TARGET... -- READS...` would, in a child
 forked before anything of the base's code is read, so no proof sees what another left behind and
-the order does not matter. Each child's stdout and stderr are pipes only this process holds; it
-prints one JSON line per proof, in plan order: {"proof": i, "exit": code, "stdout": tail, "stderr":
-tail}. Nothing the base's code prints reaches this process's stdout: the children's fd 1 and 2 are
-their own pipes, and this process is not dumpable (its /proc entries are root's), so no child can
-open its fds.
+the order does not matter. Each child's stdout and stderr are files without a name that only it
+and this process hold; once it exits, this process prints one JSON line for it, in plan order:
+{"proof": i, "exit": code, "stdout": tail, "stderr": tail}. Nothing the base's code prints reaches
+this process's stdout: the children's fd 1 and 2 are their own files, and this process is not
+dumpable (its /proc entries are root's), so no child can open its fds.
 
 Runs in the sandbox with the sandbox's Python, so it imports nothing of bakery.
 """
@@ -18,16 +18,13 @@ import ctypes
 import json
 import os
 import runpy
-import selectors
 import sys
-import time
 import traceback
 
 # bytes of a proof's stdout and stderr kept: its verdict lines are a few hundred bytes, and of stderr
 # the host reads the last line; each proof's line, escaped (at most 6 characters a byte), must fit
 # the 1 MiB of stdout the host keeps beside the others' (16 proofs)
 TAIL = {"stdout": 8 << 10, "stderr": 2 << 10}
-AFTER_EXIT = 2.0  # seconds a proof's pipes are still read once it exited
 
 
 def main() -> None:
@@ -44,10 +41,10 @@ def main() -> None:
     runs: list[tuple[int, int, int]] = []
     for index, (script, targets, reads) in enumerate(plan):
         runs.append(_start(index, script, targets, reads, [fd for _, out, err in runs for fd in (out, err)]))
-    tails, codes = _read_all(runs)
     for index, (pid, out, err) in enumerate(runs):
-        print(json.dumps({"proof": index, "exit": codes[pid], "stdout": tails[out].decode("utf-8", "replace"),
-                          "stderr": tails[err].decode("utf-8", "replace")}), flush=True)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        print(json.dumps({"proof": index, "exit": code, "stdout": _tail(out, TAIL["stdout"]),
+                          "stderr": _tail(err, TAIL["stderr"])}), flush=True)
 
 
 def _preload() -> None:
@@ -62,24 +59,25 @@ def _preload() -> None:
 
 
 def _start(index: int, script: str, targets: list[str], reads: list[str], others: list[int]) -> tuple[int, int, int]:
-    """(pid, stdout read end, stderr read end) of a child that runs one proof script and exits."""
-    out_read, out_write = os.pipe()
-    err_read, err_write = os.pipe()
+    """(pid, its stdout, its stderr) of a child that runs one proof script and exits. Its stdout and
+    stderr are files without a name (only this process and the child hold them; no other proof can
+    open them by a path or through /proc): as when the proof was the sandbox's own process, writing
+    past the sandbox's file limit fails (EFBIG), and what its targets leave running, holding them,
+    keeps nobody waiting."""
+    import tempfile
+
+    out, err = os.open("/tmp", os.O_TMPFILE | os.O_RDWR, 0o600), os.open("/tmp", os.O_TMPFILE | os.O_RDWR, 0o600)
     pid = os.fork()
     if pid:
-        os.close(out_write)
-        os.close(err_write)
-        return pid, out_read, err_read
+        return pid, out, err
     code = 1
     try:
-        for fd in (*others, out_read, err_read):  # no child holds another's pipe
+        for fd in others:  # no child holds another's output
             os.close(fd)
-        os.dup2(out_write, 1)
-        os.dup2(err_write, 2)
-        os.close(out_write)
-        os.close(err_write)
-        import tempfile
-
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        os.close(out)
+        os.close(err)
         # its temporary files apart (tidiness: the uid is the same)
         os.environ["TMPDIR"] = tempfile.tempdir = tempfile.mkdtemp(prefix=f"proof-{index}-")
         sys.path.insert(0, os.path.dirname(script))  # its `import _proof`, as when it runs as a script
@@ -103,40 +101,12 @@ def _start(index: int, script: str, targets: list[str], reads: list[str], others
             os._exit(code)
 
 
-def _read_all(runs: list[tuple[int, int, int]]) -> tuple[dict[int, bytes], dict[int, int]]:
-    """({fd: what was read}, {pid: exit code}): every pipe read at once (a child blocked
-    on a full pipe would never exit), until each proof has exited and its pipes are drained, or
-    AFTER_EXIT seconds past its exit (the last TAIL bytes of each kept): what its targets' code left running may hold a pipe open,
-    and as when each proof had a sandbox of its own, that does not keep the others waiting."""
-    kept = {fd: bytearray() for _, out, err in runs for fd in (out, err)}
-    limit = {fd: TAIL[name] for _, out, err in runs for fd, name in ((out, "stdout"), (err, "stderr"))}
-    codes: dict[int, int] = {}
-    exited: dict[int, float] = {}
-    owner = {fd: pid for pid, out, err in runs for fd in (out, err)}
-    with selectors.DefaultSelector() as watch:
-        for fd in kept:
-            watch.register(fd, selectors.EVENT_READ)
-        while watch.get_map():
-            for key, _ in watch.select(timeout=0.25):
-                chunk = os.read(key.fd, 65536)
-                if not chunk:
-                    watch.unregister(key.fd)
-                    os.close(key.fd)
-                    continue
-                kept[key.fd] += chunk
-                del kept[key.fd][:-limit[key.fd]]
-            for pid, _, _ in runs:
-                if pid not in codes:
-                    done, status = os.waitpid(pid, os.WNOHANG)
-                    if done:
-                        codes[pid], exited[pid] = os.waitstatus_to_exitcode(status), time.monotonic()
-            for fd in [k.fd for k in watch.get_map().values() if time.monotonic() - exited.get(owner[k.fd], 1e18) > AFTER_EXIT]:
-                watch.unregister(fd)
-                os.close(fd)
-    for pid, _, _ in runs:
-        if pid not in codes:
-            codes[pid] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    return {fd: bytes(data) for fd, data in kept.items()}, codes
+def _tail(fd: int, limit: int) -> str:
+    """The last `limit` bytes written to one of a proof's files, as text."""
+    size = os.fstat(fd).st_size
+    data = os.pread(fd, limit, max(0, size - limit))
+    os.close(fd)
+    return data.decode("utf-8", "replace")
 
 
 if __name__ == "__main__":
