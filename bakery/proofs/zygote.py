@@ -19,6 +19,7 @@ import json
 import os
 import runpy
 import sys
+import tempfile
 import traceback
 
 # bytes of a proof's stdout and stderr kept: its verdict lines are a few hundred bytes, and of stderr
@@ -38,9 +39,13 @@ def main() -> None:
     _preload()
     sys.stdout.flush()
     sys.stderr.flush()
+    # every proof's output files made before any proof runs: where /tmp has no O_TMPFILE, tempfile
+    # names one for an instant, and no base code may be running then to open it
+    files = [(_unnamed(), _unnamed()) for _ in plan]
     runs: list[tuple[int, int, int]] = []
     for index, (script, targets, reads) in enumerate(plan):
-        runs.append(_start(index, script, targets, reads, [fd for _, out, err in runs for fd in (out, err)]))
+        others = [fd for i, pair in enumerate(files) if i != index for fd in pair]
+        runs.append(_start(index, script, targets, reads, files[index], others))
     for index, (pid, out, err) in enumerate(runs):
         code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         print(json.dumps({"proof": index, "exit": code, "stdout": _tail(out, TAIL["stdout"]),
@@ -58,15 +63,14 @@ def _preload() -> None:
         traceback.print_exc()
 
 
-def _start(index: int, script: str, targets: list[str], reads: list[str], others: list[int]) -> tuple[int, int, int]:
+def _start(index: int, script: str, targets: list[str], reads: list[str], output: tuple[int, int],
+           others: list[int]) -> tuple[int, int, int]:
     """(pid, its stdout, its stderr) of a child that runs one proof script and exits. Its stdout and
     stderr are files without a name (only this process and the child hold them; no other proof can
     open them by a path or through /proc): as when the proof was the sandbox's own process, writing
     past the sandbox's file limit fails (EFBIG), and what its targets leave running, holding them,
     keeps nobody waiting."""
-    import tempfile
-
-    out, err = os.open("/tmp", os.O_TMPFILE | os.O_RDWR, 0o600), os.open("/tmp", os.O_TMPFILE | os.O_RDWR, 0o600)
+    out, err = output
     pid = os.fork()
     if pid:
         return pid, out, err
@@ -99,6 +103,13 @@ def _start(index: int, script: str, targets: list[str], reads: list[str], others
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _unnamed() -> int:
+    """A file without a name, open for reading and writing (O_TMPFILE where /tmp has it, else made
+    and unlinked at once, by tempfile)."""
+    with tempfile.TemporaryFile() as f:
+        return os.dup(f.fileno())
 
 
 def _tail(fd: int, limit: int) -> str:
