@@ -58,6 +58,49 @@ def test_a_statement_of_another_shape_is_refused_in_one_line(payload, why):
     assert str(raised.value).startswith("attestation x: not an in-toto statement") and "\n" not in str(raised.value)
 
 
+def _envelope(payload: bytes, twice: str = "") -> bytes:
+    """A DSSE envelope of `payload`; `twice`: that field written again in capitals, with other bytes."""
+    import base64
+
+    fields = [("payload", base64.b64encode(payload).decode()), ("payloadType", "application/vnd.in-toto+json"),
+              ("signatures", [{"keyid": "", "sig": "AAAA"}])]
+    if twice:
+        fields.append((twice.upper(), base64.b64encode(b'{"other": 1}').decode() if twice == "payload" else "x"))
+    return ("{" + ",".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in fields) + "}").encode()
+
+
+STATEMENT = Statement.about(REF, provenance.SLSA_PREDICATE, {}).raw
+
+
+def test_the_envelopes_around_a_statement_are_refused_with_a_key_in_two_cases():
+    """Found by stop 61's review: the DSSE envelope, a keyless bundle's envelope and cosign's
+    simple-signing payload are Go structs to cosign (keys matched without case, the last kept), so
+    an envelope with `payload` and `PAYLOAD` is verified by cosign over the one and read by us from
+    the other. Each is refused, as the statement inside already was; written once, each reads."""
+    from bakery.trust import keyless, sign, verify
+
+    assert sign.read_envelope(_envelope(STATEMENT), "att")[1] == STATEMENT
+    for field in ("payload", "payloadType", "signatures"):
+        with pytest.raises(IntegrityError, match="not a DSSE envelope"):
+            sign.read_envelope(_envelope(STATEMENT, field), "att")
+
+    bundle = b'{"dsseEnvelope": ' + _envelope(STATEMENT) + b"}"
+    assert keyless.bundle_statement(bundle, "b").raw == STATEMENT
+    for twice in (b'{"dsseEnvelope": ' + _envelope(STATEMENT, "payload") + b"}",
+                  bundle[:-1] + b', "DSSEENVELOPE": ' + _envelope(b'{"other": 1}') + b"}"):
+        with pytest.raises(IntegrityError, match="not a DSSE bundle"):
+            keyless.bundle_statement(twice, "b")
+
+    digest = "sha256:" + "ab" * 32
+    simple = {"critical": {"identity": {"docker-reference": REF.name}, "image": {"docker-manifest-digest": digest},
+                           "type": "cosign container image signature"}, "optional": None}
+    assert verify.simple_signing_claims(json.dumps(simple).encode()) == (digest, REF.name)
+    other = json.dumps(simple)[:-1] + ', "Critical": {"identity": {"docker-reference": "x"}, "image": ' \
+        '{"docker-manifest-digest": "sha256:' + "cd" * 32 + '"}}}'
+    with pytest.raises(ValueError, match="twice in different cases"):
+        verify.simple_signing_claims(other.encode())
+
+
 def test_inside_the_predicate_keys_are_exact_as_in_a_go_map():
     """The predicate is a free-form map to Go's decoder (no matching without case there): a smoke
     report's tool names or a tools table may hold keys differing only in case."""

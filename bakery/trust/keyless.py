@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError, IntegrityError
+from ..files import one_each
 from .statement import Statement
 
 GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
@@ -116,7 +117,8 @@ def bundle_statement(data: bytes, what: str) -> Statement:
     import base64
 
     try:
-        payload = base64.b64decode(json.loads(data)["dsseEnvelope"]["payload"], validate=True)
+        payload = base64.b64decode(json.loads(data, object_pairs_hook=one_each)["dsseEnvelope"]["payload"],
+                                   validate=True)
     except (ValueError, KeyError, TypeError) as e:
         raise IntegrityError(f"{what}: not a DSSE bundle of an in-toto statement ({type(e).__name__})") from None
     return Statement.read(payload, what)

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from ..errors import IntegrityError
-from ..files import canonical_json
+from ..files import canonical_json, one_each
 from ..oci.refs import Digest, Reference
 from . import keys
 
@@ -64,9 +64,10 @@ SIGNATURES_LIMIT = 16
 
 
 def read_envelope(data: bytes, what: str) -> tuple[str, bytes, list]:
-    """(payloadType, payload, signatures) of a DSSE envelope, none of it verified yet."""
+    """(payloadType, payload, signatures) of a DSSE envelope, none of it verified yet. Every key once,
+    as cosign's Go decoder reads it (without case): else it could verify another payload than ours."""
     try:
-        env = json.loads(data)
+        env = json.loads(data, object_pairs_hook=one_each)
         payload = base64.b64decode(env["payload"], validate=True)
         sigs, payload_type = env["signatures"], env["payloadType"]
         if not isinstance(payload_type, str) or not isinstance(sigs, list) or \

@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import untrusted
 from ..errors import BakeryError, InputError, IntegrityError, malformed
+from ..files import one_each
 from ..oci.manifest import Manifest
 from ..oci.refs import Descriptor, Digest, Reference
 from ..oci.store import signature_tag
@@ -102,9 +103,7 @@ def _tag_signers(store, digest: Digest, role, policy) -> tuple[set[str], list[st
         try:
             payload = store.document(desc, f"signature payload in {tag}")
             signature = base64.b64decode(desc.annotations.get("dev.cosignproject.cosign/signature", ""))
-            critical = json.loads(payload)["critical"]
-            signed_digest = critical["image"]["docker-manifest-digest"]
-            signed_name = critical["identity"]["docker-reference"]
+            signed_digest, signed_name = simple_signing_claims(payload)
         except (IntegrityError, ValueError, KeyError, TypeError) as e:
             reasons.append(f"unreadable signature: {e}")
             continue
@@ -113,6 +112,14 @@ def _tag_signers(store, digest: Digest, role, policy) -> tuple[set[str], list[st
                                       lambda k, signature=signature, payload=payload:
                                       sign.check(k, signature, payload, "image signature"), reasons)
     return signed_by, reasons
+
+
+def simple_signing_claims(payload: bytes) -> tuple[str, str]:
+    """(docker-manifest-digest, docker-reference) of a cosign simple-signing payload, unverified. A
+    struct to cosign's Go decoder, which matches keys without case: each key once, or the two
+    readers would take their claims from different fields."""
+    critical = json.loads(payload, object_pairs_hook=one_each)["critical"]
+    return critical["image"]["docker-manifest-digest"], critical["identity"]["docker-reference"]
 
 
 def _bundles(store, digest: Digest) -> tuple[list[tuple[str, bytes]], str, list[str]]:
