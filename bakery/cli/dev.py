@@ -73,7 +73,8 @@ def check(project: Path, run: Callable[..., subprocess.CompletedProcess] = subpr
 
 def pytest_argv(k: str | None, x: bool, rehearsal: bool, fast: bool = False, sweep: bool = False) -> list[str]:
     """`invoke test`'s pytest command line, as a list (no shell: a -k with a quote stays one argument)."""
-    args = [sys.executable, "-m", "pytest", "-ra", "tests"]
+    # the slowest tests, each with its time: where a CI run's minutes go is in its log
+    args = [sys.executable, "-m", "pytest", "-ra", "--durations=40", "--durations-min=10", "tests"]
     left_out = ["stack", "slow", "rehearsal", "gpu"] if fast else [] if rehearsal else ["rehearsal"]
     if not sweep:
         left_out.append("sweep")
