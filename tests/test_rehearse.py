@@ -123,6 +123,15 @@ def test_the_rebuild_matched_and_every_job_ran_as_the_runner_within_its_budget(n
     assert no_mi300x.over_budget() == [], no_mi300x.table()
 
 
+def test_each_artifact_went_up_at_the_first_attempt(no_mi300x):
+    """act's artifact server answered the first listing of a run without artifacts with a panic
+    (a 502 through the proxy), and upload-artifact retried four times, 28 s, before its upload
+    went through: a run's folder is made before act starts."""
+    log = no_mi300x.log.read_text()
+    assert "Artifact build-record has been successfully uploaded" in log
+    assert "http: panic serving" not in log and "Attempt 1 of 5 failed" not in log
+
+
 # -- past the MI300X, with the stand-in: attach, attest the rebuild, promote ----------------------------
 
 @pytest.fixture(scope="module")

@@ -78,7 +78,10 @@ def run_act(repo: Path, workflow: Path, event: str, payload: dict, work: Path, h
             "--action-cache-path", f"/home/{runner.USER}/.cache/act",
             *[a for k, v in extra.items() for a in ("--env", f"{k}={v}")],
             *[a for p in platforms for a in ("-P", f"{p}=-self-hosted")], *vendored_actions(repo)]
-    (work / "artifacts").mkdir(exist_ok=True)
+    # the run's own folder, empty: act 0.2.89's artifact server panics listing a run that has none yet
+    # (artifacts_v4.go listArtifacts), and upload-artifact lists before its first upload, so each run's
+    # first upload took four retries, 28 s of backoff, before it went through
+    (work / "artifacts" / run_id).mkdir(parents=True, exist_ok=True)
     machine = work / "runner"
     opened = runner.prepare(machine, work.parent, (home / ".gitconfig").read_text())
     # the runner's /tmp is its own disk's: a project checked out under /tmp (as CI's is) would hide
