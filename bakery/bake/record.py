@@ -4,6 +4,7 @@ shape is bakery.trust.record."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -149,6 +150,12 @@ def base_record(opened: OpenBase, dists: list) -> BaseRecord:
                       os_found, debs)
 
 
+@functools.cache
+def _source_sha256(path: str) -> str:
+    """sha256 of one of bakery's own modules: the same few files for each of a build's cached readings."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 def _of_the_base(opened: OpenBase, what: str, given: list, read, parse, code_of: tuple = ()):
     """parse(read()): what the SBOM and VEX say of the base's files, a function of the base's bytes
     (its manifest digest), `given`, and the code that reads them (the inventory, the merged view,
@@ -167,8 +174,7 @@ def _of_the_base(opened: OpenBase, what: str, given: list, read, parse, code_of:
 
     if os.environ.get(sandbox.INSIDE) == "1":
         return parse(read())
-    code = [hashlib.sha256(Path(m.__file__).read_bytes()).hexdigest()
-            for m in (inventory, filesystem, scan, layercache, *code_of) if m.__file__]
+    code = [_source_sha256(m.__file__) for m in (inventory, filesystem, scan, layercache, *code_of) if m.__file__]
     key = hashlib.sha256(canonical_json([what, str(opened.image.manifest_digest), given, code])).hexdigest()
     path = cache_dir("inventory") / f"{key}.json"
     try:
