@@ -49,6 +49,16 @@ def _hold(fd: int) -> None:
     fcntl.flock(fd, fcntl.LOCK_EX)
 
 
+@contextmanager
+def one_at_a_time(lock: Path) -> Iterator[None]:
+    """Held while the block runs, by one process of this machine at a time (the others wait): two
+    test runs side by side start a server or build a fixture once, not twice over each other."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
+
+
 def remove_tree(path: Path | str, _retried: set[str] | None = None) -> None:
     """rmtree that also goes through folders left without our write or read permission: a compile
     may chmod 0500 what it made, and for any user but root that stops a plain rmtree (tempfile's

@@ -17,6 +17,7 @@ from pathlib import Path
 from .. import project, schema
 from ..engine import docker_client
 from ..errors import EnvironmentProblem, IntegrityError
+from ..files import one_at_a_time
 from ..oci.refs import Reference
 
 SPEC_KEYS = {"suite": str, "debian_mirror": str, "include": list, "site_packages": str,
@@ -124,7 +125,13 @@ def unpack_wheel(path: Path, dest: Path, keep_suffixes: tuple[str, ...]) -> int:
 
 
 def build(spec_path: Path, registry: str, log=print) -> Reference:
-    """Build the fixture with Docker, push it to registry, return REF@digest."""
+    """Build the fixture with Docker, push it to registry, return REF@digest. One build at a time
+    on this machine: two test runs side by side share its context folder and Docker's tag."""
+    with one_at_a_time(cache_dir() / ".build.lock"):
+        return _build(spec_path, registry, log)
+
+
+def _build(spec_path: Path, registry: str, log) -> Reference:
     import docker
 
     spec = load_spec(spec_path)
@@ -179,6 +186,11 @@ def toolchain(dockerfile_dir: Path, spec_path: Path, registry: str, log=print) -
     """The stand-in HIP toolchain image (Debian clang-19 + ROCm device libs + CPU torch) in
     `registry`, pinned (REF@sha256:...), as the ROCm base is in production: a compile takes its
     files from its layers. Built by Docker and pushed once; found in the registry after that."""
+    with one_at_a_time(cache_dir() / ".build.lock"):
+        return _toolchain(dockerfile_dir, spec_path, registry, log)
+
+
+def _toolchain(dockerfile_dir: Path, spec_path: Path, registry: str, log) -> str:
     from ..errors import NotFound
     from ..oci.registry import Registry
 

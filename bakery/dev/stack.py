@@ -14,6 +14,7 @@ from pathlib import Path
 import requests
 
 from ..errors import EnvironmentProblem
+from ..files import one_at_a_time
 from ..project import cache_dir
 
 REGISTRY_PORT = 5000
@@ -37,6 +38,12 @@ def ensure_dockerd(timeout: float = 60) -> None:
     """Start dockerd (detached) unless an engine already answers."""
     if _docker_ok():
         return
+    with one_at_a_time(state_dir() / ".dockerd.lock"):  # another run may have started it meanwhile
+        if not _docker_ok():
+            _start_dockerd(timeout)
+
+
+def _start_dockerd(timeout: float) -> None:
     if not shutil.which("dockerd"):
         raise EnvironmentProblem("no Docker engine answers and dockerd is not installed: "
                                  "run scripts/bootstrap.sh (apt-get install docker.io)")
@@ -88,12 +95,15 @@ def ensure_registry(port: int = REGISTRY_PORT, auth: dict | None = None, name: s
     if not binary:
         raise EnvironmentProblem("docker-registry is not installed: run scripts/bootstrap.sh "
                                  "(apt-get install docker-registry)")
-    base = registry_dir(port, name)
-    base.mkdir(parents=True, exist_ok=True)
-    config = base / "config.yml"
-    config.write_text(registry_config(port, base / "data", auth, collected, deletes))
-    _start([binary, "serve", str(config)], base / "registry.log", lambda: registry_up(port), f"registry on {host}",
-           timeout)
+    with one_at_a_time(state_dir() / f".registry-{port}.lock"):
+        if registry_up(port):  # started by another run meanwhile
+            return host
+        base = registry_dir(port, name)
+        base.mkdir(parents=True, exist_ok=True)
+        config = base / "config.yml"
+        config.write_text(registry_config(port, base / "data", auth, collected, deletes))
+        _start([binary, "serve", str(config)], base / "registry.log", lambda: registry_up(port),
+               f"registry on {host}", timeout)
     return host
 
 
@@ -140,8 +150,10 @@ def ensure_referrers_registry(port: int = REFERRERS_PORT, timeout: float = 30) -
     binary = PROJECT / ".tools" / "bin" / "referrers-registry"
     if not binary.exists():
         raise EnvironmentProblem(f"{binary} is missing: run scripts/fetch-tools.sh")
-    _start([str(binary), host], state_dir() / f"referrers-registry-{port}.log", lambda: registry_up(port),
-           f"the referrers registry on {host}", timeout)
+    with one_at_a_time(state_dir() / f".registry-{port}.lock"):
+        if not registry_up(port):
+            _start([str(binary), host], state_dir() / f"referrers-registry-{port}.log", lambda: registry_up(port),
+                   f"the referrers registry on {host}", timeout)
     return host
 
 
@@ -160,10 +172,14 @@ def ensure_sigstore_stand_in(port: int = SIGSTORE_PORT, timeout: float = 30) -> 
     modules = PROJECT / ".tools" / "sigstore" / "node_modules"
     if not (modules / ".bin" / "node").exists():
         raise EnvironmentProblem(f"{modules / '.bin' / 'node'} is missing: run scripts/fetch-tools.sh")
-    shutil.rmtree(folder, ignore_errors=True)
-    _start([str(modules / ".bin" / "node"), str(PROJECT / "scripts" / "sigstore-stand-in" / "server.js"), str(port),
-            str(folder)], state_dir() / f"sigstore-{port}.log", ready, f"the Sigstore stand-in on 127.0.0.1:{port}",
-           timeout, env={**os.environ, "NODE_PATH": str(modules)})
+    # its folder is emptied before a start: never under a stand-in another run just started
+    with one_at_a_time(state_dir() / f".sigstore-{port}.lock"):
+        if ready():
+            return folder
+        shutil.rmtree(folder, ignore_errors=True)
+        _start([str(modules / ".bin" / "node"), str(PROJECT / "scripts" / "sigstore-stand-in" / "server.js"),
+                str(port), str(folder)], state_dir() / f"sigstore-{port}.log", ready,
+               f"the Sigstore stand-in on 127.0.0.1:{port}", timeout, env={**os.environ, "NODE_PATH": str(modules)})
     return folder
 
 
