@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -100,7 +99,7 @@ def test(c, k=None, x=False, rehearsal=False, fast=False, sweep=False):
 
     if not k and (failed := cmd.check(PROJECT)):  # -k picks tests to run: the checks are for the whole suite
         raise Exit(failed, code=1)
-    raise Exit(code=subprocess.run(cmd.pytest_argv(k, x, rehearsal, fast, sweep), cwd=PROJECT).returncode)
+    raise Exit(code=cmd.run_suite(PROJECT, k, x, rehearsal, fast, sweep))
 
 
 @bakery_task(flags.LOCK)

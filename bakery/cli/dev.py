@@ -71,17 +71,48 @@ def check(project: Path, run: Callable[..., subprocess.CompletedProcess] = subpr
             f"is clean (`ruff check --fix` sorts imports and fixes what it can)")
 
 
-def pytest_argv(k: str | None, x: bool, rehearsal: bool, fast: bool = False, sweep: bool = False) -> list[str]:
-    """`invoke test`'s pytest command line, as a list (no shell: a -k with a quote stays one argument)."""
+def pytest_argv(k: str | None, x: bool, rehearsal: bool, fast: bool = False, sweep: bool = False,
+                only: str | None = None) -> list[str]:
+    """`invoke test`'s pytest command line, as a list (no shell: a -k with a quote stays one argument).
+    only: the tests of that mark alone (still without the sweep unless asked)."""
     # the slowest tests, each with its time: where a CI run's minutes go is in its log
     args = [sys.executable, "-m", "pytest", "-ra", "--durations=40", "--durations-min=10", "tests"]
     left_out = ["stack", "slow", "rehearsal", "gpu"] if fast else [] if rehearsal else ["rehearsal"]
     if not sweep:
         left_out.append("sweep")
-    if left_out:
-        args += ["-m", " and ".join(f"not {mark}" for mark in left_out)]
+    marks = ([only] if only else []) + [f"not {mark}" for mark in left_out if mark != only]
+    if marks:
+        args += ["-m", " and ".join(marks)]
     if k:
         args += ["-k", k]
     if x:
         args.append("-x")
     return args
+
+
+def run_suite(project: Path, k: str | None, x: bool, rehearsal: bool, fast: bool = False, sweep: bool = False,
+              log=print) -> int:
+    """Run the suite; its exit status. With the rehearsals and no -k, they run in a second pytest
+    beside the rest: each mostly waits (on act's jobs, the engine, the registry), so side by side
+    the two take about the longer one's time, not their sum. Their output follows the suite's."""
+    if not rehearsal or k or fast:
+        return subprocess.run(pytest_argv(k, x, rehearsal, fast, sweep), cwd=project).returncode
+    import os
+    import signal
+
+    output = Project(project).out / "test-rehearsals.log"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    log(f"the rehearsals run beside the suite, in a second pytest; their output: {output} (shown at the end)")
+    with output.open("w") as out:
+        beside = subprocess.Popen(pytest_argv(None, x, True, sweep=sweep, only="rehearsal"), cwd=project, stdout=out,
+                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            suite = subprocess.run(pytest_argv(None, x, False, sweep=sweep), cwd=project).returncode
+            rehearsed = beside.wait()
+        except BaseException:  # an interrupt, or CI's timeout: the rehearsals and all they started stop too
+            os.killpg(beside.pid, signal.SIGTERM)
+            raise
+    log("-- the rehearsals, run beside the suite " + "-" * 40)
+    sys.stdout.write(output.read_text(errors="replace"))
+    sys.stdout.flush()
+    return suite or rehearsed
