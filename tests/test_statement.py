@@ -99,6 +99,36 @@ def test_the_envelopes_around_a_statement_are_refused_with_a_key_in_two_cases():
         '{"docker-manifest-digest": "sha256:' + "cd" * 32 + '"}}}'
     with pytest.raises(ValueError, match="twice in different cases"):
         verify.simple_signing_claims(other.encode())
+    # `optional` is a map to Go, keys exact: annotations differing in case alone are another signer's right
+    annotated = {**simple, "optional": {"env": "prod", "Env": "x"}}
+    assert verify.simple_signing_claims(json.dumps(annotated).encode()) == (digest, REF.name)
+
+
+def test_a_key_mode_bundle_with_its_payload_twice_is_refused():
+    """Found by this stop's review: parsed plainly, a bundle's envelope with `payload` written twice
+    kept the last one and was written out again with one key, so read_envelope never saw the two."""
+    from bakery.trust import bundle, sign
+
+    whole = bundle.of_envelope(_envelope(STATEMENT))
+    assert sign.read_envelope(bundle.envelope_of(whole, "b"), "b")[1] == STATEMENT
+    twice = whole.replace(b'"payload":', b'"payload":"e30=","payload":', 1)
+    with pytest.raises(IntegrityError, match="twice"):
+        bundle.envelope_of(twice, "b")
+
+
+def test_a_document_nested_past_pythons_recursion_is_one_refusal():
+    """Found by this stop's review: a layer of 100,000 '[' pushed beside the signatures made verify
+    end in a traceback (RecursionError) instead of naming one unreadable layer."""
+    from bakery.errors import PARSE_ERRORS
+    from bakery.trust import keyless, sign, verify
+
+    deep = b"[" * 100_000
+    with pytest.raises(IntegrityError, match="not a DSSE envelope"):
+        sign.read_envelope(deep, "att")
+    with pytest.raises(IntegrityError, match="not a DSSE bundle"):
+        keyless.bundle_statement(deep, "b")
+    with pytest.raises(PARSE_ERRORS):  # its caller notes the layer unreadable and goes on
+        verify.simple_signing_claims(deep)
 
 
 def test_inside_the_predicate_keys_are_exact_as_in_a_go_map():

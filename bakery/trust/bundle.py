@@ -15,7 +15,7 @@ import base64
 import json
 
 from ..errors import IntegrityError, malformed
-from ..files import canonical_json
+from ..files import canonical_json, one_each
 from ..oci.manifest import Manifest
 from ..oci.refs import Descriptor, Digest, Reference
 from ..oci.registry import OCI_MANIFEST
@@ -52,7 +52,8 @@ def envelope_of(data: bytes, what: str) -> bytes:
     another version, one over a bare message signature, or one carrying a certificate is refused:
     key mode reads only what it writes."""
     with malformed(what, IntegrityError):
-        doc = json.loads(data)
+        # every key once: parsed plainly, a second `payload` would be dropped before read_envelope looks
+        doc = json.loads(data, object_pairs_hook=one_each)
         media_type, material, envelope = doc["mediaType"], doc["verificationMaterial"], doc["dsseEnvelope"]
         if not isinstance(material, dict) or not isinstance(envelope, dict):
             raise TypeError("verificationMaterial or dsseEnvelope is not an object")

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InputError, IntegrityError
+from ..errors import PARSE_ERRORS, InputError, IntegrityError
 from ..files import one_each
 from .statement import Statement
 
@@ -119,7 +119,7 @@ def bundle_statement(data: bytes, what: str) -> Statement:
     try:
         payload = base64.b64decode(json.loads(data, object_pairs_hook=one_each)["dsseEnvelope"]["payload"],
                                    validate=True)
-    except (ValueError, KeyError, TypeError) as e:
+    except PARSE_ERRORS as e:
         raise IntegrityError(f"{what}: not a DSSE bundle of an in-toto statement ({type(e).__name__})") from None
     return Statement.read(payload, what)
 

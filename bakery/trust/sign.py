@@ -14,7 +14,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from ..errors import IntegrityError
+from ..errors import PARSE_ERRORS, IntegrityError
 from ..files import canonical_json, one_each
 from ..oci.refs import Digest, Reference
 from . import keys
@@ -64,8 +64,9 @@ SIGNATURES_LIMIT = 16
 
 
 def read_envelope(data: bytes, what: str) -> tuple[str, bytes, list]:
-    """(payloadType, payload, signatures) of a DSSE envelope, none of it verified yet. Every key once,
-    as cosign's Go decoder reads it (without case): else it could verify another payload than ours."""
+    """(payloadType, payload, signatures) of a DSSE envelope, none of it verified yet. Every key of
+    `data` once, as cosign's Go decoder reads it (without case): else it could verify another payload
+    than ours. (A key-mode bundle's envelope is checked so as it is taken out: bundle.envelope_of.)"""
     try:
         env = json.loads(data, object_pairs_hook=one_each)
         payload = base64.b64decode(env["payload"], validate=True)
@@ -73,7 +74,7 @@ def read_envelope(data: bytes, what: str) -> tuple[str, bytes, list]:
         if not isinstance(payload_type, str) or not isinstance(sigs, list) or \
                 not all(isinstance(s, dict) for s in sigs):
             raise TypeError("malformed fields")
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except PARSE_ERRORS:  # RecursionError too: a layer of 100,000 '[' is one refusal, not a traceback
         raise IntegrityError(f"{what}: not a DSSE envelope") from None
     if len(sigs) > SIGNATURES_LIMIT:  # each is tried (0.05 ms each): 34,000 in each of 256 envelopes, minutes of verify
         raise IntegrityError(f"{what}: the envelope holds {len(sigs)} signatures, past the {SIGNATURES_LIMIT} one "

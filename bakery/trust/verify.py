@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import untrusted
-from ..errors import BakeryError, InputError, IntegrityError, malformed
-from ..files import one_each
+from ..errors import PARSE_ERRORS, BakeryError, InputError, IntegrityError, malformed
 from ..oci.manifest import Manifest
 from ..oci.refs import Descriptor, Digest, Reference
 from ..oci.store import signature_tag
@@ -104,7 +103,7 @@ def _tag_signers(store, digest: Digest, role, policy) -> tuple[set[str], list[st
             payload = store.document(desc, f"signature payload in {tag}")
             signature = base64.b64decode(desc.annotations.get("dev.cosignproject.cosign/signature", ""))
             signed_digest, signed_name = simple_signing_claims(payload)
-        except (IntegrityError, ValueError, KeyError, TypeError) as e:
+        except (IntegrityError, *PARSE_ERRORS) as e:
             reasons.append(f"unreadable signature: {e}")
             continue
         # _signers calls the check before the loop moves on; the defaults bind this layer's bytes all the same
@@ -114,12 +113,28 @@ def _tag_signers(store, digest: Digest, role, policy) -> tuple[set[str], list[st
     return signed_by, reasons
 
 
+class _Fields(dict):
+    """A JSON object that remembers whether a key came twice, or twice in different cases."""
+    twice = False
+
+
+def _fields(pairs: list) -> _Fields:
+    found = _Fields(pairs)
+    found.twice = len({k.casefold() for k, _ in pairs}) != len(pairs)
+    return found
+
+
 def simple_signing_claims(payload: bytes) -> tuple[str, str]:
-    """(docker-manifest-digest, docker-reference) of a cosign simple-signing payload, unverified. A
-    struct to cosign's Go decoder, which matches keys without case: each key once, or the two
-    readers would take their claims from different fields."""
-    critical = json.loads(payload, object_pairs_hook=one_each)["critical"]
-    return critical["image"]["docker-manifest-digest"], critical["identity"]["docker-reference"]
+    """(docker-manifest-digest, docker-reference) of a cosign simple-signing payload, unverified. Its
+    top, `critical`, `identity` and `image` are structs to cosign's Go decoder, which matches keys
+    without case: each key once there, or the two readers would take their claims from different
+    fields. `optional` is a Go map (exact keys): its annotations may differ in case alone."""
+    doc = json.loads(payload, object_pairs_hook=_fields)
+    critical = doc["critical"]
+    identity, image = critical["identity"], critical["image"]
+    if any(getattr(level, "twice", False) for level in (doc, critical, identity, image)):
+        raise ValueError("a key appears twice, or twice in different cases, where cosign reads a struct")
+    return image["docker-manifest-digest"], identity["docker-reference"]
 
 
 def _bundles(store, digest: Digest) -> tuple[list[tuple[str, bytes]], str, list[str]]:
