@@ -103,15 +103,37 @@ def run_suite(project: Path, k: str | None, x: bool, rehearsal: bool, fast: bool
     output = Project(project).out / "test-rehearsals.log"
     output.parent.mkdir(parents=True, exist_ok=True)
     log(f"the rehearsals run beside the suite, in a second pytest; their output: {output} (shown at the end)")
+
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt
+
+    # a TERM (CI's timeout, by .ci/run's trap) ends this process as an interrupt would, so the
+    # rehearsals are stopped below, not left running without a parent
+    previous = signal.signal(signal.SIGTERM, interrupted)
     with output.open("w") as out:
+        # its interrupt as Python's default: a background job's shell (.ci/run's `&`) hands SIGINT down ignored
         beside = subprocess.Popen(pytest_argv(None, x, True, sweep=sweep, only="rehearsal"), cwd=project, stdout=out,
-                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             suite = subprocess.run(pytest_argv(None, x, False, sweep=sweep), cwd=project).returncode
             rehearsed = beside.wait()
-        except BaseException:  # an interrupt, or CI's timeout: the rehearsals and all they started stop too
-            os.killpg(beside.pid, signal.SIGTERM)
+        except BaseException:
+            # an interrupt first: pytest tears down, and the rehearsal under way ends act's session
+            # (dev/act.py); then whatever is left of the group
+            for stop, grace in ((signal.SIGINT, 60), (signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+                try:
+                    os.killpg(beside.pid, stop)
+                    beside.wait(timeout=grace)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+                except ProcessLookupError:
+                    break
+            log(f"the rehearsals were stopped; their output so far: {output}")
             raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     log("-- the rehearsals, run beside the suite " + "-" * 40)
     sys.stdout.write(output.read_text(errors="replace"))
     sys.stdout.flush()
