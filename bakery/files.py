@@ -49,14 +49,27 @@ def _hold(fd: int) -> None:
     fcntl.flock(fd, fcntl.LOCK_EX)
 
 
+_held: set[str] = set()  # the one_at_a_time locks this process holds
+
+
 @contextmanager
 def one_at_a_time(lock: Path) -> Iterator[None]:
     """Held while the block runs, by one process of this machine at a time (the others wait): two
-    test runs side by side start a server or build a fixture once, not twice over each other."""
+    test runs side by side start a server or build a fixture once, not twice over each other. A
+    block inside another of the same lock just runs (a second flock of this process would wait on
+    the first)."""
+    name = os.path.abspath(lock)
+    if name in _held:
+        yield
+        return
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        yield
+        _held.add(name)
+        try:
+            yield
+        finally:
+            _held.discard(name)
 
 
 def remove_tree(path: Path | str, _retried: set[str] | None = None) -> None:

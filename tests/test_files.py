@@ -379,3 +379,21 @@ def test_a_failed_local_compiles_staging_folder_is_removed_by_a_user_who_is_not_
     done = as_nobody(FAIL_AS_A_USER)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["nothing"], done.stdout
+
+
+def test_one_at_a_time_keeps_another_process_out_and_lets_its_holder_in_again(tmp_path):
+    """Two test runs side by side start a server or build a fixture once (stack.py, fixture.py): a
+    second process waits while the lock is held; the holder may enter again (build() holds it and
+    calls rootfs_tar(), which takes it too), where a second flock of its own would wait forever."""
+    import sys
+
+    from bakery.files import one_at_a_time
+
+    lock = tmp_path / "x" / ".lock"
+    probe = ("import fcntl, sys\nf = open(sys.argv[1])\ntry:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+             "except BlockingIOError:\n    sys.exit(3)\n")
+    with one_at_a_time(lock):
+        with one_at_a_time(lock):
+            assert subprocess.run([sys.executable, "-c", probe, str(lock)]).returncode == 3
+        assert subprocess.run([sys.executable, "-c", probe, str(lock)]).returncode == 3  # the outer block holds it
+    assert subprocess.run([sys.executable, "-c", probe, str(lock)]).returncode == 0

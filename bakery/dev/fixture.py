@@ -61,6 +61,11 @@ def _sha256(path: Path) -> str:
 
 def rootfs_tar(spec: dict, log) -> Path:
     """debootstrap a minbase userland once; cached by suite and package list."""
+    with one_at_a_time(cache_dir() / ".build.lock"):  # its folder is one name for every run
+        return _rootfs_tar(spec, log)
+
+
+def _rootfs_tar(spec: dict, log) -> Path:
     key = hashlib.sha256(f"{spec['suite']} {sorted(spec['include'])}".encode()).hexdigest()[:16]
     tar_path = cache_dir() / f"rootfs-{spec['suite']}-{key}.tar"
     if tar_path.exists():
@@ -90,6 +95,11 @@ def rootfs_tar(spec: dict, log) -> Path:
 
 def wheel(spec_wheel: dict, log) -> Path:
     """Download one pinned wheel from PyPI (once) and check its sha256."""
+    with one_at_a_time(cache_dir() / ".build.lock"):  # a wrong one is deleted: never another run's download
+        return _wheel(spec_wheel, log)
+
+
+def _wheel(spec_wheel: dict, log) -> Path:
     dest = cache_dir() / "wheels" / spec_wheel["file"]
     if not dest.exists():
         dest.parent.mkdir(parents=True, exist_ok=True)
