@@ -16,6 +16,7 @@ import secrets
 import shutil
 import stat
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -49,7 +50,7 @@ def _hold(fd: int) -> None:
     fcntl.flock(fd, fcntl.LOCK_EX)
 
 
-_held: set[str] = set()  # the one_at_a_time locks this process holds
+_held = threading.local()  # .names: the one_at_a_time locks this thread holds
 
 
 @contextmanager
@@ -58,18 +59,18 @@ def one_at_a_time(lock: Path) -> Iterator[None]:
     test runs side by side start a server or build a fixture once, not twice over each other. A
     block inside another of the same lock just runs (a second flock of this process would wait on
     the first)."""
-    name = os.path.abspath(lock)
-    if name in _held:
+    name, names = os.path.abspath(lock), _held.__dict__.setdefault("names", set())
+    if name in names:
         yield
         return
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        _held.add(name)
+        fcntl.flock(held, fcntl.LOCK_EX)  # another thread of this process waits here as well
+        names.add(name)
         try:
             yield
         finally:
-            _held.discard(name)
+            names.discard(name)
 
 
 def remove_tree(path: Path | str, _retried: set[str] | None = None) -> None:

@@ -90,6 +90,30 @@ def pytest_argv(k: str | None, x: bool, rehearsal: bool, fast: bool = False, swe
     return args
 
 
+def _stop(groups: list[subprocess.Popen]) -> None:
+    """Stop each process group: an interrupt first (pytest tears down; a rehearsal under way ends
+    act's session, dev/act.py), then TERM, then KILL to whatever is left of the groups. A second
+    signal to this process meanwhile cannot cut that short."""
+    import os
+    import signal
+    import time
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for stop, grace in ((signal.SIGINT, 60), (signal.SIGTERM, 10), (signal.SIGKILL, 0)):
+        for process in groups:
+            try:
+                os.killpg(process.pid, stop)
+            except ProcessLookupError:  # the whole group is gone
+                pass
+        deadline = time.monotonic() + grace
+        for process in groups:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+
+
 def run_suite(project: Path, k: str | None, x: bool, rehearsal: bool, fast: bool = False, sweep: bool = False,
               log=print) -> int:
     """Run the suite; its exit status. With the rehearsals and no -k, they run in a second pytest
@@ -97,7 +121,6 @@ def run_suite(project: Path, k: str | None, x: bool, rehearsal: bool, fast: bool
     the two take about the longer one's time, not their sum. Their output follows the suite's."""
     if not rehearsal or k or fast:
         return subprocess.run(pytest_argv(k, x, rehearsal, fast, sweep), cwd=project).returncode
-    import os
     import signal
 
     output = Project(project).out / "test-rehearsals.log"
@@ -107,33 +130,29 @@ def run_suite(project: Path, k: str | None, x: bool, rehearsal: bool, fast: bool
     def interrupted(signum, frame):
         raise KeyboardInterrupt
 
-    # a TERM (CI's timeout, by .ci/run's trap) ends this process as an interrupt would, so the
-    # rehearsals are stopped below, not left running without a parent
-    previous = signal.signal(signal.SIGTERM, interrupted)
+    def started(argv: list[str], **kwargs) -> subprocess.Popen:
+        # a group of its own, stopped below; its interrupt as Python's default (a background job's
+        # shell, .ci/run's `&`, hands SIGINT down ignored)
+        return subprocess.Popen(argv, cwd=project, stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **kwargs)
+
+    # a TERM (CI's timeout, by .ci/run's trap) ends this process as an interrupt would: both pytests
+    # are stopped below, not left running without a parent
+    previous = signal.signal(signal.SIGTERM, interrupted), signal.getsignal(signal.SIGINT)
     with output.open("w") as out:
-        # its interrupt as Python's default: a background job's shell (.ci/run's `&`) hands SIGINT down ignored
-        beside = subprocess.Popen(pytest_argv(None, x, True, sweep=sweep, only="rehearsal"), cwd=project, stdout=out,
-                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        beside = started(pytest_argv(None, x, True, sweep=sweep, only="rehearsal"), stdout=out,
+                         stderr=subprocess.STDOUT)
+        running = [beside]
         try:
-            suite = subprocess.run(pytest_argv(None, x, False, sweep=sweep), cwd=project).returncode
-            rehearsed = beside.wait()
+            running.append(started(pytest_argv(None, x, False, sweep=sweep)))
+            suite, rehearsed = running[1].wait(), beside.wait()
         except BaseException:
-            # an interrupt first: pytest tears down, and the rehearsal under way ends act's session
-            # (dev/act.py); then whatever is left of the group
-            for stop, grace in ((signal.SIGINT, 60), (signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-                try:
-                    os.killpg(beside.pid, stop)
-                    beside.wait(timeout=grace)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-                except ProcessLookupError:
-                    break
-            log(f"the rehearsals were stopped; their output so far: {output}")
+            _stop(running)
+            log(f"the tests were stopped; the rehearsals' output so far: {output}")
             raise
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGTERM, previous[0])
+            signal.signal(signal.SIGINT, previous[1])
     log("-- the rehearsals, run beside the suite " + "-" * 40)
     sys.stdout.write(output.read_text(errors="replace"))
     sys.stdout.flush()

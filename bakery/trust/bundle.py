@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import json
 
-from ..errors import IntegrityError, malformed
+from ..errors import PARSE_ERRORS, IntegrityError, malformed
 from ..files import canonical_json, one_each
 from ..oci.manifest import Manifest
 from ..oci.refs import Descriptor, Digest, Reference
@@ -81,7 +81,7 @@ def is_keyless(data: bytes) -> bool:
     try:
         material = json.loads(data)["verificationMaterial"]
         return isinstance(material, dict) and bool({"certificate", "x509CertificateChain"} & set(material))
-    except (ValueError, KeyError, TypeError):
+    except PARSE_ERRORS:  # RecursionError too: then envelope_of refuses it, as one unreadable bundle
         return False
 
 

@@ -174,7 +174,7 @@ def _bundle_signers(digest: Digest, role, policy, bundles) -> tuple[set[str], li
                 raise ValueError(f"a statement of type {statement.predicate_type[:80]}")
             subject, = statement.subjects
             signed_digest, signed_name = f"sha256:{subject.sha256}", subject.name
-        except (IntegrityError, ValueError, KeyError, TypeError) as e:
+        except (IntegrityError, *PARSE_ERRORS) as e:
             reasons.append(f"unreadable bundle signature: {e}")
             continue
         if bundle.is_keyless(data):  # verified above, by the role's identity: only what it says is left to judge
