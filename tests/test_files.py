@@ -397,3 +397,19 @@ def test_one_at_a_time_keeps_another_process_out_and_lets_its_holder_in_again(tm
             assert subprocess.run([sys.executable, "-c", probe, str(lock)]).returncode == 3
         assert subprocess.run([sys.executable, "-c", probe, str(lock)]).returncode == 3  # the outer block holds it
     assert subprocess.run([sys.executable, "-c", probe, str(lock)]).returncode == 0
+    # another thread of the holder's process waits too: the way in again is the holding thread's alone
+    import threading
+
+    order = []
+
+    def other():
+        with one_at_a_time(lock):
+            order.append("other")
+
+    with one_at_a_time(lock):
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join(timeout=1)
+        order.append("holder")
+    thread.join(timeout=10)
+    assert order == ["holder", "other"]

@@ -129,6 +129,9 @@ def test_a_document_nested_past_pythons_recursion_is_one_refusal():
         keyless.bundle_statement(deep, "b")
     with pytest.raises(PARSE_ERRORS):  # its caller notes the layer unreadable and goes on
         verify.simple_signing_claims(deep)
+    from bakery.trust import bundle
+
+    assert bundle.is_keyless(deep) is False  # then envelope_of refuses it, one unreadable bundle
 
 
 def test_inside_the_predicate_keys_are_exact_as_in_a_go_map():
