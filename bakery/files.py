@@ -252,10 +252,26 @@ def one_each(pairs: list) -> dict:
     """A JSON object whose keys are one each, ignoring case (json.loads's object_pairs_hook): Go's
     decoder matches keys without case and keeps the last, Python's keeps the exact one, so an object
     with a key twice would be one document to a Go reader (cosign, skopeo) and another to us."""
-    folded = [k.casefold() for k, _ in pairs]
-    if len(set(folded)) != len(folded):
+    if _twice(pairs):
         raise ValueError(f"a key appears twice, or twice in different cases: {sorted(k for k, _ in pairs)[:8]}")
     return dict(pairs)
+
+
+def _twice(pairs: list) -> bool:
+    return len({k.casefold() for k, _ in pairs}) != len(pairs)
+
+
+class Fields(dict):
+    """A JSON object (json.loads's object_pairs_hook: Fields.of) that remembers whether a key came
+    twice, or twice in different cases: for a document where only some objects are Go structs
+    (one_each's rule) and others Go maps, whose keys are exact."""
+    twice = False
+
+    @classmethod
+    def of(cls, pairs: list) -> Fields:
+        found = cls(pairs)
+        found.twice = _twice(pairs)
+        return found
 
 
 def canonical_json(value, what: str = "a document") -> bytes:

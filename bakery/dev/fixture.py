@@ -6,13 +6,16 @@ independent, real image for the build to consume.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import ParamSpec, TypeVar
 
 from .. import project, schema
 from ..engine import docker_client
@@ -30,6 +33,21 @@ def cache_dir() -> Path:
     path = project.cache_dir("fixture")
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _one_build_at_a_time(make: Callable[P, R]) -> Callable[P, R]:
+    """One fixture build, toolchain build, debootstrap or wheel download at a time on this machine:
+    two test runs side by side share their folder names (a wrong wheel is deleted: never another
+    run's half-written one). The lock lets its holder in again (build() calls rootfs_tar())."""
+    @functools.wraps(make)
+    def locked(*args: P.args, **kwargs: P.kwargs) -> R:
+        with one_at_a_time(cache_dir() / ".build.lock"):
+            return make(*args, **kwargs)
+    return locked
 
 
 def load_spec(path: Path) -> dict:
@@ -59,13 +77,9 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+@_one_build_at_a_time
 def rootfs_tar(spec: dict, log) -> Path:
     """debootstrap a minbase userland once; cached by suite and package list."""
-    with one_at_a_time(cache_dir() / ".build.lock"):  # its folder is one name for every run
-        return _rootfs_tar(spec, log)
-
-
-def _rootfs_tar(spec: dict, log) -> Path:
     key = hashlib.sha256(f"{spec['suite']} {sorted(spec['include'])}".encode()).hexdigest()[:16]
     tar_path = cache_dir() / f"rootfs-{spec['suite']}-{key}.tar"
     if tar_path.exists():
@@ -93,13 +107,9 @@ def _rootfs_tar(spec: dict, log) -> Path:
     return tar_path
 
 
+@_one_build_at_a_time
 def wheel(spec_wheel: dict, log) -> Path:
     """Download one pinned wheel from PyPI (once) and check its sha256."""
-    with one_at_a_time(cache_dir() / ".build.lock"):  # a wrong one is deleted: never another run's download
-        return _wheel(spec_wheel, log)
-
-
-def _wheel(spec_wheel: dict, log) -> Path:
     dest = cache_dir() / "wheels" / spec_wheel["file"]
     if not dest.exists():
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -134,14 +144,9 @@ def unpack_wheel(path: Path, dest: Path, keep_suffixes: tuple[str, ...]) -> int:
     return count
 
 
+@_one_build_at_a_time
 def build(spec_path: Path, registry: str, log=print) -> Reference:
-    """Build the fixture with Docker, push it to registry, return REF@digest. One build at a time
-    on this machine: two test runs side by side share its context folder and Docker's tag."""
-    with one_at_a_time(cache_dir() / ".build.lock"):
-        return _build(spec_path, registry, log)
-
-
-def _build(spec_path: Path, registry: str, log) -> Reference:
+    """Build the fixture with Docker, push it to registry, return REF@digest."""
     import docker
 
     spec = load_spec(spec_path)
@@ -192,15 +197,11 @@ def _build(spec_path: Path, registry: str, log) -> Reference:
     return Reference.parse(f"{target}@{digest}")
 
 
+@_one_build_at_a_time
 def toolchain(dockerfile_dir: Path, spec_path: Path, registry: str, log=print) -> str:
     """The stand-in HIP toolchain image (Debian clang-19 + ROCm device libs + CPU torch) in
     `registry`, pinned (REF@sha256:...), as the ROCm base is in production: a compile takes its
     files from its layers. Built by Docker and pushed once; found in the registry after that."""
-    with one_at_a_time(cache_dir() / ".build.lock"):
-        return _toolchain(dockerfile_dir, spec_path, registry, log)
-
-
-def _toolchain(dockerfile_dir: Path, spec_path: Path, registry: str, log) -> str:
     from ..errors import NotFound
     from ..oci.registry import Registry
 

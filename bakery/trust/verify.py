@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import untrusted
 from ..errors import PARSE_ERRORS, BakeryError, InputError, IntegrityError, malformed
+from ..files import Fields
 from ..oci.manifest import Manifest
 from ..oci.refs import Descriptor, Digest, Reference
 from ..oci.store import signature_tag
@@ -113,23 +114,12 @@ def _tag_signers(store, digest: Digest, role, policy) -> tuple[set[str], list[st
     return signed_by, reasons
 
 
-class _Fields(dict):
-    """A JSON object that remembers whether a key came twice, or twice in different cases."""
-    twice = False
-
-
-def _fields(pairs: list) -> _Fields:
-    found = _Fields(pairs)
-    found.twice = len({k.casefold() for k, _ in pairs}) != len(pairs)
-    return found
-
-
 def simple_signing_claims(payload: bytes) -> tuple[str, str]:
     """(docker-manifest-digest, docker-reference) of a cosign simple-signing payload, unverified. Its
     top, `critical`, `identity` and `image` are structs to cosign's Go decoder, which matches keys
     without case: each key once there, or the two readers would take their claims from different
     fields. `optional` is a Go map (exact keys): its annotations may differ in case alone."""
-    doc = json.loads(payload, object_pairs_hook=_fields)
+    doc = json.loads(payload, object_pairs_hook=Fields.of)
     critical = doc["critical"]
     identity, image = critical["identity"], critical["image"]
     if any(getattr(level, "twice", False) for level in (doc, critical, identity, image)):
