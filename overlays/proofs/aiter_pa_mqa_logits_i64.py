@@ -4,7 +4,8 @@ at a 20 GB KV pool?
 Usage: python aiter_pa_mqa_logits_i64.py TARGET   (.../aiter/ops/triton/gluon/pa_mqa_logits.py, stock or overlaid)
 The target's kernels are compiled as AITER's launcher compiles them (its signature and attributes:
 the block table *i32, both strides i32) for gfx942 by the installed Triton, on the CPU (no GPU: the
-kernels are never run, the compiler's IR is read): the preshuffle kernel and its varctx variant at
+kernels are never run, the compiler's IR is read), as far as TTGIR (what is read; the LLVM and code
+object stages after it, four fifths of the compile, would read no differently): the preshuffle kernel and its varctx variant at
 the deployment's block size (image/image.yaml serves --block-size=256: their second pipeline) and at
 64 (their first), with ChunkK=256, the plain kernel at one token a block (the only paging it takes),
 64 heads of 128 dims. What the launcher gives the kernels (the signature, the attributes: no
@@ -97,12 +98,44 @@ def observe(args):
                                       (11,): [["tt.pointer_range", 32]], (12,): [["tt.pointer_range", 32]],
                                       (13,): [["tt.divisibility", 16], ["tt.pointer_range", 32]]})
         try:
-            compiled = triton.compile(source, target=GPUTarget("hip", "gfx942", 64),
-                                      options={"num_warps": 4, "waves_per_eu": 2, "num_stages": 2, "num_ctas": 1})
+            observed[f"{name}@{block}"] = ttgir(triton, source, GPUTarget("hip", "gfx942", 64), {
+                "num_warps": 4, "waves_per_eu": 2, "num_stages": 2, "num_ctas": 1})
         except Exception as e:
             raise _proof.CannotProve(f"{name} does not compile for gfx942: {type(e).__name__}: {str(e)[:300]}")
-        observed[f"{name}@{block}"] = compiled.asm["ttgir"]
     return observed
+
+
+class _Lowered(Exception):
+    """Raised by the stage after TTGIR, carrying the TTGIR's text: the compile ends there."""
+
+
+def ttgir(triton, source, target, options: dict) -> str:
+    """The kernel's TTGIR, as triton.compile makes it, the stages after it left out (through Triton's
+    add_stages_inspection_hook; a Triton without the hook runs them all)."""
+    from triton import knobs
+
+    def stop_after_ttgir(*args):
+        if not args:  # compile() asks for what the hook adds to its cache key
+            return "bakery-proof-stops-after-ttgir", "1"
+        stages = args[1]
+        names = list(stages)
+        if "ttgir" in names[:-1]:
+            stages[names[names.index("ttgir") + 1]] = _raise_lowered
+
+    hooked = hasattr(knobs, "runtime") and hasattr(knobs.runtime, "add_stages_inspection_hook")
+    if hooked:
+        knobs.runtime.add_stages_inspection_hook = stop_after_ttgir
+    try:
+        return triton.compile(source, target=target, options=options).asm["ttgir"]
+    except _Lowered as stopped:
+        return stopped.args[0]
+    finally:
+        if hooked:
+            knobs.runtime.add_stages_inspection_hook = None
+
+
+def _raise_lowered(module, metadata):
+    raise _Lowered(str(module))
 
 
 def judge(observed, args):
