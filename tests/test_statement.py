@@ -183,3 +183,62 @@ def test_an_absent_field_reads_as_absent_and_each_reader_says_what_it_needs():
 
     with pytest.raises(IntegrityError, match="lacks its source, base or sourceDateEpoch"):
         reproduce.plan(read)
+
+
+# -- the smoke result: `invoke smoke` writes it and verify reads it through one type ------------------
+
+def test_the_smoke_result_written_reads_back_as_its_report_says():
+    import hashlib
+
+    from bakery.release import smoke_report
+    from bakery.trust.smoke_result import SmokeResult
+    from support import ROOT, passing_report
+
+    spec = (ROOT / "provenance" / "smoke.yaml").read_bytes()
+    report = passing_report(str(REF), workflow_run="o/r#2", finished="2026-12-07T01:00:00Z", run=3,
+                            host={"gfx_arch": "gfx942", "compute_units": 304, "driver_version": "6.10.5",
+                                  "rocm_version": "7.0.0"})
+    read = SmokeResult.read(Statement.read(smoke_report.statement(REF, report, spec), "s").predicate)
+    assert (read.result, read.report_result, read.spec_sha256, read.compared, read.reference_kind) == \
+        ("PASSED", "PASSED", hashlib.sha256(spec).hexdigest(), {"dspark": 240, "native": 240}, "seed-stack")
+    assert (read.passed, read.ran_ab, read.launched_both) == (True, True, True)
+    assert (read.workflow_run, read.finished, read.run, read.report) == ("o/r#2", "2026-12-07T01:00:00Z", 3, report)
+    assert read.summary == "PASSED on gfx942, 304 CUs, driver 6.10.5, ROCm 7.0.0"
+
+
+@pytest.mark.parametrize("report, ran_ab, launched_both", [
+    ({"result": "PASSED"}, False, False),  # the hollow PASSED the smoke signed before the gate
+    ({"ab": {"paths": [{"path": "dspark", "compared": 240}]}, "reference": {"kind": "seed-stack"}}, False, False),
+    ({"ab": {"paths": [{"path": "dspark", "compared": 240}, {"path": "native", "compared": 0}]},
+      "reference": {"kind": "promoted"}}, False, False),
+    ({"ab": {"paths": [{"path": "dspark", "compared": 1}, {"path": "native", "compared": 1}]},
+      "reference": {"kind": "a-friend"}}, False, False),
+    ({"launched": {"candidate": True, "reference": False}}, False, False),
+    ({"ab": {"paths": [{"path": "dspark", "compared": 1}, {"path": "native", "compared": 1}]},
+      "reference": {"kind": "endpoint"}, "launched": {"candidate": True, "reference": True}}, True, True),
+], ids=["no A/B", "one path", "a path compared nothing", "an unknown reference", "the reference not launched",
+        "both"])
+def test_the_ab_and_the_launch_are_judged_from_the_typed_report(report, ran_ab, launched_both):
+    from bakery.trust.smoke_result import SmokeResult
+
+    read = SmokeResult.read({"result": "PASSED", "report": report})
+    assert (read.ran_ab, read.launched_both) == (ran_ab, launched_both)
+
+
+@pytest.mark.parametrize("predicate, why", [
+    ({"result": True}, "the result is not str"),
+    ({"report": ["x"]}, "the report is not an object"),
+    ({"configuration": {"name": "provenance/smoke.yaml"}}, "the configuration is not a list"),
+    ({"configuration": [{"name": "provenance/smoke.yaml", "digest": {"sha256": 7}}]}, "a configuration sha256"),
+    ({"report": {"ab": {"paths": [{"path": "dspark", "compared": "240"}]}}}, "an A/B count is not int"),
+    ({"report": {"ab": {"paths": [{"path": "dspark", "compared": True}]}}}, "an A/B count is not int"),
+    ({"report": {"launched": {"candidate": "yes"}}}, "launched candidate is not bool"),
+    ({"report": {"host": {"compute_units": 304.0}}}, "compute_units is not int"),
+    ({"report": {"run": "7"}}, "the run is not int"),
+], ids=["result a bool", "report a list", "configuration an object", "spec digest a number", "count a string",
+        "count a bool", "launched a string", "CUs a float", "run a string"])
+def test_a_smoke_result_field_of_the_wrong_type_is_refused(predicate, why):
+    from bakery.trust.smoke_result import SmokeResult
+
+    with pytest.raises(IntegrityError, match=why):
+        SmokeResult.read(predicate, "attestation x")

@@ -227,17 +227,12 @@ def statement(ref, report: dict, spec_bytes: bytes) -> bytes:
     used, of the approval file; the host's GPU facts and every figure are in the report."""
     import hashlib
 
-    from ..trust import policy
+    from ..trust import smoke_result
     from ..trust.statement import Statement
 
     if report.get("image") != str(ref):
         raise InputError(f"the smoke report is about {report.get('image')}, not {ref}")
-    configuration = [{"name": policy.SMOKE_SPEC, "digest": {"sha256": hashlib.sha256(spec_bytes).hexdigest()}}]
-    approvals = (report.get("ab") or {}).get("approvals_sha256")
-    if approvals:
-        configuration.append({"name": "approvals", "digest": {"sha256": approvals}})
-    predicate = {"result": report["result"], "passedTests": report["passed"], "failedTests": report["failed"],
-                 "warnedTests": [], "configuration": configuration, "report": report}
+    predicate = smoke_result.predicate(report, hashlib.sha256(spec_bytes).hexdigest())
     return Statement.about(ref, TEST_RESULT, predicate).raw
 
 

@@ -17,6 +17,7 @@ from ..oci.manifest import Manifest
 from ..oci.refs import Descriptor, Digest, Reference
 from ..oci.store import signature_tag
 from . import bundle, keys as keys_mod, policy as policy_mod, provenance, sbom, sign
+from .smoke_result import SmokeResult
 from .statement import Statement
 
 
@@ -388,6 +389,10 @@ def _envelopes(store, ref: Reference, report: Report, read_bundles=None) -> dict
 _WHERE = {"tag": "attestation layer", "bundle": "bundle"}
 
 
+# the predicates verify reads typed (each read once, for every check of it); the others as JSON
+TYPED = {provenance.SLSA_PREDICATE: provenance.Provenance.read, provenance.TEST_RESULT_PREDICATE: SmokeResult.read}
+
+
 def _attestations(store, ref: Reference, policy, report: Report, read_bundles=None) -> dict:
     """{predicateType: predicate} of the statements about this digest, each signed by its role;
     two statements of one type in one format are both refused (which one counts would be the
@@ -424,15 +429,16 @@ def _attestations(store, ref: Reference, policy, report: Report, read_bundles=No
                             + ("" if about else f" (it names sha256:{', '.join(statement.digests)})")):
                 if kind == provenance.REBUILD_PREDICATE:  # one per rebuilder: counted by key, never one for all
                     found.setdefault(kind, []).append((signers, statement.predicate))
-                elif kind == provenance.SLSA_PREDICATE:  # read once, typed, for every reader of it
+                elif kind in TYPED:  # read once, typed, for every reader of it
                     try:
-                        found[kind] = provenance.Provenance.read(statement.predicate, f"attestation {kind}")
+                        found[kind] = TYPED[kind](statement.predicate, f"attestation {kind}")
                     except IntegrityError as e:
                         report.check(False, str(e))
+                    else:
+                        if kind == provenance.TEST_RESULT_PREDICATE:
+                            _remember_failure(ref, found[kind])  # even one refused below as a duplicate
                 else:
                     found[kind] = statement.predicate
-                if kind == provenance.TEST_RESULT_PREDICATE:
-                    _remember_failure(ref, statement.predicate)  # even one refused below as a duplicate
     for (form, kind), n in sorted(counts.items()):
         if n > 1 and kind != provenance.REBUILD_PREDICATE:
             report.check(False, f"{n} signed statements of type {kind} for this digest"
@@ -571,102 +577,55 @@ def verify(store, ref: Reference, policy, require_smoke: bool = False, blobs: bo
     if sbom.SPDX_PREDICATE in found:
         report.summary = _step(report, "the signed SBOM", summarize, found[sbom.SPDX_PREDICATE], prov) or {}
         if smoke_checked and provenance.TEST_RESULT_PREDICATE in found:
-            report.summary["smoke"] = smoke_summary(found[provenance.TEST_RESULT_PREDICATE])
+            report.summary["smoke"] = found[provenance.TEST_RESULT_PREDICATE].summary
     return report
 
 
-def ran_ab(report: dict, paths: tuple[str, ...] = ("dspark", "native")) -> bool:
-    """Whether a signed smoke report ran the acceptance gate's A/B against a reference on every path,
-    each path's outputs compared."""
-    ab = report.get("ab")
-    rows = ab.get("paths") if isinstance(ab, dict) else None
-    reference = report.get("reference")
-    if not isinstance(rows, list) or not isinstance(reference, dict) or \
-            reference.get("kind") not in ("seed-stack", "promoted", "endpoint"):
-        return False
-    compared = {r.get("path"): r.get("compared") for r in rows if isinstance(r, dict)}
-    counts = [compared.get(p) for p in paths]
-    return all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in counts)
-
-
-def _smoke(smoke: dict | None, policy, report: Report, digest: str = "", run: str | None = None) -> None:
+def _smoke(smoke: SmokeResult | None, policy, report: Report, digest: str = "", run: str | None = None) -> None:
     """A PASSED result that ran the A/B against a reference on both paths, from the spec the policy
     pins, on the GPU it names, and not older than a FAILED this machine has seen for the same digest
     and spec (the ledger)."""
-    signed = _report(smoke or {})
-    ab = ran_ab(signed)
-    ran = next((c.get("digest", {}).get("sha256") for c in (smoke or {}).get("configuration") or []
-                if c.get("name") == policy_mod.SMOKE_SPEC), None)
-    if not report.check(smoke is not None and smoke.get("result") == "PASSED" and signed.get("result") == "PASSED"
-                        and ab, "a passing MI300X acceptance gate signed by a smoke key, its A/B run against a "
-                                "reference on both paths"
+    ab = smoke is not None and smoke.ran_ab
+    if not report.check(smoke is not None and smoke.passed and ab,
+                        "a passing MI300X acceptance gate signed by a smoke key, its A/B run against a "
+                        "reference on both paths"
                         + ("" if smoke else " (none attached, or not signed by a smoke key)")
-                        + (f" (result {smoke.get('result')}, {'the A/B ran' if ab else 'no A/B'})" if smoke else "")) \
+                        + (f" (result {smoke.result}, {'the A/B ran' if ab else 'no A/B'})" if smoke else "")) \
             or smoke is None:
         return
-    report.smoke = signed
-    launched = signed.get("launched")
-    report.check(isinstance(launched, dict) and launched.get("candidate") is True and launched.get("reference") is True,
+    report.smoke = smoke.report
+    report.check(smoke.launched_both,
                  "the gate launched this digest and its reference itself (a result against an --endpoint says what "
                  "a server started elsewhere answered, not what this digest or the named reference serves)")
+    ran = smoke.spec_sha256
     report.check(ran == policy.smoke_spec, f"the smoke ran the pinned spec {policy_mod.SMOKE_SPEC} "
                  f"sha256:{policy.smoke_spec}" + ("" if ran == policy.smoke_spec else
                                                   f" (it ran sha256:{ran}: an older or other spec; run the smoke "
                                                   f"again with the pinned one)"))
-    host = _host(smoke)
-    report.check(host.get("gfx_arch") == policy.smoke_arch and host.get("compute_units") == policy.smoke_compute_units,
+    report.check(smoke.host.gfx_arch == policy.smoke_arch and smoke.host.compute_units == policy.smoke_compute_units,
                  f"the smoke ran on a {policy.smoke_arch} GPU with {policy.smoke_compute_units} CUs (it reports "
-                 f"{smoke_summary(smoke)})")
+                 f"{smoke.summary})")
     if run is not None:
-        said = _report(smoke).get("workflow_run")
+        said = smoke.workflow_run
         report.check(said == run, f"the smoke result is from workflow run {run}" + ("" if said == run else
                      f" (it says {str(said)[:80]}: a result of another run, put back over this run's?)"))
-    if digest and isinstance(ran, str):
+    if digest and ran is not None:
         from . import smoke_ledger
 
-        finished, run_number = _when(smoke)
-        later = smoke_ledger.later_failure(digest, ran, finished, run_number)
+        later = smoke_ledger.later_failure(digest, ran, smoke.finished, smoke.run)
         report.check(later is None, "no later FAILED result for this digest and spec in this machine's smoke ledger"
-                     + (f" (this PASSED finished {finished[:20]}; a FAILED finished {later['finished']}: an older "
-                        f"result was put back over it)" if later else ""))
-        smoke_ledger.remember(digest, ran, smoke.get("result"), finished, run_number)
+                     + (f" (this PASSED finished {smoke.finished[:20]}; a FAILED finished {later['finished']}: an "
+                        f"older result was put back over it)" if later else ""))
+        smoke_ledger.remember(digest, ran, smoke.result, smoke.finished, smoke.run)
 
 
-def _remember_failure(ref: Reference, smoke) -> None:
+def _remember_failure(ref: Reference, smoke: SmokeResult) -> None:
     """A signed smoke result other than PASSED, seen here: kept in this machine's ledger, so an older
     PASSED put back over it is refused later."""
     from . import smoke_ledger
 
-    if not isinstance(smoke, dict) or smoke.get("result") == "PASSED":
-        return
-    ran = next((c.get("digest", {}).get("sha256") for c in smoke.get("configuration") or []
-                if isinstance(c, dict) and c.get("name") == policy_mod.SMOKE_SPEC), None)
-    if isinstance(ran, str):
-        smoke_ledger.remember(str(ref.digest), ran, smoke.get("result"), *_when(smoke))
-
-
-def _when(smoke: dict) -> tuple[str, int | None]:
-    """(finished, run number) of a signed smoke result: what orders results of one runner."""
-    report = _report(smoke)
-    run = report.get("run")
-    return str(report.get("finished", "")), run if isinstance(run, int) and not isinstance(run, bool) else None
-
-
-def _report(smoke: dict) -> dict:
-    """The smoke report inside a signed result (whatever shape a smoke key gave it)."""
-    report = smoke.get("report")
-    return report if isinstance(report, dict) else {}
-
-
-def _host(smoke: dict) -> dict:
-    host = _report(smoke).get("host")
-    return host if isinstance(host, dict) else {}
-
-
-def smoke_summary(smoke: dict) -> str:
-    host = _host(smoke)
-    return (f"{smoke.get('result')} on {host.get('gfx_arch', 'an unnamed GPU')}, {host.get('compute_units', '?')} CUs, "
-            f"driver {host.get('driver_version', '?')}, ROCm {host.get('rocm_version', '?')}")
+    if smoke.result != "PASSED" and smoke.spec_sha256 is not None:
+        smoke_ledger.remember(str(ref.digest), smoke.spec_sha256, smoke.result, smoke.finished, smoke.run)
 
 
 def _step(report: Report, what: str, fn, *args):
