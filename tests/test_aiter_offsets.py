@@ -163,3 +163,36 @@ def test_the_ir_reading_judges_each_way_a_gather_can_be_written(reference_irs, n
         assert accesses, f"{name}: no gather of KV found"
         judged = any(a.wraps or (a.reach is not None and a.reach >= ttgir_offsets.BUFFER_REACH) for a in accesses)
         assert judged == wrong, (name, pool, accesses)
+
+
+@pytest.mark.slow
+def test_the_proof_reads_the_same_ttgir_a_whole_compile_gives(tmp_path):
+    """The proof ends Triton's compile after TTGIR (the later stages were most of its time): the text
+    it reads must be what a whole triton.compile keeps as asm["ttgir"], for each reference kernel."""
+    import subprocess
+
+    (tmp_path / "reference_gathers.py").write_text(textwrap.dedent(KERNELS))
+    script = textwrap.dedent(f"""
+        import importlib.util, os, sys
+        sys.path.insert(0, {str(ROOT / "overlays" / "proofs")!r})
+        import aiter_pa_mqa_logits_i64 as proof  # its import of _proof leaves Triton compiling (no interpreter)
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.experimental.gluon._runtime import GluonASTSource
+        spec = importlib.util.spec_from_file_location("reference_gathers", {str(tmp_path / "reference_gathers.py")!r})
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        target = GPUTarget("hip", "gfx942", 64)
+        for name in {sorted(EXPECTED)!r}:
+            source = GluonASTSource(fn=getattr(module, name), signature={{"KV": "*i8", "stride": "i32", "table": "*i32",
+                                                                         "out": "*i8"}}, constexprs={{}})
+            os.environ["TRITON_CACHE_DIR"] = {str(tmp_path)!r} + "/whole-" + name
+            whole = triton.compile(source, target=target, options={{"num_warps": 4}})
+            os.environ["TRITON_CACHE_DIR"] = {str(tmp_path)!r} + "/ttgir-" + name
+            read = proof.ttgir(triton, source, target, {{"num_warps": 4}})
+            assert "hsaco" in whole.asm and read == whole.asm["ttgir"] and "tt.func" in read, name
+            print(name, "same")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [w for name in sorted(EXPECTED) for w in (name, "same")]
