@@ -533,9 +533,40 @@ def test_verify_takes_a_vex_only_about_this_image(change, says):
         doc["statements"][0]["products"][0] = change(doc["statements"][0]["products"][0],
                                                      str(rec.manifest.digest).replace(":", "%3A"))
     report = verify.Report()
-    verify._vex(doc, ref, report)
+    verify._vex(vex.Vex.read(doc), ref, report)
     said = report.checks
     assert said[0][0] == (change is None) and says in said[0][1]
+
+
+def test_the_vex_written_reads_back_as_the_products_it_names():
+    from bakery.trust import vex
+
+    rec = record.read(RECORD)
+    ref = Reference.parse(rec.outputs[0]["reference"])
+    doc = json.loads(vex.document(rec, ref.name))
+    read = vex.Vex.read(doc)
+    assert [s.status for s in read.statements] == [s["status"] for s in doc["statements"]]
+    assert [[p.to_json() for p in s.products] for s in read.statements] == [s["products"] for s in doc["statements"]]
+    assert all(p.named_once and p.id.startswith("pkg:oci/") for s in read.statements for p in s.products)
+    assert any(p.subcomponents for s in read.statements for p in s.products)
+
+
+@pytest.mark.parametrize("doc, why", [
+    ({}, "the statements is not a list"),
+    ({"statements": [{"status": 1, "products": []}]}, "status is not a string"),
+    ({"statements": [{"status": "fixed", "products": {}}]}, "the products is not a list"),
+    ({"statements": [{"status": "fixed", "products": [{"@id": ["pkg:oci/x"]}]}]}, "@id is not a string"),
+    ({"statements": [{"status": "fixed", "products": [{"@id": "pkg:oci/x", "identifiers": {"purl": 1}}]}]},
+     "identifier is not a string"),
+    ({"statements": [{"status": "fixed", "products": [{"@id": "pkg:oci/x", "subcomponents": [{}]}]}]},
+     "a subcomponent's @id is not a string"),
+], ids=["no statements", "status a number", "products an object", "@id a list", "purl a number", "subcomponent no @id"])
+def test_a_vex_field_absent_or_of_the_wrong_type_is_refused(doc, why):
+    from bakery.errors import IntegrityError
+    from bakery.trust import vex
+
+    with pytest.raises(IntegrityError, match=why):
+        vex.Vex.read(doc)
 
 
 # -- syft reads through a folder link: such a base is refused (issue 50 item 2) --------------------------

@@ -16,7 +16,7 @@ from ..files import Fields
 from ..oci.manifest import Manifest
 from ..oci.refs import Descriptor, Digest, Reference
 from ..oci.store import signature_tag
-from . import bundle, keys as keys_mod, policy as policy_mod, provenance, sbom, sign
+from . import bundle, keys as keys_mod, policy as policy_mod, provenance, sbom, sign, vex
 from .smoke_result import SmokeResult
 from .statement import Statement
 
@@ -390,7 +390,8 @@ _WHERE = {"tag": "attestation layer", "bundle": "bundle"}
 
 
 # the predicates verify reads typed (each read once, for every check of it); the others as JSON
-TYPED = {provenance.SLSA_PREDICATE: provenance.Provenance.read, provenance.TEST_RESULT_PREDICATE: SmokeResult.read}
+TYPED = {provenance.SLSA_PREDICATE: provenance.Provenance.read, provenance.TEST_RESULT_PREDICATE: SmokeResult.read,
+         provenance.VEX_PREDICATE: vex.Vex.read}
 
 
 def _attestations(store, ref: Reference, policy, report: Report, read_bundles=None) -> dict:
@@ -454,29 +455,16 @@ def _attestations(store, ref: Reference, policy, report: Report, read_bundles=No
     return found
 
 
-VEX_STATUSES = ("not_affected", "affected", "fixed", "under_investigation")  # OpenVEX 0.2.0's
-
-
-def _vex(doc: dict, ref: Reference, report: Report) -> None:
+def _vex(doc: vex.Vex, ref: Reference, report: Report) -> None:
     """Every statement is about this image: a VEX signed for one digest says nothing of another. Its
     products are this digest's pkg:oci purl (the same in @id and identifiers), its subcomponents
     Python packages; its status one OpenVEX knows. No statement at all is a VEX too (every overlay
     superseded)."""
     image = re.compile(r"pkg:oci/[^@?#/]+@" + re.escape(str(ref.digest).replace(":", "%3A")) + r"(\?[^#]*)?")
-    with malformed("the VEX"):
-        statements = doc["statements"]
-        wrong = []
-        for s in statements:
-            for p in s["products"]:
-                purl = p["@id"]
-                if not (s["status"] in VEX_STATUSES and isinstance(purl, str) and image.fullmatch(purl)
-                        and p.get("identifiers", {"purl": purl}) == {"purl": purl}
-                        and all(str(c["@id"]).startswith("pkg:pypi/") and
-                                c.get("identifiers", {"purl": c["@id"]}) == {"purl": c["@id"]}
-                                for c in p.get("subcomponents", []))):
-                    wrong.append(untrusted.safe(purl, limit=120))
-    report.check(isinstance(statements, list) and not wrong,
-                 f"every VEX statement is about this image ({len(statements)} statement(s))"
+    wrong = [untrusted.safe(p.id, limit=120) for s in doc.statements for p in s.products
+             if not (s.status in vex.STATUSES and image.fullmatch(p.id) and p.named_once
+                     and all(c.id.startswith("pkg:pypi/") and c.named_once for c in p.subcomponents))]
+    report.check(not wrong, f"every VEX statement is about this image ({len(doc.statements)} statement(s))"
                  + (f"; {len(wrong)} name another product or status: {wrong[0]}" if wrong else ""))
 
 

@@ -16,13 +16,15 @@ with its aliases; one it does not name is named by the overlay in this project's
 from __future__ import annotations
 
 import json
-from typing import Any
+from dataclasses import dataclass
 
+from ..errors import IntegrityError
 from ..inputs.image import rfc3339
 from .record import BuildRecord, Overlay
 from .sbom import _oci_purl, proof_summary, pypi_purl
 
 CONTEXT = "https://openvex.dev/ns/v0.2.0"  # the spec version this document follows
+STATUSES = ("not_affected", "affected", "fixed", "under_investigation")  # OpenVEX 0.2.0's
 JUSTIFICATION = {"absent": "vulnerable_code_not_present", "already-upstream": "vulnerable_code_not_present",
                  "not-applicable": "vulnerable_code_not_in_execute_path"}
 
@@ -37,13 +39,85 @@ def _vulnerability(o: Overlay, repository: str) -> dict:
     return {**found, "description": " ".join(o.reason.split())}
 
 
+@dataclass(frozen=True)
+class Product:
+    """What a statement is about (the image), or a subcomponent of it (a Python distribution): its
+    @id, and its identifiers where it gives them (None: it gives none)."""
+    id: str
+    identifiers: dict[str, str] | None
+    subcomponents: tuple[Product, ...] = ()
+
+    @classmethod
+    def named(cls, purl: str, subcomponents: tuple[Product, ...] = ()) -> Product:
+        return cls(purl, {"purl": purl}, subcomponents)
+
+    def to_json(self) -> dict:
+        out: dict = {"@id": self.id}
+        if self.identifiers is not None:
+            out["identifiers"] = dict(self.identifiers)
+        if self.subcomponents:
+            out["subcomponents"] = [c.to_json() for c in self.subcomponents]
+        return out
+
+    @property
+    def named_once(self) -> bool:
+        """Its identifiers, where given, are its @id as a purl and nothing else."""
+        return self.identifiers is None or self.identifiers == {"purl": self.id}
+
+
+@dataclass(frozen=True)
+class VexStatement:
+    """One VEX statement as verify judges it: its status and the products it is about."""
+    status: str
+    products: tuple[Product, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class Vex:
+    """An OpenVEX document as verify reads it back (the statements' status and products, typed; a
+    field absent or of the wrong type is refused), and the document itself."""
+    statements: tuple[VexStatement, ...]
+    document: dict
+
+    @classmethod
+    def read(cls, doc, what: str = "the VEX") -> Vex:
+        def obj(value, where: str) -> dict:
+            if not isinstance(value, dict):
+                raise IntegrityError(f"{what}: {where} is not an object")
+            return value
+
+        def rows(value, where: str) -> list:
+            if not isinstance(value, list):
+                raise IntegrityError(f"{what}: {where} is not a list")
+            return value
+
+        def text(value, where: str) -> str:
+            if not isinstance(value, str):
+                raise IntegrityError(f"{what}: {where} is not a string")
+            return value
+
+        def product(value, where: str, top: bool = True) -> Product:
+            value = obj(value, where)
+            identifiers = value.get("identifiers")
+            if identifiers is not None:
+                identifiers = {k: text(v, f"{where}'s identifier") for k, v in obj(identifiers, where).items()}
+            # a subcomponent's own subcomponents are no field of OpenVEX's: ignored, as its Go reader does
+            subcomponents = tuple(product(c, "a subcomponent", False) for c in
+                                  rows(value.get("subcomponents", []), "the subcomponents")) if top else ()
+            return Product(text(value.get("@id"), f"{where}'s @id"), identifiers, subcomponents)
+
+        statements = []
+        for s in rows(obj(doc, "the document").get("statements"), "the statements"):
+            s = obj(s, "a statement")
+            statements.append(VexStatement(text(s.get("status"), "a statement's status"),
+                                           tuple(product(p, "a product") for p in rows(s.get("products"), "the products"))))
+        return cls(tuple(statements), doc)
+
+
 def _product(o: Overlay, image_purl: str) -> dict:
-    product: dict[str, Any] = {"@id": image_purl, "identifiers": {"purl": image_purl}}
     owner = o.owner
-    if owner:
-        purl = pypi_purl(owner["distribution"], owner["version"])
-        product["subcomponents"] = [{"@id": purl, "identifiers": {"purl": purl}}]
-    return product
+    return Product.named(image_purl, (Product.named(pypi_purl(owner["distribution"], owner["version"])),)
+                         if owner else ()).to_json()
 
 
 def statement(o: Overlay, image_purl: str, record: BuildRecord) -> dict | None:
