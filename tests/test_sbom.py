@@ -538,6 +538,37 @@ def test_verify_takes_a_vex_only_about_this_image(change, says):
     assert said[0][0] == (change is None) and says in said[0][1]
 
 
+def test_the_sbom_written_reads_back_as_the_packages_and_files_it_names():
+    from bakery.trust import sbom
+
+    rec = record.read(RECORD)
+    ref = Reference.parse(rec.outputs[0]["reference"])
+    doc = json.loads(sbom.document(rec, ref.name))
+    read = sbom.Sbom.read(doc)
+    assert [p.to_json() for p in read.packages] == doc["packages"] and [f.to_json() for f in read.files] == doc["files"]
+    base = read.package("SPDXRef-Base")
+    assert base is not None and (base.name, base.version) == (rec.base.name, str(rec.base.manifest_digest))
+    assert {p.name for p in read.packages_of("Python")} == {d.name for d in rec.base.python_distributions}
+    assert {f.sha256 for f in read.files} == {o.result_sha256 for o in rec.overlays if o.baked}
+
+
+@pytest.mark.parametrize("doc, why", [
+    ({"packages": {}}, "packages is not a list"),
+    ({"packages": [{"SPDXID": "SPDXRef-Base", "name": 1}]}, "a package's name is not a string"),
+    ({"packages": [{"SPDXID": "x", "name": "x", "downloadLocation": "x", "licenseDeclared": "x",
+                    "checksums": [{"algorithm": "SHA256", "checksumValue": 5}]}]}, "checksumValue is not a string"),
+    ({"packages": [{"SPDXID": "x", "name": "x", "downloadLocation": "x", "licenseDeclared": "x",
+                    "filesAnalyzed": "yes"}]}, "filesAnalyzed is not true or false"),
+    ({"files": [{"SPDXID": "x", "fileName": ["a"]}]}, "a file's fileName is not a string"),
+], ids=["packages an object", "name a number", "checksum a number", "filesAnalyzed a string", "fileName a list"])
+def test_an_sbom_field_of_the_wrong_type_is_refused(doc, why):
+    from bakery.errors import IntegrityError
+    from bakery.trust import sbom
+
+    with pytest.raises(IntegrityError, match=why):
+        sbom.Sbom.read(doc)
+
+
 def test_the_vex_written_reads_back_as_the_products_it_names():
     from bakery.trust import vex
 

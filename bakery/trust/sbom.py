@@ -21,6 +21,7 @@ import hashlib
 import json
 import re
 from collections import Counter
+from dataclasses import dataclass, replace
 
 from .. import untrusted
 from ..errors import IntegrityError
@@ -52,26 +53,134 @@ def _id(kind: str, name: str) -> str:
     return f"SPDXRef-{kind}-{clean}{suffix}"
 
 
-def _package(spdx_id: str, name: str, version: str | None, sha256: str | None = None, purpose: str | None = None,
-             purl: str | None = None, download: str = "NOASSERTION", comment: str | None = None,
-             supplier: str | None = None, license_declared: str = "NOASSERTION", source_info: str | None = None) -> dict:
-    pkg = {"SPDXID": spdx_id, "name": name, "downloadLocation": download, "filesAnalyzed": False,
-           "licenseConcluded": "NOASSERTION", "licenseDeclared": license_declared, "copyrightText": "NOASSERTION"}
-    if version:
-        pkg["versionInfo"] = version
-    if supplier:
-        pkg["supplier"] = supplier
-    if sha256:
-        pkg["checksums"] = [{"algorithm": "SHA256", "checksumValue": sha256}]
-    if purpose:
-        pkg["primaryPackagePurpose"] = purpose
-    if purl:
-        pkg["externalRefs"] = [{"referenceCategory": "PACKAGE-MANAGER", "referenceType": "purl", "referenceLocator": purl}]
-    if comment:
-        pkg["comment"] = comment
-    if source_info:
-        pkg["sourceInfo"] = source_info
-    return pkg
+@dataclass(frozen=True)
+class Package:
+    """An SPDX package as this SBOM writes it (to_json) and verify reads it back (read)."""
+    spdx_id: str
+    name: str
+    version: str | None = None
+    sha256: str | None = None
+    purpose: str | None = None
+    purl: str | None = None
+    download: str = "NOASSERTION"
+    comment: str | None = None
+    supplier: str | None = None
+    license_declared: str = "NOASSERTION"
+    source_info: str | None = None
+    files_analyzed: bool = False
+
+    def to_json(self) -> dict:
+        pkg: dict = {"SPDXID": self.spdx_id, "name": self.name, "downloadLocation": self.download,
+                     "filesAnalyzed": self.files_analyzed, "licenseConcluded": "NOASSERTION",
+                     "licenseDeclared": self.license_declared, "copyrightText": "NOASSERTION"}
+        if self.version:
+            pkg["versionInfo"] = self.version
+        if self.supplier:
+            pkg["supplier"] = self.supplier
+        if self.sha256:
+            pkg["checksums"] = [{"algorithm": "SHA256", "checksumValue": self.sha256}]
+        if self.purpose:
+            pkg["primaryPackagePurpose"] = self.purpose
+        if self.purl:
+            pkg["externalRefs"] = [{"referenceCategory": "PACKAGE-MANAGER", "referenceType": "purl",
+                                    "referenceLocator": self.purl}]
+        if self.comment:
+            pkg["comment"] = self.comment
+        if self.source_info:
+            pkg["sourceInfo"] = self.source_info
+        return pkg
+
+    @classmethod
+    def read(cls, doc, what: str = "the SBOM") -> Package:
+        fields = _Fields(doc, what, "a package")
+        return cls(fields.text("SPDXID"), fields.text("name"), fields.optional("versionInfo"), fields.sha256(),
+                   fields.optional("primaryPackagePurpose"), fields.purl(), fields.text("downloadLocation"),
+                   fields.optional("comment"), fields.optional("supplier"), fields.text("licenseDeclared"),
+                   fields.optional("sourceInfo"), fields.flag("filesAnalyzed"))
+
+
+@dataclass(frozen=True)
+class File:
+    """An SPDX file (an overlaid one) as this SBOM writes it and verify reads it back."""
+    spdx_id: str
+    file_name: str
+    sha1: str | None
+    sha256: str | None
+    comment: str | None = None
+
+    def to_json(self) -> dict:
+        return {"SPDXID": self.spdx_id, "fileName": self.file_name,
+                "checksums": [{"algorithm": "SHA1", "checksumValue": self.sha1},
+                              {"algorithm": "SHA256", "checksumValue": self.sha256}],
+                "fileTypes": ["SOURCE"], "licenseConcluded": "NOASSERTION", "copyrightText": "NOASSERTION",
+                "comment": self.comment}
+
+    @classmethod
+    def read(cls, doc, what: str = "the SBOM") -> File:
+        fields = _Fields(doc, what, "a file")
+        return cls(fields.text("SPDXID"), fields.text("fileName"), fields.sha256("SHA1"), fields.sha256(),
+                   fields.optional("comment"))
+
+
+@dataclass(frozen=True, eq=False)
+class Sbom:
+    """A signed SBOM as verify reads it back: its packages and files typed, and the document."""
+    packages: tuple[Package, ...]
+    files: tuple[File, ...]
+    document: dict
+
+    @classmethod
+    def read(cls, doc, what: str = "the SBOM") -> Sbom:
+        if not isinstance(doc, dict):
+            raise IntegrityError(f"{what}: the document is not an object")
+        return cls(tuple(Package.read(p, what) for p in _Fields.rows(doc, "packages", what)),
+                   tuple(File.read(f, what) for f in _Fields.rows(doc, "files", what)), doc)
+
+    def packages_of(self, kind: str) -> list[Package]:
+        """The packages of one kind of ours (_id's): Python, Artifact, Tuning..."""
+        return [p for p in self.packages if p.spdx_id.startswith(f"SPDXRef-{kind}-")]
+
+    def package(self, spdx_id: str) -> Package | None:
+        return next((p for p in self.packages if p.spdx_id == spdx_id), None)
+
+
+class _Fields:
+    """One SPDX element's fields, each read as its type or refused."""
+
+    def __init__(self, doc, what: str, element: str) -> None:
+        if not isinstance(doc, dict):
+            raise IntegrityError(f"{what}: {element} is not an object")
+        self.doc, self.what, self.element = doc, what, element
+
+    @staticmethod
+    def rows(doc: dict, key: str, what: str) -> list:
+        value = doc.get(key, [])
+        if not isinstance(value, list):
+            raise IntegrityError(f"{what}: {key} is not a list")
+        return value
+
+    def text(self, key: str) -> str:
+        value = self.doc.get(key)
+        if not isinstance(value, str):
+            raise IntegrityError(f"{self.what}: {self.element}'s {key} is not a string")
+        return value
+
+    def optional(self, key: str) -> str | None:
+        return None if self.doc.get(key) is None else self.text(key)
+
+    def flag(self, key: str) -> bool:
+        value = self.doc.get(key, False)
+        if not isinstance(value, bool):
+            raise IntegrityError(f"{self.what}: {self.element}'s {key} is not true or false")
+        return value
+
+    def sha256(self, algorithm: str = "SHA256") -> str | None:
+        sums = [_Fields(c, self.what, f"{self.element}'s checksum") for c in self.rows(self.doc, "checksums", self.what)]
+        return next((c.text("checksumValue") for c in sums if c.text("algorithm") == algorithm), None)
+
+    def purl(self) -> str | None:
+        refs = [_Fields(r, self.what, f"{self.element}'s externalRef") for r in self.rows(self.doc, "externalRefs", self.what)]
+        return next((r.text("referenceLocator") for r in refs if r.text("referenceType") == "purl"), None)
 
 
 def _quote(text: str, keep: str = "") -> str:
@@ -150,23 +259,23 @@ def document(record: BuildRecord, image_name: str) -> bytes:
     theirs = f"Organization: the publisher of {base.name}"  # what the base holds and names no supplier for
     revision = record.source.revision + ("-dirty" if record.source.dirty else "")
     packages = [
-        _package(image_id, image_name, digest, record.manifest.digest.hex, "CONTAINER", _oci_purl(image_name, digest),
+        Package(image_id, image_name, digest, record.manifest.digest.hex, "CONTAINER", _oci_purl(image_name, digest),
                  supplier=ours),
-        _package("SPDXRef-Base", base.name, base_digest, base.manifest_digest.hex, "CONTAINER",
+        Package("SPDXRef-Base", base.name, base_digest, base.manifest_digest.hex, "CONTAINER",
                  _oci_purl(base.name, base_digest), supplier=theirs),
     ]
-    files = []
+    files: list[File] = []
     # the image holds the base's layers (CONTAINS: what NTIA's checker walks) and derives from it
     rels = [("SPDXRef-DOCUMENT", "DESCRIBES", image_id), (image_id, "CONTAINS", "SPDXRef-Base"),
             (image_id, "DESCENDANT_OF", "SPDXRef-Base")]
     if base.os:
         os_id = _id("OperatingSystem", f"{base.os.id}-{base.os.version_id or 'unversioned'}")
-        packages.append(_package(os_id, base.os.id, base.os.version_id or "unversioned", purpose="OPERATING-SYSTEM",
+        packages.append(Package(os_id, base.os.id, base.os.version_id or "unversioned", purpose="OPERATING-SYSTEM",
                                  supplier=f"Organization: {_actor(base.os.name)}", comment=f"from the base's {base.os.path}"))
         rels.append(("SPDXRef-Base", "CONTAINS", os_id))
         for deb in base.debian_packages:
             did = _id("Deb", f"{deb.name}-{deb.arch}")
-            packages.append(_package(did, deb.name, deb.version, purl=deb_purl(base.os, deb),
+            packages.append(Package(did, deb.name, deb.version, purl=deb_purl(base.os, deb),
                                      supplier=deb_supplier(deb.maintainer, theirs),
                                      license_declared=declared(deb.licenses),
                                      source_info=f"built package from: {deb.source} {deb.source_version}",
@@ -176,19 +285,19 @@ def document(record: BuildRecord, image_name: str) -> bytes:
     for dist in base.python_distributions:
         pid = dist_ids[dist.name] = _id("Python", dist.name)
         who = _actor(dist.supplier or "")
-        packages.append(_package(pid, dist.name, dist.version, purpose="LIBRARY", purl=pypi_purl(dist.name, dist.version),
+        packages.append(Package(pid, dist.name, dist.version, purpose="LIBRARY", purl=pypi_purl(dist.name, dist.version),
                                  supplier=f"Organization: {who}" if who else theirs,
                                  comment=f"installed in the base; metadata {dist.metadata}"))
         rels.append(("SPDXRef-Base", "CONTAINS", pid))
     for o in record.overlays:
         up = o.upstream
         upstream_id, patch_id, overlay_id = _id("Upstream", o.id), _id("Patch", o.id), _id("Overlay", o.id)
-        packages.append(_package(upstream_id, up["path"], up["ref"], o.base_sha256, "FILE",
+        packages.append(Package(upstream_id, up["path"], up["ref"], o.base_sha256, "FILE",
                                  download=f"git+{up['repo']}@{up['ref']}#{up['path']}",
                                  supplier=f"Organization: {up['repo']}",
                                  comment="the upstream file as found in the base"))
         if o.patch and o.patch_sha256:  # a build records both or neither
-            packages.append(_package(patch_id, o.patch, revision, o.patch_sha256, "FILE", supplier=ours,
+            packages.append(Package(patch_id, o.patch, revision, o.patch_sha256, "FILE", supplier=ours,
                                      comment=f"{o.kind}; {o.reason}"))
             rels.append((patch_id, "PATCH_APPLIED" if o.baked else "PATCH_FOR", upstream_id))
         if o.baked:
@@ -201,12 +310,9 @@ def document(record: BuildRecord, image_name: str) -> bytes:
                     f"not even the stock file's (sha256 {o.base_sha256 or 'none: a new file'})"
                 record_note = (f"; the RECORD of {owner['distribution']} {owner['version']} gives sha256 "
                                f"{owner['record_sha256'] or 'none'} for it, {stock}: this file no longer matches it")
-            checksums = [{"algorithm": "SHA1", "checksumValue": o.result_sha1},
-                         {"algorithm": "SHA256", "checksumValue": o.result_sha256}]
-            files.append({"SPDXID": overlay_id, "fileName": "." + o.target, "checksums": checksums,
-                          "fileTypes": ["SOURCE"], "licenseConcluded": "NOASSERTION", "copyrightText": "NOASSERTION",
-                          "comment": f"overlay {o.id} ({o.status}), platforms {', '.join(o.platforms)}; "
-                                     + proof_summary(o.proof) + record_note})
+            files.append(File(overlay_id, "." + o.target, o.result_sha1, o.result_sha256,
+                              f"overlay {o.id} ({o.status}), platforms {', '.join(o.platforms)}; "
+                              + proof_summary(o.proof) + record_note))
             rels += [(image_id, "CONTAINS", overlay_id), (overlay_id, "FILE_MODIFIED", upstream_id)]
             if owner and owner["distribution"] in dist_ids:
                 rels.append((dist_ids[owner["distribution"]], "CONTAINS", overlay_id))
@@ -216,13 +322,13 @@ def document(record: BuildRecord, image_name: str) -> bytes:
             rels.append((image_id, "OTHER", upstream_id))
     kernels = record.kernels.artifact
     if kernels:
-        packages.append(_package("SPDXRef-KernelArtifact", kernels.name, str(kernels.digest), kernels.pin.hex,
+        packages.append(Package("SPDXRef-KernelArtifact", kernels.name, str(kernels.digest), kernels.pin.hex,
                                  "ARCHIVE", _oci_purl(kernels.name, str(kernels.digest)), supplier=ours,
                                  comment="the OCI artifact of the compiled kernels (kernels-<key>): compiled by this "
                                          "build and pushed, or taken from the registry under a release-key signature"))
     for artifact in record.artifacts:
         aid = _id("Artifact", artifact.name)
-        packages.append(_package(aid, artifact.path, revision, artifact.sha256, "FILE", supplier=ours,
+        packages.append(Package(aid, artifact.path, revision, artifact.sha256, "FILE", supplier=ours,
                                  comment=f"compiled for {artifact.arch} with {artifact.toolchain}"
                                  + "".join(f"; {s['operator']} serves {s['function']} (overlay {s['overlay']})"
                                            for s in artifact.serves)))
@@ -231,12 +337,12 @@ def document(record: BuildRecord, image_name: str) -> bytes:
             rels.append(("SPDXRef-KernelArtifact", "CONTAINS", aid))
         for src in artifact.sources:
             sid = _id("Source", src.path)
-            if not any(p["SPDXID"] == sid for p in packages):
-                packages.append(_package(sid, src.path, revision, src.sha256, "SOURCE", supplier=ours))
+            if not any(p.spdx_id == sid for p in packages):
+                packages.append(Package(sid, src.path, revision, src.sha256, "SOURCE", supplier=ours))
             rels.append((aid, "GENERATED_FROM", sid))
     for table in record.tuning:
         tid = _id("Tuning", table.name)
-        packages.append(_package(tid, table.path, revision, table.sha256, "FILE", supplier=ours,
+        packages.append(Package(tid, table.path, revision, table.sha256, "FILE", supplier=ours,
                                  comment="AITER tuning table"))
         rels.append((image_id, "CONTAINS", tid))
     described = {o.target for o in record.overlays if o.baked} | {a.path for a in record.artifacts} \
@@ -246,20 +352,19 @@ def document(record: BuildRecord, image_name: str) -> bytes:
             continue
         fid = _id("File", f.path)
         purpose = "FILE" if f.path != record.image.entrypoint[0] else "APPLICATION"
-        packages.append(_package(fid, f.path, revision, f.sha256, purpose, supplier=ours,
+        packages.append(Package(fid, f.path, revision, f.sha256, purpose, supplier=ours,
                                  comment="entrypoint" if purpose == "APPLICATION" else None))
         rels.append((image_id, "CONTAINS", fid))
-    file_ids = {f["SPDXID"] for f in files}
+    file_ids = {f.spdx_id for f in files}
     holders = {a for a, t, b in rels if t == "CONTAINS" and b in file_ids}
-    for p in packages:
-        if p["SPDXID"] in holders:  # SPDX lets only a package whose files were read contain a File
-            p["filesAnalyzed"] = True
-            p["comment"] = p.get("comment", "") + "; its files named here are only those this build changed"
-    twice = sorted(i for i, n in Counter(e["SPDXID"] for e in packages + files).items() if n > 1)
+    # SPDX lets only a package whose files were read contain a File
+    packages = [replace(p, files_analyzed=True, comment=(p.comment or "") + "; its files named here are only those "
+                        "this build changed") if p.spdx_id in holders else p for p in packages]
+    twice = sorted(i for i, n in Counter([p.spdx_id for p in packages] + [f.spdx_id for f in files]).items() if n > 1)
     if twice:  # a reader keyed by SPDXID would keep one of them: the base names two things alike
         raise IntegrityError(f"two of the base's packages would both be {untrusted.safe(twice[0])} in the SBOM (same "
                              f"name and architecture, or a Python distribution installed twice): the base is refused")
-    refs = sorted({lic for p in packages for lic in re.findall(r"LicenseRef-[A-Za-z0-9.-]+", p["licenseDeclared"])})
+    refs = sorted({lic for p in packages for lic in re.findall(r"LicenseRef-[A-Za-z0-9.-]+", p.license_declared)})
     doc = {
         "spdxVersion": "SPDX-2.3",
         "dataLicense": "CC0-1.0",
@@ -268,8 +373,8 @@ def document(record: BuildRecord, image_name: str) -> bytes:
         "documentNamespace": f"{record.source.repository}/spdx/{digest.replace(':', '-')}",
         "creationInfo": {"created": rfc3339(record.source.source_date_epoch),
                          "creators": [f"Tool: bakery-{record.tools['bakery']}", ours]},
-        "packages": packages,
-        "files": files,
+        "packages": [p.to_json() for p in packages],
+        "files": [f.to_json() for f in files],
         "hasExtractedLicensingInfos": [
             {"licenseId": ref, "name": ref.removeprefix("LicenseRef-"),
              "extractedText": f"{ref.removeprefix('LicenseRef-')}: a license name a Debian copyright file of the "

@@ -391,7 +391,7 @@ _WHERE = {"tag": "attestation layer", "bundle": "bundle"}
 
 # the predicates verify reads typed (each read once, for every check of it); the others as JSON
 TYPED = {provenance.SLSA_PREDICATE: provenance.Provenance.read, provenance.TEST_RESULT_PREDICATE: SmokeResult.read,
-         provenance.VEX_PREDICATE: vex.Vex.read}
+         provenance.VEX_PREDICATE: vex.Vex.read, sbom.SPDX_PREDICATE: sbom.Sbom.read}
 
 
 def _attestations(store, ref: Reference, policy, report: Report, read_bundles=None) -> dict:
@@ -627,23 +627,16 @@ def _step(report: Report, what: str, fn, *args):
         return None
 
 
-def sha256_of(element: dict) -> str:
-    return next((c["checksumValue"] for c in element.get("checksums", []) if c["algorithm"] == "SHA256"), "?")
-
-
-def summarize(spdx: dict, prov: provenance.Provenance | None) -> dict:
+def summarize(spdx: sbom.Sbom, prov: provenance.Provenance | None) -> dict:
     """What is in the image, from the signed SBOM: base, overlays, kernels, tables."""
-    def by(prefix):
-        return [p for p in spdx["packages"] if p["SPDXID"].startswith(prefix)]
-
-    base: dict = next((p for p in spdx["packages"] if p["SPDXID"] == "SPDXRef-Base"), {})
+    base = spdx.package("SPDXRef-Base")
     return {
-        "base": f"{base.get('name')}@{base.get('versionInfo')}",
-        "python": [f"{p['name']} {p.get('versionInfo')}" for p in by("SPDXRef-Python-")],
-        "overlays": [f"{f['fileName'].removeprefix('.')} sha256:{sha256_of(f)[:12]}" for f in spdx.get("files", [])
-                     if f["SPDXID"].startswith("SPDXRef-Overlay-")],
-        "kernels": [f"{p['name']} sha256:{p['checksums'][0]['checksumValue'][:12]}" for p in by("SPDXRef-Artifact-")],
-        "tables": [f"{p['name']} sha256:{p['checksums'][0]['checksumValue'][:12]}" for p in by("SPDXRef-Tuning-")],
+        "base": f"{base.name if base else None}@{base.version if base else None}",
+        "python": [f"{p.name} {p.version}" for p in spdx.packages_of("Python")],
+        "overlays": [f"{f.file_name.removeprefix('.')} sha256:{(f.sha256 or '?')[:12]}" for f in spdx.files
+                     if f.spdx_id.startswith("SPDXRef-Overlay-")],
+        "kernels": [f"{p.name} sha256:{(p.sha256 or '?')[:12]}" for p in spdx.packages_of("Artifact")],
+        "tables": [f"{p.name} sha256:{(p.sha256 or '?')[:12]}" for p in spdx.packages_of("Tuning")],
         "source": prov.source if prov else {},
         "builder": (prov.builder or None) if prov else None,
     }
