@@ -274,6 +274,14 @@ class Fields(dict):
         return found
 
 
+def go_struct(value, what: str):
+    """value, where it is an object a Go reader decodes into a struct (parsed with Fields.of): a key
+    in it twice, or twice in different cases, is one field to Go and two to Python: ValueError."""
+    if isinstance(value, Fields) and value.twice:
+        raise ValueError(f"{what} holds a key twice, or twice in different cases: {sorted(value)[:8]}")
+    return value
+
+
 def canonical_json(value, what: str = "a document") -> bytes:
     """Sorted keys, no spaces, UTF-8 as is (as Go's encoder writes it): the bytes that are hashed or
     signed. One encoder, so two callers never disagree on the same value, non-ASCII included. JSON

@@ -49,3 +49,66 @@ def test_past_the_layer_limit_is_refused_before_any_descriptor_is_read():
     assert len(Manifest.parse(body, "m", layer_limit=3).layers) == 3
     with pytest.raises(IntegrityError, match="it lists 4 layers, past the 3 it may"):
         Manifest.parse(json.dumps({**GOOD, "layers": [LAYER] * 4}).encode(), "m", layer_limit=3)
+
+
+def _object(*pairs: tuple[str, str]) -> str:
+    """A JSON object written pair by pair (each value as JSON text), so a key can come twice."""
+    return "{" + ", ".join(f"{json.dumps(k)}: {v}" for k, v in pairs) + "}"
+
+
+def _fields(doc: dict, *more: tuple[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple((k, json.dumps(v)) for k, v in doc.items()) + more
+
+
+WITHOUT = {k: {n: v for n, v in GOOD.items() if n != k} for k in ("config", "layers")}
+CASES = {  # what Go's decoder (cosign, skopeo, containerd) reads as one field, and Python's as two
+    "layers twice in two cases": _object(*_fields(GOOD, ("LAYERS", "[]"))),
+    "config twice": _object(*_fields(GOOD, ("config", json.dumps({**GOOD["config"], "size": 9})))),
+    "a layer's digest in two cases": _object(*_fields(WITHOUT["layers"], (
+        "layers", "[" + _object(*_fields(LAYER, ("Digest", json.dumps("sha256:" + "cd" * 32)))) + "]"))),
+    "the config's size in two cases": _object(*_fields(WITHOUT["config"], (
+        "config", _object(*_fields(GOOD["config"], ("SIZE", "7")))))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_field_go_reads_as_one_and_python_as_two_is_refused(case):
+    """Before, Python's exact keys read the first of each pair, while a Go reader takes the last
+    case-insensitive match: the manifest would name other blobs to each."""
+    json.loads(CASES[case])  # well-formed JSON: what refuses it is the case rule
+    with pytest.raises(IntegrityError, match="twice"):
+        Manifest.parse(CASES[case].encode(), "manifest x")
+
+
+def test_annotations_are_a_go_map_whose_keys_are_exact():
+    body = json.dumps({**GOOD, "annotations": {"k": "v", "K": "w"},
+                       "layers": [{**LAYER, "annotations": {"t": "1", "T": "2"}}]}).encode()
+    m = Manifest.parse(body, "manifest x")
+    assert m.annotations == {"k": "v", "K": "w"} and m.layers[0].annotations == {"t": "1", "T": "2"}
+
+
+@pytest.mark.parametrize("size", ['"3"', "3.0", "true"], ids=["a string", "a float", "a bool"])
+def test_a_size_go_would_not_decode_as_int64_is_refused(size):
+    body = json.dumps({**GOOD, "layers": [{**LAYER, "size": "SIZE"}]}).encode().replace(b'"SIZE"', size.encode())
+    with pytest.raises(IntegrityError, match="size"):
+        Manifest.parse(body, "manifest x")
+
+
+def test_an_index_entrys_platform_and_a_referrers_listing_are_read_as_go_reads_them():
+    """The base's index: an entry whose platform says os twice would be linux/amd64 to Python and
+    another platform to Go (containerd, Docker). A referrers index with its manifests twice would
+    list other referrers to cosign. Both are refused."""
+    from bakery.base.spec import select_platform
+    from bakery.files import Fields
+    from bakery.oci import referrers
+
+    entry = {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": DIGEST, "size": 3}
+    platform = _object(("os", '"linux"'), ("architecture", '"amd64"'), ("OS", '"windows"'))
+    index = _object(("manifests", "[" + _object(*_fields(entry, ("platform", platform))) + "]"))
+    with pytest.raises(ValueError, match="twice"):
+        select_platform(json.loads(index, object_pairs_hook=Fields.of), "linux/amd64", "index x")
+    plain = json.loads(index)  # read without the rule, it would choose this entry
+    assert str(select_platform(plain, "linux/amd64", "index x").digest) == DIGEST
+    listing = _object(("schemaVersion", "2"), ("manifests", json.dumps([entry])), ("Manifests", "[]"))
+    with pytest.raises(IntegrityError, match="twice"):
+        referrers._parse(listing.encode(), "referrers x")

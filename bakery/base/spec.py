@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .. import schema
 from ..errors import InputError, IntegrityError, RegistryError, malformed
+from ..files import Fields, go_struct
 from ..oci.manifest import Manifest
 from ..oci.refs import Descriptor, Digest, Reference
 from ..oci.registry import INDEX_TYPES, MANIFEST_TYPES, Registry
@@ -79,7 +80,7 @@ def select_platform(index: dict, platform: str, where: str) -> Descriptor:
     os_name, arch = platform.split("/")
     offered = []
     for entry in index.get("manifests", []):
-        p = entry.get("platform") or {}
+        p = go_struct(go_struct(entry, "an entry").get("platform") or {}, "an entry's platform")
         offered.append(f"{p.get('os')}/{p.get('architecture')}")
         if p.get("os") == os_name and p.get("architecture") == arch:
             return _descriptor(entry)
@@ -94,7 +95,8 @@ def resolve(registry: Registry, ref: Reference, platform: str) -> Image:
     if media_type in INDEX_TYPES:
         index_digest = digest
         with malformed(f"index {ref}"):
-            chosen = select_platform(json.loads(body), platform, str(ref))
+            chosen = select_platform(go_struct(json.loads(body, object_pairs_hook=Fields.of), "the index"), platform,
+                                     str(ref))
         ref = ref.with_digest(chosen.digest)
         body, media_type, digest = registry.get_manifest(ref, cached=True)
     if media_type not in MANIFEST_TYPES:
@@ -106,7 +108,8 @@ def resolve(registry: Registry, ref: Reference, platform: str) -> Image:
                              f"(an image builder stops near 127)")
     config = registry.fetch_document(ref.repository, config_desc, f"config of {ref}", cached=True)
     with malformed(f"config {config_desc.digest} of {ref}"):
-        diff_ids = json.loads(config).get("rootfs", {}).get("diff_ids", [])
+        doc = go_struct(json.loads(config, object_pairs_hook=Fields.of), "the config")
+        diff_ids = go_struct(doc.get("rootfs", {}), "its rootfs").get("diff_ids", [])
         len(diff_ids)
     if len(diff_ids) != len(layers):
         raise IntegrityError(f"{ref}: config lists {len(diff_ids)} diff_ids for {len(layers)} layers")

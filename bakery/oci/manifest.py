@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 
 from ..errors import InputError, malformed
+from ..files import Fields, go_struct
 from .refs import Descriptor
 
 
@@ -25,7 +26,8 @@ class Manifest:
         """The manifest in body; `what` names it in the error. layer_limit: more layers than that is
         refused too (each would be fetched and checked)."""
         with malformed(what):
-            doc = json.loads(body)
+            # its own fields and the descriptors' are Go structs (keys without case); annotations are maps
+            doc = go_struct(json.loads(body, object_pairs_hook=Fields.of), "the manifest")
             layers = doc["layers"]
             if not isinstance(layers, list):
                 raise TypeError(f"layers is a {type(layers).__name__}, not a list")

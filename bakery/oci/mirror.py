@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from ..errors import InputError, IntegrityError
+from ..files import Fields, go_struct
 from .manifest import Manifest
 from .refs import Descriptor, Digest, Reference
 from .registry import INDEX_TYPES, Registry
@@ -104,11 +105,11 @@ def _referrer(store, desc: Descriptor, ref: Reference, kinds: set | None = None)
     if body is None or len(body) > DOCUMENT_LIMIT:
         return None
     try:
-        doc = json.loads(body)
+        doc = json.loads(body, object_pairs_hook=Fields.of)
         manifest = Manifest.parse(body, f"referrer {desc.digest}", 16)
         for blob in manifest.blobs:
             check_document_size(blob, f"blob of referrer {desc.digest}")
-        if (doc.get("subject") or {}).get("digest") != str(ref.pin):
+        if go_struct(doc.get("subject") or {}, "its subject").get("digest") != str(ref.pin):
             return None
     except (ValueError, TypeError, AttributeError, IntegrityError, InputError):
         return None

@@ -53,11 +53,16 @@ class Descriptor:
 
     @classmethod
     def from_json(cls, obj: dict) -> Descriptor:
+        from ..files import go_struct
+
         try:
-            return cls(obj["mediaType"], Digest.parse(obj["digest"]), int(obj["size"]),
-                       dict(obj.get("annotations") or {}), obj.get("platform"))
+            size = go_struct(obj, "the descriptor")["size"]
+            if not isinstance(size, int) or isinstance(size, bool):  # Go's int64: never "12" or 12.0
+                raise TypeError(f"size {size!r} is not an integer")
+            return cls(obj["mediaType"], Digest.parse(obj["digest"]), size,
+                       dict(obj.get("annotations") or {}), go_struct(obj.get("platform"), "its platform"))
         except (KeyError, TypeError, ValueError) as e:
-            raise InputError(f"malformed descriptor {obj!r}: {e}") from None
+            raise InputError(f"malformed descriptor ({e}): {str(obj)[:200]}") from None
 
     def to_json(self) -> dict:
         out = {"mediaType": self.media_type, "digest": str(self.digest), "size": self.size}
