@@ -97,3 +97,21 @@ def test_invoke_test_stops_on_a_finding_before_any_test_runs(tmp_path):
     assert "F401" in result.stdout and "bakery/errors.py" in result.stdout and "[assignment]" in result.stdout
     assert result.stderr.strip().splitlines()[-1].startswith("error: ruff and mypy found problems")
     assert "collected" not in result.stdout and "passed" not in result.stdout
+
+
+def test_invoke_test_x_stops_the_rehearsals_at_the_suites_first_failure(tmp_path):
+    """With --rehearsal the rehearsals run in a second pytest beside the suite; -x asks that the
+    first failure end the run, so a failure in either stops the other (before, the rehearsals ran
+    on to their end). A stand-in project: one failing test, one rehearsal that would take 30 s."""
+    from bakery.cli import dev
+
+    (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\nmarkers = ["rehearsal: r", "sweep: s"]\n')
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_standin.py").write_text(
+        "import pathlib, time\nimport pytest\n\n\ndef test_fails():\n    time.sleep(2)\n    assert False\n\n\n"
+        "@pytest.mark.rehearsal\ndef test_rehearsal():\n    pathlib.Path('started').touch()\n    time.sleep(30)\n"
+        "    pathlib.Path('finished').touch()\n")
+    said: list[str] = []
+    code = dev.run_suite(tmp_path, None, True, True, log=said.append)
+    assert code != 0 and (tmp_path / "started").exists() and not (tmp_path / "finished").exists()
+    assert any("-x: a test failed" in line for line in said)

@@ -122,6 +122,7 @@ def run_suite(project: Path, k: str | None, x: bool, rehearsal: bool, fast: bool
     if not rehearsal or k or fast:
         return subprocess.run(pytest_argv(k, x, rehearsal, fast, sweep), cwd=project).returncode
     import signal
+    import time
 
     output = Project(project).out / "test-rehearsals.log"
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -145,6 +146,11 @@ def run_suite(project: Path, k: str | None, x: bool, rehearsal: bool, fast: bool
         running = [beside]
         try:
             running.append(started(pytest_argv(None, x, False, sweep=sweep)))
+            while x and all(p.poll() is None for p in running):
+                time.sleep(0.5)
+            if x and any(p.returncode for p in running):  # -x: the first failure, in either, ends both
+                log("-x: a test failed; the other pytest is stopped")
+                _stop([p for p in running if p.returncode is None])
             suite, rehearsed = running[1].wait(), beside.wait()
         except BaseException:
             _stop(running)
