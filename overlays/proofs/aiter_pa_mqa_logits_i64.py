@@ -16,8 +16,10 @@ past 2^31 (a buffer load then reads zeros: every logit of those blocks is 0.0) o
 another block). FIXED: no gather of KV_buffer or scale_buffer in any of the three kernels can wrap
 or pass what its load reaches. BROKEN: names each that can, in the IR. Independent of the patch:
 the widths and ranges are the compiler's IR read with exact integer semantics (ttgir_offsets),
-not the patched text; a kernel that no longer compiles, or reads its blocks another way, is
-CANNOT-PROVE. The IR is the proof's Triton's, not the base's (3.9 here; the nightly ships 3.7).
+not the patched text; a kernel that no longer compiles to TTGIR, or reads its blocks another way, is
+CANNOT-PROVE (one that reaches TTGIR and fails only in LLVM is judged by its TTGIR: such a kernel
+would not load at all, which the MI300X smoke finds). The IR is the proof's Triton's, not the
+base's (3.9 here; the nightly ships 3.7).
 """
 
 import os
