@@ -258,7 +258,21 @@ def one_each(pairs: list) -> dict:
 
 
 def _twice(pairs: list) -> bool:
-    return len({k.casefold() for k, _ in pairs}) != len(pairs)
+    return len({go_fold(k) for k, _ in pairs}) != len(pairs)
+
+
+def go_fold(key: str) -> str:
+    """A key as Go's encoding/json matches it against a struct field's name: without case, each
+    character by its simple fold (so U+017F LONG S is s, U+212A KELVIN SIGN is k; but ß is not ss,
+    nor the ligature \ufb06 st: Go keeps those apart, and so does this)."""
+    def one(c: str) -> str:
+        folded = c.casefold()
+        if len(folded) == 1:
+            return folded
+        lower = c.lower()
+        return lower if len(lower) == 1 else c
+
+    return "".join(one(c) for c in key)
 
 
 class Fields(dict):
@@ -274,11 +288,19 @@ class Fields(dict):
         return found
 
 
-def go_struct(value, what: str):
-    """value, where it is an object a Go reader decodes into a struct (parsed with Fields.of): a key
-    in it twice, or twice in different cases, is one field to Go and two to Python: ValueError."""
+def go_struct(value, what: str, fields: frozenset[str] = frozenset()):
+    """value, where it is an object a Go reader decodes into a struct with these fields: refused
+    (ValueError) where a key is in it twice, or twice in different cases (parsed with Fields.of), or
+    where a key Go would take for one of the fields is not spelled as the field (Go reads
+    "Platform" or "ſize" as platform or size; Python reads neither). Other keys both ignore."""
     if isinstance(value, Fields) and value.twice:
         raise ValueError(f"{what} holds a key twice, or twice in different cases: {sorted(value)[:8]}")
+    if isinstance(value, dict) and fields:
+        named = {go_fold(f): f for f in fields}
+        odd = sorted(k for k in value if k not in fields and go_fold(k) in named)
+        if odd:
+            raise ValueError(f"{what} spells {odd[0]!r} for its field {named[go_fold(odd[0])]!r} (Go reads them as "
+                             f"one; Python does not)")
     return value
 
 

@@ -413,3 +413,38 @@ def test_one_at_a_time_keeps_another_process_out_and_lets_its_holder_in_again(tm
         order.append("holder")
     thread.join(timeout=10)
     assert order == ["holder", "other"]
+
+
+def _base_of_config(config: bytes) -> Image:
+    return Image(Reference.parse("127.0.0.1:5000/hostile/base@sha256:" + "0" * 64), None, b"{}",
+                 "application/vnd.oci.image.manifest.v1+json", config,
+                 Descriptor.of("application/vnd.oci.image.config.v1+json", config), ())
+
+
+@pytest.mark.parametrize("run", [
+    {"entrypoint": ["/bin/sh", "-c", "evil"]},  # one lowercase key: no twin needed
+    {"Env": ["A=ours"], "env": ["A=evil"]},
+    {"ENTRYPOINT": ["evil"]},
+    {"Label\u017f": {"org.opencontainers.image.source": "evil"}},  # LONG S: Go folds it to s
+], ids=["entrypoint", "env beside Env", "ENTRYPOINT", "Labels with a long s"])
+def test_a_base_config_field_go_reads_as_ours_but_spelled_otherwise_is_refused(run):
+    """The build writes Entrypoint, Env, Cmd and Labels into the base's config object and signs the
+    result. Go's decoder (Docker, containerd) takes a key for a field without case, the last one
+    winning, and the canonical order puts "entrypoint" after "Entrypoint": before, a base's
+    lowercase entrypoint was what a container of our signed image ran, not bakery-selfcheck."""
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": run,
+                         "rootfs": {"type": "layers", "diff_ids": []}}).encode()
+    spec = ImageSpec(Reference.parse("127.0.0.1:5000/ours/image"), "base", (), ("/bin/true",), (), (), ())
+    with pytest.raises(IntegrityError, match="Go reads them as one|twice"):
+        derive_config(_base_of_config(config), [], spec, 0, {})
+
+
+def test_a_base_config_keys_go_keeps_apart_or_ignores_are_taken():
+    """What Go neither folds onto a field nor reads twice is the base's own business: a "\u00df" key
+    beside "ss" (Go does not fold ß to ss), a key of no field, an exact field."""
+    config = json.dumps({"architecture": "amd64", "os": "linux", "container_config": {"entrypoint": "x"},
+                         "config": {"Env": ["A=1"], "ss": 1, "\u00df": 2, "WorkingDir": "/"},
+                         "rootfs": {"type": "layers", "diff_ids": []}}).encode()
+    spec = ImageSpec(Reference.parse("127.0.0.1:5000/ours/image"), "base", (), ("/bin/true",), (), (), ())
+    derived = json.loads(derive_config(_base_of_config(config), [], spec, 0, {}))
+    assert derived["config"]["Entrypoint"] == ["/bin/true"] and derived["config"]["\u00df"] == 2

@@ -108,8 +108,58 @@ def test_an_index_entrys_platform_and_a_referrers_listing_are_read_as_go_reads_t
     index = _object(("manifests", "[" + _object(*_fields(entry, ("platform", platform))) + "]"))
     with pytest.raises(ValueError, match="twice"):
         select_platform(json.loads(index, object_pairs_hook=Fields.of), "linux/amd64", "index x")
-    plain = json.loads(index)  # read without the rule, it would choose this entry
-    assert str(select_platform(plain, "linux/amd64", "index x").digest) == DIGEST
+    assert json.loads(index)["manifests"][0]["platform"]["os"] == "linux"  # what Python alone would read
     listing = _object(("schemaVersion", "2"), ("manifests", json.dumps([entry])), ("Manifests", "[]"))
     with pytest.raises(IntegrityError, match="twice"):
         referrers._parse(listing.encode(), "referrers x")
+
+
+@pytest.mark.parametrize("spelled", ["Platform", "PLATFORM"])
+def test_an_index_entry_spelling_platform_otherwise_is_refused(spelled):
+    """Alone, with no twin: Go takes "Platform" for the entry's platform and would pick that entry
+    for linux/amd64; Python read no platform there and picked another entry."""
+    from bakery.base.spec import select_platform
+    from bakery.files import Fields
+
+    entry = {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": DIGEST, "size": 3}
+    other = {**entry, "digest": "sha256:" + "cd" * 32, "platform": {"os": "linux", "architecture": "amd64"}}
+    index = json.dumps({"manifests": [{**entry, spelled: {"os": "linux", "architecture": "amd64"}}, other]})
+    with pytest.raises(ValueError, match="Go reads them as one"):
+        select_platform(json.loads(index, object_pairs_hook=Fields.of), "linux/amd64", "index x")
+
+
+@pytest.mark.parametrize("key", ["\u017fize", "Size", "SIZE"], ids=["long s", "Size", "SIZE"])
+def test_a_descriptor_spelling_size_otherwise_is_refused(key):
+    body = json.dumps({**GOOD, "layers": [{**{k: v for k, v in LAYER.items() if k != "size"}, key: 3}]}).encode()
+    with pytest.raises(IntegrityError, match="Go reads them as one"):
+        Manifest.parse(body, "manifest x")
+
+
+def test_keys_go_keeps_apart_are_not_taken_for_twins():
+    """Python's casefold makes the ligature \ufb01 "fi" (and \u00df "ss"); Go's fold keeps them apart,
+    so "con\ufb01g" is neither a twin of "config" nor the field: taken, and ignored as Go ignores it."""
+    body = json.dumps({**GOOD, "con\ufb01g": 1, "cla\u00dfes": 2}).encode()
+    assert Manifest.parse(body, "manifest x").config.size == 2
+
+
+@pytest.mark.parametrize("size", [-1, 1 << 63], ids=["negative", "past int64"])
+def test_a_size_no_blob_can_have_is_refused(size):
+    with pytest.raises(IntegrityError, match="size"):
+        Manifest.parse(json.dumps({**GOOD, "layers": [{**LAYER, "size": size}]}).encode(), "manifest x")
+
+
+def test_descriptor_annotations_must_be_an_object_of_strings():
+    for given in (["pa", "qb"], {"k": 1}):
+        with pytest.raises(IntegrityError, match="annotations"):
+            Manifest.parse(json.dumps({**GOOD, "layers": [{**LAYER, "annotations": given}]}).encode(), "m")
+
+
+def test_a_referrers_subject_is_read_as_go_reads_it():
+    """The subject says which image a referrer (a Sigstore bundle) is about: with its digest twice
+    in two cases, Python read the first and cosign the last (one image to each)."""
+    subject = {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": DIGEST, "size": 3}
+    read = Manifest.parse(json.dumps({**GOOD, "subject": subject}).encode(), "m").subject
+    assert read is not None and str(read.digest) == DIGEST
+    twice = _object(*_fields(GOOD, ("subject", _object(*_fields(subject, ("Digest", json.dumps("sha256:" + "cd" * 32)))))))
+    with pytest.raises(IntegrityError, match="twice"):
+        Manifest.parse(twice.encode(), "m")

@@ -10,7 +10,7 @@ from .. import schema
 from ..errors import InputError, IntegrityError, RegistryError, malformed
 from ..files import Fields, go_struct
 from ..oci.manifest import Manifest
-from ..oci.refs import Descriptor, Digest, Reference
+from ..oci.refs import DESCRIPTOR_FIELDS, MANIFEST_FIELDS, PLATFORM_FIELDS, Descriptor, Digest, Reference
 from ..oci.registry import INDEX_TYPES, MANIFEST_TYPES, Registry
 
 BASE_KEYS = {"image": str, "platform": str, "mirror": str}
@@ -64,7 +64,36 @@ class Image:
 
     @property
     def config(self) -> dict:
-        return json.loads(self.config_bytes)
+        return read_config(self.config_bytes, f"the config of {self.ref}")
+
+
+# the OCI image config's structs, as Docker and containerd decode them (config.config: what a container runs)
+CONFIG_FIELDS = frozenset({"created", "author", "architecture", "os", "os.version", "os.features", "variant", "config",
+                           "rootfs", "history"})
+RUN_FIELDS = frozenset({"User", "ExposedPorts", "Env", "Entrypoint", "Cmd", "Volumes", "WorkingDir", "Labels",
+                        "StopSignal", "ArgsEscaped", "Memory", "MemorySwap", "CpuShares", "Healthcheck", "Shell",
+                        "OnBuild", "Hostname", "Domainname", "AttachStdin", "AttachStdout", "AttachStderr", "Tty",
+                        "OpenStdin", "StdinOnce", "Image", "NetworkDisabled", "MacAddress", "StopTimeout"})
+ROOTFS_FIELDS = frozenset({"type", "diff_ids"})
+HISTORY_FIELDS = frozenset({"created", "created_by", "author", "comment", "empty_layer"})
+
+
+def read_config(data: bytes, what: str) -> dict:
+    """A base's image config, as Docker and containerd read it: in each of its structs a key twice,
+    or one Go takes for a field but spelled otherwise, is refused (the build writes Entrypoint, Env,
+    Cmd and Labels beside the base's keys: an "entrypoint" of the base's would be the one Go ran)."""
+    with malformed(what):
+        doc = go_struct(json.loads(data, object_pairs_hook=Fields.of), "the config", CONFIG_FIELDS)
+        if not isinstance(doc, dict):
+            raise TypeError("it is not an object")
+        for key, fields in (("config", RUN_FIELDS), ("rootfs", ROOTFS_FIELDS)):
+            if not isinstance(go_struct(doc.get(key) or {}, f"its {key}", fields), dict):
+                raise TypeError(f"its {key} is not an object")
+        history = doc.get("history") or []
+        if not isinstance(history, list) or not all(isinstance(go_struct(h, "a history entry", HISTORY_FIELDS), dict)
+                                                    for h in history):
+            raise TypeError("its history is not a list of objects")
+    return doc
 
 
 def _descriptor(obj) -> Descriptor:
@@ -80,7 +109,8 @@ def select_platform(index: dict, platform: str, where: str) -> Descriptor:
     os_name, arch = platform.split("/")
     offered = []
     for entry in index.get("manifests", []):
-        p = go_struct(go_struct(entry, "an entry").get("platform") or {}, "an entry's platform")
+        p = go_struct(go_struct(entry, "an entry", DESCRIPTOR_FIELDS).get("platform") or {}, "an entry's platform",
+                      PLATFORM_FIELDS)
         offered.append(f"{p.get('os')}/{p.get('architecture')}")
         if p.get("os") == os_name and p.get("architecture") == arch:
             return _descriptor(entry)
@@ -95,8 +125,8 @@ def resolve(registry: Registry, ref: Reference, platform: str) -> Image:
     if media_type in INDEX_TYPES:
         index_digest = digest
         with malformed(f"index {ref}"):
-            chosen = select_platform(go_struct(json.loads(body, object_pairs_hook=Fields.of), "the index"), platform,
-                                     str(ref))
+            chosen = select_platform(go_struct(json.loads(body, object_pairs_hook=Fields.of), "the index",
+                                               MANIFEST_FIELDS), platform, str(ref))
         ref = ref.with_digest(chosen.digest)
         body, media_type, digest = registry.get_manifest(ref, cached=True)
     if media_type not in MANIFEST_TYPES:
@@ -108,8 +138,7 @@ def resolve(registry: Registry, ref: Reference, platform: str) -> Image:
                              f"(an image builder stops near 127)")
     config = registry.fetch_document(ref.repository, config_desc, f"config of {ref}", cached=True)
     with malformed(f"config {config_desc.digest} of {ref}"):
-        doc = go_struct(json.loads(config, object_pairs_hook=Fields.of), "the config")
-        diff_ids = go_struct(doc.get("rootfs", {}), "its rootfs").get("diff_ids", [])
+        diff_ids = read_config(config, f"config {config_desc.digest} of {ref}").get("rootfs", {}).get("diff_ids", [])
         len(diff_ids)
     if len(diff_ids) != len(layers):
         raise IntegrityError(f"{ref}: config lists {len(diff_ids)} diff_ids for {len(layers)} layers")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..errors import InputError, malformed
 from ..files import Fields, go_struct
-from .refs import Descriptor
+from .refs import MANIFEST_FIELDS, Descriptor
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,7 @@ class Manifest:
     layers: tuple[Descriptor, ...]
     artifact_type: str | None = None
     annotations: dict = field(default_factory=dict)
+    subject: Descriptor | None = None  # the manifest a referrer is about
 
     @classmethod
     def parse(cls, body: bytes, what: str, layer_limit: int | None = None) -> Manifest:
@@ -27,7 +28,7 @@ class Manifest:
         refused too (each would be fetched and checked)."""
         with malformed(what):
             # its own fields and the descriptors' are Go structs (keys without case); annotations are maps
-            doc = go_struct(json.loads(body, object_pairs_hook=Fields.of), "the manifest")
+            doc = go_struct(json.loads(body, object_pairs_hook=Fields.of), "the manifest", MANIFEST_FIELDS)
             layers = doc["layers"]
             if not isinstance(layers, list):
                 raise TypeError(f"layers is a {type(layers).__name__}, not a list")
@@ -40,7 +41,11 @@ class Manifest:
             artifact_type, annotations = doc.get("artifactType"), doc.get("annotations") or {}
             if not isinstance(annotations, dict):
                 raise TypeError(f"annotations is a {type(annotations).__name__}")
-            return cls(config, layers, artifact_type, annotations)
+            try:
+                subject = None if doc.get("subject") is None else Descriptor.from_json(doc["subject"])
+            except InputError as e:
+                raise ValueError(f"its subject: {e}") from None
+            return cls(config, layers, artifact_type, annotations, subject)
 
     @property
     def blobs(self) -> tuple[Descriptor, ...]:

@@ -8,7 +8,7 @@ import json
 from ..errors import InputError, IntegrityError
 from ..files import Fields, go_struct
 from .manifest import Manifest
-from .refs import Descriptor, Digest, Reference
+from .refs import MANIFEST_FIELDS, Descriptor, Digest, Reference
 from .registry import INDEX_TYPES, Registry
 
 
@@ -36,7 +36,8 @@ def copy(src: Reference, dest: Reference, registries: dict | None = None, log=pr
     src_reg, dest_reg = _registry(registries, src.registry), _registry(registries, dest.registry)
     body, media_type, digest = src_reg.get_manifest(src)
     if media_type in INDEX_TYPES:
-        for child in json.loads(body).get("manifests", []):
+        for child in go_struct(json.loads(body, object_pairs_hook=Fields.of), f"index {src}", MANIFEST_FIELDS).get(
+                "manifests", []):
             desc = Descriptor.from_json(child)
             copy(src.with_digest(desc.digest), dest.with_tag(None), registries, log)
     else:
@@ -105,11 +106,10 @@ def _referrer(store, desc: Descriptor, ref: Reference, kinds: set | None = None)
     if body is None or len(body) > DOCUMENT_LIMIT:
         return None
     try:
-        doc = json.loads(body, object_pairs_hook=Fields.of)
         manifest = Manifest.parse(body, f"referrer {desc.digest}", 16)
         for blob in manifest.blobs:
             check_document_size(blob, f"blob of referrer {desc.digest}")
-        if go_struct(doc.get("subject") or {}, "its subject").get("digest") != str(ref.pin):
+        if manifest.subject is None or str(manifest.subject.digest) != str(ref.pin):
             return None
     except (ValueError, TypeError, AttributeError, IntegrityError, InputError):
         return None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..errors import InputError, IntegrityError, NotFound, RegistryError, malformed
 from ..files import Fields, canonical_json, go_struct
-from .refs import Descriptor, Digest
+from .refs import MANIFEST_FIELDS, Descriptor, Digest
 from .registry import OCI_INDEX, OCI_MANIFEST
 
 REFERRERS_LIMIT = 256  # an image has a few: a signature and one bundle per statement
@@ -46,7 +46,7 @@ def _parse(body: bytes, what: str) -> tuple[Referrer, ...]:
     """The entries of a referrers index; each must name a manifest by a sha256 digest (the only
     kind read through a digest check), or the whole listing is refused."""
     with malformed(what, IntegrityError):
-        doc = go_struct(json.loads(body, object_pairs_hook=Fields.of), "the referrers index")
+        doc = go_struct(json.loads(body, object_pairs_hook=Fields.of), "the referrers index", MANIFEST_FIELDS)
         entries = doc["manifests"]
         if not isinstance(entries, list):
             raise TypeError("manifests is not a list")

@@ -37,6 +37,13 @@ class Digest:
         return f"{self.algorithm}:{self.hex}"
 
 
+# the fields of the OCI image spec's structs, as its Go readers (containerd, cosign, skopeo) decode them
+DESCRIPTOR_FIELDS = frozenset({"mediaType", "digest", "size", "urls", "annotations", "data", "platform", "artifactType"})
+PLATFORM_FIELDS = frozenset({"architecture", "os", "os.version", "os.features", "variant", "features"})
+MANIFEST_FIELDS = frozenset({"schemaVersion", "mediaType", "artifactType", "config", "layers", "manifests", "subject",
+                             "annotations"})  # an index's fields with an image manifest's: one reader for both
+
+
 @dataclass(frozen=True)
 class Descriptor:
     """What OCI calls a descriptor: media type, digest and size of one blob or manifest."""
@@ -56,11 +63,14 @@ class Descriptor:
         from ..files import go_struct
 
         try:
-            size = go_struct(obj, "the descriptor")["size"]
-            if not isinstance(size, int) or isinstance(size, bool):  # Go's int64: never "12" or 12.0
-                raise TypeError(f"size {size!r} is not an integer")
-            return cls(obj["mediaType"], Digest.parse(obj["digest"]), size,
-                       dict(obj.get("annotations") or {}), go_struct(obj.get("platform"), "its platform"))
+            size = go_struct(obj, "the descriptor", DESCRIPTOR_FIELDS)["size"]
+            if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size < 1 << 63:  # Go's int64, a length
+                raise TypeError(f"size {size!r} is not an integer from 0 to 2^63 - 1")
+            annotations = obj.get("annotations") or {}
+            if not isinstance(annotations, dict) or not all(isinstance(v, str) for v in annotations.values()):
+                raise TypeError("annotations is not an object of strings")  # Go's map[string]string
+            return cls(obj["mediaType"], Digest.parse(obj["digest"]), size, dict(annotations),
+                       go_struct(obj.get("platform"), "its platform", PLATFORM_FIELDS))
         except (KeyError, TypeError, ValueError) as e:
             raise InputError(f"malformed descriptor ({e}): {str(obj)[:200]}") from None
 

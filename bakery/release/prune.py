@@ -229,15 +229,15 @@ def holdings(store, repo: str, tags: dict[str, Digest | None], mirror: bool, whe
 
 def _bundle_of(body: bytes) -> Digest | None:
     """The subject a Sigstore bundle referrer's own manifest names; None for anything else."""
-    import json
+    from ..oci.manifest import Manifest
 
     try:
-        doc = json.loads(body)
-        if not str(doc.get("artifactType", "")).startswith("application/vnd.dev.sigstore.bundle"):
-            return None
-        return Digest.parse(doc["subject"]["digest"])
-    except (ValueError, KeyError, TypeError, AttributeError, InputError):
+        manifest = Manifest.parse(body, "a referrer")
+    except IntegrityError:
         return None
+    if not str(manifest.artifact_type or "").startswith("application/vnd.dev.sigstore.bundle") or not manifest.subject:
+        return None
+    return manifest.subject.digest
 
 
 def _blobs(body: bytes) -> tuple[tuple[Digest, int], ...]:

@@ -103,9 +103,7 @@ def read_referrer(store, referrer, subject: Digest, what: str) -> tuple[str, byt
         {layer.media_type for layer in manifest.layers}
     if BUNDLE not in marks:
         return None
-    with malformed(what, IntegrityError):
-        named = json.loads(body).get("subject") or {}
-        about = named.get("digest") if isinstance(named, dict) else None
+    about = str(manifest.subject.digest) if manifest.subject else None
     if manifest.artifact_type != BUNDLE or len(manifest.layers) != 1 or manifest.layers[0].media_type != BUNDLE:
         raise IntegrityError(f"{what}: marked a bundle, but not one {BUNDLE} layer under that artifactType: refused")
     if about != str(subject):
