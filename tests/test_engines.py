@@ -355,3 +355,26 @@ def test_what_a_layer_hides_is_what_a_path_by_whiteout_walk_finds():
     merged.apply(index)
     assert {p for p in paths if merged.kind(p) is not None} == expected and {"ab", "a-b"} <= expected
     assert merged.kind("zz") == "dir" and merged.kind("b/c") == "dir"
+
+
+@pytest.mark.parametrize("spelled", ["entrypoint", "ENTRYPOINT", "EntryPoint"])
+def test_a_config_key_spelled_otherwise_is_what_docker_runs_and_the_base_is_refused(registry, spelled):
+    """The build writes Entrypoint into the base's config object. Docker reads the config with Go's
+    decoder, which takes a key for a field without case, the last one winning: a base's
+    "entrypoint" after the Entrypoint (where canonical order puts it) is what Docker runs. The
+    reference is Docker's own reading of such a config; bakery refuses the base that gives one."""
+    import json
+
+    from support import docker
+
+    config = {"architecture": "amd64", "os": "linux", "config": {"Entrypoint": ["/ours"], spelled: ["/theirs"]}}
+    ref = push_image(registry, "test/engines-config-case", [tar(("a", "file", b"a\n", 0o644))], config,
+                     tag=hashlib.sha256(spelled.encode()).hexdigest()[:12])
+    docker("pull", str(ref))
+    try:
+        said = docker("image", "inspect", "--format", "{{json .Config.Entrypoint}}", str(ref)).stdout
+    finally:
+        docker("rmi", str(ref), check=False)
+    assert json.loads(said) == ["/theirs"]
+    with pytest.raises(IntegrityError, match="Go reads them as one|twice"):
+        base_mod.resolve(Registry(registry), ref, "linux/amd64")
