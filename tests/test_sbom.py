@@ -553,14 +553,15 @@ def test_the_sbom_written_reads_back_as_the_packages_and_files_it_names():
 
 
 @pytest.mark.parametrize("doc, why", [
+    ({"files": []}, "not an object with packages"),
     ({"packages": {}}, "packages is not a list"),
     ({"packages": [{"SPDXID": "SPDXRef-Base", "name": 1}]}, "a package's name is not a string"),
     ({"packages": [{"SPDXID": "x", "name": "x", "downloadLocation": "x", "licenseDeclared": "x",
                     "checksums": [{"algorithm": "SHA256", "checksumValue": 5}]}]}, "checksumValue is not a string"),
     ({"packages": [{"SPDXID": "x", "name": "x", "downloadLocation": "x", "licenseDeclared": "x",
                     "filesAnalyzed": "yes"}]}, "filesAnalyzed is not true or false"),
-    ({"files": [{"SPDXID": "x", "fileName": ["a"]}]}, "a file's fileName is not a string"),
-], ids=["packages an object", "name a number", "checksum a number", "filesAnalyzed a string", "fileName a list"])
+    ({"packages": [], "files": [{"SPDXID": "x", "fileName": ["a"]}]}, "a file's fileName is not a string"),
+], ids=["no packages", "packages an object", "name a number", "checksum a number", "filesAnalyzed a string", "fileName a list"])
 def test_an_sbom_field_of_the_wrong_type_is_refused(doc, why):
     from bakery.errors import IntegrityError
     from bakery.trust import sbom

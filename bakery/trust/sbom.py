@@ -131,8 +131,8 @@ class Sbom:
 
     @classmethod
     def read(cls, doc, what: str = "the SBOM") -> Sbom:
-        if not isinstance(doc, dict):
-            raise IntegrityError(f"{what}: the document is not an object")
+        if not isinstance(doc, dict) or "packages" not in doc:  # an SBOM names its packages (the image first)
+            raise IntegrityError(f"{what}: the document is not an object with packages")
         return cls(tuple(Package.read(p, what) for p in _Fields.rows(doc, "packages", what)),
                    tuple(File.read(f, what) for f in _Fields.rows(doc, "files", what)), doc)
 
