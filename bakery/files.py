@@ -275,6 +275,11 @@ def go_fold(key: str) -> str:
     return "".join(one(c) for c in key)
 
 
+def no_constant(name: str):
+    """json.loads's parse_constant: NaN and Infinity, which Python reads and Go's decoder refuses."""
+    raise ValueError(f"{name} is no JSON number")
+
+
 class Fields(dict):
     """A JSON object (json.loads's object_pairs_hook: Fields.of) that remembers whether a key came
     twice, or twice in different cases: for a document where only some objects are Go structs
@@ -308,7 +313,10 @@ def canonical_json(value, what: str = "a document") -> bytes:
     """Sorted keys, no spaces, UTF-8 as is (as Go's encoder writes it): the bytes that are hashed or
     signed. One encoder, so two callers never disagree on the same value, non-ASCII included. JSON
     can spell a lone surrogate (\\udc80), which has no UTF-8: such a value is refused, not crashed on."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    try:  # NaN and Infinity are no JSON: Go's decoder refuses them
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError as e:
+        raise IntegrityError(f"{what} holds a number JSON has no spelling for ({e})") from None
     try:
         return text.encode()
     except UnicodeEncodeError as e:

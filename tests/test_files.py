@@ -448,3 +448,37 @@ def test_a_base_config_keys_go_keeps_apart_or_ignores_are_taken():
     spec = ImageSpec(Reference.parse("127.0.0.1:5000/ours/image"), "base", (), ("/bin/true",), (), (), ())
     derived = json.loads(derive_config(_base_of_config(config), [], spec, 0, {}))
     assert derived["config"]["Entrypoint"] == ["/bin/true"] and derived["config"]["\u00df"] == 2
+
+
+def _derived(config: dict | bytes) -> dict:
+    spec = ImageSpec(Reference.parse("127.0.0.1:5000/ours/image"), "base", (), ("/bin/true",), (), (), ())
+    data = config if isinstance(config, bytes) else json.dumps(config).encode()
+    return json.loads(derive_config(_base_of_config(data), [], spec, 0, {}))
+
+
+@pytest.mark.parametrize("config, why", [
+    (b'{"config": {"Healthcheck": {"test": ["CMD", "/evil"], "Test": ["CMD", "true"]}}}', "twice"),
+    (b'{"config": {"Env": [1]}}', "Env is not a list of strings"),
+    (b'{"config": {"Labels": ["a", "b"]}}', "Labels is not an object of strings"),
+    (b'{"rootfs": {"diff_ids": "ab"}}', "diff_ids is not a list of strings"),
+    (b'{"config": [], "rootfs": {}}', "config is not an object"),
+    (b'{"history": [1]}', "history is not a list of objects"),
+    (b'{"config": {"Memory": NaN}}', "NaN is no JSON number"),
+    (b'{"x": ' + b"[" * 100 + b"]" * 100 + b"}", "nests past"),
+], ids=["a Healthcheck's Test twice", "Env of numbers", "Labels a list", "diff_ids a string", "config a list",
+        "history of numbers", "NaN", "nested 100 deep"])
+def test_a_base_config_the_build_would_misread_or_crash_on_is_refused(config, why):
+    """The Healthcheck's two Test keys: Go read the last ("true") from the base; written back in
+    canonical order "test" comes last, and Go read "/evil" from our signed image. The rest ended in a
+    traceback while the config was derived, or in a config Go's decoder refuses (NaN)."""
+    with pytest.raises(IntegrityError, match=why):
+        _derived(config)
+
+
+def test_a_base_config_go_reads_as_empty_or_as_docker_writes_it_is_taken():
+    """A null config, a rootfs without diff_ids (moby leaves an empty one out), a Cmd given as one
+    string (Docker's strslice takes it), labels differing only in case (a map): all read, derived."""
+    assert _derived({"config": None})["config"]["Entrypoint"] == ["/bin/true"]
+    assert _derived({"rootfs": {"type": "layers"}})["rootfs"] == {"type": "layers", "diff_ids": []}
+    assert _derived({"config": {"Cmd": "bash", "Labels": {"a": "1", "A": "2"}}})["config"]["Labels"] == \
+        {"a": "1", "A": "2"}

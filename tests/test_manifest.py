@@ -163,3 +163,36 @@ def test_a_referrers_subject_is_read_as_go_reads_it():
     twice = _object(*_fields(GOOD, ("subject", _object(*_fields(subject, ("Digest", json.dumps("sha256:" + "cd" * 32)))))))
     with pytest.raises(IntegrityError, match="twice"):
         Manifest.parse(twice.encode(), "m")
+
+
+@pytest.mark.parametrize("change", [{"digest": 5}, {"mediaType": 5}, {"mediaType": ["a"]}],
+                         ids=["digest a number", "mediaType a number", "mediaType a list"])
+def test_a_descriptor_field_of_the_wrong_type_is_one_integrity_error(change):
+    """Before: an AttributeError out of the digest's parser (a traceback), or a media type that
+    failed later, where a layer's compression is picked."""
+    with pytest.raises(IntegrityError, match="malformed"):
+        Manifest.parse(json.dumps({**GOOD, "layers": [{**LAYER, **change}]}).encode(), "manifest x")
+
+
+def test_a_manifest_nested_past_recursion_has_no_media_type_and_no_traceback():
+    from bakery.oci import registry
+
+    assert registry._own_media_type(b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}") is None
+
+
+@pytest.mark.parametrize("index", [b'{"manifests": [], "Manifests": []}', b'{"manifests": null}',
+                                   b'{"manifests": [{"mediaType": "x", "digest": 5, "size": 1}]}'],
+                         ids=["manifests twice", "manifests null", "a digest a number"])
+def test_mirroring_a_malformed_index_is_one_integrity_error(index):
+    from bakery.oci import mirror
+    from bakery.oci.refs import Digest, Reference
+    from bakery.oci.registry import OCI_INDEX
+
+    class Upstream:
+        def get_manifest(self, ref):
+            return index, OCI_INDEX, Digest.of(index)
+
+    src = Reference.parse("127.0.0.1:1/upstream/x@" + str(Digest.of(index)))
+    with pytest.raises(IntegrityError, match="index"):
+        mirror.copy(src, Reference.parse("127.0.0.1:2/ours/x"), {"127.0.0.1:1": Upstream(), "127.0.0.1:2": object()},
+                    log=lambda m: None)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .. import schema
 from ..errors import InputError, IntegrityError, RegistryError, malformed
-from ..files import Fields, go_struct
+from ..files import Fields, go_fold, go_struct, no_constant
 from ..oci.manifest import Manifest
 from ..oci.refs import DESCRIPTOR_FIELDS, MANIFEST_FIELDS, PLATFORM_FIELDS, Descriptor, Digest, Reference
 from ..oci.registry import INDEX_TYPES, MANIFEST_TYPES, Registry
@@ -78,22 +78,60 @@ ROOTFS_FIELDS = frozenset({"type", "diff_ids"})
 HISTORY_FIELDS = frozenset({"created", "created_by", "author", "comment", "empty_layer"})
 
 
+MAPS = frozenset({"labels", "exposedports", "volumes"})  # Go maps inside the config: their keys are exact
+DEPTH = 64  # levels a config may nest: Docker's are a handful deep
+
+
 def read_config(data: bytes, what: str) -> dict:
-    """A base's image config, as Docker and containerd read it: in each of its structs a key twice,
-    or one Go takes for a field but spelled otherwise, is refused (the build writes Entrypoint, Env,
-    Cmd and Labels beside the base's keys: an "entrypoint" of the base's would be the one Go ran)."""
+    """A base's image config, as Docker and containerd read it, or refused: in each of its structs a
+    key twice, or one Go takes for a field but spelled otherwise (the build writes Entrypoint, Env,
+    Cmd and Labels beside the base's keys: an "entrypoint" of the base's would be the one Go ran;
+    a Healthcheck's "test" beside its "Test" would change places once written in canonical order);
+    what the build reads of it of the wrong type; NaN or Infinity; nesting past DEPTH."""
     with malformed(what):
-        doc = go_struct(json.loads(data, object_pairs_hook=Fields.of), "the config", CONFIG_FIELDS)
+        doc = go_struct(json.loads(data, object_pairs_hook=Fields.of, parse_constant=no_constant), "the config",
+                        CONFIG_FIELDS)
         if not isinstance(doc, dict):
             raise TypeError("it is not an object")
-        for key, fields in (("config", RUN_FIELDS), ("rootfs", ROOTFS_FIELDS)):
-            if not isinstance(go_struct(doc.get(key) or {}, f"its {key}", fields), dict):
-                raise TypeError(f"its {key} is not an object")
-        history = doc.get("history") or []
-        if not isinstance(history, list) or not all(isinstance(go_struct(h, "a history entry", HISTORY_FIELDS), dict)
-                                                    for h in history):
+        _structs_once(doc, "the config")
+        run = _object_or_null(doc, "config", RUN_FIELDS)
+        rootfs = _object_or_null(doc, "rootfs", ROOTFS_FIELDS)
+        _strings_or_null(run.get("Env"), "its Env")  # the build rewrites Entrypoint and Cmd (a string to Docker too)
+        _strings_or_null(rootfs.get("diff_ids"), "its diff_ids")
+        labels = run.get("Labels")
+        if labels is not None and not (isinstance(labels, dict) and all(isinstance(v, str) for v in labels.values())):
+            raise TypeError("its Labels is not an object of strings")
+        history = doc.get("history")
+        if history is not None and not (isinstance(history, list) and all(
+                isinstance(go_struct(h, "a history entry", HISTORY_FIELDS), dict) for h in history)):
             raise TypeError("its history is not a list of objects")
     return doc
+
+
+def _structs_once(value, where: str, depth: int = 0, a_map: bool = False) -> None:
+    """Every object of the config but its maps holds each key once, however cased (Go's fields)."""
+    if depth > DEPTH:
+        raise ValueError(f"{where} nests past {DEPTH} levels")
+    if isinstance(value, dict):
+        if not a_map:
+            go_struct(value, where)
+        for key, inner in value.items():
+            _structs_once(inner, f"{where}.{key}"[:200], depth + 1, not a_map and go_fold(key) in MAPS)
+    elif isinstance(value, list):
+        for inner in value:
+            _structs_once(inner, where, depth + 1)
+
+
+def _object_or_null(doc: dict, key: str, fields: frozenset[str]) -> dict:
+    found = go_struct(doc.get(key), f"its {key}", fields)
+    if found is not None and not isinstance(found, dict):
+        raise TypeError(f"its {key} is not an object")
+    return found or {}
+
+
+def _strings_or_null(value, what: str) -> None:
+    if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        raise TypeError(f"{what} is not a list of strings")
 
 
 def _descriptor(obj) -> Descriptor:

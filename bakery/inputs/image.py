@@ -80,16 +80,17 @@ def image_annotations(base_name: str, base: Image, spec: ImageSpec, revision: st
 
 def derive_config(base: Image, layers: list[Layer], spec: ImageSpec, epoch: int, notes: dict) -> bytes:
     """The base config with our env, entrypoint, cmd, labels, layers and history appended."""
-    cfg = copy.deepcopy(base.config)
+    cfg = copy.deepcopy(base.config)  # read_config's: each field read here typed, as Go would read it
     created = rfc3339(epoch)
     cfg["created"] = created
-    run = cfg.setdefault("config", {})
+    run = cfg["config"] = cfg.get("config") or {}  # null is no config to Go
     env = [e for e in run.get("Env") or [] if e.partition("=")[0] not in dict(spec.env)]
     run["Env"] = env + [f"{k}={v}" for k, v in spec.env]
     run["Entrypoint"] = list(spec.entrypoint)
     run["Cmd"] = list(spec.cmd) or None
     run["Labels"] = {**(run.get("Labels") or {}), **dict(spec.labels), **notes}
-    cfg.setdefault("rootfs", {"type": "layers", "diff_ids": []})["diff_ids"] += [str(layer.diff_id) for layer in layers]
+    rootfs = cfg["rootfs"] = cfg.get("rootfs") or {"type": "layers"}
+    rootfs["diff_ids"] = list(rootfs.get("diff_ids") or []) + [str(layer.diff_id) for layer in layers]
     cfg["history"] = list(cfg.get("history") or []) + [
         {"created": created, "created_by": f"bakery: {layer.comment}", "comment": "bakery"} for layer in layers]
     return canonical_json(cfg, f"the config of base {base.ref}")

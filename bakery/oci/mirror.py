@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from ..errors import InputError, IntegrityError
+from ..errors import InputError, IntegrityError, malformed
 from ..files import Fields, go_struct
 from .manifest import Manifest
 from .refs import MANIFEST_FIELDS, Descriptor, Digest, Reference
@@ -36,9 +36,15 @@ def copy(src: Reference, dest: Reference, registries: dict | None = None, log=pr
     src_reg, dest_reg = _registry(registries, src.registry), _registry(registries, dest.registry)
     body, media_type, digest = src_reg.get_manifest(src)
     if media_type in INDEX_TYPES:
-        for child in go_struct(json.loads(body, object_pairs_hook=Fields.of), f"index {src}", MANIFEST_FIELDS).get(
-                "manifests", []):
-            desc = Descriptor.from_json(child)
+        with malformed(f"index {src}"):
+            children = go_struct(json.loads(body, object_pairs_hook=Fields.of), "the index", MANIFEST_FIELDS)["manifests"]
+            if not isinstance(children, list):
+                raise TypeError("its manifests is not a list")
+            try:
+                descs = [Descriptor.from_json(child) for child in children]
+            except InputError as e:
+                raise ValueError(str(e)) from None
+        for desc in descs:
             copy(src.with_digest(desc.digest), dest.with_tag(None), registries, log)
     else:
         blobs = Manifest.parse(body, f"manifest {src}").blobs

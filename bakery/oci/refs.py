@@ -69,9 +69,11 @@ class Descriptor:
             annotations = obj.get("annotations") or {}
             if not isinstance(annotations, dict) or not all(isinstance(v, str) for v in annotations.values()):
                 raise TypeError("annotations is not an object of strings")  # Go's map[string]string
+            if not isinstance(obj["mediaType"], str) or not isinstance(obj["digest"], str):
+                raise TypeError("its mediaType or digest is not a string")
             return cls(obj["mediaType"], Digest.parse(obj["digest"]), size, dict(annotations),
                        go_struct(obj.get("platform"), "its platform", PLATFORM_FIELDS))
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise InputError(f"malformed descriptor ({e}): {str(obj)[:200]}") from None
 
     def to_json(self) -> dict:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 from .. import untrusted
-from ..errors import IntegrityError, NotFound, RegistryError, TransientError
+from ..errors import PARSE_ERRORS, IntegrityError, NotFound, RegistryError, TransientError
 from ..files import atomic_file, atomic_write
 from ..project import cache_dir
 from .http import ConnectionFailed
@@ -79,7 +79,7 @@ class Registry:
         media_type = resp.headers.get("Content-Type", "").split(";")[0].strip()
         try:
             media_type = json.loads(body).get("mediaType") or media_type
-        except (ValueError, AttributeError):  # not JSON, or JSON that is not an object
+        except PARSE_ERRORS:  # not JSON, JSON that is not an object, or nested past Python's recursion
             raise IntegrityError(f"manifest {ref} is not a JSON object") from None
         if kept is not None and _own_media_type(body):  # its bytes say all the answer holds
             keep_verified(kept, body)
@@ -332,7 +332,7 @@ def _own_media_type(body: bytes) -> str | None:
     """The mediaType a manifest's own (digest-checked) bytes declare; None if they declare none."""
     try:
         found = json.loads(body).get("mediaType")
-    except (ValueError, AttributeError):
+    except PARSE_ERRORS:
         return None
     return found if isinstance(found, str) and found else None
 

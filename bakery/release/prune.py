@@ -241,12 +241,11 @@ def _bundle_of(body: bytes) -> Digest | None:
 
 
 def _blobs(body: bytes) -> tuple[tuple[Digest, int], ...]:
-    import json
+    from ..oci.manifest import Manifest
 
     try:
-        doc = json.loads(body)
-        return tuple((Digest.parse(d["digest"]), int(d["size"])) for d in [doc["config"], *doc.get("layers", [])])
-    except (ValueError, KeyError, TypeError):
+        return tuple((d.digest, d.size) for d in Manifest.parse(body, "a manifest").blobs)
+    except IntegrityError:
         return ()  # an index, or no image: its own bytes only
 
 
