@@ -482,3 +482,11 @@ def test_a_base_config_go_reads_as_empty_or_as_docker_writes_it_is_taken():
     assert _derived({"rootfs": {"type": "layers"}})["rootfs"] == {"type": "layers", "diff_ids": []}
     assert _derived({"config": {"Cmd": "bash", "Labels": {"a": "1", "A": "2"}}})["config"]["Labels"] == \
         {"a": "1", "A": "2"}
+
+
+def test_a_base_config_in_utf16_or_with_a_null_rootfs():
+    """UTF-16 (or a BOM) Python's json.loads would guess and Go refuses: refused. A null rootfs Go
+    reads as none: derived."""
+    with pytest.raises(IntegrityError, match="malformed"):
+        _derived(json.dumps({"config": {}}).encode("utf-16"))
+    assert _derived({"rootfs": None})["rootfs"] == {"type": "layers", "diff_ids": []}

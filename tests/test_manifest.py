@@ -196,3 +196,34 @@ def test_mirroring_a_malformed_index_is_one_integrity_error(index):
     with pytest.raises(IntegrityError, match="index"):
         mirror.copy(src, Reference.parse("127.0.0.1:2/ours/x"), {"127.0.0.1:1": Upstream(), "127.0.0.1:2": object()},
                     log=lambda m: None)
+
+
+@pytest.mark.parametrize("body", [json.dumps(GOOD).encode("utf-16"), b"\xef\xbb\xbf" + json.dumps(GOOD).encode(),
+                                  json.dumps({**GOOD, "mediaType": ["x"]}).encode(),
+                                  json.dumps({**GOOD, "artifactType": {}}).encode()],
+                         ids=["UTF-16", "a byte order mark", "mediaType a list", "artifactType an object"])
+def test_a_manifest_go_would_not_decode_is_refused(body):
+    """Python's json.loads guesses UTF-16 and skips a BOM; Go's decoder takes neither. A media type
+    that is no string went on to a request header (a traceback in http.client)."""
+    with pytest.raises(IntegrityError, match="malformed"):
+        Manifest.parse(body, "manifest x")
+
+
+def test_mirroring_an_index_nested_deep_stops_at_its_depth():
+    from bakery.oci import mirror
+    from bakery.oci.refs import Digest, Reference
+    from bakery.oci.registry import OCI_INDEX
+
+    child = {"mediaType": OCI_INDEX, "digest": DIGEST, "size": 3}
+    index = json.dumps({"schemaVersion": 2, "manifests": [child, child]}).encode()  # itself, twice, forever
+    asked = []
+
+    class Upstream:
+        def get_manifest(self, ref):
+            asked.append(ref)
+            return index, OCI_INDEX, Digest.of(index)
+
+    with pytest.raises(IntegrityError, match="nested past"):
+        mirror.copy(Reference.parse("127.0.0.1:1/up/x@" + DIGEST), Reference.parse("127.0.0.1:2/ours/x"),
+                    {"127.0.0.1:1": Upstream(), "127.0.0.1:2": object()}, log=lambda m: None)
+    assert len(asked) == mirror.INDEX_DEPTH + 1  # one child of each level, not two

@@ -89,8 +89,8 @@ def read_config(data: bytes, what: str) -> dict:
     a Healthcheck's "test" beside its "Test" would change places once written in canonical order);
     what the build reads of it of the wrong type; NaN or Infinity; nesting past DEPTH."""
     with malformed(what):
-        doc = go_struct(json.loads(data, object_pairs_hook=Fields.of, parse_constant=no_constant), "the config",
-                        CONFIG_FIELDS)
+        doc = go_struct(json.loads(data.decode("utf-8"), object_pairs_hook=Fields.of, parse_constant=no_constant),
+                        "the config", CONFIG_FIELDS)
         if not isinstance(doc, dict):
             raise TypeError("it is not an object")
         _structs_once(doc, "the config")
@@ -163,8 +163,8 @@ def resolve(registry: Registry, ref: Reference, platform: str) -> Image:
     if media_type in INDEX_TYPES:
         index_digest = digest
         with malformed(f"index {ref}"):
-            chosen = select_platform(go_struct(json.loads(body, object_pairs_hook=Fields.of), "the index",
-                                               MANIFEST_FIELDS), platform, str(ref))
+            chosen = select_platform(go_struct(json.loads(body.decode("utf-8"), object_pairs_hook=Fields.of),
+                                               "the index", MANIFEST_FIELDS), platform, str(ref))
         ref = ref.with_digest(chosen.digest)
         body, media_type, digest = registry.get_manifest(ref, cached=True)
     if media_type not in MANIFEST_TYPES:
@@ -176,7 +176,7 @@ def resolve(registry: Registry, ref: Reference, platform: str) -> Image:
                              f"(an image builder stops near 127)")
     config = registry.fetch_document(ref.repository, config_desc, f"config of {ref}", cached=True)
     with malformed(f"config {config_desc.digest} of {ref}"):
-        diff_ids = read_config(config, f"config {config_desc.digest} of {ref}").get("rootfs", {}).get("diff_ids", [])
+        diff_ids = (read_config(config, f"config {config_desc.digest} of {ref}").get("rootfs") or {}).get("diff_ids") or []
         len(diff_ids)
     if len(diff_ids) != len(layers):
         raise IntegrityError(f"{ref}: config lists {len(diff_ids)} diff_ids for {len(layers)} layers")

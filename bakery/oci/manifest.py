@@ -28,7 +28,8 @@ class Manifest:
         refused too (each would be fetched and checked)."""
         with malformed(what):
             # its own fields and the descriptors' are Go structs (keys without case); annotations are maps
-            doc = go_struct(json.loads(body, object_pairs_hook=Fields.of), "the manifest", MANIFEST_FIELDS)
+            doc = go_struct(json.loads(body.decode("utf-8"), object_pairs_hook=Fields.of), "the manifest",
+                            MANIFEST_FIELDS)
             layers = doc["layers"]
             if not isinstance(layers, list):
                 raise TypeError(f"layers is a {type(layers).__name__}, not a list")
@@ -41,6 +42,8 @@ class Manifest:
             artifact_type, annotations = doc.get("artifactType"), doc.get("annotations") or {}
             if not isinstance(annotations, dict):
                 raise TypeError(f"annotations is a {type(annotations).__name__}")
+            if not all(isinstance(v, str | None) for v in (artifact_type, doc.get("mediaType"))):
+                raise TypeError("its mediaType or artifactType is not a string")
             try:
                 subject = None if doc.get("subject") is None else Descriptor.from_json(doc["subject"])
             except InputError as e:

@@ -30,22 +30,28 @@ def copy_blob(src: Registry, src_repo: str, dest: Registry, dest_repo: str, desc
     return "copied"
 
 
-def copy(src: Reference, dest: Reference, registries: dict | None = None, log=print) -> Reference:
+INDEX_DEPTH = 4  # indexes within indexes a copy follows (a multi-platform image is one level)
+
+
+def copy(src: Reference, dest: Reference, registries: dict | None = None, log=print, _depth: int = 0) -> Reference:
     """Copy manifest (or index and every child), config and layers; the digest does not change."""
     registries = registries if registries is not None else {}
     src_reg, dest_reg = _registry(registries, src.registry), _registry(registries, dest.registry)
     body, media_type, digest = src_reg.get_manifest(src)
     if media_type in INDEX_TYPES:
+        if _depth >= INDEX_DEPTH:
+            raise IntegrityError(f"index {src} is nested past {INDEX_DEPTH} indexes: refused")
         with malformed(f"index {src}"):
-            children = go_struct(json.loads(body, object_pairs_hook=Fields.of), "the index", MANIFEST_FIELDS)["manifests"]
+            children = go_struct(json.loads(body.decode("utf-8"), object_pairs_hook=Fields.of), "the index",
+                                 MANIFEST_FIELDS)["manifests"]
             if not isinstance(children, list):
                 raise TypeError("its manifests is not a list")
             try:
                 descs = [Descriptor.from_json(child) for child in children]
             except InputError as e:
                 raise ValueError(str(e)) from None
-        for desc in descs:
-            copy(src.with_digest(desc.digest), dest.with_tag(None), registries, log)
+        for digest in dict.fromkeys(d.digest for d in descs):  # each child once
+            copy(src.with_digest(digest), dest.with_tag(None), registries, log, _depth + 1)
     else:
         blobs = Manifest.parse(body, f"manifest {src}").blobs
         for i, desc in enumerate(blobs):

@@ -46,7 +46,8 @@ def _parse(body: bytes, what: str) -> tuple[Referrer, ...]:
     """The entries of a referrers index; each must name a manifest by a sha256 digest (the only
     kind read through a digest check), or the whole listing is refused."""
     with malformed(what, IntegrityError):
-        doc = go_struct(json.loads(body, object_pairs_hook=Fields.of), "the referrers index", MANIFEST_FIELDS)
+        doc = go_struct(json.loads(body.decode("utf-8"), object_pairs_hook=Fields.of), "the referrers index",
+                        MANIFEST_FIELDS)
         entries = doc["manifests"]
         if not isinstance(entries, list):
             raise TypeError("manifests is not a list")

@@ -78,7 +78,8 @@ class Registry:
                                  f"{digest}; the registry or a proxy lies about the digest: nothing kept")
         media_type = resp.headers.get("Content-Type", "").split(";")[0].strip()
         try:
-            media_type = json.loads(body).get("mediaType") or media_type
+            said = json.loads(body).get("mediaType")
+            media_type = said if isinstance(said, str) and said else media_type
         except PARSE_ERRORS:  # not JSON, JSON that is not an object, or nested past Python's recursion
             raise IntegrityError(f"manifest {ref} is not a JSON object") from None
         if kept is not None and _own_media_type(body):  # its bytes say all the answer holds
