@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from ..errors import IntegrityError
 from .record import BuildRecord
+from .statement import Shape
 
 SLSA_PREDICATE = "https://slsa.dev/provenance/v1"
 SPDX_PREDICATE = "https://spdx.dev/Document"
@@ -107,25 +108,12 @@ class Provenance:
 
     @classmethod
     def read(cls, doc: dict, what: str = "the provenance") -> Provenance:
-        def obj(value, where: str) -> dict:
-            if value is None:
-                return {}
-            if not isinstance(value, dict):
-                raise IntegrityError(f"{what}: {where} is not an object")
-            return value
-
-        def typed(value, kind, where: str):
-            if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
-                raise IntegrityError(f"{what}: {where} is not {kind.__name__}")
-            return value
+        shape = Shape(what)
+        obj, typed = shape.obj, shape.typed
 
         def listed(value, where: str) -> tuple[Dependency, ...]:
-            if value is None:
-                return ()
-            if not isinstance(value, list):
-                raise IntegrityError(f"{what}: {where} is not a list")
             out = []
-            for d in value:
+            for d in shape.rows(value, where):
                 d = obj(d, where)
                 digest = obj(d.get("digest"), f"{where}' digest")
                 out.append(Dependency(typed(d.get("name"), str, f"{where}' name") or "",

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import IntegrityError
 from .policy import SMOKE_SPEC
+from .statement import Shape
 
 AB_PATHS = ("dspark", "native")  # the serving paths the acceptance gate's A/B compares
 REFERENCE_KINDS = ("seed-stack", "promoted", "endpoint")  # what the candidate may be compared with
@@ -53,24 +53,11 @@ class SmokeResult:
 
     @classmethod
     def read(cls, doc, what: str = "the smoke result") -> SmokeResult:
-        def obj(value, where: str) -> dict:
-            if value is None:
-                return {}
-            if not isinstance(value, dict):
-                raise IntegrityError(f"{what}: {where} is not an object")
-            return value
+        shape = Shape(what)
+        obj, typed = shape.obj, shape.typed
 
         def rows(value, where: str) -> list[dict]:
-            if value is None:
-                return []
-            if not isinstance(value, list):
-                raise IntegrityError(f"{what}: {where} is not a list")
-            return [obj(v, where) for v in value]
-
-        def typed(value, kind, where: str):
-            if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
-                raise IntegrityError(f"{what}: {where} is not {kind.__name__}")
-            return value
+            return [obj(v, where) for v in shape.rows(value, where)]
 
         doc = obj(doc, "the predicate")
         report = obj(doc.get("report"), "the report")

@@ -72,3 +72,40 @@ class Statement:
     def names(self, digest: Digest) -> bool:
         """Whether it is about this digest."""
         return digest.algorithm == "sha256" and digest.hex in self.digests
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How a predicate's reader (provenance, the smoke result, the VEX) checks each field it reads:
+    present with the wrong type is refused, naming the predicate (`what`) and the field; absent is
+    None (an empty object or list), or refused too where the reader says `required`."""
+    what: str
+    required: bool = False
+
+    def refuse(self, where: str, is_not: str) -> IntegrityError:
+        return IntegrityError(f"{self.what}: {where} is not {is_not}")
+
+    def obj(self, value, where: str) -> dict:
+        if value is None and not self.required:
+            return {}
+        if not isinstance(value, dict):
+            raise self.refuse(where, "an object")
+        return value
+
+    def rows(self, value, where: str) -> list:
+        if value is None and not self.required:
+            return []
+        if not isinstance(value, list):
+            raise self.refuse(where, "a list")
+        return value
+
+    def typed(self, value, kind: type, where: str):
+        if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+            raise self.refuse(where, kind.__name__)
+        return value
+
+    def text(self, value, where: str) -> str:
+        """A string, present whatever `required` says."""
+        if not isinstance(value, str):
+            raise self.refuse(where, "a string")
+        return value

@@ -18,10 +18,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ..errors import IntegrityError
 from ..inputs.image import rfc3339
 from .record import BuildRecord, Overlay
 from .sbom import _oci_purl, proof_summary, pypi_purl
+from .statement import Shape
 
 CONTEXT = "https://openvex.dev/ns/v0.2.0"  # the spec version this document follows
 STATUSES = ("not_affected", "affected", "fixed", "under_investigation")  # OpenVEX 0.2.0's
@@ -81,20 +81,8 @@ class Vex:
 
     @classmethod
     def read(cls, doc, what: str = "the VEX") -> Vex:
-        def obj(value, where: str) -> dict:
-            if not isinstance(value, dict):
-                raise IntegrityError(f"{what}: {where} is not an object")
-            return value
-
-        def rows(value, where: str) -> list:
-            if not isinstance(value, list):
-                raise IntegrityError(f"{what}: {where} is not a list")
-            return value
-
-        def text(value, where: str) -> str:
-            if not isinstance(value, str):
-                raise IntegrityError(f"{what}: {where} is not a string")
-            return value
+        shape = Shape(what, required=True)  # what is read here must be there
+        obj, rows, text = shape.obj, shape.rows, shape.text
 
         def product(value, where: str, top: bool = True) -> Product:
             value = obj(value, where)
