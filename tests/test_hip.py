@@ -312,7 +312,7 @@ def test_build_bakes_the_outputs_and_records_them(project, registry, fixture_bas
         ("bakery::swiglu_clamp", "vllm.model_executor.layers.activation.SiluAndMulWithClamp.forward_native")}
     from bakery.trust import sbom as sbom_mod
     from bakery.trust.record import BuildRecord
-    spdx = json.loads(sbom_mod.document(BuildRecord.from_json(record), f"{registry}/test/kernels"))
+    spdx = sbom_mod.predicate(BuildRecord.from_json(record), f"{registry}/test/kernels")
     [package] = [p for p in spdx["packages"] if p["SPDXID"].startswith("SPDXRef-Artifact")]
     assert "bakery::top_k_top_p_ serves vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p" in package["comment"]
     ref = last_line(result)
@@ -407,7 +407,7 @@ def test_kernels_travel_as_a_signed_oci_artifact_and_need_no_engine(project, reg
     deps = provenance.predicate(typed)["buildDefinition"]["resolvedDependencies"]
     assert {"uri": f"docker://{registry}/travel/img@{digest}", "digest": {"sha256": digest.hex},
             "name": "kernel artifact"} in deps
-    packages = json.loads(sbom.document(typed, f"{registry}/travel/img"))["packages"]
+    packages = sbom.predicate(typed, f"{registry}/travel/img")["packages"]
     assert next(p for p in packages if p["SPDXID"] == "SPDXRef-KernelArtifact")["checksums"][0]["checksumValue"] \
         == digest.hex
     # the sign job signs the artifact the record names, with the image

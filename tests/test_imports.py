@@ -175,7 +175,7 @@ def built(registry, fixture_base, fixture_lock, tmp_path_factory):
     rec = record_mod.read(project / "out" / "build-record.json")
     ref = Reference.parse(last_line(done))
     return SimpleNamespace(base=base, image=str(ref), targets=targets, record=rec,
-                           sbom=json.loads(sbom.document(rec, ref.name)))
+                           sbom=sbom.predicate(rec, ref.name))
 
 
 def test_every_overlaid_module_is_what_a_real_import_runs_whatever_the_base_put_beside_it(built):

@@ -301,7 +301,7 @@ def test_purls_are_written_as_the_purl_spec_says():
 def recorded(tmp_path_factory) -> tuple[dict, Path]:
     rec = record.read(RECORD)
     path = tmp_path_factory.mktemp("sbom") / "sbom.spdx.json"
-    path.write_bytes(sbom.document(rec, Reference.parse(rec.outputs[0]["reference"]).name))
+    path.write_text(json.dumps(sbom.predicate(rec, Reference.parse(rec.outputs[0]["reference"]).name), indent=1, sort_keys=True))
     return json.loads(path.read_bytes()), path
 
 
@@ -387,7 +387,7 @@ def pushed(registry, fixture_base, project):
     assert built.returncode == 0, built.stderr
     rec = record.read(out / "build-record.json")
     ref = Reference.parse(last_line(built))
-    return ref, json.loads(sbom.document(rec, ref.name)), rec
+    return ref, sbom.predicate(rec, ref.name), rec
 
 
 @pytest.fixture(scope="module")
@@ -460,7 +460,7 @@ def test_the_vex_is_openvex_an_independent_parser_reads():
 
     rec = record.read(RECORD)
     name = Reference.parse(rec.outputs[0]["reference"]).name
-    raw = vex.document(rec, name)
+    raw = json.dumps(vex.predicate(rec, name))
     parsed = Document.model_validate_json(raw)
     assert str(parsed.context) == "https://openvex.dev/ns/v0.2.0" and parsed.version == 1
     by_overlay = {}
@@ -501,8 +501,8 @@ def test_the_vex_is_openvex_an_independent_parser_reads():
     stale = next(o for o in rec.overlays if o.audit)
     changed = dataclasses.replace(rec, overlays=tuple(o._replace(audit={"holds": False, "detail": "no longer true: x"})
                                           if o is stale else o for o in rec.overlays))
-    again = Document.model_validate_json(vex.document(changed, name))
-    said = next(s for s in json.loads(vex.document(changed, name))["statements"] if stale.id in s.get("status_notes", ""))
+    again = Document.model_validate_json(json.dumps(vex.predicate(changed, name)))
+    said = next(s for s in vex.predicate(changed, name)["statements"] if stale.id in s.get("status_notes", ""))
     assert said["status"] == "under_investigation" and "justification" not in said and again.statements
     # and the parser can refuse: a not_affected statement with neither justification nor impact
     broken = json.loads(raw)
@@ -528,7 +528,7 @@ def test_verify_takes_a_vex_only_about_this_image(change, says):
 
     rec = record.read(RECORD)
     ref = Reference.parse(rec.outputs[0]["reference"])
-    doc = json.loads(vex.document(rec, ref.name))
+    doc = vex.predicate(rec, ref.name)
     if change:
         doc["statements"][0]["products"][0] = change(doc["statements"][0]["products"][0],
                                                      str(rec.manifest.digest).replace(":", "%3A"))
@@ -543,7 +543,7 @@ def test_the_sbom_written_reads_back_as_the_packages_and_files_it_names():
 
     rec = record.read(RECORD)
     ref = Reference.parse(rec.outputs[0]["reference"])
-    doc = json.loads(sbom.document(rec, ref.name))
+    doc = sbom.predicate(rec, ref.name)
     read = sbom.Sbom.read(doc)
     assert [p.to_json() for p in read.packages] == doc["packages"] and [f.to_json() for f in read.files] == doc["files"]
     base = read.package("SPDXRef-Base")
@@ -575,7 +575,7 @@ def test_the_vex_written_reads_back_as_the_products_it_names():
 
     rec = record.read(RECORD)
     ref = Reference.parse(rec.outputs[0]["reference"])
-    doc = json.loads(vex.document(rec, ref.name))
+    doc = vex.predicate(rec, ref.name)
     read = vex.Vex.read(doc)
     assert [s.status for s in read.statements] == [s["status"] for s in doc["statements"]]
     assert [[p.to_json() for p in s.products] for s in read.statements] == [s["products"] for s in doc["statements"]]

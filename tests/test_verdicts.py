@@ -129,10 +129,10 @@ def moved_key(reg: Registry, ref: Reference) -> str:
 
 
 def _trust(project: Path, keys_dir: Path, base, reg: Registry):
-    from bakery.trust import verify
+    from bakery.trust import policy
     from support import dev_policy
 
-    return verify.release_signed(dev_policy(project.parent / "p.yaml", base), project,
+    return policy.release_signed(dev_policy(project.parent / "p.yaml", base), project,
                                  (keys_dir / "k" / "release.pub",), reg)
 
 

@@ -98,9 +98,9 @@ def release_trust(opts: Options, remote: RegistryStore | None):
     without a push target: nothing is taken from a registry then)."""
     if remote is None:
         return None
-    from ..trust import verify  # here: a build that takes nothing from a registry loads no signature code
+    from ..trust import policy  # here: a build that takes nothing from a registry reads no policy
 
-    return verify.release_signed(opts.policy_path, opts.project, opts.keys, remote.registry)
+    return policy.release_signed(opts.policy_path, opts.project, opts.keys, remote.registry)
 
 
 def overlay_inputs(project: Path, base: OpenBase) -> tuple[list, list, list]:
@@ -200,18 +200,18 @@ def check_attestable(rec: BuildRecord, subject: Reference) -> None:
     import base64
 
     from ..oci.transport import DOCUMENT_LIMIT
-    from ..trust import attest
+    from ..trust import attestations
 
     try:
         BuildRecord.from_json(rec.to_json())  # what `invoke attest` will read
-        statements = attest.statements(subject, rec)
+        statements = attestations.statements(subject, rec)
     except (InputError, KeyError, TypeError, ValueError, AttributeError) as e:
         raise IntegrityError(f"the build record cannot give its SBOM, provenance and VEX ({type(e).__name__}: "
                              f"{untrusted.safe(e)}): nothing pushed") from None
     for predicate, body in statements.items():
         signed = len(base64.b64encode(body)) + 4096  # the DSSE envelope: the payload in base64, a signature
         if signed > DOCUMENT_LIMIT:
-            raise IntegrityError(f"the {attest.NAMES[predicate]} would be about {signed} bytes signed, past the {DOCUMENT_LIMIT} a "
+            raise IntegrityError(f"the {attestations.NAMES[predicate]} would be about {signed} bytes signed, past the {DOCUMENT_LIMIT} a "
                                  f"registry serves back: nothing pushed (is some text of the base huge?)")
 
 

@@ -24,9 +24,9 @@ def load_policy(project: Path, policy: str | None, keys: dict):
 
 def kernel_trust(project: Path, key: str | None, policy: str | None, registry):
     """None, or what a kernel artifact must carry (a release-key signature) to be used instead of compiling."""
-    from ..trust import verify
+    from ..trust import policy as policy_mod
 
-    return verify.release_signed(Path(policy) if policy else Project(project).policy, project,
+    return policy_mod.release_signed(Path(policy) if policy else Project(project).policy, project,
                                  (Path(key),) if key else (), registry)
 
 

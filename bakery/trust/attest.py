@@ -21,7 +21,7 @@ from ..oci.manifest import Manifest
 from ..oci.refs import Descriptor, Digest, Reference
 from ..oci.registry import OCI_MANIFEST
 from ..oci.store import signature_tag
-from . import bundle, keyless, provenance, sbom, sign, vex
+from . import attestations, bundle, keyless, provenance, sign
 from .policy import SIGNATURE_FORMATS
 from .record import Artifact, BuildRecord, Verdict
 from .statement import Statement
@@ -167,21 +167,6 @@ def statement_of(envelope: bytes, subject: Reference, what: str) -> Statement:
     return statement
 
 
-NAMES = {sbom.SPDX_PREDICATE: "SBOM", provenance.SLSA_PREDICATE: "provenance", provenance.VEX_PREDICATE: "VEX"}
-
-
-def statements(subject: Reference, record: BuildRecord) -> dict[str, bytes]:
-    """{predicate type: in-toto statement} of what `invoke attest` signs, views of the record (the
-    build makes them too, before it pushes, to fail where attest would)."""
-    return {
-        sbom.SPDX_PREDICATE: Statement.about(subject, sbom.SPDX_PREDICATE,
-                                             json.loads(sbom.document(record, subject.name))).raw,
-        provenance.SLSA_PREDICATE: Statement.about(subject, provenance.SLSA_PREDICATE, provenance.predicate(record)).raw,
-        provenance.VEX_PREDICATE: Statement.about(subject, provenance.VEX_PREDICATE,
-                                                  json.loads(vex.document(record, subject.name))).raw,
-    }
-
-
 def attest(store, subject: Reference, record: BuildRecord, signer, sign_kernels: bool = True,
            formats: tuple[str, ...] = FORMATS) -> dict:
     """Sign the digest, attach SBOM, provenance and VEX, and sign the kernel artifact the record names
@@ -195,7 +180,7 @@ def attest(store, subject: Reference, record: BuildRecord, signer, sign_kernels:
         raise InputError(f"{subject} is not in {getattr(store, 'path', subject.name)}: push it first")
     formats = _formats_of(signer, formats)
     written: dict[str, Any] = {"formats": formats}
-    signed = statements(subject, record)
+    signed = attestations.statements(subject, record)
     for form in (f for f in ("bundle", "tag") if f in formats):  # the bundles whole first, then the tags
         written["signature"] = sign_image(store, subject, signer, (form,))
         written["attestations"] = attach(store, subject, signed, signer, (form,))

@@ -18,7 +18,6 @@ base's registry namespace for what the base holds, this project for what it buil
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -249,7 +248,7 @@ def proof_summary(proof: dict | None) -> str:
             f"overlaid {proof['overlaid']} ({proof['reason']})")
 
 
-def document(record: BuildRecord, image_name: str) -> bytes:
+def predicate(record: BuildRecord, image_name: str) -> dict:
     """The SBOM for the image the record describes; image_name is where it was pushed."""
     digest = str(record.manifest.digest)
     image_id = "SPDXRef-Image"
@@ -381,4 +380,4 @@ def document(record: BuildRecord, image_name: str) -> bytes:
                               f"base states, which SPDX's list has no id for"} for ref in refs],
         "relationships": [{"spdxElementId": a, "relationshipType": t, "relatedSpdxElement": b} for a, t, b in rels],
     }
-    return json.dumps(doc, indent=1, sort_keys=True).encode()
+    return doc

@@ -645,26 +645,3 @@ def summarize(spdx: sbom.Sbom, prov: provenance.Provenance | None) -> dict:
 def require(report: Report) -> None:
     if report.failures:
         raise IntegrityError(f"verification failed: {'; '.join(report.failures)}")
-
-
-
-
-def release_signed(policy_path: Path, project: Path, keys: tuple[Path, ...], registry):
-    """What a kernel artifact (or a proof verdict) must carry to be used: a cosign signature by the
-    policy's release keys or its release workflow's keyless identity (threshold, allowed
-    repositories), checked by trust(REF@DIGEST, what), which raises unless it holds. None where the
-    policy names neither. With keys there is one, so the policy is read when a signature is first
-    checked (a warm build checks none)."""
-    import functools
-
-    load = functools.lru_cache(maxsize=1)(lambda: policy_mod.load_policy(policy_path, project,
-                                                                         {"release": list(keys)}))
-    if not keys and not load().may_sign("release"):
-        return None
-
-    def trust(ref: Reference, what: str = "kernel artifact") -> None:
-        from ..oci.store import RegistryStore
-
-        require_signed(RegistryStore(ref, registry), ref, load(), what)
-
-    return trust

@@ -15,7 +15,6 @@ with its aliases; one it does not name is named by the overlay in this project's
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from ..inputs.image import rfc3339
@@ -131,7 +130,7 @@ def statement(o: Overlay, image_purl: str, record: BuildRecord) -> dict | None:
     return said
 
 
-def document(record: BuildRecord, image_name: str) -> bytes:
+def predicate(record: BuildRecord, image_name: str) -> dict:
     """The OpenVEX document for the image the record describes; image_name is where it was pushed."""
     digest = str(record.manifest.digest)
     image_purl = _oci_purl(image_name, digest)
@@ -146,4 +145,4 @@ def document(record: BuildRecord, image_name: str) -> bytes:
         "tooling": f"bakery-{record.tools['bakery']}",
         "statements": statements,
     }
-    return json.dumps(doc, indent=1, sort_keys=True).encode()
+    return doc
