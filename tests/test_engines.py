@@ -378,3 +378,29 @@ def test_a_config_key_spelled_otherwise_is_what_docker_runs_and_the_base_is_refu
     assert json.loads(said) == ["/theirs"]
     with pytest.raises(IntegrityError, match="Go reads them as one|twice"):
         base_mod.resolve(Registry(registry), ref, "linux/amd64")
+
+
+def test_a_base_with_onbuild_triggers_is_refused_as_docker_would_run_them_in_our_build(registry, tmp_path):
+    """Docker runs a base's ONBUILD triggers in a build FROM it and keeps none in the image it makes
+    (the reference: Docker's own build). bakery runs no build steps: passing the triggers on would
+    have them run in whoever builds FROM our image, and our image would lack what they do. Refused."""
+    import json
+
+    from bakery.inputs.image import ImageSpec, derive_config
+    from bakery.oci.refs import Reference
+    from support import docker
+
+    config = {"architecture": "amd64", "os": "linux", "config": {"OnBuild": ["LABEL onbuild=ran"]}}
+    ref = push_image(registry, "test/engines-onbuild", [tar(("a", "file", b"a\n", 0o644))], config)
+    (tmp_path / "Dockerfile").write_text(f"FROM {ref}\n")
+    child = f"bakery-test-onbuild-child:{ref.digest.hex[:12]}"
+    docker("build", "-q", "-t", child, str(tmp_path))
+    try:
+        made = json.loads(docker("image", "inspect", "--format", "{{json .Config}}", child).stdout)
+    finally:
+        docker("rmi", child, str(ref), check=False)
+    assert made.get("Labels") == {"onbuild": "ran"} and not made.get("OnBuild")
+    base = base_mod.resolve(Registry(registry), ref, "linux/amd64")
+    spec = ImageSpec(Reference.parse(f"{registry}/ours/image"), "base", (), ("/bin/true",), (), (), ())
+    with pytest.raises(IntegrityError, match="ONBUILD triggers"):
+        derive_config(base, [], spec, 0, {})
