@@ -17,10 +17,10 @@ from pathlib import Path
 
 from .. import schema
 from ..errors import InputError
+from ..trust.keys import ROLES
 
 SETTINGS = Path(".github") / "release-settings.yaml"
 ALWAYS = frozenset({"GITHUB_TOKEN"})  # GitHub's own secret, in every job's scope
-ROLES = ("release", "rebuilder", "smoke")
 # release.yml and the role workflows it calls (each job's scope is its own environment's), the nightly
 WORKFLOWS = ("release.yml", "build-and-sign.yml", "rebuild.yml", "smoke.yml", "nightly.yml")
 

@@ -43,11 +43,6 @@ def _repositories(policy: Policy) -> list[str]:
     return [exact_repository(r, "allowed_repositories:") for r in policy.allowed_repositories]
 
 
-# what a cluster runs is what a release is: signed, smoke-tested on an MI300X, rebuilt (promote's
-# demands), whatever `invoke verify` asks by default
-ROLES = ("release", "smoke", "rebuilder")
-
-
 def _needed(policy: Policy, name: str) -> int:
     """How many of the role's keys must have signed: its threshold (release, smoke), or the policy's
     require_rebuilds, at least one (each rebuilder signs its own rebuild). A role signed keyless
@@ -96,7 +91,9 @@ def cluster_image_policies(policy: Policy) -> dict[str, dict]:
     must sign (policy-controller can say "any of these keys" or, across policies, "each of them")."""
     images = [{"glob": f"{r}{tail}"} for r in _repositories(policy) for tail in ("@**", ":**")]
     out = {}
-    for name in ROLES:
+    # every role: what a cluster runs is what a release is, signed, smoke-tested on an MI300X and rebuilt
+    # (promote's demands), whatever `invoke verify` asks by default
+    for name in keys_mod.ROLES:
         needed, pems = _needed(policy, name), _pems(policy.roles[name])
         if 1 < needed < len(pems):
             raise InputError(f"{needed} of {len(pems)} {name} keys cannot be said to policy-controller (any one of "
@@ -142,7 +139,7 @@ def kyverno_policy(policy: Policy) -> dict:
     """One Kyverno ClusterPolicy: every Pod's image of our repositories must carry the release
     signature (threshold: attestors count), and the smoke and rebuild attestations the policy asks for."""
     attestations = []
-    for name in ROLES[1:]:
+    for name in keys_mod.ROLES[1:]:
         conditions = ({"match": True} if name == "rebuilder" else smoke_conditions(policy))
         attestations.append({"predicateType": PREDICATES[name], "attestors": [_attestor(policy, name)],
                              "conditions": [{"all": [{"key": f"{{{{ {path} }}}}", "operator": "Equals",
