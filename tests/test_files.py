@@ -141,7 +141,7 @@ def test_canonical_json_is_sorted_compact_utf8():
 
 
 def test_a_lone_surrogate_is_refused_as_one_integrity_error():
-    with pytest.raises(IntegrityError, match=r"the thing holds \\udc80, a lone surrogate"):
+    with pytest.raises(IntegrityError, match=r"the thing holds \\udc80, surrogate code points"):
         canonical_json({"a": "x\udc80"}, "the thing")
 
 
@@ -473,6 +473,20 @@ def test_a_base_config_the_build_would_misread_or_crash_on_is_refused(config, wh
     traceback while the config was derived, or in a config Go's decoder refuses (NaN)."""
     with pytest.raises(IntegrityError, match=why):
         _derived(config)
+
+
+@pytest.mark.parametrize("triggers", [["LABEL onbuild=ran"], "RUN x", False, 0, "", {}],
+                         ids=["a trigger", "a string", "false", "zero", "an empty string", "an object"])
+def test_a_base_config_with_onbuild_triggers_or_an_onbuild_go_cannot_read_is_refused(triggers):
+    """Triggers run in a build FROM the base (tests/test_engines.py has Docker show it); a value that
+    is no list of strings is one Go's decoder refuses, and passed on, no engine would load our image."""
+    with pytest.raises(IntegrityError, match="ONBUILD triggers|OnBuild is not a list of strings"):
+        _derived({"config": {"OnBuild": triggers}})
+
+
+def test_a_base_config_without_onbuild_triggers_is_taken():
+    assert _derived({"config": {"OnBuild": None}})["config"]["OnBuild"] is None
+    assert _derived({"config": {"OnBuild": []}})["config"]["OnBuild"] == []
 
 
 def test_a_base_config_go_reads_as_empty_or_as_docker_writes_it_is_taken():

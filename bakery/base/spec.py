@@ -87,7 +87,9 @@ def read_config(data: bytes, what: str) -> dict:
     key twice, or one Go takes for a field but spelled otherwise (the build writes Entrypoint, Env,
     Cmd and Labels beside the base's keys: an "entrypoint" of the base's would be the one Go ran;
     a Healthcheck's "test" beside its "Test" would change places once written in canonical order);
-    what the build reads of it of the wrong type; NaN or Infinity; nesting past DEPTH."""
+    what the build reads of it of the wrong type; NaN or Infinity; nesting past DEPTH; ONBUILD
+    triggers (a Docker build FROM the base runs them and keeps none; bakery runs no build steps, so
+    passed on they would run in whoever builds FROM our image)."""
     with malformed(what):
         doc = go_struct(json.loads(data.decode("utf-8"), object_pairs_hook=Fields.of, parse_constant=no_constant),
                         "the config", CONFIG_FIELDS)
@@ -98,6 +100,7 @@ def read_config(data: bytes, what: str) -> dict:
         rootfs = _object_or_null(doc, "rootfs", ROOTFS_FIELDS)
         _strings_or_null(run.get("Env"), "its Env")  # the build rewrites Entrypoint and Cmd (a string to Docker too)
         _strings_or_null(rootfs.get("diff_ids"), "its diff_ids")
+        _strings_or_null(run.get("OnBuild"), "its OnBuild")
         labels = run.get("Labels")
         if labels is not None and not (isinstance(labels, dict) and all(isinstance(v, str) for v in labels.values())):
             raise TypeError("its Labels is not an object of strings")
@@ -105,6 +108,9 @@ def read_config(data: bytes, what: str) -> dict:
         if history is not None and not (isinstance(history, list) and all(
                 isinstance(go_struct(h, "a history entry", HISTORY_FIELDS), dict) for h in history)):
             raise TypeError("its history is not a list of objects")
+    if run.get("OnBuild"):
+        raise IntegrityError(f"{what} has ONBUILD triggers, which a build FROM it runs; bakery runs no build steps, so "
+                             f"the image is refused")
     return doc
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .. import schema
 from ..base.spec import Image
-from ..errors import InputError, IntegrityError
+from ..errors import InputError
 from ..files import canonical_json
 from ..oci.layer import FileEntry, Layer
 from ..oci.refs import Descriptor, Reference
@@ -84,11 +84,6 @@ def derive_config(base: Image, layers: list[Layer], spec: ImageSpec, epoch: int,
     created = rfc3339(epoch)
     cfg["created"] = created
     run = cfg["config"] = cfg.get("config") or {}  # null is no config to Go
-    if run.get("OnBuild"):
-        # Docker runs a base's ONBUILD triggers in the build FROM it and keeps none in what it makes;
-        # passed on, they would run in whoever builds FROM our image, and ours lacks what they do
-        raise IntegrityError(f"the base {base.ref} has ONBUILD triggers, which a build FROM it runs; bakery runs no "
-                             f"build steps, so the base is refused")
     env = [e for e in run.get("Env") or [] if e.partition("=")[0] not in dict(spec.env)]
     run["Env"] = env + [f"{k}={v}" for k, v in spec.env]
     run["Entrypoint"] = list(spec.entrypoint)
