@@ -312,7 +312,7 @@ def go_struct(value, what: str, fields: frozenset[str] = frozenset()):
 def canonical_json(value, what: str = "a document") -> bytes:
     """Sorted keys, no spaces, UTF-8 as is (as Go's encoder writes it): the bytes that are hashed or
     signed. One encoder, so two callers never disagree on the same value, non-ASCII included. JSON
-    can spell a lone surrogate (\\udc80), which has no UTF-8: such a value is refused, not crashed on."""
+    can spell a surrogate (\\udc80), which has no UTF-8: such a value is refused, not crashed on."""
     try:  # NaN and Infinity are no JSON: Go's decoder refuses them
         text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except ValueError as e:
@@ -320,8 +320,8 @@ def canonical_json(value, what: str = "a document") -> bytes:
     try:
         return text.encode()
     except UnicodeEncodeError as e:
-        raise IntegrityError(f"{what} holds {text[e.start:e.end].encode('unicode_escape').decode()}, a lone "
-                             f"surrogate: not Unicode text, so it has no UTF-8 bytes to hash or sign") from None
+        raise IntegrityError(f"{what} holds {text[e.start:e.end].encode('unicode_escape').decode()}, surrogate "
+                             f"code points: not Unicode text, so no UTF-8 bytes to hash or sign") from None
 
 
 def write_tree(dest: Path, files: dict[str, bytes]) -> None:

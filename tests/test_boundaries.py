@@ -109,6 +109,21 @@ def test_a_record_too_big_to_serve_back_signed_is_refused_before_the_push():
         build.check_attestable(record_with_reason("x" * (5 << 20)), subject)
 
 
+def test_the_statements_checked_before_the_push_are_made_from_the_record_attest_will_read(tmp_path):
+    """PyYAML reads a double-quoted "\\uD83D\\uDE00" as two code points; the record on disk joins
+    them into one character, which `invoke attest` reads and signs. The check before the push reads
+    the record the same way, so it takes what attest will sign (it refused the pair once, when it
+    made the statements from the record in memory)."""
+    from bakery.trust import attestations, record as record_file
+
+    subject = Reference.parse("r.example/img@sha256:" + "a" * 64)
+    paired = record_with_reason("made by \ud83d\ude00")
+    build.check_attestable(paired, subject)
+    record_file.write(tmp_path / "record.json", paired)
+    signed = attestations.statements(subject, record_file.read(tmp_path / "record.json"))
+    assert any("made by \U0001f600" in body.decode() for body in signed.values())
+
+
 # -- someone else's text, per sink -------------------------------------------------------------------
 
 HOSTILE_TEXT = [

@@ -198,13 +198,14 @@ def check_attestable(rec: BuildRecord, subject: Reference) -> None:
     cannot give its SBOM, provenance or VEX, or gives one a registry would not serve back (past 4 MiB
     signed), fails here, before anything is pushed or tagged."""
     import base64
+    import json
 
     from ..oci.transport import DOCUMENT_LIMIT
     from ..trust import attestations
 
     try:
-        BuildRecord.from_json(rec.to_json())  # what `invoke attest` will read
-        statements = attestations.statements(subject, rec)
+        read = BuildRecord.from_json(json.loads(json.dumps(rec.to_json())))  # what `invoke attest` will read
+        statements = attestations.statements(subject, read)
     except (InputError, KeyError, TypeError, ValueError, AttributeError) as e:
         raise IntegrityError(f"the build record cannot give its SBOM, provenance and VEX ({type(e).__name__}: "
                              f"{untrusted.safe(e)}): nothing pushed") from None
