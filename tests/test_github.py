@@ -21,6 +21,7 @@ from bakery.dev import github_stand_in as stand_in
 from bakery.errors import AuthError, EnvironmentProblem, InputError, RegistryError
 from bakery.release import github, settings as settings_mod
 from bakery.trust import keys
+from bakery.trust.policy import ROLES
 from support import ROOT, copy_project, invoke
 
 OWNER, NAME, TOKEN = "dsv4-mi300x", "bakery", "t0ken"
@@ -32,7 +33,7 @@ def public_keys(tmp_path_factory) -> dict[str, str]:
     where = tmp_path_factory.mktemp("keys")
     os.environ["BAKERY_KEY_PASSWORD"] = "pw"
     try:
-        return {role: keys.generate(where, role)[1].read_text() for role in keys.ROLES}
+        return {role: keys.generate(where, role)[1].read_text() for role in ROLES}
     finally:
         del os.environ["BAKERY_KEY_PASSWORD"]
 

@@ -181,10 +181,11 @@ def test_a_verdict_whose_parts_are_gone_is_proven_here_not_fatal(registry):
         prove.SignedVerdicts(RegistryStore(Reference(registry, repo), reg), down, said.append).fetch(key)
 
 
-def test_a_build_that_takes_nothing_signed_loads_no_signature_code():
-    """What a warm build does about signatures: make its release trust from a key, and make the
-    statements attest will sign, to fail before a push. Neither checks a signature, so neither
-    loads the signature code (cryptography, verify, sign): the warm no-op's time is the imports'."""
+def test_a_build_that_takes_nothing_signed_loads_no_signature_code(tmp_path):
+    """What a warm build does about signatures: make its release trust (from a key, or from a policy
+    whose roles name none, read at once), and make the statements attest will sign, to fail before a
+    push. None checks a signature, so none loads the signature code (cryptography, verify, sign,
+    keys): the warm no-op's time is the imports'."""
     import subprocess
     import sys
 
@@ -195,15 +196,19 @@ def test_a_build_that_takes_nothing_signed_loads_no_signature_code():
         from bakery.bake.options import Options
         from bakery.oci.refs import Reference
         from bakery.trust import record
-        here = Path("tests")
-        trust = pipeline.release_trust(Options(here, keys=(here / "release.pub",)), type("Store", (), {"registry": None}))
-        rec = record.read(here / "data" / "build-record.json")
+        here, policy = Path("."), Path(sys.argv[1])
+        store = type("Store", (), {"registry": None})
+        trust = pipeline.release_trust(Options(here, keys=(here / "release.pub",)), store)
+        pipeline.release_trust(Options(here, policy=policy), store)  # read now: it may name a keyless signer
+        rec = record.read(here / "tests" / "data" / "build-record.json")
         pipeline.check_attestable(rec, Reference.parse(rec.outputs[0]["reference"]))
         assert callable(trust)
         print(sorted(m for m in sys.modules if m.split(".")[0] == "cryptography" or
                      m in ("bakery.trust.verify", "bakery.trust.sign", "bakery.trust.keys")))
     """
-    said = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent, capture_output=True,
-                          text=True)
+    policy = tmp_path / "policy.yaml"  # its roles name no key, as the keyless release workflow's
+    policy.write_text("allowed_sources: [s]\nallowed_builders: [b]\nallowed_repositories: [r]\n")
+    said = subprocess.run([sys.executable, "-c", code, str(policy)], cwd=Path(__file__).parent.parent,
+                          capture_output=True, text=True)
     assert said.returncode == 0, said.stderr
     assert said.stdout.strip() == "[]"

@@ -27,7 +27,7 @@ def kernel_trust(project: Path, key: str | None, policy: str | None, registry):
     from ..trust import policy as policy_mod
 
     return policy_mod.release_signed(Path(policy) if policy else Project(project).policy, project,
-                                 (Path(key),) if key else (), registry)
+                                     (Path(key),) if key else (), registry)
 
 
 def check_signer(keyless: bool, key: str | None, signing: bool = True) -> None:

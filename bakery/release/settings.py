@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .. import schema
 from ..errors import InputError
-from ..trust.keys import ROLES
+from ..trust.policy import ROLES
 
 SETTINGS = Path(".github") / "release-settings.yaml"
 ALWAYS = frozenset({"GITHUB_TOKEN"})  # GitHub's own secret, in every job's scope

@@ -12,13 +12,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from ..errors import InputError
 from ..oci.layer import write_blob
+from .policy import ROLES
 
 PASSWORD_ENV = "BAKERY_KEY_PASSWORD"
 KEY_ENV = "BAKERY_SIGNING_KEY"  # the encrypted PEM itself, for CI secrets: the release role's key
 SMOKE_KEY_ENV = "BAKERY_SMOKE_SIGNING_KEY"  # the smoke role's, given only to the MI300X job
 REBUILDER_KEY_ENV = "BAKERY_REBUILDER_SIGNING_KEY"  # a rebuilder's, on the machine that rebuilds
-# release: image signature, SBOM, provenance; smoke: the MI300X result; rebuilder: "I rebuilt it"
-ROLES = ("release", "smoke", "rebuilder")
 
 
 def _password(confirm: bool) -> bytes:

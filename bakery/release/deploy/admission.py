@@ -26,7 +26,7 @@ import yaml
 
 from ...errors import InputError
 from ...trust import keys as keys_mod
-from ...trust.policy import SMOKE_SPEC, Policy, Role
+from ...trust.policy import ROLES, SMOKE_SPEC, Policy, Role
 from ...trust.provenance import REBUILD_PREDICATE, TEST_RESULT_PREDICATE
 from .node_policy import exact_repository
 
@@ -93,7 +93,7 @@ def cluster_image_policies(policy: Policy) -> dict[str, dict]:
     out = {}
     # every role: what a cluster runs is what a release is, signed, smoke-tested on an MI300X and rebuilt
     # (promote's demands), whatever `invoke verify` asks by default
-    for name in keys_mod.ROLES:
+    for name in ROLES:
         needed, pems = _needed(policy, name), _pems(policy.roles[name])
         if 1 < needed < len(pems):
             raise InputError(f"{needed} of {len(pems)} {name} keys cannot be said to policy-controller (any one of "
@@ -139,7 +139,7 @@ def kyverno_policy(policy: Policy) -> dict:
     """One Kyverno ClusterPolicy: every Pod's image of our repositories must carry the release
     signature (threshold: attestors count), and the smoke and rebuild attestations the policy asks for."""
     attestations = []
-    for name in keys_mod.ROLES[1:]:
+    for name in ROLES[1:]:
         conditions = ({"match": True} if name == "rebuilder" else smoke_conditions(policy))
         attestations.append({"predicateType": PREDICATES[name], "attestors": [_attestor(policy, name)],
                              "conditions": [{"all": [{"key": f"{{{{ {path} }}}}", "operator": "Equals",
