@@ -60,7 +60,7 @@ def open_base(project: Path, override: str | None, log=print, mirror: str | None
     spec = base_mod.load_spec(Project(project).base_yaml, override, mirror)
     registry = Registry(spec.source.registry)
     log(f"resolving base {spec.source}")
-    image = base_mod.resolve(registry, spec.source, spec.platform)
+    image = base_mod.without_triggers(base_mod.resolve(registry, spec.source, spec.platform))
     registered = registered_overlays(project)  # loaded once: its checks are not free
     fs = BaseFilesystem(registry, image, LayerCache(), keep=needed_files(project, registered))
     fs.prefetch()

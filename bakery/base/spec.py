@@ -87,9 +87,7 @@ def read_config(data: bytes, what: str) -> dict:
     key twice, or one Go takes for a field but spelled otherwise (the build writes Entrypoint, Env,
     Cmd and Labels beside the base's keys: an "entrypoint" of the base's would be the one Go ran;
     a Healthcheck's "test" beside its "Test" would change places once written in canonical order);
-    what the build reads of it of the wrong type; NaN or Infinity; nesting past DEPTH; ONBUILD
-    triggers (a Docker build FROM the base runs them and keeps none; bakery runs no build steps, so
-    passed on they would run in whoever builds FROM our image)."""
+    what the build reads of it of the wrong type; NaN or Infinity; nesting past DEPTH."""
     with malformed(what):
         doc = go_struct(json.loads(data.decode("utf-8"), object_pairs_hook=Fields.of, parse_constant=no_constant),
                         "the config", CONFIG_FIELDS)
@@ -108,10 +106,18 @@ def read_config(data: bytes, what: str) -> dict:
         if history is not None and not (isinstance(history, list) and all(
                 isinstance(go_struct(h, "a history entry", HISTORY_FIELDS), dict) for h in history)):
             raise TypeError("its history is not a list of objects")
-    if run.get("OnBuild"):
-        raise IntegrityError(f"{what} has ONBUILD triggers, which a build FROM it runs; bakery runs no build steps, so "
-                             f"the image is refused")
     return doc
+
+
+def without_triggers(image: Image) -> Image:
+    """The base, unless its config holds ONBUILD triggers: a Docker build FROM it runs them and keeps
+    none in what it makes; bakery runs no build steps, so passed on they would run in whoever
+    builds FROM our image (and ours would lack what they do). Asked of a base to derive from, not
+    of every image resolved (a nightly the tracker keeps, a toolchain)."""
+    if (image.config.get("config") or {}).get("OnBuild"):
+        raise IntegrityError(f"the base {image.ref} has ONBUILD triggers, which a build FROM it runs; bakery runs no "
+                             f"build steps, so the base is refused")
+    return image
 
 
 def _structs_once(value, where: str, depth: int = 0, a_map: bool = False) -> None:
