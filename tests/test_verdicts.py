@@ -198,7 +198,7 @@ def test_a_build_that_takes_nothing_signed_loads_no_signature_code(tmp_path):
         from bakery.trust import record
         here, policy = Path("."), Path(sys.argv[1])
         store = type("Store", (), {"registry": None})
-        trust = pipeline.release_trust(Options(here, keys=(here / "release.pub",)), store)
+        trust = pipeline.release_trust(Options(here, keys=(here / "release.pub",)), store)  # not read until a check
         pipeline.release_trust(Options(here, policy=policy), store)  # read now: it may name a keyless signer
         rec = record.read(here / "tests" / "data" / "build-record.json")
         pipeline.check_attestable(rec, Reference.parse(rec.outputs[0]["reference"]))

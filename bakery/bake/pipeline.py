@@ -204,7 +204,7 @@ def check_attestable(rec: BuildRecord, subject: Reference) -> None:
     from ..trust import attestations
 
     try:
-        read = BuildRecord.from_json(json.loads(json.dumps(rec.to_json())))  # what `invoke attest` will read
+        read = BuildRecord.from_json(json.loads(record_file.dumps(rec)))  # what `invoke attest` will read
         statements = attestations.statements(subject, read)
     except (InputError, KeyError, TypeError, ValueError, AttributeError) as e:
         raise IntegrityError(f"the build record cannot give its SBOM, provenance and VEX ({type(e).__name__}: "

@@ -535,8 +535,13 @@ class BuildRecord:
                 "finished": self.finished, "layer_downloads": self.layer_downloads}
 
 
+def dumps(record: BuildRecord) -> bytes:
+    """The record file's bytes: what `invoke attest` reads back and signs views of."""
+    return json.dumps(record.to_json(), indent=2, sort_keys=True).encode() + b"\n"
+
+
 def write(path: Path, record: BuildRecord) -> None:
-    write_blob(path, json.dumps(record.to_json(), indent=2, sort_keys=True).encode() + b"\n")
+    write_blob(path, dumps(record))
 
 
 def read(path: Path) -> BuildRecord:
