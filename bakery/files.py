@@ -309,6 +309,14 @@ def go_struct(value, what: str, fields: frozenset[str] = frozenset()):
     return value
 
 
+def go_document(body: bytes, what: str, fields: frozenset[str]):
+    """A JSON document a Go reader decodes into a struct with these fields (a manifest, an index, a
+    config), read as Go reads it or refused (ValueError): strict UTF-8 (json.loads would guess UTF-16
+    or skip a BOM, which Go refuses), no NaN or Infinity, and go_struct's rule for its own keys."""
+    return go_struct(json.loads(body.decode("utf-8"), object_pairs_hook=Fields.of, parse_constant=no_constant),
+                     what, fields)
+
+
 def canonical_json(value, what: str = "a document") -> bytes:
     """Sorted keys, no spaces, UTF-8 as is (as Go's encoder writes it): the bytes that are hashed or
     signed. One encoder, so two callers never disagree on the same value, non-ASCII included. JSON

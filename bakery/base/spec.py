@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import schema
 from ..errors import InputError, IntegrityError, RegistryError, malformed
-from ..files import Fields, go_fold, go_struct, no_constant
+from ..files import go_document, go_fold, go_struct
 from ..oci.manifest import Manifest
 from ..oci.refs import DESCRIPTOR_FIELDS, MANIFEST_FIELDS, PLATFORM_FIELDS, Descriptor, Digest, Reference
 from ..oci.registry import INDEX_TYPES, MANIFEST_TYPES, Registry
@@ -89,8 +88,7 @@ def read_config(data: bytes, what: str) -> dict:
     a Healthcheck's "test" beside its "Test" would change places once written in canonical order);
     what the build reads of it of the wrong type; NaN or Infinity; nesting past DEPTH."""
     with malformed(what):
-        doc = go_struct(json.loads(data.decode("utf-8"), object_pairs_hook=Fields.of, parse_constant=no_constant),
-                        "the config", CONFIG_FIELDS)
+        doc = go_document(data, "the config", CONFIG_FIELDS)
         if not isinstance(doc, dict):
             raise TypeError("it is not an object")
         _structs_once(doc, "the config")
@@ -175,8 +173,7 @@ def resolve(registry: Registry, ref: Reference, platform: str) -> Image:
     if media_type in INDEX_TYPES:
         index_digest = digest
         with malformed(f"index {ref}"):
-            chosen = select_platform(go_struct(json.loads(body.decode("utf-8"), object_pairs_hook=Fields.of),
-                                               "the index", MANIFEST_FIELDS), platform, str(ref))
+            chosen = select_platform(go_document(body, "the index", MANIFEST_FIELDS), platform, str(ref))
         ref = ref.with_digest(chosen.digest)
         body, media_type, digest = registry.get_manifest(ref, cached=True)
     if media_type not in MANIFEST_TYPES:

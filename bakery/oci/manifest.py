@@ -6,11 +6,10 @@ whatever way it fails to parse is one IntegrityError naming the document, never 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 from ..errors import InputError, malformed
-from ..files import Fields, go_struct
+from ..files import go_document
 from .refs import MANIFEST_FIELDS, Descriptor
 
 
@@ -28,8 +27,7 @@ class Manifest:
         refused too (each would be fetched and checked)."""
         with malformed(what):
             # its own fields and the descriptors' are Go structs (keys without case); annotations are maps
-            doc = go_struct(json.loads(body.decode("utf-8"), object_pairs_hook=Fields.of), "the manifest",
-                            MANIFEST_FIELDS)
+            doc = go_document(body, "the manifest", MANIFEST_FIELDS)
             layers = doc["layers"]
             if not isinstance(layers, list):
                 raise TypeError(f"layers is a {type(layers).__name__}, not a list")

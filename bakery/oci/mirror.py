@@ -3,10 +3,8 @@ with the base's layers), an image (`invoke mirror`), or one of ours with its sig
 
 from __future__ import annotations
 
-import json
-
 from ..errors import InputError, IntegrityError, malformed
-from ..files import Fields, go_struct
+from ..files import go_document
 from .manifest import Manifest
 from .refs import MANIFEST_FIELDS, Descriptor, Digest, Reference
 from .registry import INDEX_TYPES, Registry
@@ -42,8 +40,7 @@ def copy(src: Reference, dest: Reference, registries: dict | None = None, log=pr
         if _depth >= INDEX_DEPTH:
             raise IntegrityError(f"index {src} is nested past {INDEX_DEPTH} indexes: refused")
         with malformed(f"index {src}"):
-            children = go_struct(json.loads(body.decode("utf-8"), object_pairs_hook=Fields.of), "the index",
-                                 MANIFEST_FIELDS)["manifests"]
+            children = go_document(body, "the index", MANIFEST_FIELDS)["manifests"]
             if not isinstance(children, list):
                 raise TypeError("its manifests is not a list")
             try:

@@ -9,11 +9,10 @@ manifest it names is read through its digest and judged by what it holds.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from ..errors import InputError, IntegrityError, NotFound, RegistryError, malformed
-from ..files import Fields, canonical_json, go_struct
+from ..files import canonical_json, go_document
 from .refs import MANIFEST_FIELDS, Descriptor, Digest
 from .registry import OCI_INDEX, OCI_MANIFEST
 
@@ -46,8 +45,7 @@ def _parse(body: bytes, what: str) -> tuple[Referrer, ...]:
     """The entries of a referrers index; each must name a manifest by a sha256 digest (the only
     kind read through a digest check), or the whole listing is refused."""
     with malformed(what, IntegrityError):
-        doc = go_struct(json.loads(body.decode("utf-8"), object_pairs_hook=Fields.of), "the referrers index",
-                        MANIFEST_FIELDS)
+        doc = go_document(body, "the referrers index", MANIFEST_FIELDS)
         entries = doc["manifests"]
         if not isinstance(entries, list):
             raise TypeError("manifests is not a list")
