@@ -280,6 +280,15 @@ def no_constant(name: str):
     raise ValueError(f"{name} is no JSON number")
 
 
+def finite_float(text: str) -> float:
+    """json.loads's parse_float: a number past float64 (1e400), which Python reads as infinity and
+    Go's decoder refuses."""
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:40]} is past a float64")
+    return value
+
+
 class Fields(dict):
     """A JSON object (json.loads's object_pairs_hook: Fields.of) that remembers whether a key came
     twice, or twice in different cases: for a document where only some objects are Go structs
@@ -312,9 +321,10 @@ def go_struct(value, what: str, fields: frozenset[str] = frozenset()):
 def go_document(body: bytes, what: str, fields: frozenset[str]):
     """A JSON document a Go reader decodes into a struct with these fields (a manifest, an index, a
     config), read as Go reads it or refused (ValueError): strict UTF-8 (json.loads would guess UTF-16
-    or skip a BOM, which Go refuses), no NaN or Infinity, and go_struct's rule for its own keys."""
-    return go_struct(json.loads(body.decode("utf-8"), object_pairs_hook=Fields.of, parse_constant=no_constant),
-                     what, fields)
+    or skip a BOM, which Go refuses), no NaN, Infinity or number past a float64, and go_struct's rule
+    for its own keys."""
+    return go_struct(json.loads(body.decode("utf-8"), object_pairs_hook=Fields.of, parse_constant=no_constant,
+                                parse_float=finite_float), what, fields)
 
 
 def canonical_json(value, what: str = "a document") -> bytes:

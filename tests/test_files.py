@@ -508,6 +508,18 @@ def test_a_base_config_go_reads_as_empty_or_as_docker_writes_it_is_taken():
         {"a": "1", "A": "2"}
 
 
+@pytest.mark.parametrize("body", [b'{"a": NaN}', b'{"a": -Infinity}', b'{"a": 1e400}', b'{"a": [-1.5e999]}'],
+                         ids=["NaN", "-Infinity", "1e400", "-1.5e999 in a list"])
+def test_a_go_document_with_a_number_go_cannot_read_is_refused(body):
+    """Go's decoder refuses NaN and Infinity, and a number past a float64; Python reads each as a
+    float (1e400 as infinity). A manifest, index or config holding one is refused."""
+    from bakery.files import go_document
+
+    with pytest.raises(ValueError, match="no JSON number|past a float64"):
+        go_document(body, "the manifest", frozenset({"a"}))
+    assert go_document(b'{"a": 1.5e300}', "the manifest", frozenset({"a"})) == {"a": 1.5e300}
+
+
 def test_a_base_config_in_utf16_or_with_a_null_rootfs():
     """UTF-16 (or a BOM) Python's json.loads would guess and Go refuses: refused. A null rootfs Go
     reads as none: derived."""
