@@ -6,6 +6,7 @@ Pure functions over bytes. `locate` also finds where a hunk would fit elsewhere,
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -44,8 +45,10 @@ def _strip_prefix(path: bytes) -> str:
     return text[2:] if text.startswith(("a/", "b/")) else text
 
 
+@functools.lru_cache(maxsize=64)
 def parse(data: bytes, where: str) -> Patch:
-    """Parse a single-file unified diff; refuse binary patches, CRLF and multi-file diffs."""
+    """Parse a single-file unified diff; refuse binary patches, CRLF and multi-file diffs. Kept by
+    its arguments (a Patch is immutable): a build reads each overlay's patch in four checks."""
     if b"\r" in data:
         raise InputError(f"{where}: has CRLF line endings; convert it with `dos2unix` "
                          f"(and set `git config core.autocrlf input`)")
