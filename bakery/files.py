@@ -265,6 +265,9 @@ def go_fold(key: str) -> str:
     """A key as Go's encoding/json matches it against a struct field's name: without case, each
     character by its simple fold (so U+017F LONG S is s, U+212A KELVIN SIGN is k; but ß is not ss,
     nor the ligature \ufb06 st: Go keeps those apart, and so does this)."""
+    if key.isascii():  # nearly every key: ASCII's simple fold is its lower case
+        return key.lower()
+
     def one(c: str) -> str:
         folded = c.casefold()
         if len(folded) == 1:

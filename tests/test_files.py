@@ -11,7 +11,7 @@ import pytest
 
 from bakery.base.spec import Image
 from bakery.errors import IntegrityError
-from bakery.files import atomic_dir, atomic_file, atomic_write, canonical_json
+from bakery.files import atomic_dir, atomic_file, atomic_write, canonical_json, go_fold
 from bakery.inputs.image import ImageSpec, derive_config
 from bakery.oci.refs import Descriptor, Reference
 from support import ROOT
@@ -413,6 +413,21 @@ def test_one_at_a_time_keeps_another_process_out_and_lets_its_holder_in_again(tm
         order.append("holder")
     thread.join(timeout=10)
     assert order == ["holder", "other"]
+
+
+@pytest.mark.parametrize("key, folded", [
+    ("Entrypoint", "entrypoint"), ("container_config", "container_config"),
+    ("Label\u017f", "labels"),  # LONG S folds to s
+    ("\u212aey", "key"),  # KELVIN SIGN folds to k
+    ("Stra\u00dfe", "stra\u00dfe"),  # sharp s stays: Go does not fold it to ss
+    ("\ufb06ep", "\ufb06ep"),  # the st ligature stays
+    ("\u0130d", "\u0130d"),  # dotted capital I: its lower case is two code points, Go keeps it
+], ids=["ASCII", "ASCII with _", "long s", "Kelvin sign", "sharp s", "st ligature", "dotted I"])
+def test_a_key_folds_as_go_matches_it_to_a_field(key, folded):
+    """ASCII keys take a short way (their lower case); every ASCII character folds as the
+    character-by-character rule folds it."""
+    assert go_fold(key) == folded
+    assert all(go_fold(chr(c)) == chr(c).casefold() for c in range(128))
 
 
 def _base_of_config(config: bytes) -> Image:
