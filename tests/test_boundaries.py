@@ -122,6 +122,7 @@ def test_the_statements_checked_before_the_push_are_made_from_the_record_attest_
     record_file.write(tmp_path / "record.json", paired)
     signed = attestations.statements(subject, record_file.read(tmp_path / "record.json"))
     assert any("made by \U0001f600" in body.decode() for body in signed.values())
+    assert record_file.read_back(paired) == record_file.read(tmp_path / "record.json")  # what the check reads
 
 
 # -- someone else's text, per sink -------------------------------------------------------------------

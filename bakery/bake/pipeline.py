@@ -198,14 +198,12 @@ def check_attestable(rec: BuildRecord, subject: Reference) -> None:
     cannot give its SBOM, provenance or VEX, or gives one a registry would not serve back (past 4 MiB
     signed), fails here, before anything is pushed or tagged."""
     import base64
-    import json
 
     from ..oci.transport import DOCUMENT_LIMIT
     from ..trust import attestations
 
     try:
-        read = BuildRecord.from_json(json.loads(record_file.dumps(rec)))  # what `invoke attest` will read
-        statements = attestations.statements(subject, read)
+        statements = attestations.statements(subject, record_file.read_back(rec))
     except (InputError, KeyError, TypeError, ValueError, AttributeError) as e:
         raise IntegrityError(f"the build record cannot give its SBOM, provenance and VEX ({type(e).__name__}: "
                              f"{untrusted.safe(e)}): nothing pushed") from None
