@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 
+from bakery.errors import InputError
 from bakery.inputs import overlays as overlays_mod
 from bakery.oci.refs import Descriptor, Digest, Reference
 from bakery.oci.registry import OCI_MANIFEST, Registry
@@ -507,11 +508,36 @@ def test_builder_and_source_come_from_the_ci_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("GITHUB_ACTIONS")
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     subprocess.run(["git", "-C", str(tmp_path), "remote", "add", "origin", "git@github.com:acme/bakery.git"], check=True)
-    from bakery.bake.record import _git
+    def origin():
+        return record_mod._git_started(tmp_path, "remote", "get-url", "origin")
 
-    assert record_mod.source_repository(tmp_path, _git) == "https://github.com/acme/bakery"
+    assert record_mod.source_repository(tmp_path, origin()) == "https://github.com/acme/bakery"
     subprocess.run(["git", "-C", str(tmp_path), "remote", "set-url", "origin", "/srv/git/bakery.git"], check=True)
-    assert record_mod.source_repository(tmp_path, _git) == "file:///srv/git/bakery"  # a URI, as SPDX needs
+    assert record_mod.source_repository(tmp_path, origin()) == "file:///srv/git/bakery"  # a URI, as SPDX needs
+
+
+def test_the_source_is_the_checkouts_head_its_time_and_whether_anything_is_uncommitted(monkeypatch, tmp_path):
+    """read_source asks git once for each (HEAD with its commit time in one process), against what
+    `git rev-parse` and `git show` say."""
+    from bakery.bake import record as record_mod
+
+    monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    with pytest.raises(InputError, match="is not a git checkout with a commit"):
+        record_mod.read_source(tmp_path)
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "a").write_text("a")
+    subprocess.run([*git, "add", "a"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "a"], check=True, env={**os.environ, "GIT_COMMITTER_DATE": "@1700000123 +0000"})
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    clean = record_mod.read_source(tmp_path)
+    assert (clean.revision, clean.dirty, clean.source_date_epoch) == (head, False, 1700000123)
+    assert clean.repository == f"file://{tmp_path}"  # no origin
+    (tmp_path / "b").write_text("untracked")
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000999")
+    dirty = record_mod.read_source(tmp_path)
+    assert (dirty.revision, dirty.dirty, dirty.source_date_epoch) == (head, True, 1700000999)
 
 
 def keyless_release(signed, fixture_base, registry, tmp_path, name: str):

@@ -62,14 +62,22 @@ def builder() -> Builder:
     return Builder("local", "local")
 
 
-def source_repository(project: Path, git) -> str:
-    """Where the source came from, as the builder can vouch for it: the Actions repository in CI,
-    else the checkout's origin (in https form), else the checkout's own path."""
+def _actions_repository() -> str | None:
+    """The repository Actions runs the build for (the builder vouches for it), outside Actions None."""
     env = os.environ
     if env.get("GITHUB_ACTIONS") == "true" and env.get("GITHUB_REPOSITORY"):
         return f"{env.get('GITHUB_SERVER_URL', 'https://github.com')}/{env['GITHUB_REPOSITORY']}"
+    return None
+
+
+def source_repository(project: Path, origin) -> str:
+    """Where the source came from, as the builder can vouch for it: the Actions repository in CI,
+    else the checkout's origin (git's answer, `origin()`, in https form), else the checkout's own path."""
+    in_actions = _actions_repository()
+    if in_actions:
+        return in_actions
     try:
-        url = git(project, "remote", "get-url", "origin")
+        url = origin()
     except Exception:
         return f"file://{project}"
     ssh = re.fullmatch(r"(?:ssh://)?git@([^:/]+)[:/](.+)", url)
@@ -96,29 +104,26 @@ def _git_started(project: Path, *args: str):
     return answer
 
 
-def _git(project: Path, *args: str) -> str:
-    return _git_started(project, *args)()
-
-
-def source_date_epoch(project: Path) -> int:
-    """SOURCE_DATE_EPOCH if set, else the commit time of HEAD: read once, here."""
+def source_date_epoch(committed: str) -> int:
+    """SOURCE_DATE_EPOCH if set, else the commit time of HEAD (`committed`, as git said it): read once, here."""
     value = os.environ.get("SOURCE_DATE_EPOCH")
     if value is None:
-        return int(_git(project, "log", "-1", "--format=%ct"))
+        return int(committed)
     if not value.isdigit():
         raise InputError(f"SOURCE_DATE_EPOCH={value!r} is not a whole number of seconds since 1970")
     return int(value)
 
 
-
 def read_source(project: Path) -> Source:
     """The revision, whether the checkout is dirty (untracked files count: they can change the
-    image), SOURCE_DATE_EPOCH (else HEAD's commit time) and where the source came from; the three
-    git processes run at once."""
-    revision, status = _git_started(project, "rev-parse", "HEAD"), _git_started(project, "status", "--porcelain")
-    epoch = source_date_epoch(project)
-    revision_sha, dirty = revision(), bool(status())
-    return Source(source_repository(project, _git), revision_sha, dirty, epoch)
+    image), SOURCE_DATE_EPOCH (else HEAD's commit time) and where the source came from; git is asked
+    all at once (HEAD and its time in one process)."""
+    head = _git_started(project, "log", "-1", "--no-show-signature", "--format=%H %ct")
+    status = _git_started(project, "status", "--porcelain")
+    origin = None if _actions_repository() else _git_started(project, "remote", "get-url", "origin")
+    revision, committed = head().split()
+    dirty = bool(status())
+    return Source(source_repository(project, origin), revision, dirty, source_date_epoch(committed))
 
 
 def input_files(project: Path) -> list[Path]:
