@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,8 +62,10 @@ class Image:
     def manifest_digest(self) -> Digest:
         return Digest.of(self.manifest_bytes)
 
-    @property
+    @functools.cached_property
     def config(self) -> dict:
+        """The config as read_config reads it, read once: its readers only read it (derive_config
+        writes into a copy)."""
         return read_config(self.config_bytes, f"the config of {self.ref}")
 
 
