@@ -183,9 +183,9 @@ class _Fields:
 
 
 def _quote(text: str, keep: str = "") -> str:
-    """Percent-encoding as purl writes a version or qualifier value (what packageurl-go gives)."""
-    return "".join(c if c.isascii() and (c.isalnum() or c in "-._~" + keep) else
-                   "".join(f"%{b:02X}" for b in c.encode()) for c in text)
+    """Percent-encoding as purl writes a version or qualifier value (what packageurl-go gives): each
+    character but ASCII letters, digits, -._~ and `keep`, as its UTF-8 bytes."""
+    return re.sub(f"[^A-Za-z0-9._~{re.escape(keep)}-]", lambda m: "".join(f"%{b:02X}" for b in m[0].encode()), text)
 
 
 def _oci_purl(name: str, digest: str) -> str:
