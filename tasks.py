@@ -18,9 +18,9 @@ from bakery.cli.edge import reports_errors_for, say as _log  # noqa: E402  (afte
 reports_errors = reports_errors_for(PROJECT)  # only there do errors become exit codes
 
 
-def bakery_task(help=None, **options):
+def bakery_task(help=None, collect_cycles=True, **options):
     """An invoke task whose bakery errors become one line and an exit code."""
-    return lambda body: task(help=help, **options)(reports_errors(body))
+    return lambda body: task(help=help, **options)(reports_errors(body, collect_cycles))
 
 
 def _verified(verified) -> None:
@@ -47,7 +47,7 @@ def _bumped(bumped) -> None:
     raise Exit(code=bumped.exit_code)
 
 
-@bakery_task(flags.BUILD)
+@bakery_task(flags.BUILD, collect_cycles=False)
 def build(c, base=None, push=None, layout=None, out=None, lock=None, toolchain=None, key=None, policy=None,
           recompile=False, reprove=False):
     """Build the derived image; print its REPO@sha256:DIGEST as the last line."""
