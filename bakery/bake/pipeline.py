@@ -197,8 +197,6 @@ def check_attestable(rec: BuildRecord, subject: Reference) -> None:
     """Make now, from the record, what `invoke attest` will sign: a record that would not read back,
     cannot give its SBOM, provenance or VEX, or gives one a registry would not serve back (past 4 MiB
     signed), fails here, before anything is pushed or tagged."""
-    import base64
-
     from ..oci.transport import DOCUMENT_LIMIT
     from ..trust import attestations
 
@@ -208,7 +206,7 @@ def check_attestable(rec: BuildRecord, subject: Reference) -> None:
         raise IntegrityError(f"the build record cannot give its SBOM, provenance and VEX ({type(e).__name__}: "
                              f"{untrusted.safe(e)}): nothing pushed") from None
     for predicate, body in statements.items():
-        signed = len(base64.b64encode(body)) + 4096  # the DSSE envelope: the payload in base64, a signature
+        signed = 4 * -(-len(body) // 3) + 4096  # the DSSE envelope: the payload in base64 (4 per 3, padded), a signature
         if signed > DOCUMENT_LIMIT:
             raise IntegrityError(f"the {attestations.NAMES[predicate]} would be about {signed} bytes signed, past the {DOCUMENT_LIMIT} a "
                                  f"registry serves back: nothing pushed (is some text of the base huge?)")
