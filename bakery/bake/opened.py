@@ -27,6 +27,7 @@ DIST_RECORD = DIST_INFO.removesuffix("METADATA") + "RECORD"  # which files each 
 
 @dataclass(frozen=True)
 class OpenBase:
+    """The base opened to derive from: its spec, registry, resolved image and merged files."""
     spec: base_mod.BaseSpec
     registry: Registry
     image: base_mod.Image

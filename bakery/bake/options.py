@@ -12,6 +12,7 @@ from ..project import Project
 
 @dataclass(frozen=True)
 class Options:
+    """What `invoke build` (and lock, prove, rebase) was asked: the flags, as typed values."""
     project: Path
     base: str | None = None  # REF@DIGEST overriding image/base.yaml
     push: str | None = None  # REGISTRY/REPO[:TAG]

@@ -42,6 +42,7 @@ class Derived:
 
 @dataclass
 class PushStats:
+    """What a push sent and what it found already there, for the record."""
     base_layers_present: int = 0
     base_layers_mounted: int = 0
     base_layers_copied: int = 0

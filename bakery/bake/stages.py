@@ -36,6 +36,7 @@ class Kernels:
 
 @dataclass(frozen=True)
 class Tables:
+    """The tuning stage's value: the tables and their files in the image."""
     tables: list  # tuning_mod's tables
     files: tuple[FileEntry, ...]
 

@@ -18,6 +18,7 @@ BASE_KEYS = {"image": str, "platform": str, "mirror": str}
 
 @dataclass(frozen=True)
 class BaseSpec:
+    """image/base.yaml: the pinned base, its platform and where it is mirrored."""
     image: Reference  # the upstream name, pinned by digest
     platform: str
     mirror: Reference | None  # where to read the same digest from, if mirrored

@@ -69,6 +69,7 @@ class PythonFile:
 
 @dataclass(frozen=True)
 class Recipe:
+    """hip/extensions.yaml, loaded: what to compile for which GPU, and the Python files that load it."""
     root: Path
     arch: str
     extensions: tuple[Extension, ...]
@@ -201,6 +202,7 @@ class Toolchain:
 
 @dataclass(frozen=True)
 class Artifact:
+    """One compiled output (a kernel library or extension) and how it was made."""
     name: str
     dest: str
     data: bytes

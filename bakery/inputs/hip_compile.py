@@ -141,6 +141,7 @@ def run_toolchain(recipe: Recipe, toolchain: Reference, shell: str, out: Path, l
 
 @dataclass(frozen=True)
 class Compiled:
+    """A recipe's outputs and where they came from: this machine's cache, a signed artifact, or a compile."""
     artifacts: list
     key: str  # recipe, sources and toolchain
     origin: str  # "cache" (this machine's), "registry" (the artifact) or "compiled"

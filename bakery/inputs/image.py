@@ -30,6 +30,7 @@ OCI_LAYER_TYPES = {
 
 @dataclass(frozen=True)
 class ImageSpec:
+    """image/image.yaml: the repository, the entrypoint and command, the env and our files in the image."""
     repository: Reference
     source: str
     env: tuple[tuple[str, str], ...]

@@ -39,6 +39,7 @@ LOCK_SCHEMA = "bakery.overlays.lock/v1"
 
 @dataclass(frozen=True)
 class Overlay:
+    """One entry of overlays.yaml, checked: the target, its patch (and ports), its proof and probes."""
     id: str
     target: str  # absolute path in the image
     upstream: dict
@@ -322,6 +323,7 @@ def read_lock(path: Path) -> Lock:
 
 @dataclass(frozen=True)
 class Applied:
+    """An overlay applied to the base's bytes of its target: the stock bytes and the result."""
     overlay: Overlay  # with the patch that was applied (a port, where one matched the bytes)
     base_sha256: str | None  # None for a new file
     result: bytes

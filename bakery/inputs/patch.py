@@ -17,6 +17,7 @@ _HUNK = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 @dataclass(frozen=True)
 class Hunk:
+    """One hunk of a unified diff: where it starts, the lines it replaces and their replacement."""
     old_start: int  # 1-based; 0 for a hunk that adds to an empty file
     old: tuple[bytes, ...]  # lines with their line endings
     new: tuple[bytes, ...]
@@ -24,6 +25,7 @@ class Hunk:
 
 @dataclass(frozen=True)
 class Patch:
+    """A single-file unified diff, parsed."""
     old_path: str  # as in the header, without a/ (or "/dev/null")
     new_path: str
     hunks: tuple[Hunk, ...]

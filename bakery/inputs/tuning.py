@@ -23,6 +23,7 @@ TABLE_KEYS = {"name": str, "file": str, "env": str, "sha256": str, "source": str
 
 @dataclass(frozen=True)
 class Table:
+    """One AITER tuning table from tuning/, checked, with the env var that names it."""
     name: str
     source: Path
     data: bytes

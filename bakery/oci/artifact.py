@@ -20,6 +20,7 @@ from .refs import Descriptor, Digest, Reference
 
 @dataclass(frozen=True)
 class Artifact:
+    """An OCI artifact ready to push under its tag: its manifest and its blobs."""
     tag: str
     manifest: bytes
     blobs: tuple[tuple[Descriptor, bytes], ...]  # the layers, then the config: the order they are pushed in

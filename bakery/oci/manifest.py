@@ -15,6 +15,7 @@ from .refs import MANIFEST_FIELDS, Descriptor
 
 @dataclass(frozen=True)
 class Manifest:
+    """An OCI image manifest as its reader uses it: config, layers, artifact type, annotations."""
     config: Descriptor
     layers: tuple[Descriptor, ...]
     artifact_type: str | None = None

@@ -30,6 +30,7 @@ MAX_REDIRECTS = 5
 
 @dataclass(frozen=True)
 class Credentials:
+    """A registry login, sent as Basic or exchanged for a bearer token."""
     username: str
     password: str
 

@@ -13,6 +13,7 @@ HARDWARE_ONLY = "hardware-only"  # what a table shows for a proof that runs nowh
 
 @dataclass(frozen=True)
 class Judgement:
+    """Whether an overlay's proofs let it be baked, and why not in one line."""
     proven: bool
     why: str = ""  # one line, when not proven
     has_proof: bool = True  # False: overlays.yaml gives it no proof at all (an input to fix)

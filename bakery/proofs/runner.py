@@ -44,6 +44,7 @@ REASON_LIMIT = 400  # characters of a reason a record keeps
 
 @dataclass(frozen=True)
 class Verdict:
+    """What one proof said of one target (FIXED, BROKEN or CANNOT-PROVE) and why, and where it came from."""
     verdict: str
     reason: str
     seconds: float = 0.0

@@ -22,12 +22,14 @@ IN_TOTO_V1 = "https://in-toto.io/Statement/v1"
 
 @dataclass(frozen=True)
 class Subject:
+    """An in-toto subject: the sha256 of what a statement is about, and its name."""
     sha256: str  # hex, as the statement spells it (not checked to be 64 hex digits: it is compared, never used)
     name: str | None = None
 
 
 @dataclass(frozen=True, eq=False)
 class Statement:
+    """An in-toto statement with the bytes it was made or read from."""
     predicate_type: str
     subjects: tuple[Subject, ...]
     predicate: dict
