@@ -155,9 +155,9 @@ def _prove(proofs: list[tuple[ProofSpec, list[bytes]]], reads: dict[str, bytes],
         keys.append([] if unprovable else [cache_key(spec, t, reads, device) for t in targets])
         verdicts.append(list(unprovable) if unprovable else
                         [None] * len(targets) if reprove else [_cached(k) for k in keys[-1]])
-    if signed is not None and not reprove:
-        wanted = [(p, i) for p, found in enumerate(verdicts) for i, v in enumerate(found) if v is None]
-        with ThreadPoolExecutor(min(8, max(1, len(wanted)))) as pool:  # each a few registry round trips
+    wanted = [(p, i) for p, found in enumerate(verdicts) for i, v in enumerate(found) if v is None]
+    if signed is not None and not reprove and wanted:
+        with ThreadPoolExecutor(min(8, len(wanted))) as pool:  # each a few registry round trips
             for (p, i), fetched in zip(wanted, pool.map(lambda w: signed.fetch(keys[w[0]][w[1]]), wanted), strict=True):
                 verdicts[p][i] = fetched
                 if fetched is not None:
