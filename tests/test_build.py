@@ -163,3 +163,23 @@ def test_a_build_leaves_little_for_the_cyclic_collector(project, registry, fixtu
             gc.enable()
             gc.unfreeze()
     assert held[0] < 64 << 10 and held[1] > 1 << 20, held
+
+
+def test_a_task_without_the_cyclic_collector_gives_it_back_as_it_found_it(tmp_path):
+    """The task wrapper turns the collector off for the task alone: on or off before, so after."""
+    import gc
+
+    from bakery.cli.edge import reports_errors_for
+
+    seen = []
+    task = reports_errors_for(tmp_path)(lambda c: seen.append(gc.isenabled()), collect_cycles=False)
+    was = gc.isenabled()
+    try:
+        for before in (True, False):
+            (gc.enable if before else gc.disable)()
+            task(None)
+            assert gc.isenabled() is before
+    finally:
+        (gc.enable if was else gc.disable)()
+        gc.unfreeze()
+    assert seen == [False, False]

@@ -4,6 +4,7 @@ tar reader would, and keep what is wanted; whiteouts and paths normalised as the
 from __future__ import annotations
 
 import fnmatch
+import gc
 import gzip
 import hashlib
 import io
@@ -385,9 +386,12 @@ _budget: KeptBudget | None = None  # a pool worker's, from share_budget
 
 
 def share_budget(budget: KeptBudget | None) -> None:
-    """A pool worker's initializer: the base's budget, inherited (a forked process's memory)."""
+    """A pool worker's initializer: the base's budget, inherited (a forked process's memory), and
+    the cyclic collector on, which a build turns off in its own process (a worker streams layer
+    after layer, each leaving a little for it)."""
     global _budget
     _budget = budget
+    gc.enable()
 
 
 def index_into_cache(job) -> tuple[int, dict, dict]:

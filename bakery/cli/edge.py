@@ -43,6 +43,7 @@ def reports_errors_for(project: Path):
             # what the task leaves lives until exit, so the cyclic collector need not walk it again
             # during the run or at exit (tens of milliseconds of a warm build)
             gc.freeze()
+            collecting = gc.isenabled()
             if not collect_cycles:
                 gc.disable()
             try:
@@ -73,7 +74,7 @@ def reports_errors_for(project: Path):
                            code=1) from None
             finally:
                 gc.freeze()
-                if not collect_cycles:
+                if collecting:
                     gc.enable()
 
         return wrapper
