@@ -3,7 +3,6 @@ overlay registry can load it without importing the proof runner (prove.py), whic
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -28,10 +27,8 @@ class ProofSpec:
         """Every file of ours the proof executes: the sandbox shows it nothing else of the project."""
         return (self.script, self.script.parent / HELPER) + self.uses if self.script else ()
 
-    @functools.cached_property
+    @property
     def code_sha256(self) -> str | None:
-        """sha256 of the proof's code, read once: a build asks it of each proof's cache key, verdict
-        and record."""
         if self.script is None:
             return None
         h = hashlib.sha256()
