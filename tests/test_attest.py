@@ -517,8 +517,8 @@ def test_builder_and_source_come_from_the_ci_environment(monkeypatch, tmp_path):
 
 
 def test_the_source_is_the_checkouts_head_its_time_and_whether_anything_is_uncommitted(monkeypatch, tmp_path):
-    """read_source asks git once for each (HEAD with its commit time in one process), against what
-    `git rev-parse` and `git show` say."""
+    """read_source asks git once for each (HEAD with its commit time in one process), against
+    `git rev-parse HEAD` and the commit time the commit was given."""
     from bakery.bake import record as record_mod
 
     monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
@@ -529,7 +529,8 @@ def test_the_source_is_the_checkouts_head_its_time_and_whether_anything_is_uncom
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     (tmp_path / "a").write_text("a")
     subprocess.run([*git, "add", "a"], check=True)
-    subprocess.run([*git, "commit", "-q", "-m", "a"], check=True, env={**os.environ, "GIT_COMMITTER_DATE": "@1700000123 +0000"})
+    subprocess.run([*git, "commit", "-q", "-m", "a"], check=True,
+                   env={**os.environ, "GIT_COMMITTER_DATE": "@1700000123 +0000"})
     head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
     clean = record_mod.read_source(tmp_path)
     assert (clean.revision, clean.dirty, clean.source_date_epoch) == (head, False, 1700000123)
